@@ -1,0 +1,1 @@
+"""Command line, configs, experiment tracking and benchmarks of the AdaPtis toolkit."""

@@ -1,0 +1,60 @@
+"""The ``python -m experiments`` command line.
+
+Each module in ``experiments/commands/`` is one command. It defines ``NAME`` (the
+command word), ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Commands are discovered, so adding one needs no edit here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from pipeline.errors import AdaptisError
+
+__all__ = ["build_parser", "main"]
+
+
+def _command_modules() -> list:
+    import experiments.commands as package
+
+    modules = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"experiments.commands.{info.name}")
+        if hasattr(module, "NAME") and hasattr(module, "run"):
+            modules.append(module)
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments",
+        description="AdaPtis toolkit: find, explain and run fast pipeline-parallel training plans.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in _command_modules():
+        doc = (module.__doc__ or module.HELP).strip()
+        p = sub.add_parser(module.NAME, help=module.HELP, description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except AdaptisError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

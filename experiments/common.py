@@ -1,0 +1,148 @@
+"""Arguments shared by the commands: which model, which cluster, how to print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.spec import Cluster, ModelProfile
+
+__all__ = [
+    "CONFIG_DIR",
+    "DEFAULT_MODEL",
+    "add_model_args",
+    "add_cluster_args",
+    "add_output_args",
+    "resolve_profile",
+    "resolve_cluster",
+    "positive_int",
+    "positive_float",
+    "print_table",
+    "print_json_lines",
+]
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+#: The heterogeneous model that commands use when no model is named.
+DEFAULT_MODEL = "gemma-medium"
+#: Used while the zoo is not installed or has no DEFAULT_MODEL.
+FALLBACK_PROFILE = CONFIG_DIR / "profiles" / "hetero-head-16.json"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """``--model NAME | --hf-config FILE | --profile FILE`` plus sequence length and micro-batch size."""
+    group = parser.add_argument_group("model (one of)")
+    ex = group.add_mutually_exclusive_group()
+    ex.add_argument("--model", metavar="NAME",
+                    help=f"a model of the zoo (experiments/configs/models/; default {DEFAULT_MODEL})")
+    ex.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json on disk")
+    ex.add_argument("--profile", metavar="FILE", help="a profile JSON with per-layer costs")
+    group.add_argument("--seq-len", type=positive_int, default=None,
+                       help="sequence length (default: the model's, or 4096)")
+    group.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
+
+
+def add_cluster_args(parser: argparse.ArgumentParser, *, default_devices: int = 4) -> None:
+    """``--gpu/--devices/--gpus-per-node | --cluster FILE`` plus ``--memory-gb``."""
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--cluster", metavar="FILE", help="a cluster JSON (overrides --gpu/--devices)")
+    group.add_argument("--gpu", default="h100", help="GPU preset for analytic costs and the cluster")
+    group.add_argument("--devices", type=positive_int, default=default_devices, help="pipeline devices")
+    group.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node")
+    group.add_argument("--memory-gb", type=positive_float, default=None,
+                       help="memory limit per device in GiB (default: the GPU's or the cluster file's)")
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object per line instead of a table")
+    parser.add_argument("--wandb-project", default="adaptis", help="W&B project (runs are offline by default)")
+
+
+def resolve_profile(args: argparse.Namespace) -> ModelProfile:
+    """The profile that ``--model/--hf-config/--profile`` name."""
+    if getattr(args, "profile", None):
+        return ModelProfile.load(args.profile)
+    seq_len = getattr(args, "seq_len", None)
+    mbs = getattr(args, "microbatch_size", 1)
+    gpu = getattr(args, "gpu", "h100")
+    if getattr(args, "hf_config", None):
+        from pipeline.costs import profile_from_architecture
+        from pipeline.hf import load_hf_config
+
+        arch = load_hf_config(args.hf_config)
+        return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len or 4096, microbatch_size=mbs)
+    name = getattr(args, "model", None)
+    try:
+        from pipeline import zoo
+    except ImportError:
+        zoo = None
+    if zoo is None:
+        if name:
+            raise ConfigError("the model zoo is not installed; pass --profile FILE", field="--model")
+        return ModelProfile.load(FALLBACK_PROFILE)
+    return zoo.zoo_profile(name or DEFAULT_MODEL, gpu=gpu, seq_len=seq_len, microbatch_size=mbs)
+
+
+def resolve_cluster(args: argparse.Namespace) -> Cluster:
+    """The cluster that ``--cluster`` or ``--gpu/--devices`` name, with ``--memory-gb`` applied."""
+    if getattr(args, "cluster", None):
+        cluster = Cluster.load(args.cluster)
+    else:
+        try:
+            from pipeline.hardware import build_cluster
+        except ImportError:
+            cluster = Cluster(devices=args.devices, gpus_per_node=args.gpus_per_node, name=f"{args.devices}-dev")
+        else:
+            cluster = build_cluster(args.gpu, devices=args.devices, gpus_per_node=args.gpus_per_node)
+    if getattr(args, "memory_gb", None):
+        cluster = cluster.with_memory(args.memory_gb)
+    return cluster
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, title: str | None = None) -> None:
+    """Print rows as an aligned text table with the given columns."""
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    if title:
+        print(title)
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
+
+
+def print_json_lines(rows: Iterable[dict[str, Any]]) -> None:
+    for row in rows:
+        print(json.dumps(row), flush=True)

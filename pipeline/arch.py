@@ -1,0 +1,123 @@
+"""Architectures: the layer list of a model, independent of any hardware.
+
+An :class:`Architecture` is what ``pipeline.hf`` builds from a Hugging Face
+``config.json``, what ``pipeline.costs`` turns into a profile for a GPU, and what
+``executor`` turns into real torch modules. One :class:`LayerSpec` is one
+pipeline-partitionable layer: a token mixer (attention, Mamba, ...) followed by a
+feed-forward block (dense MLP or MoE), or a special layer (embedding, head, MTP,
+vision block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+__all__ = ["MIXERS", "FFNS", "SPECIAL_KINDS", "LayerSpec", "Architecture"]
+
+#: Token mixers of a layer.
+MIXERS = ("attention", "sliding_attention", "mla", "mamba", "linear_attention", "none")
+#: Feed-forward blocks of a layer.
+FFNS = ("mlp", "moe", "none")
+#: Layers that are neither mixer nor FFN: ``embedding`` (token embedding), ``head`` (final norm +
+#: LM head + cross-entropy), ``mtp`` (multi-token-prediction module), ``vision`` (ViT block).
+SPECIAL_KINDS = ("embedding", "head", "mtp", "vision")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer. ``kind`` is ``"block"`` (mixer + ffn) or one of SPECIAL_KINDS."""
+
+    kind: str = "block"
+    mixer: str = "attention"
+    ffn: str = "mlp"
+    window: int | None = None
+    """Sliding-window length for ``sliding_attention``."""
+
+    def __post_init__(self) -> None:
+        if self.kind != "block" and self.kind not in SPECIAL_KINDS:
+            raise ConfigError(f"unknown layer kind {self.kind!r}; use 'block' or one of {SPECIAL_KINDS}",
+                              field="kind")
+        if self.mixer not in MIXERS:
+            raise ConfigError(f"unknown mixer {self.mixer!r}; use one of {MIXERS}", field="mixer")
+        if self.ffn not in FFNS:
+            raise ConfigError(f"unknown ffn {self.ffn!r}; use one of {FFNS}", field="ffn")
+
+    @property
+    def label(self) -> str:
+        """Short name used in profiles: ``attention+moe``, ``mamba``, ``head``..."""
+        if self.kind != "block":
+            return self.kind
+        parts = [p for p in (self.mixer, self.ffn) if p != "none"]
+        return "+".join(parts) or "identity"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Sizes of a model and its layer list (embedding first, head last)."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    vocab_size: int
+    layers: tuple[LayerSpec, ...]
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 16
+    head_dim: int | None = None
+    intermediate_size: int = 0
+    """Dense MLP hidden size."""
+    gated_mlp: bool = True
+    """SwiGLU-style gated MLP (3 matrices) rather than a plain 2-matrix MLP."""
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int | None = None
+    """Defaults to ``moe_intermediate_size`` per shared expert."""
+    # MLA (DeepSeek)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    # Mamba-2
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 64
+    ssm_state_size: int = 128
+    mamba_n_groups: int = 1
+    mamba_conv_kernel: int = 4
+    # Gated DeltaNet-style linear attention
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    # vision
+    vision_hidden_size: int = 0
+    vision_intermediate_size: int = 0
+    vision_num_heads: int = 16
+    vision_tokens: int = 0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        for key in ("hidden_size", "vocab_size", "num_attention_heads"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"must be a whole number >= 1, got {value!r}", source=self.name, field=key)
+        if not self.layers:
+            raise ConfigError("the model has no layers", source=self.name, field="layers")
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(1 for layer in self.layers if layer.kind == "block")
+
+    def with_layers(self, layers: tuple[LayerSpec, ...]) -> Architecture:
+        return replace(self, layers=tuple(layers))

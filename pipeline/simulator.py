@@ -1,0 +1,309 @@
+"""The pipeline performance model: an event simulation of a plan.
+
+Rules (the contract every other part relies on):
+
+* Each device runs its actions in list order, one at a time. An action starts when its device
+  is free and its inputs have arrived; nothing else delays it (no link contention).
+* ``F(s, m)`` needs ``F(s-1, m)`` plus the transfer of stage ``s-1``'s ``out_bytes`` when the
+  two stages sit on different devices. ``I(s, m)`` or ``B(s, m)`` needs ``F(s, m)`` and the
+  gradient of stage ``s+1`` (``I`` or ``B`` of ``(s+1, m)`` plus the same transfer back).
+  ``W(s, m)`` needs ``I(s, m)``. Transfers cost ``latency + bytes / bandwidth`` of the link
+  and overlap computation.
+* Durations: the stage's summed layer costs divided by the device's speed factor. ``B`` costs
+  ``b + w``.
+* Memory of a device = static (parameters of every stage it holds x ``bytes_per_param``) +
+  activations. ``F`` adds the stage's ``act_bytes``; ``I`` frees all but ``w_retained`` (the
+  inputs of the weight matmuls, see ``LayerCost.w_retained``); ``W`` frees the rest; ``B``
+  frees all. Since a device's actions run in list order, its activation curve follows that
+  order exactly. Transfer buffers and the optimizer step are not modelled.
+* Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
+  devices all wait on each other is reported as a deadlock naming the waiting actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from pipeline.errors import PlanError
+from pipeline.plan import Action, Plan, validate_plan
+from pipeline.spec import GIB, Cluster, ModelProfile, TrainingConfig
+
+__all__ = ["TimelineEntry", "StageCosts", "Result", "stage_costs", "simulate", "simulate_checked"]
+
+
+class TimelineEntry(NamedTuple):
+    device: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per-stage quantities a simulation needs, precomputed from a profile, a partition and a
+    placement (reused across schedules of the same partition and placement)."""
+
+    f: tuple[float, ...]
+    i: tuple[float, ...]
+    w: tuple[float, ...]
+    act: tuple[float, ...]
+    w_keep: tuple[float, ...]
+    comm: tuple[float, ...]
+    """``comm[s]``: transfer time between stage ``s`` and ``s+1`` (0 on the same device)."""
+    static_bytes: tuple[float, ...]
+    """Per device."""
+    memory_limit: tuple[float, ...]
+    """Per device, bytes."""
+
+
+def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
+                placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
+    """Sum layer costs per stage, scale by device speed, and price the links between stages."""
+    layers = profile.layers
+    speeds = cluster.speeds
+    unit = profile.seconds_per_unit
+    f, i, w, act, keep, comm = [], [], [], [], [], []
+    static = [0.0] * cluster.devices
+    scale = training.activation_scale
+    for s, (a, b) in enumerate(partition):
+        d = placement[s]
+        sp = speeds[d]
+        chunk = layers[a:b]
+        f.append(sum(x.f for x in chunk) / sp)
+        i.append(sum(x.b for x in chunk) / sp)
+        w.append(sum(x.w for x in chunk) / sp)
+        act.append(scale * sum(x.act_bytes for x in chunk))
+        keep.append(scale * sum(x.w_retained for x in chunk))
+        static[d] += training.bytes_per_param * sum(x.params for x in chunk)
+        if s + 1 < len(partition):
+            comm.append(cluster.transfer_seconds(d, placement[s + 1], chunk[-1].out_bytes) / unit)
+        else:
+            comm.append(0.0)
+    return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
+                      cluster.memory_limits_bytes)
+
+
+@dataclass
+class Result:
+    """What the performance model predicts for one plan."""
+
+    valid: bool
+    error: str | None
+    iteration_time: float
+    """Makespan of the iteration, in the profile's time unit (``inf`` when invalid)."""
+    busy: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    """Bytes per device: static + peak activations."""
+    memory_limit: tuple[float, ...]
+    tokens: int
+    seconds_per_unit: float
+    time_unit: str
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    devices: int = 0
+
+    @property
+    def feasible(self) -> bool:
+        """Valid and within every device's memory limit."""
+        return self.valid and all(p <= lim for p, lim in zip(self.peak_memory, self.memory_limit))
+
+    @property
+    def bubble(self) -> tuple[float, ...]:
+        """Idle share of the iteration, per device."""
+        t = self.iteration_time
+        if not self.valid or t <= 0:
+            return tuple(0.0 for _ in self.busy)
+        return tuple(max(0.0, 1.0 - b / t) for b in self.busy)
+
+    @property
+    def mean_bubble(self) -> float:
+        bub = self.bubble
+        return sum(bub) / len(bub) if bub else 0.0
+
+    @property
+    def throughput(self) -> float:
+        """Tokens per second of the whole pipeline."""
+        if not self.valid or self.iteration_time <= 0:
+            return 0.0
+        return self.tokens / (self.iteration_time * self.seconds_per_unit)
+
+    @property
+    def peak_memory_gb(self) -> tuple[float, ...]:
+        return tuple(p / GIB for p in self.peak_memory)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-able figures of this result (no timeline)."""
+        return {
+            "valid": self.valid,
+            "error": self.error,
+            "iteration_time": self.iteration_time if self.valid else None,
+            "time_unit": self.time_unit,
+            "throughput": self.throughput,
+            "bubble": round(self.mean_bubble, 6),
+            "bubble_per_device": [round(b, 6) for b in self.bubble],
+            "peak_memory_gb": [round(p, 4) for p in self.peak_memory_gb],
+            "memory_limit_gb": [round(m / GIB, 4) for m in self.memory_limit],
+            "feasible": self.feasible,
+        }
+
+    def timeline_dict(self) -> dict[str, Any]:
+        """The timeline in the shared format that the executor also writes."""
+        return {
+            "time_unit": self.time_unit,
+            "devices": self.devices,
+            "events": [{"device": e.device, "action": str(e.action), "start": e.start, "end": e.end}
+                       for e in self.timeline],
+        }
+
+
+def _invalid(message: str, costs: StageCosts, tokens: int, profile: ModelProfile, devices: int) -> Result:
+    return Result(False, message, float("inf"), tuple(0.0 for _ in range(devices)),
+                  tuple(costs.static_bytes), costs.memory_limit, tokens, profile.seconds_per_unit,
+                  profile.time_unit, devices=devices)
+
+
+def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: TrainingConfig = TrainingConfig(),
+             *, costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
+    """Simulate ``plan``; never raises for a bad plan: an invalid one gives ``Result.valid == False``.
+
+    ``costs`` may be passed to reuse per-stage sums across schedules; ``validate=False`` skips the
+    structural checks (use only for plans from our own generators); ``record_timeline=False``
+    keeps only the figures (faster, for search).
+    """
+    tokens = plan.microbatches * profile.tokens_per_microbatch
+    P, M, S = plan.devices, plan.microbatches, plan.num_stages
+    if validate:
+        try:
+            validate_plan(plan, num_layers=profile.num_layers, devices=cluster.devices)
+        except PlanError as exc:
+            dummy = StageCosts((), (), (), (), (), (), tuple(0.0 for _ in range(P)),
+                               tuple(cluster.memory_limits_bytes[:P]) if cluster.devices >= P else
+                               tuple(float("inf") for _ in range(P)))
+            return _invalid(str(exc), dummy, tokens, profile, P)
+    if costs is None:
+        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
+    F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
+    last = S - 1
+    n = S * M
+    fend: list[float | None] = [None] * n
+    iend: list[float | None] = [None] * n
+    schedule = plan.schedule
+    ptr = [0] * P
+    free = [0.0] * P
+    busy = [0.0] * P
+    mem = [0.0] * P
+    peak = [0.0] * P
+    lens = [len(acts) for acts in schedule]
+    total = sum(lens)
+    done = 0
+    timeline: list[TimelineEntry] = []
+    record = timeline.append if record_timeline else None
+    progress = True
+    while progress and done < total:
+        progress = False
+        for d in range(P):
+            acts = schedule[d]
+            k = ptr[d]
+            end_k = lens[d]
+            if k >= end_k:
+                continue
+            t = free[d]
+            cur = mem[d]
+            pk = peak[d]
+            bz = busy[d]
+            while k < end_k:
+                a = acts[k]
+                s, op, m = a
+                idx = s * M + m
+                if op == "F":
+                    if s:
+                        prev = fend[idx - M]
+                        if prev is None:
+                            break
+                        ready = prev + COMM[s - 1]
+                        start = ready if ready > t else t
+                    else:
+                        start = t
+                    dur = F[s]
+                    t = start + dur
+                    fend[idx] = t
+                    cur += ACT[s]
+                    if cur > pk:
+                        pk = cur
+                elif op == "W":
+                    if iend[idx] is None:
+                        break
+                    start = t
+                    dur = W[s]
+                    t = start + dur
+                    cur -= KEEP[s]
+                else:  # I or B
+                    f_done = fend[idx]
+                    if f_done is None:
+                        break
+                    if s != last:
+                        g = iend[idx + M]
+                        if g is None:
+                            break
+                        ready = g + COMM[s]
+                        if f_done > ready:
+                            ready = f_done
+                    else:
+                        ready = f_done
+                    start = ready if ready > t else t
+                    if op == "I":
+                        dur = I[s]
+                        cur -= ACT[s] - KEEP[s]
+                    else:
+                        dur = I[s] + W[s]
+                        cur -= ACT[s]
+                    t = start + dur
+                    iend[idx] = t
+                bz += dur
+                if record is not None:
+                    record(TimelineEntry(d, a, start, t))
+                k += 1
+            if k != ptr[d]:
+                done += k - ptr[d]
+                ptr[d] = k
+                free[d] = t
+                mem[d] = cur
+                peak[d] = pk
+                busy[d] = bz
+                progress = True
+    if done < total:
+        waiting = []
+        for d in range(P):
+            if ptr[d] < lens[d]:
+                a = schedule[d][ptr[d]]
+                waiting.append(f"device {d} waits at {a} ({_needs(a, S)})")
+        return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
+                        ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
+    makespan = max(free) if free else 0.0
+    static = costs.static_bytes
+    result = Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
+                    costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
+    if record_timeline:
+        timeline.sort(key=lambda e: (e.device, e.start))
+    return result
+
+
+def _needs(a: Action, num_stages: int) -> str:
+    s, op, m = a
+    if op == "F":
+        return f"needs {s - 1}F{m}" if s else "needs nothing"
+    if op == "W":
+        return f"needs {s}I{m}"
+    if s == num_stages - 1:
+        return f"needs {s}F{m}"
+    return f"needs {s}F{m} and the gradient of {s + 1}I{m} or {s + 1}B{m}"
+
+
+def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster,
+                     training: TrainingConfig = TrainingConfig(), **kw: Any) -> Result:
+    """Like :func:`simulate` but raise PlanError for an invalid plan."""
+    result = simulate(plan, profile, cluster, training, **kw)
+    if not result.valid:
+        raise PlanError(result.error or "invalid plan", field="schedule")
+    return result

@@ -1,0 +1,381 @@
+"""Model profiles, clusters and training settings, with JSON I/O and validation.
+
+Units: times are in the profile's ``time_unit`` (``ms`` by default), bytes are
+bytes, bandwidths are gigabytes per second (``p2p_gbps = 450`` is H100 NVLink's
+450 GB/s one way), latencies are microseconds, memories are GiB (2**30 bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ClusterError, ProfileError
+
+__all__ = [
+    "W_RETAINED_FRACTION",
+    "LayerCost",
+    "ModelProfile",
+    "Device",
+    "Cluster",
+    "TrainingConfig",
+    "GIB",
+    "TIME_UNITS",
+]
+
+GIB = 2**30
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+PROFILE_VERSION = 1
+CLUSTER_VERSION = 1
+#: Share of a layer's activations that its W (weight-gradient) pass still needs
+#: after I has run, when a profile gives no ``w_act_bytes``: the inputs of the
+#: weight matmuls. For a Megatron transformer layer these are about 8 of the
+#: 34 s*b*h bytes of Korthikanti et al. (2022), hence a quarter.
+W_RETAINED_FRACTION = 0.25
+
+
+def _number(raw: dict[str, Any], key: str, *, error: type, source: str, minimum: float = 0.0,
+            default: float | None = None, integer: bool = False) -> float:
+    if key not in raw:
+        if default is not None:
+            return default
+        raise error(f"missing; add a number >= {minimum:g}", source=source, field=key)
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"expected a number, got {value!r}", source=source, field=key)
+    if not math.isfinite(value) or value < minimum:
+        raise error(f"must be a finite number >= {minimum:g}, got {value!r}", source=source, field=key)
+    if integer:
+        if int(value) != value:
+            raise error(f"must be a whole number, got {value!r}", source=source, field=key)
+        return int(value)
+    return float(value)
+
+
+def _read_json(path: str | Path, error: type) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise error(f"cannot read file ({exc.strerror}); check the path", source=str(path)) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+                    source=str(path)) from None
+    if not isinstance(raw, dict):
+        raise error("the top level must be a JSON object", source=str(path))
+    return raw
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of one layer for one micro-batch."""
+
+    name: str
+    """Human-readable layer name, e.g. ``embed`` or ``layer3.moe``."""
+    kind: str
+    """Layer kind, e.g. ``embedding``, ``attention``, ``moe``, ``mamba``, ``head``."""
+    f: float
+    """Forward time."""
+    b: float
+    """Backward-for-inputs (I) time."""
+    w: float
+    """Backward-for-weights (W) time; a fused backward B costs ``b + w``."""
+    params: int
+    """Parameter count."""
+    act_bytes: int
+    """Activation bytes held from F until the backward frees them."""
+    out_bytes: int
+    """Bytes of the output sent to the next stage (the gradient coming back has the same size)."""
+    w_act_bytes: int | None = None
+    """Bytes of ``act_bytes`` still held after I, until W (default: W_RETAINED_FRACTION of them)."""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Optional fields carried through JSON unchanged."""
+
+    @property
+    def w_retained(self) -> int:
+        """Activation bytes I leaves for W to free."""
+        if self.w_act_bytes is not None:
+            return self.w_act_bytes
+        return int(self.act_bytes * W_RETAINED_FRACTION)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "extra" and v is not None}
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, source: str = "profile") -> LayerCost:
+        if not isinstance(raw, dict):
+            raise ProfileError(f"each layer must be a JSON object, got {type(raw).__name__}", source=source)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProfileError("missing or empty; give each layer a name", source=source, field="name")
+        src = f"{source} layer '{name}'"
+        kind = raw.get("kind", "layer")
+        if not isinstance(kind, str):
+            raise ProfileError("must be a string such as 'attention'", source=src, field="kind")
+        known = {"name", "kind", "f", "b", "w", "params", "act_bytes", "out_bytes", "w_act_bytes"}
+        act = _number(raw, "act_bytes", error=ProfileError, source=src, integer=True)
+        w_act = None
+        if raw.get("w_act_bytes") is not None:
+            w_act = _number(raw, "w_act_bytes", error=ProfileError, source=src, integer=True)
+            if w_act > act:
+                raise ProfileError(f"{w_act} exceeds act_bytes {act}; W can only keep part of F's activations",
+                                   source=src, field="w_act_bytes")
+        return cls(
+            name=name,
+            kind=kind,
+            f=_number(raw, "f", error=ProfileError, source=src),
+            b=_number(raw, "b", error=ProfileError, source=src),
+            w=_number(raw, "w", error=ProfileError, source=src),
+            params=_number(raw, "params", error=ProfileError, source=src, integer=True),
+            act_bytes=act,
+            out_bytes=_number(raw, "out_bytes", error=ProfileError, source=src, integer=True),
+            w_act_bytes=w_act,
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """One model's per-micro-batch, per-layer costs, in layer order."""
+
+    name: str
+    layers: tuple[LayerCost, ...]
+    time_unit: str = "ms"
+    seq_len: int = 4096
+    microbatch_size: int = 1
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ProfileError("a profile needs at least one layer", source=self.name, field="layers")
+        if self.time_unit not in TIME_UNITS:
+            raise ProfileError(f"unknown unit {self.time_unit!r}; use one of {sorted(TIME_UNITS)}",
+                               source=self.name, field="time_unit")
+        object.__setattr__(self, "layers", tuple(self.layers))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        return self.seq_len * self.microbatch_size
+
+    @property
+    def seconds_per_unit(self) -> float:
+        return TIME_UNITS[self.time_unit]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "version": PROFILE_VERSION,
+            "name": self.name,
+            "time_unit": self.time_unit,
+            "seq_len": self.seq_len,
+            "microbatch_size": self.microbatch_size,
+        }
+        out.update(self.extra)
+        out["layers"] = [layer.to_dict() for layer in self.layers]
+        return out
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, source: str = "profile") -> ModelProfile:
+        if not isinstance(raw, dict):
+            raise ProfileError("the top level must be a JSON object", source=source)
+        layers = raw.get("layers")
+        if not isinstance(layers, list) or not layers:
+            raise ProfileError("missing or empty; give a list of layer objects with f, b, w, params, "
+                               "act_bytes, out_bytes", source=source, field="layers")
+        unit = raw.get("time_unit", "ms")
+        if unit not in TIME_UNITS:
+            raise ProfileError(f"unknown unit {unit!r}; use one of {sorted(TIME_UNITS)}", source=source,
+                               field="time_unit")
+        name = raw.get("name", Path(source).stem)
+        if not isinstance(name, str):
+            raise ProfileError("must be a string", source=source, field="name")
+        known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "layers"}
+        return cls(
+            name=name,
+            layers=tuple(LayerCost.from_dict(layer, source=source) for layer in layers),
+            time_unit=unit,
+            seq_len=_number(raw, "seq_len", error=ProfileError, source=source, minimum=1, default=4096,
+                            integer=True),
+            microbatch_size=_number(raw, "microbatch_size", error=ProfileError, source=source, minimum=1,
+                                    default=1, integer=True),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelProfile:
+        return cls.from_dict(_read_json(path, ProfileError), source=str(path))
+
+    def scaled(self, factor: float) -> ModelProfile:
+        """The same profile with every time multiplied by ``factor``."""
+        return replace(self, layers=tuple(replace(layer, f=layer.f * factor, b=layer.b * factor,
+                                                  w=layer.w * factor) for layer in self.layers))
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator of a cluster."""
+
+    speed: float = 1.0
+    """Compute speed factor: a layer's time on this device is its profile time / speed."""
+    memory_gb: float = 80.0
+    """Memory capacity in GiB."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices and the links between them.
+
+    Devices ``0..gpus_per_node-1`` share a node and talk over ``p2p_gbps``;
+    across nodes the link is ``inter_node_gbps`` with ``inter_node_latency_us``.
+    """
+
+    devices: int
+    memory_gb: float = 80.0
+    p2p_gbps: float = 450.0
+    latency_us: float = 5.0
+    gpus_per_node: int | None = None
+    inter_node_gbps: float = 50.0
+    inter_node_latency_us: float = 10.0
+    device_list: tuple[Device, ...] | None = None
+    name: str = "cluster"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1:
+            raise ClusterError(f"must be a whole number >= 1, got {self.devices!r}", source=self.name,
+                               field="devices")
+        for key in ("memory_gb", "p2p_gbps", "inter_node_gbps"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ClusterError(f"must be a positive number, got {value!r}", source=self.name, field=key)
+        if self.device_list is not None:
+            object.__setattr__(self, "device_list", tuple(self.device_list))
+            if len(self.device_list) != self.devices:
+                raise ClusterError(f"lists {len(self.device_list)} devices but 'devices' is {self.devices}; "
+                                   "make them agree", source=self.name, field="device_list")
+
+    def device(self, index: int) -> Device:
+        if self.device_list is not None:
+            return self.device_list[index]
+        return Device(speed=1.0, memory_gb=self.memory_gb)
+
+    @property
+    def speeds(self) -> tuple[float, ...]:
+        return tuple(self.device(d).speed for d in range(self.devices))
+
+    @property
+    def memory_limits_bytes(self) -> tuple[float, ...]:
+        return tuple(self.device(d).memory_gb * GIB for d in range(self.devices))
+
+    def same_node(self, a: int, b: int) -> bool:
+        if self.gpus_per_node is None:
+            return True
+        return a // self.gpus_per_node == b // self.gpus_per_node
+
+    def transfer_seconds(self, a: int, b: int, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` from device ``a`` to ``b`` (0 on the same device)."""
+        if a == b:
+            return 0.0
+        if self.same_node(a, b):
+            return self.latency_us * 1e-6 + nbytes / (self.p2p_gbps * 1e9)
+        return self.inter_node_latency_us * 1e-6 + nbytes / (self.inter_node_gbps * 1e9)
+
+    def with_memory(self, memory_gb: float) -> Cluster:
+        """The same cluster with every device's memory set to ``memory_gb``."""
+        devs = None
+        if self.device_list is not None:
+            devs = tuple(replace(d, memory_gb=memory_gb) for d in self.device_list)
+        return replace(self, memory_gb=memory_gb, device_list=devs)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "version": CLUSTER_VERSION,
+            "name": self.name,
+            "devices": self.devices,
+            "memory_gb": self.memory_gb,
+            "p2p_gbps": self.p2p_gbps,
+            "latency_us": self.latency_us,
+            "inter_node_gbps": self.inter_node_gbps,
+            "inter_node_latency_us": self.inter_node_latency_us,
+        }
+        if self.gpus_per_node is not None:
+            out["gpus_per_node"] = self.gpus_per_node
+        if self.device_list is not None:
+            out["device_list"] = [asdict(d) for d in self.device_list]
+        out.update(self.extra)
+        return out
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, source: str = "cluster") -> Cluster:
+        if not isinstance(raw, dict):
+            raise ClusterError("the top level must be a JSON object", source=source)
+        num = dict(error=ClusterError, source=source)
+        devices = _number(raw, "devices", minimum=1, integer=True, **num)
+        memory_gb = _number(raw, "memory_gb", minimum=1e-9, **num)
+        device_list = None
+        if raw.get("device_list") is not None:
+            entries = raw["device_list"]
+            if not isinstance(entries, list):
+                raise ClusterError("must be a list of {speed, memory_gb} objects", source=source,
+                                   field="device_list")
+            device_list = []
+            for i, entry in enumerate(entries):
+                if not isinstance(entry, dict):
+                    raise ClusterError(f"entry {i} must be an object with speed and memory_gb",
+                                       source=source, field="device_list")
+                device_list.append(Device(
+                    speed=_number(entry, "speed", minimum=1e-9, default=1.0, error=ClusterError,
+                                  source=f"{source} device_list[{i}]"),
+                    memory_gb=_number(entry, "memory_gb", minimum=1e-9, default=memory_gb,
+                                      error=ClusterError, source=f"{source} device_list[{i}]"),
+                ))
+        gpn = raw.get("gpus_per_node")
+        if gpn is not None:
+            gpn = _number(raw, "gpus_per_node", minimum=1, integer=True, **num)
+        known = {"version", "name", "devices", "memory_gb", "p2p_gbps", "latency_us", "gpus_per_node",
+                 "inter_node_gbps", "inter_node_latency_us", "device_list"}
+        p2p = _number(raw, "p2p_gbps", minimum=1e-12, **num)
+        return cls(
+            devices=devices,
+            memory_gb=memory_gb,
+            p2p_gbps=p2p,
+            latency_us=_number(raw, "latency_us", **num),
+            gpus_per_node=gpn,
+            inter_node_gbps=_number(raw, "inter_node_gbps", minimum=1e-12, default=p2p, **num),
+            inter_node_latency_us=_number(raw, "inter_node_latency_us", default=_number(raw, "latency_us", **num),
+                                          **num),
+            device_list=tuple(device_list) if device_list is not None else None,
+            name=str(raw.get("name", Path(source).stem)),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Cluster:
+        return cls.from_dict(_read_json(path, ClusterError), source=str(path))
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Training settings that the performance model needs besides the plan."""
+
+    bytes_per_param: float = 18.0
+    """Weights + gradients + Adam states per parameter: 18 in mixed precision with fp32 master
+    weights and no sharded optimizer (Korthikanti et al. 2022 quote 16-18)."""
+    activation_scale: float = 1.0
+    """Multiplier on every layer's activation bytes (e.g. < 1 with selective recomputation)."""
