@@ -20,6 +20,7 @@ __all__ = [
     "Action",
     "Plan",
     "parse_action",
+    "parse_torch_cell",
     "even_partition",
     "partition_from_sizes",
     "sequential_placement",
@@ -55,6 +56,23 @@ def parse_action(text: Any, *, source: str = "plan") -> Action:
         raise PlanError(f"bad action {text!r}; write {{stage}}{{F|I|W|B}}{{microbatch}}, e.g. '3F0'",
                         source=source, field="schedule")
     return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+_OVERLAP_RE = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+_COMPUTE_RE = re.compile(r"^\s*\d+\s*[FIWB]\s*\d+\s*$")
+
+
+def parse_torch_cell(text: str) -> list[Action]:
+    """The compute actions of one cell of a PyTorch pipelining order.
+
+    Handles plain cells (``3F0``), DualPipeV's overlapped pairs (``(0F3;3B1)OVERLAP_F_B``, run
+    one after the other here) and skips communication and bookkeeping cells (``0REDUCE_GRAD``,
+    ``1SEND_F0``, ``UNSHARD``...), which the simulator models implicitly.
+    """
+    text = text.strip()
+    match = _OVERLAP_RE.match(text)
+    parts = match.group(1).split(";") if match else [text]
+    return [parse_action(p) for p in parts if _COMPUTE_RE.match(p)]
 
 
 # ---------------------------------------------------------------- partitions and placements

@@ -53,6 +53,7 @@ __all__ = [
     "one_f_one_b_order",
     "interleaved_order",
     "looped_bfs_order",
+    "zbv_order",
     "list_schedule",
     "megatron_partition",
     "megatron_chunk_counts",
@@ -64,6 +65,8 @@ __all__ = [
 NAMED_METHODS = ("gpipe", "1f1b", "i1f1b-v2", "looped-bfs", "zb-h1", "zb-h2", "zbv", "v-half", "v-min",
                  "dualpipev", "megatron")
 HEAD_KINDS = ("head", "mtp")
+#: Largest chunk count the Megatron baseline tries (more chunks mean more transfers; users rarely go past 8).
+MAX_MEGATRON_CHUNKS = 8
 
 
 # ------------------------------------------------------------------ fixed orders
@@ -89,13 +92,12 @@ def one_f_one_b_order(devices: int, microbatches: int) -> tuple[tuple[Action, ..
 
 
 def _interleaved_group(devices: int, microbatches: int) -> int:
+    """Micro-batches per group: the devices when they divide the micro-batches (Megatron-LM),
+    otherwise the smallest divisor of the micro-batches that is at least the devices (Megatron-core's
+    ``microbatch_group_size_per_vp_stage``)."""
     if microbatches % devices == 0:
         return devices
-    rounds = max(1, microbatches // devices)
-    if microbatches % rounds:
-        raise PlanError(f"interleaved 1F1B needs micro-batches divisible by the rounds ({rounds}); "
-                        f"use a multiple of {devices}", field="microbatches")
-    return microbatches // rounds
+    return next((g for g in range(devices, microbatches + 1) if microbatches % g == 0), microbatches)
 
 
 def interleaved_order(devices: int, chunks: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
@@ -137,6 +139,78 @@ def looped_bfs_order(devices: int, chunks: int, microbatches: int) -> tuple[tupl
         stages = [c * devices + d for c in range(chunks)]
         acts = [Action(s, "F", m) for s in stages for m in range(microbatches)]
         acts += [Action(s, "B", m) for s in reversed(stages) for m in range(microbatches)]
+        out.append(tuple(acts))
+    return tuple(out)
+
+
+def _appender(acts: list[Action]):
+    def add(stage: int, op: str, mb: int) -> None:
+        acts.append(Action(stage, op, mb))
+
+    return add
+
+
+def zbv_order(devices: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
+    """The hand-built ZB-V order (Qi et al., "Pipeline Parallelism with Controllable Memory"):
+    V placement, device ``d`` holds chunk 0 = stage ``d`` and chunk 1 = stage ``2p - 1 - d``.
+
+    Phases on device ``d``: ``2(p - d) - 1`` chunk-0 forwards; ``d`` pairs (chunk-1 F, chunk-0 F);
+    ``p - d`` triples (chunk-1 F, I, W); then steady rounds of (chunk-0 F, I, W, chunk-1 F, I, W);
+    cool-down I's in pairs with W's trailing to fill the drain. Needs ``m >= 2p - 1``.
+    """
+    P, M = devices, microbatches
+    if M < 2 * P - 1:
+        raise PlanError(f"the ZB-V order needs at least {2 * P - 1} micro-batches, got {M}", field="microbatches")
+    out = []
+    for d in range(P):
+        c0, c1 = d, 2 * P - 1 - d
+        acts: list[Action] = []
+        f0 = f1 = b0 = b1 = 0
+        add = _appender(acts)
+
+        for _ in range(2 * (P - d) - 1):
+            add(c0, "F", f0)
+            f0 += 1
+        for _ in range(d):
+            add(c1, "F", f1)
+            f1 += 1
+            add(c0, "F", f0)
+            f0 += 1
+        for _ in range(P - d):
+            add(c1, "F", f1)
+            f1 += 1
+            add(c1, "I", b1)
+            add(c1, "W", b1)
+            b1 += 1
+        while f1 < f0 or f0 < M:
+            if f0 < M:
+                add(c0, "F", f0)
+                f0 += 1
+            add(c0, "I", b0)
+            add(c0, "W", b0)
+            b0 += 1
+            add(c1, "F", f1)
+            f1 += 1
+            add(c1, "I", b1)
+            add(c1, "W", b1)
+            b1 += 1
+        w0, w1 = b0, b1
+        for _ in range(d):
+            add(c0, "I", b0)
+            b0 += 1
+            add(c1, "I", b1)
+            b1 += 1
+        for _ in range(P - d):
+            add(c0, "I", b0)
+            b0 += 1
+            add(c0, "W", w0)
+            w0 += 1
+        while w1 < b1:
+            add(c1, "W", w1)
+            w1 += 1
+        while w0 < b0:
+            add(c0, "W", w0)
+            w0 += 1
         out.append(tuple(acts))
     return tuple(out)
 
@@ -339,16 +413,16 @@ def megatron_partition(profile: ModelProfile, stages: int) -> tuple[tuple[int, i
 
 
 def megatron_chunk_counts(profile: ModelProfile, devices: int, microbatches: int) -> list[int]:
-    """Chunk counts Megatron-LM accepts: blocks divisible by ``devices * v`` (always v = 1), and
-    for ``v > 1`` micro-batches divisible by the devices."""
+    """Chunk counts the Megatron baseline tries: every ``v`` with at least one block per chunk
+    (``devices * v <= blocks``); ``v > 1`` needs micro-batches divisible by the devices, as
+    Megatron-LM's interleaved schedule does. Uneven splits are allowed (Megatron-core's
+    ``num_layers_in_first/last_pipeline_stage``), which makes the baseline stronger, not weaker."""
     lo, hi = _core_range(profile)
     blocks = hi - lo
     counts = [1]
     if devices < 2 or microbatches % devices:
         return counts
-    for v in range(2, blocks // devices + 1):
-        if blocks % (devices * v) == 0:
-            counts.append(v)
+    counts.extend(range(2, min(MAX_MEGATRON_CHUNKS, blocks // devices) + 1))
     return counts
 
 
@@ -434,9 +508,38 @@ def build_plan(method: str, profile: ModelProfile, cluster: Cluster, microbatche
             raise PlanError(f"unknown method {method!r}; use one of {', '.join(NAMED_METHODS)}",
                             field="method")
         caps = budget_caps(costs, placement, P, budgets)
-        config = ListSchedulerConfig(caps=caps, cap_counts_w=method not in ("zb-h1", "zb-h2"), max_pending_w=P)
-        order = list_schedule(costs, placement, P, microbatches, config)
+        order = _best_list_schedule(method, costs, placement, P, microbatches, caps)
     return Plan(P, microbatches, part, placement, order, meta)
+
+
+def _list_variants(method: str, devices: int) -> list[ListSchedulerConfig]:
+    """The list-scheduler priorities a named zero-bubble method tries (it keeps the fastest)."""
+    if method in ("zb-h1", "zb-h2"):
+        # ZB-H1/H2 cap the micro-batches whose I has not run; at most p W's wait.
+        return [ListSchedulerConfig(cap_counts_w=False, max_pending_w=devices)]
+    return [ListSchedulerConfig(depth_first=depth, max_pending_w=mpw)
+            for depth in (True, False) for mpw in (None, 2, devices)]
+
+
+def _best_list_schedule(method: str, costs: StageCosts, placement: Sequence[int], devices: int,
+                        microbatches: int, caps: tuple[float, ...]) -> tuple[tuple[Action, ...], ...]:
+    from dataclasses import replace
+
+    from pipeline.simulator import simulate_order
+
+    candidates = [list_schedule(costs, placement, devices, microbatches, replace(variant, caps=caps))
+                  for variant in _list_variants(method, devices)]
+    if method == "zbv" and microbatches >= 2 * devices - 1:
+        candidates.append(zbv_order(devices, microbatches))
+    best, best_key = None, None
+    for order in candidates:
+        t, peaks = simulate_order(order, costs, devices, microbatches)
+        over = sum(max(0.0, pk - cap) for pk, cap in zip(peaks, caps))
+        key = (over > 1e-6 * max(caps), t)
+        if best_key is None or key < best_key:
+            best, best_key = order, key
+    assert best is not None
+    return best
 
 
 def _megatron_plan(profile: ModelProfile, cluster: Cluster, microbatches: int,

@@ -196,7 +196,7 @@ class ModelProfile:
             raise ProfileError("missing or empty; give a list of layer objects with f, b, w, params, "
                                "act_bytes, out_bytes", source=source, field="layers")
         unit = raw.get("time_unit", "ms")
-        if unit not in TIME_UNITS:
+        if not isinstance(unit, str) or unit not in TIME_UNITS:
             raise ProfileError(f"unknown unit {unit!r}; use one of {sorted(TIME_UNITS)}", source=source,
                                field="time_unit")
         name = raw.get("name", Path(source).stem)
