@@ -1,0 +1,65 @@
+"""Simulate one plan: iteration time, throughput, bubbles, peak memory and a Gantt chart.
+
+Example:
+  python -m experiments simulate --profile experiments/configs/profiles/hetero-head-16.json \
+      --cluster experiments/configs/clusters/h100x4.json --plan plan.json --gantt plan.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from experiments.common import add_cluster_args, add_model_args, add_output_args, resolve_cluster, resolve_profile
+from experiments.tracking_hooks import tracked_run
+from pipeline.bounds import lower_bound
+from pipeline.plan import Plan
+from pipeline.render import gantt_png, gantt_text
+from pipeline.simulator import simulate
+
+NAME = "simulate"
+HELP = "predict iteration time, bubbles and memory of a plan"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="plan JSON (partition, placement, schedule)")
+    add_model_args(parser)
+    add_cluster_args(parser)
+    parser.add_argument("--gantt", metavar="PNG", help="write the Gantt chart to this file")
+    parser.add_argument("--text", action="store_true", help="print a text Gantt chart")
+    add_output_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = resolve_profile(args)
+    cluster = resolve_cluster(args)
+    plan = Plan.load(args.plan)
+    result = simulate(plan, profile, cluster)
+    row = {"method": plan.method, **result.summary()}
+    if result.valid:
+        bound = lower_bound(profile, cluster, plan.microbatches).value
+        row["vs_lower_bound"] = result.iteration_time / bound
+    with tracked_run(args, command=NAME, config={"plan": args.plan, "profile": profile.name,
+                                                 "devices": cluster.devices}) as tracker:
+        tracker.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))})
+        if args.gantt and result.valid:
+            gantt_png(result.timeline_dict(), args.gantt, title=f"{plan.method} on {profile.name}")
+            tracker.log_image("gantt", args.gantt)
+        tracker.log_plan(plan, name=plan.method, metadata=row)
+    if args.json:
+        print(json.dumps(row))
+    elif not result.valid:
+        print(f"invalid plan: {result.error}")
+    else:
+        unit = result.time_unit
+        print(f"plan {args.plan}: {plan.method}, {plan.num_stages} stages on {plan.devices} devices, "
+              f"{plan.microbatches} micro-batches")
+        print(f"iteration time {result.iteration_time:.4g} {unit} ({row['vs_lower_bound']:.3f}x the lower bound), "
+              f"throughput {result.throughput:,.0f} tokens/s, mean bubble {100 * result.mean_bubble:.1f}%")
+        for d in range(plan.devices):
+            print(f"  device {d}: bubble {100 * result.bubble[d]:5.1f}%  peak memory "
+                  f"{result.peak_memory_gb[d]:7.2f} / {result.memory_limit[d] / 2**30:.0f} GiB")
+        print("feasible" if result.feasible else "INFEASIBLE: over the memory limit")
+        if args.text:
+            print(gantt_text(result.timeline_dict()))
+    return 0 if result.valid else 1

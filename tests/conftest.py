@@ -1,0 +1,38 @@
+"""Shared fixtures: small profiles and clusters built in code, W&B off unless a test turns it on."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+from pipeline.spec import Cluster, LayerCost, ModelProfile  # noqa: E402
+
+
+def uniform_profile(layers: int, *, f: float = 1.0, b: float = 1.0, w: float = 1.0, act: int = 1000,
+                    params: int = 1000, out: int = 0) -> ModelProfile:
+    return ModelProfile("uniform", tuple(LayerCost(f"l{i}", "attention+mlp", f, b, w, params, act, out)
+                                         for i in range(layers)))
+
+
+def ideal_cluster(devices: int, memory_gb: float = 1e9) -> Cluster:
+    """Free communication and (by default) no memory limit."""
+    return Cluster(devices=devices, memory_gb=memory_gb, p2p_gbps=1e12, latency_us=0.0)
+
+
+@pytest.fixture
+def hetero_profile() -> ModelProfile:
+    return ModelProfile.load(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+
+
+@pytest.fixture
+def h100x4() -> Cluster:
+    return Cluster.load(ROOT / "experiments/configs/clusters/h100x4.json")

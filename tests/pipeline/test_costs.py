@@ -1,0 +1,268 @@
+"""Analytic layer costs: FLOPs against published formulas, memory conventions, roofline timing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.arch import Architecture, LayerSpec
+from pipeline.costs import (
+    CostOptions,
+    Op,
+    PassWork,
+    architecture_work,
+    layer_work,
+    profile_from_architecture,
+)
+from pipeline.errors import ConfigError
+from pipeline.hardware import get_gpu
+from pipeline.spec import ModelProfile
+from pipeline.zoo import load_zoo_architecture
+
+EMBED = LayerSpec(kind="embedding", mixer="none", ffn="none")
+HEAD = LayerSpec(kind="head", mixer="none", ffn="none")
+
+
+def gpt(h: int, heads: int, *, vocab: int = 50304, **kw) -> Architecture:
+    """A GPT-3-style model: MHA and a plain (non-gated) 4h MLP, as the Megatron formula assumes."""
+    fields = dict(name="gpt", model_type="adaptis", hidden_size=h, vocab_size=vocab, num_attention_heads=heads,
+                  num_key_value_heads=heads, intermediate_size=4 * h, gated_mlp=False,
+                  layers=(EMBED, LayerSpec(), HEAD))
+    fields.update(kw)
+    return Architecture(**fields)
+
+
+def block_flops(arch: Architecture, index: int = 1, **kw) -> tuple[float, float, float]:
+    work = layer_work(arch, index, **kw)
+    return work.f.matmul_flops, work.i.matmul_flops, work.w.matmul_flops
+
+
+@pytest.mark.parametrize("b,s,h,a", [(1, 2048, 1024, 16), (2, 4096, 4096, 32), (4, 512, 768, 12), (1, 8192, 2560, 20)])
+def test_dense_layer_matches_megatron_formula(b: int, s: int, h: int, a: int) -> None:
+    f, i, w = block_flops(gpt(h, a), seq_len=s, microbatch_size=b)
+    assert f == pytest.approx(24 * b * s * h**2 + 4 * b * s**2 * h, rel=1e-12)
+    # Narayanan et al. 2021: 72 b s h^2 (1 + s / 6h) per layer for forward + backward
+    assert f + i + w == pytest.approx(72 * b * s * h**2 * (1 + s / (6 * h)), rel=1e-12)
+
+
+@pytest.mark.parametrize("b,s,h,a", [(1, 2048, 1024, 16), (2, 4096, 4096, 32)])
+def test_activation_bytes_match_korthikanti(b: int, s: int, h: int, a: int) -> None:
+    arch = gpt(h, a)
+    paper = CostOptions(dropout=True, flash_attention=False)
+    work = layer_work(arch, 1, seq_len=s, microbatch_size=b, options=paper)
+    assert work.act_bytes == s * b * h * (34 + 5 * a * s / h)
+    # default (no dropout, FlashAttention): two masks gone, the a*s^2 scores replaced by an fp32 log-sum-exp
+    default = layer_work(arch, 1, seq_len=s, microbatch_size=b)
+    assert default.act_bytes == s * b * h * 32 + 4 * b * a * s
+    assert 0 < default.w_act_bytes < default.act_bytes
+
+
+def test_head_flops_scale_with_vocabulary() -> None:
+    s, h = 4096, 1536
+    small = layer_work(gpt(h, 12, vocab=32000), 2, seq_len=s)
+    large = layer_work(gpt(h, 12, vocab=256000), 2, seq_len=s)
+    assert small.f.matmul_flops == 2 * s * h * 32000
+    assert large.f.matmul_flops / small.f.matmul_flops == pytest.approx(8.0)
+    assert large.w.matmul_flops / small.w.matmul_flops == pytest.approx(8.0)
+    assert large.act_bytes > small.act_bytes  # the logits are kept for the loss backward
+    assert large.out_bytes == 0
+
+
+def moe_arch(experts: int, top_k: int, **kw) -> Architecture:
+    fields = dict(name="moe", model_type="adaptis", hidden_size=1024, vocab_size=32000, num_attention_heads=8,
+                  num_key_value_heads=8, num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=512,
+                  layers=(EMBED, LayerSpec(mixer="none", ffn="moe"), HEAD))
+    fields.update(kw)
+    return Architecture(**fields)
+
+
+def test_moe_costs_by_active_experts_and_holds_all_experts() -> None:
+    s, h, f = 2048, 1024, 512
+    few, many = (layer_work(moe_arch(e, 2), 1, seq_len=s) for e in (8, 64))
+    router = 2 * s * h * (64 - 8)
+    assert many.f.matmul_flops - few.f.matmul_flops == pytest.approx(router)  # only the router grows
+    expert = 3 * h * f  # gated expert: gate, up, down
+    assert many.params - few.params == 56 * expert + h * 56
+    k2, k4 = (layer_work(moe_arch(64, k), 1, seq_len=s) for k in (2, 4))
+    expert_flops = 2 * s * expert  # one expert per token, forward
+    assert k4.f.matmul_flops - k2.f.matmul_flops == pytest.approx(2 * expert_flops)
+    assert k4.params == k2.params
+    assert many.f.bytes > few.f.bytes  # every expert's weights are streamed
+
+
+def test_shared_experts_add_their_mlp() -> None:
+    s, h = 1024, 1024
+    plain = layer_work(moe_arch(16, 2), 1, seq_len=s)
+    shared = layer_work(moe_arch(16, 2, num_shared_experts=2), 1, seq_len=s)
+    assert shared.params - plain.params == 2 * 3 * h * 512
+    assert shared.f.matmul_flops - plain.f.matmul_flops == pytest.approx(2 * s * 2 * 3 * h * 512)
+
+
+def test_weight_gradients_exclude_the_attention_core() -> None:
+    s, h, a = 2048, 1024, 16
+    work = layer_work(gpt(h, a), 1, seq_len=s)
+    matrices = 12 * h * h  # QKV 3h^2, out h^2, MLP 8h^2
+    assert work.w.matmul_flops == 2 * s * matrices
+    core = 4 * s * s * h
+    assert work.i.matmul_flops == pytest.approx(2 * s * matrices + 2 * core)
+    recompute = layer_work(gpt(h, a), 1, seq_len=s, options=CostOptions(attention_backward_factor=2.5))
+    assert recompute.i.matmul_flops == pytest.approx(2 * s * matrices + 2.5 * core)
+
+
+def test_gqa_and_mqa_shrink_kv_projections() -> None:
+    s, h, a = 1024, 2048, 16
+    mha, gqa, mqa = (layer_work(gpt(h, a, num_key_value_heads=g), 1, seq_len=s) for g in (16, 4, 1))
+    d = h // a
+    assert mha.params - gqa.params == 2 * h * (16 - 4) * d
+    assert mha.params - mqa.params == 2 * h * 15 * d
+    assert mha.f.matmul_flops > gqa.f.matmul_flops > mqa.f.matmul_flops
+
+
+def test_sliding_window_and_causal_pairs() -> None:
+    s, h, a = 4096, 1024, 16
+    full = gpt(h, a, layers=(EMBED, LayerSpec(), LayerSpec(mixer="sliding_attention", window=128), HEAD))
+    f_full, _, _ = block_flops(full, 1, seq_len=s)
+    f_slide, _, _ = block_flops(full, 2, seq_len=s)
+    proj = 24 * s * h * h
+    assert (f_slide - proj) / (f_full - proj) == pytest.approx(128 / s)
+    f_causal, _, _ = block_flops(full, 1, seq_len=s, options=CostOptions(causal=True))
+    assert (f_causal - proj) / (f_full - proj) == pytest.approx((s + 1) / (2 * s))
+    wide = gpt(h, a, layers=(EMBED, LayerSpec(mixer="sliding_attention", window=8192), HEAD))
+    assert block_flops(wide, 1, seq_len=s)[0] == f_full  # a window longer than the sequence is full attention
+
+
+def test_recurrent_mixers_are_linear_in_sequence_length() -> None:
+    arch = load_zoo_architecture("tiny-hybrid")
+    kinds = {spec.label: i for i, spec in enumerate(arch.layers)}
+    for label in ("mamba", "linear_attention+mlp"):
+        short = layer_work(arch, kinds[label], seq_len=1024).f.matmul_flops
+        long = layer_work(arch, kinds[label], seq_len=2048).f.matmul_flops
+        assert long / short == pytest.approx(2.0), label
+    short = layer_work(arch, kinds["attention+mlp"], seq_len=1024).f.matmul_flops
+    long = layer_work(arch, kinds["attention+mlp"], seq_len=2048).f.matmul_flops
+    assert long / short > 2.5  # quadratic attention core dominates at hidden 64
+
+
+def test_mamba2_ssd_flops_follow_the_chunked_algorithm() -> None:
+    h, H, P, N, G, Q, s = 1024, 32, 64, 128, 8, 128, 4096
+    arch = Architecture(name="m", model_type="adaptis", hidden_size=h, vocab_size=1000, num_attention_heads=8,
+                        mamba_num_heads=H, mamba_head_dim=P, ssm_state_size=N, mamba_n_groups=G,
+                        mamba_chunk_size=Q, layers=(EMBED, LayerSpec(mixer="mamba", ffn="none"), HEAD))
+    d_in = H * P
+    proj = 2 * s * (h * (2 * d_in + 2 * G * N + H) + d_in * h)
+    ssd = 2 * s * (H * (Q * P + 2 * N * P) + G * Q * N)
+    work = layer_work(arch, 1, seq_len=s)
+    assert work.f.matmul_flops == pytest.approx(proj + ssd)
+    assert work.i.matmul_flops == pytest.approx(proj + 2 * ssd)
+    assert work.w.matmul_flops == pytest.approx(proj)
+
+
+def test_embedding_is_a_gather_with_a_scatter_add_weight_gradient() -> None:
+    s, h, V = 4096, 1536, 256000
+    arch = gpt(h, 12, vocab=V)
+    embed, block = layer_work(arch, 0, seq_len=s), layer_work(arch, 1, seq_len=s)
+    assert embed.f.matmul_flops == 0 and embed.i.ops == []
+    assert embed.w.bytes >= 2 * 2 * V * h  # the dense vocab x h gradient is written and accumulated
+    gpu = get_gpu("h100")
+    assert embed.f.seconds(gpu) < 0.05 * block.f.seconds(gpu)
+    assert embed.params == V * h and embed.out_bytes == 2 * s * h
+
+
+def test_gemma_head_costs_about_four_dense_layers() -> None:
+    arch = load_zoo_architecture("gemma-medium")
+    for seq_len in (2048, 4096):
+        profile = profile_from_architecture(arch, gpu="h100", seq_len=seq_len)
+        dense = profile.layers[1]
+        head = profile.layers[-1]
+        ratio = (head.f + head.b + head.w) / (dense.f + dense.b + dense.w)
+        assert head.kind == "head" and dense.kind.endswith("attention+mlp")
+        assert 3.5 <= ratio <= 6.0, (seq_len, ratio)
+
+
+def test_tensor_parallelism_splits_work_and_adds_all_reduces() -> None:
+    arch = gpt(4096, 32, vocab=128256)
+    one, two = (layer_work(arch, 1, seq_len=4096, tp=t) for t in (1, 2))
+    assert two.f.matmul_flops == pytest.approx(one.f.matmul_flops / 2)
+    assert two.params == pytest.approx(one.params / 2, rel=1e-3)
+    assert one.f.comm_bytes == 0 and two.f.comm_bytes == 2 * (2 * 4096 * 4096)  # two all-reduces of b*s*h bf16
+    # Korthikanti et al. with t-way TP: s*b*h*(10 + 24/t + 5*a*s/(h*t)) (dropout, no FlashAttention)
+    paper = CostOptions(dropout=True, flash_attention=False)
+    s, h, a, t = 2048, 4096, 32, 4
+    work = layer_work(arch, 1, seq_len=s, tp=t, options=paper)
+    assert work.act_bytes == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)))
+    gpu = get_gpu("h100")
+    assert two.f.seconds(gpu) < one.f.seconds(gpu)
+
+
+def test_roofline_takes_the_slower_of_compute_and_memory() -> None:
+    gpu = get_gpu("h100")
+    overhead = gpu.kernel_overhead_us * 1e-6
+    compute = PassWork([Op("matmul", 1e12, 1e6)])
+    assert compute.seconds(gpu) == pytest.approx(1e12 / gpu.matmul_flops_per_s + overhead)
+    memory = PassWork([Op("matmul", 1e9, 1e10)])
+    assert memory.seconds(gpu) == pytest.approx(1e10 / gpu.memory_bytes_per_s + overhead)
+    both = PassWork([*compute.ops, *memory.ops])
+    assert both.seconds(gpu) == pytest.approx(compute.seconds(gpu) + memory.seconds(gpu))
+
+
+def test_faster_hardware_gives_faster_layers() -> None:
+    arch = load_zoo_architecture("llama-control")
+    times = {gpu: profile_from_architecture(arch, gpu=gpu, seq_len=2048).layers[1] for gpu in ("a100", "h100", "h200")}
+    assert times["a100"].f > times["h100"].f >= times["h200"].f
+    assert times["a100"].params == times["h100"].params
+
+
+ALL_KINDS = Architecture(
+    name="all", model_type="adaptis", hidden_size=256, vocab_size=4096, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, intermediate_size=512, num_experts=4, num_experts_per_tok=2,
+    moe_intermediate_size=256, num_shared_experts=1, q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32,
+    qk_rope_head_dim=16, v_head_dim=32, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=32,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    vision_hidden_size=128, vision_intermediate_size=512, vision_num_heads=4, vision_tokens=64,
+    layers=(LayerSpec(kind="vision", mixer="none", ffn="none"), EMBED, LayerSpec(),
+            LayerSpec(mixer="sliding_attention", window=64), LayerSpec(mixer="mla", ffn="moe"),
+            LayerSpec(mixer="mamba", ffn="none"), LayerSpec(mixer="linear_attention", ffn="none"),
+            LayerSpec(mixer="none", ffn="mlp"), LayerSpec(mixer="none", ffn="moe"),
+            LayerSpec(kind="mtp", mixer="none", ffn="none"), HEAD),
+)
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h800"])
+def test_every_layer_kind_has_finite_positive_costs(gpu: str) -> None:
+    s, b = 256, 2
+    profile = profile_from_architecture(ALL_KINDS, gpu=gpu, seq_len=s, microbatch_size=b)
+    assert [x.kind for x in profile.layers] == [
+        "vision", "embedding", "attention+mlp", "sliding_attention+mlp", "mla+moe", "mamba", "linear_attention",
+        "mlp", "moe", "mtp", "head"]
+    for layer in profile.layers:
+        for value in (layer.f, layer.w, layer.params, layer.act_bytes):
+            assert math.isfinite(value) and value > 0, layer
+        assert layer.b > 0 or layer.kind == "embedding"
+        assert layer.extra["flops_f"] >= 0 and layer.extra["bytes_f"] > 0
+        assert 0 < layer.w_retained <= layer.act_bytes
+    out = {x.kind: x.out_bytes for x in profile.layers}
+    assert out["head"] == 0 and out["vision"] == 2 * b * 64 * 128 and out["mamba"] == 2 * b * s * 256
+    mtp = profile.layers[-2]
+    assert mtp.f > profile.layers[4].f  # an MTP module is a block plus a second LM head
+    assert mtp.extra["unique_params"] < mtp.params  # it holds copies of the embedding and head
+
+
+def test_profile_round_trips_through_json() -> None:
+    profile = profile_from_architecture(ALL_KINDS, seq_len=128)
+    again = ModelProfile.from_dict(profile.to_dict())
+    assert again == profile
+    assert again.layers[2].extra["flops_f"] == profile.layers[2].extra["flops_f"]
+    assert again.extra["gpu"] == "h100" and again.time_unit == "ms"
+
+
+def test_sequence_length_default_and_errors() -> None:
+    arch = load_zoo_architecture("tiny-hybrid")
+    assert profile_from_architecture(arch).seq_len == 128
+    assert profile_from_architecture(arch, seq_len=64).seq_len == 64
+    with pytest.raises(ConfigError, match="seq_len"):
+        profile_from_architecture(arch, seq_len=0)
+    broken = Architecture(name="x", model_type="adaptis", hidden_size=64, vocab_size=100, num_attention_heads=4,
+                          layers=(EMBED, LayerSpec(mixer="none", ffn="moe"), HEAD))
+    with pytest.raises(ConfigError, match="num_experts"):
+        architecture_work(broken, seq_len=16)

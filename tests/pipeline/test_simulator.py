@@ -1,0 +1,145 @@
+"""The performance model's rules: dependencies, communication, memory, speed, invalid plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import PlanError
+from pipeline.plan import Action, Plan, parse_action
+from pipeline.schedules import build_plan
+from pipeline.simulator import simulate, simulate_checked
+from pipeline.spec import GIB, Cluster, Device, LayerCost, ModelProfile, TrainingConfig
+from tests.conftest import ideal_cluster, uniform_profile
+
+
+def _plan(rows: list[list[str]], *, devices: int = 2, mbs: int = 2, partition=((0, 1), (1, 2)),
+          placement=(0, 1)) -> Plan:
+    return Plan(devices, mbs, partition, placement, [[parse_action(a) for a in r] for r in rows])
+
+
+ONE_F_ONE_B_2x2 = [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]]
+
+
+def test_two_stage_timeline_by_hand() -> None:
+    prof = ModelProfile("p", (LayerCost("a", "x", 1, 2, 1, 0, 0, 0), LayerCost("b", "x", 1, 2, 1, 0, 0, 0)))
+    r = simulate(_plan(ONE_F_ONE_B_2x2), prof, ideal_cluster(2))
+    assert r.valid
+    times = {(e.device, str(e.action)): (e.start, e.end) for e in r.timeline}
+    assert times[(0, "0F0")] == (0, 1)
+    assert times[(1, "1F0")] == (1, 2)
+    assert times[(1, "1B0")] == (2, 5)
+    assert times[(0, "0B0")] == (5, 8)  # waits for 1B0's gradient
+    assert times[(1, "1F1")] == (5, 6)
+    assert r.iteration_time == 12  # 0B1 waits for 1B1 (6..9), runs 9..12
+    assert r.busy == (8, 8)
+    assert r.bubble == pytest.approx((1 - 8 / 12, 1 - 8 / 12))
+
+
+def test_communication_delays_dependent_actions() -> None:
+    # 1 GB sent over 1 GB/s with 1000 us latency: 1.001 s = 1001 ms.
+    prof = ModelProfile("p", (LayerCost("a", "x", 1, 1, 1, 0, 0, 10**9), LayerCost("b", "x", 1, 1, 1, 0, 0, 0)))
+    cluster = Cluster(devices=2, memory_gb=80, p2p_gbps=1.0, latency_us=1000)
+    r = simulate(_plan(ONE_F_ONE_B_2x2), prof, cluster)
+    start_1f0 = next(e.start for e in r.timeline if str(e.action) == "1F0")
+    assert start_1f0 == pytest.approx(1 + 1001)
+
+
+def test_inter_node_link_is_slower() -> None:
+    prof = ModelProfile("p", (LayerCost("a", "x", 1, 1, 1, 0, 0, 10**9), LayerCost("b", "x", 1, 1, 1, 0, 0, 0)))
+    intra = Cluster(devices=2, p2p_gbps=100, latency_us=0, gpus_per_node=2, inter_node_gbps=10)
+    inter = Cluster(devices=2, p2p_gbps=100, latency_us=0, gpus_per_node=1, inter_node_gbps=10,
+                    inter_node_latency_us=0)
+    t_intra = simulate(_plan(ONE_F_ONE_B_2x2), prof, intra).iteration_time
+    t_inter = simulate(_plan(ONE_F_ONE_B_2x2), prof, inter).iteration_time
+    # 100 ms vs 10 ms per transfer; two transfers sit on the critical path (1F0 in, 0B1 back), the rest overlap.
+    assert t_inter - t_intra == pytest.approx(2 * (100 - 10))
+
+
+def test_device_speed_scales_compute() -> None:
+    prof = uniform_profile(2)
+    slow = Cluster(devices=2, p2p_gbps=1e12, latency_us=0, device_list=(Device(1.0, 80), Device(0.5, 80)))
+    r = simulate(_plan(ONE_F_ONE_B_2x2), prof, slow)
+    durations = {str(e.action): e.end - e.start for e in r.timeline}
+    assert durations["0F0"] == 1 and durations["1F0"] == 2 and durations["1B0"] == 4
+
+
+def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
+    layer = LayerCost("a", "x", 1, 1, 1, params=10, act_bytes=1000, out_bytes=0, w_act_bytes=300)
+    prof = ModelProfile("p", (layer,))
+    cluster = Cluster(devices=1, p2p_gbps=1e12, latency_us=0)
+    training = TrainingConfig(bytes_per_param=2)
+    plan = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0),
+                                         Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
+    r = simulate(plan, prof, cluster, training)
+    assert r.peak_memory == (20 + 2000,)
+    # I keeps 300 per micro-batch: with W deferred, F after both I's would start from 600.
+    plan2 = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "I", 0), Action(0, "F", 1),
+                                          Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
+    assert simulate(plan2, prof, cluster, training).peak_memory == (20 + 1300,)
+    fused = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1),
+                                          Action(0, "B", 1)]])
+    assert simulate(fused, prof, cluster, training).peak_memory == (20 + 1000,)
+
+
+def test_default_w_share_is_a_quarter() -> None:
+    assert LayerCost("a", "x", 1, 1, 1, 0, 1000, 0).w_retained == 250
+
+
+def test_feasibility_against_memory_limit() -> None:
+    prof = uniform_profile(8, act=GIB, params=0)
+    plan = build_plan("gpipe", prof, ideal_cluster(2), 8)
+    assert simulate(plan, prof, ideal_cluster(2, memory_gb=1000)).feasible
+    tight = simulate(plan, prof, ideal_cluster(2, memory_gb=10))
+    assert tight.valid and not tight.feasible
+    assert max(tight.peak_memory_gb) == pytest.approx(32)  # 8 micro-batches x 4 layers x 1 GiB
+
+
+@pytest.mark.parametrize("rows,needle", [
+    ([["0B0", "0F0", "0F1", "0B1"], ["1F0", "1B0", "1F1", "1B1"]], "deadlock"),
+    ([["0F0", "0F1", "0B0", "0B1"], ["1B0", "1F0", "1F1", "1B1"]], "device 1 waits at 1B0"),
+    ([["0F0", "0F1", "0B0"], ["1F0", "1B0", "1F1", "1B1"]], "missing actions 0B1"),
+    ([["0F0", "0F1", "0B0", "0B1", "0B1"], ["1F0", "1B0", "1F1", "1B1"]], "0B1 appears twice"),
+    ([["0F0", "0F1", "0B0", "0B1", "1F0"], ["1B0", "1F1", "1B1"]], "stage 1 is placed on device 1"),
+    ([["0F0", "0F1", "0I0", "0W0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]], None),
+    ([["0F0", "0F1", "0W0", "0I0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]], "device 0 waits at 0W0"),
+    ([["0F0", "0F1", "0I0", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]], "both a fused"),
+    ([["0F0", "0F2", "0B0"], ["1F0", "1B0"]], "micro-batch 2"),
+])
+def test_bad_plans_are_reported_with_the_actions(rows, needle) -> None:
+    r = simulate(_plan(rows), uniform_profile(2), ideal_cluster(2))
+    if needle is None:
+        assert r.valid, r.error
+        return
+    assert not r.valid
+    assert needle in r.error
+    with pytest.raises(PlanError, match=needle.split()[0]):
+        simulate_checked(_plan(rows), uniform_profile(2), ideal_cluster(2))
+
+
+def test_plan_for_another_cluster_or_model_is_refused() -> None:
+    plan = _plan(ONE_F_ONE_B_2x2)
+    r = simulate(plan, uniform_profile(2), ideal_cluster(4))
+    assert not r.valid and "cluster has 4" in r.error
+    r = simulate(plan, uniform_profile(3), ideal_cluster(2))
+    assert not r.valid and "model has 3" in r.error
+
+
+def test_same_plan_same_result(hetero_profile, h100x4) -> None:
+    plan = build_plan("zbv", hetero_profile, h100x4, 16)
+    a = simulate(plan, hetero_profile, h100x4)
+    b = simulate(plan, hetero_profile, h100x4)
+    assert a.summary() == b.summary() and a.timeline == b.timeline
+
+
+def test_free_communication_and_no_memory_limit() -> None:
+    prof = uniform_profile(8, out=0)
+    huge = Cluster(devices=4, memory_gb=1e12, p2p_gbps=1e15, latency_us=0)
+    r = simulate(build_plan("1f1b", prof, huge, 8), prof, huge)
+    assert r.iteration_time == pytest.approx((8 + 3) * 6)
+    assert r.feasible
+
+
+def test_throughput_counts_tokens(hetero_profile, h100x4) -> None:
+    r = simulate(build_plan("1f1b", hetero_profile, h100x4, 8), hetero_profile, h100x4)
+    tokens = 8 * hetero_profile.seq_len * hetero_profile.microbatch_size
+    assert r.throughput == pytest.approx(tokens / (r.iteration_time * 1e-3))
