@@ -100,6 +100,22 @@ class Architecture:
     vision_tokens: int = 0
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
+    # Added for the cost model and HF import (issue 3); all optional.
+    seq_len: int | None = None
+    """Default training sequence length from the config (zoo entries carry one), else None."""
+    attn_output_gate: bool = False
+    """Attention output gated by a sigmoid of a second query-sized projection (Qwen3-Next)."""
+    mamba_version: int = 2
+    """1: Mamba-1 selective scan (Jamba), inner size ``mamba_expand * hidden_size``; 2: Mamba-2 SSD,
+    inner size ``mamba_num_heads * mamba_head_dim``."""
+    mamba_expand: int = 2
+    mamba_dt_rank: int | None = None
+    """Mamba-1 rank of the dt projection (default ceil(hidden_size / 16))."""
+    mamba_chunk_size: int = 256
+    """Chunk length of the Mamba-2 SSD algorithm."""
+    linear_conv_kernel: int = 4
+    linear_chunk_size: int = 64
+    """Chunk length of the chunkwise (gated) delta rule."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,649 @@
+"""Analytic per-layer costs: FLOPs, bytes, parameters and activations -> a :class:`ModelProfile`.
+
+For a micro-batch of ``b`` sequences of ``s`` tokens (``T = b*s``) every layer of an
+:class:`~pipeline.arch.Architecture` is broken into kernels (ops) for each of the three passes
+F (forward), I (backward for inputs) and W (backward for weights). A matmul ``[T, n] @ [n, m]``
+costs ``2*T*n*m`` FLOPs in each pass: its input gradient goes to I, its weight gradient to W.
+Attention, SSD and delta-rule cores have no weights: all of their backward is I. Sources:
+
+* dense layer FLOPs: Narayanan et al. 2021 (Megatron-LM, SC'21), ``72*b*s*h^2*(1 + s/(6h) + ...)``
+  for F+B, i.e. ``24*b*s*h^2 + 4*b*s^2*h`` forward with a 4h MLP; attention pairs are counted
+  in full (``s^2``), the convention of that formula and of MFU accounting;
+* activation memory: Korthikanti et al. 2022 ("Reducing Activation Recomputation"), ``s*b*h*(34 +
+  5*a*s/h)`` bytes per layer with dropout and without FlashAttention; reproduced exactly with
+  ``CostOptions(dropout=True, flash_attention=False)``; FlashAttention (Dao et al. 2022) keeps only
+  the output and the log-sum-exp instead of the ``a*s^2`` scores;
+* MLA: DeepSeek-V2 (arXiv 2405.04434) section 2.1: low-rank q and joint kv compression, decoupled RoPE key;
+* MoE: tokens run through ``top_k`` routed experts plus the shared experts (DeepSeekMoE,
+  arXiv 2401.06066); every expert's weights are held and streamed;
+* Mamba-2: Dao & Gu 2024 (arXiv 2405.21060) section 6, the chunked SSD algorithm (intra-chunk
+  ``Q*P + Q*N/heads_per_group``, state ``2*N*P`` multiply-adds per token and head); Mamba-1:
+  Gu & Dao 2023, a memory-bound selective scan of ~9 FLOPs per state element;
+* linear attention: Gated DeltaNet (Yang et al. 2024, arXiv 2412.06464), chunkwise WY/UT form
+  (``C*(3*dk + 2*dv) + 3*dk*dv`` multiply-adds per token and value head);
+* head: final norm, ``h x V`` projection, cross-entropy that reads the logits in F and writes
+  their gradient in I (a fused, vocabulary-parallel loss as in Megatron-LM).
+
+Time of one pass = the sum over its ops of a roofline ``max(FLOPs / rate, bytes / bandwidth)``,
+matmul-class ops at the GPU's achievable tensor-core rate, element-wise ops at its vector rate,
+plus a fixed per-kernel overhead and, with tensor parallelism, ring all-reduces over NVLink
+(Megatron's two per block and pass). See docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pipeline.arch import Architecture, LayerSpec
+from pipeline.errors import ConfigError
+from pipeline.hardware import GPUSpec, get_gpu
+from pipeline.spec import LayerCost, ModelProfile
+
+__all__ = [
+    "BF16",
+    "CostOptions",
+    "Op",
+    "PassWork",
+    "LayerWork",
+    "layer_work",
+    "architecture_work",
+    "count_params",
+    "layer_cost",
+    "profile_from_architecture",
+]
+
+BF16 = 2
+FP32 = 4
+INT64 = 8
+DEFAULT_SEQ_LEN = 4096
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """Conventions of the analytic model (defaults: Megatron FLOPs, FlashAttention, no dropout)."""
+
+    causal: bool = False
+    """Count only the causal half of the attention pairs (FlashAttention skips masked tiles). Off by
+    default to match the Megatron FLOPs formula; the matmul efficiency absorbs the difference."""
+    flash_attention: bool = True
+    """Keep no ``s x s`` scores for backward (FlashAttention); False gives Korthikanti's 5as/h term."""
+    dropout: bool = False
+    """Keep dropout masks (Korthikanti et al. assume dropout; current LLM pre-training runs without)."""
+    attention_backward_factor: float = 2.0
+    """Backward/forward FLOPs of an attention core: 2 counts dQ, dK, dV, dP (Megatron); FlashAttention's
+    recomputation of the scores makes it 2.5."""
+    scan_backward_factor: float = 2.0
+    """Backward/forward FLOPs of SSD, selective-scan and delta-rule cores."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel: ``kind`` is ``matmul`` (tensor cores), ``vector`` (element-wise) or ``comm`` (all-reduce)."""
+
+    kind: str
+    flops: float
+    bytes: float
+
+
+@dataclass
+class PassWork:
+    """The kernels of one pass (F, I or W) of one layer."""
+
+    ops: list[Op] = field(default_factory=list)
+
+    @property
+    def matmul_flops(self) -> float:
+        return sum(op.flops for op in self.ops if op.kind == "matmul")
+
+    @property
+    def vector_flops(self) -> float:
+        return sum(op.flops for op in self.ops if op.kind == "vector")
+
+    @property
+    def bytes(self) -> float:
+        """HBM traffic (communication excluded)."""
+        return sum(op.bytes for op in self.ops if op.kind != "comm")
+
+    @property
+    def comm_bytes(self) -> float:
+        return sum(op.bytes for op in self.ops if op.kind == "comm")
+
+    def seconds(self, gpu: GPUSpec) -> float:
+        """Sum of per-kernel rooflines plus per-kernel overhead and TP communication."""
+        total = 0.0
+        for op in self.ops:
+            if op.kind == "comm":
+                total += gpu.nvlink_latency_us * 1e-6 + op.bytes / (gpu.nvlink_gbps * 1e9)
+                continue
+            rate = gpu.matmul_flops_per_s if op.kind == "matmul" else gpu.vector_flops_per_s
+            total += max(op.flops / rate, op.bytes / gpu.memory_bytes_per_s) + gpu.kernel_overhead_us * 1e-6
+        return total
+
+
+@dataclass
+class LayerWork:
+    """Hardware-independent work of one layer for one micro-batch (after tensor parallelism)."""
+
+    name: str
+    kind: str
+    f: PassWork = field(default_factory=PassWork)
+    i: PassWork = field(default_factory=PassWork)
+    w: PassWork = field(default_factory=PassWork)
+    sharded_params: int = 0
+    """Parameters split across tensor-parallel ranks (matrices, embeddings)."""
+    replicated_params: int = 0
+    """Parameters every tensor-parallel rank holds whole (norms)."""
+    shared_params: int = 0
+    """Of the above, copies of weights another layer owns (tied LM head, MTP's embedding and head)."""
+    act_bytes: float = 0.0
+    w_act_bytes: float = 0.0
+    out_bytes: float = 0.0
+    tp: int = 1
+
+    @property
+    def params(self) -> int:
+        """Parameters held by one tensor-parallel rank."""
+        return math.ceil(self.sharded_params / self.tp) + self.replicated_params
+
+    @property
+    def unique_params(self) -> int:
+        """Parameters this layer adds to the model's count (whole layer, shared copies excluded)."""
+        return self.sharded_params + self.replicated_params - self.shared_params
+
+
+class _Builder:
+    """Accumulates ops, parameters and saved activations of one layer."""
+
+    def __init__(self, work: LayerWork, tokens: int, tp: int, options: CostOptions) -> None:
+        self.work = work
+        self.T = tokens
+        self.tp = tp
+        self.opt = options
+
+    def _div(self, shard: bool) -> int:
+        return self.tp if shard else 1
+
+    def linear(self, n_in: int, n_out: int, *, tokens: int | None = None, shard: bool = True,
+               shared: bool = False) -> None:
+        """``y = x @ W`` with ``W: n_in x n_out``: 2*T*n_in*n_out FLOPs in each of F, I (dX) and W (dW)."""
+        t = self.T if tokens is None else tokens
+        d = self._div(shard)
+        flops = 2.0 * t * n_in * n_out / d
+        nbytes = BF16 * (t * n_in + n_in * n_out + t * n_out) / d
+        for p in (self.work.f, self.work.i, self.work.w):
+            p.ops.append(Op("matmul", flops, nbytes))
+        self.params(n_in * n_out, shard=shard, shared=shared)
+
+    def params(self, n: int, *, shard: bool = True, shared: bool = False) -> None:
+        if shard:
+            self.work.sharded_params += int(n)
+        else:
+            self.work.replicated_params += int(n)
+        if shared:
+            self.work.shared_params += int(n)
+
+    def core(self, flops: float, io_bytes: float, *, backward_factor: float, shard: bool = True) -> None:
+        """A weight-free matmul-class core (attention, SSD, delta rule): all of its backward is I."""
+        d = self._div(shard)
+        self.work.f.ops.append(Op("matmul", flops / d, io_bytes / d))
+        self.work.i.ops.append(Op("matmul", backward_factor * flops / d, 2.0 * io_bytes / d))
+
+    def vector(self, passes: str, nbytes: float, flops: float = 0.0, *, shard: bool = True) -> None:
+        """An element-wise kernel in each pass named in ``passes`` (a subset of ``"fiw"``)."""
+        d = self._div(shard)
+        for name in passes:
+            getattr(self.work, name).ops.append(Op("vector", flops / d, nbytes / d))
+
+    def norm(self, dim: int, *, tokens: int | None = None, shard: bool = False) -> None:
+        """RMSNorm/LayerNorm: F reads x, writes y; I reads x and dy, writes dx (gamma's grad fused in)."""
+        t = self.T if tokens is None else tokens
+        self.vector("f", 2 * BF16 * t * dim, 4.0 * t * dim, shard=shard)
+        self.vector("i", 3 * BF16 * t * dim, 8.0 * t * dim, shard=shard)
+        self.params(dim, shard=False)
+        self.save(BF16 * t * dim, shard=shard)
+
+    def residual(self, dim: int, *, tokens: int | None = None) -> None:
+        """``x + f(x)`` forward; the two gradient streams are summed in I."""
+        t = self.T if tokens is None else tokens
+        self.vector("fi", 3 * BF16 * t * dim, 1.0 * t * dim, shard=False)
+
+    def save(self, nbytes: float, *, for_w: bool = False, shard: bool = True) -> None:
+        """Activations held from F until backward; ``for_w``: still needed by W after I."""
+        held = nbytes / self._div(shard)
+        self.work.act_bytes += held
+        if for_w:
+            self.work.w_act_bytes += held
+
+    def all_reduce(self, passes: str, nbytes: float) -> None:
+        """Ring all-reduce across tensor-parallel ranks: 2*(t-1)/t of the tensor per rank."""
+        if self.tp > 1:
+            for name in passes:
+                getattr(self.work, name).ops.append(Op("comm", 0.0, 2.0 * (self.tp - 1) / self.tp * nbytes))
+
+
+# --------------------------------------------------------------------------------------------- mixers
+
+def _pairs(s: int, window: int | None, causal: bool) -> float:
+    """Query-key pairs per sequence and head: ``s*min(s, w)``, or their causal part."""
+    w = s if window is None else min(window, s)
+    if not causal:
+        return float(s) * w
+    return float(w) * s - w * (w - 1) / 2.0
+
+
+def _attention_core(bld: _Builder, *, batch: int, s: int, heads: int, kv_heads: int, d_qk: int, d_v: int,
+                    window: int | None, causal: bool) -> None:
+    """Scores ``Q K^T`` and ``P V``: 2*pairs*(d_qk + d_v) FLOPs per head; FlashAttention I/O."""
+    flops = 2.0 * batch * heads * _pairs(s, window, causal) * (d_qk + d_v)
+    io = BF16 * batch * s * (heads * d_qk + kv_heads * (d_qk + d_v) + heads * d_v) + FP32 * batch * s * heads
+    bld.core(flops, io, backward_factor=bld.opt.attention_backward_factor)
+    if bld.opt.flash_attention:
+        bld.save(FP32 * batch * s * heads)  # log-sum-exp; the output is saved as the out-proj input
+    else:
+        keys = s if window is None else min(window, s)
+        scores = batch * heads * s * keys
+        bld.save(BF16 * scores)  # softmax output (Korthikanti: 2as^2b)
+        if bld.opt.dropout:
+            bld.save(1 * scores + BF16 * scores)  # dropout mask (as^2b) and output (2as^2b)
+
+
+def _attention(bld: _Builder, arch: Architecture, spec: LayerSpec, *, batch: int, s: int) -> None:
+    """Multi-, grouped- or multi-query attention (``num_key_value_heads`` = heads, fewer, or 1)."""
+    h, a, g, d = arch.hidden_size, arch.num_attention_heads, arch.num_key_value_heads, arch.attn_head_dim
+    T = bld.T
+    q_dim, kv_dim = a * d, g * d
+    gate = q_dim if arch.attn_output_gate else 0
+    bld.save(BF16 * T * h, for_w=True, shard=False)  # input of the QKV projection
+    bld.linear(h, q_dim + gate + 2 * kv_dim)
+    bld.vector("fi", 2 * BF16 * T * (q_dim + kv_dim), 3.0 * T * (q_dim + kv_dim))  # RoPE on q, k
+    bld.save(BF16 * T * (q_dim + 2 * kv_dim))  # q, k, v for the core's backward
+    window = spec.window if spec.mixer == "sliding_attention" else None
+    _attention_core(bld, batch=batch, s=s, heads=a, kv_heads=g, d_qk=d, d_v=d, window=window,
+                    causal=bld.opt.causal)
+    if gate:
+        bld.vector("fi", 3 * BF16 * T * q_dim, 4.0 * T * q_dim)
+        bld.save(BF16 * T * gate)
+    bld.save(BF16 * T * q_dim, for_w=True)  # input of the output projection
+    bld.linear(q_dim, h)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+def _mla(bld: _Builder, arch: Architecture, spec: LayerSpec, *, batch: int, s: int) -> None:
+    """Multi-head latent attention (DeepSeek-V2 section 2.1)."""
+    h, a = arch.hidden_size, arch.num_attention_heads
+    T = bld.T
+    d_qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    bld.save(BF16 * T * h, for_w=True, shard=False)  # shared input of the q and kv down-projections
+    if arch.q_lora_rank:
+        bld.linear(h, arch.q_lora_rank, shard=False)
+        bld.norm(arch.q_lora_rank)
+        bld.save(BF16 * T * arch.q_lora_rank, for_w=True, shard=False)
+        bld.linear(arch.q_lora_rank, a * d_qk)
+    else:
+        bld.linear(h, a * d_qk)
+    bld.linear(h, arch.kv_lora_rank + arch.qk_rope_head_dim, shard=False)
+    bld.norm(arch.kv_lora_rank)
+    bld.save(BF16 * T * arch.kv_lora_rank, for_w=True, shard=False)
+    bld.linear(arch.kv_lora_rank, a * (arch.qk_nope_head_dim + arch.v_head_dim))
+    bld.vector("fi", 2 * BF16 * T * (a + 1) * arch.qk_rope_head_dim, 3.0 * T * (a + 1) * arch.qk_rope_head_dim)
+    bld.save(BF16 * T * a * (2 * d_qk + arch.v_head_dim))
+    window = spec.window if spec.mixer == "sliding_attention" else None
+    _attention_core(bld, batch=batch, s=s, heads=a, kv_heads=a, d_qk=d_qk, d_v=arch.v_head_dim, window=window,
+                    causal=bld.opt.causal)
+    bld.save(BF16 * T * a * arch.v_head_dim, for_w=True)
+    bld.linear(a * arch.v_head_dim, h)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+def _mamba2(bld: _Builder, arch: Architecture, *, batch: int, s: int) -> None:
+    """Mamba-2 (SSD) mixer: in_proj -> conv1d -> chunked SSD -> gated norm -> out_proj."""
+    h, T = arch.hidden_size, bld.T
+    H, P, N, G = arch.mamba_num_heads, arch.mamba_head_dim, arch.ssm_state_size, arch.mamba_n_groups
+    if H < 1:
+        raise ConfigError("must be >= 1 for a mamba layer", source=arch.name, field="mamba_num_heads")
+    d_in = H * P
+    conv_ch = d_in + 2 * G * N
+    in_dim = 2 * d_in + 2 * G * N + H  # z, x, B, C, dt
+    bld.save(BF16 * T * h, for_w=True, shard=False)
+    bld.linear(h, in_dim)
+    k = arch.mamba_conv_kernel
+    bld.params(conv_ch * (k + 1) + 3 * H)  # conv weight + bias, A_log, D, dt_bias
+    bld.vector("fi", 2 * BF16 * T * conv_ch, 2.0 * T * conv_ch * k + 4.0 * T * conv_ch)  # causal conv1d + SiLU
+    bld.vector("w", BF16 * T * conv_ch, 2.0 * T * conv_ch * k)  # conv weight gradient
+    bld.save(BF16 * T * (in_dim + conv_ch), for_w=True)  # conv input (z, dt too) and output
+    q = min(arch.mamba_chunk_size, s)
+    macs = H * (q * P + 2 * N * P) + G * q * N
+    io = BF16 * T * (2 * d_in + 2 * G * N) + FP32 * T * H
+    bld.core(2.0 * T * macs, io, backward_factor=bld.opt.scan_backward_factor)
+    bld.norm(d_in, shard=True)  # gated RMSNorm (its input is y)
+    bld.vector("fi", 3 * BF16 * T * d_in, 4.0 * T * d_in)  # y * silu(z)
+    bld.save(BF16 * T * d_in, for_w=True)
+    bld.linear(d_in, h)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+def _mamba1(bld: _Builder, arch: Architecture) -> None:
+    """Mamba-1 mixer (Jamba): in_proj -> conv1d -> x_proj/dt_proj -> selective scan -> out_proj."""
+    h, T = arch.hidden_size, bld.T
+    d_in = arch.mamba_expand * h
+    N = arch.ssm_state_size
+    R = arch.mamba_dt_rank or math.ceil(h / 16)
+    k = arch.mamba_conv_kernel
+    bld.save(BF16 * T * h, for_w=True, shard=False)
+    bld.linear(h, 2 * d_in)
+    bld.params(d_in * (k + 1) + d_in * N + d_in + d_in)  # conv, A_log, D, dt bias
+    bld.vector("fi", 2 * BF16 * T * d_in, 2.0 * T * d_in * k + 4.0 * T * d_in)
+    bld.vector("w", BF16 * T * d_in, 2.0 * T * d_in * k)
+    bld.save(BF16 * T * 3 * d_in, for_w=True)  # x, z and the conv output
+    bld.linear(d_in, R + 2 * N)
+    bld.save(BF16 * T * R, for_w=True)
+    bld.linear(R, d_in)
+    scan_flops = 9.0 * T * d_in * N
+    scan_bytes = BF16 * T * (4 * d_in + 2 * N)
+    bld.vector("f", scan_bytes, scan_flops)
+    bld.vector("i", 2 * scan_bytes, bld.opt.scan_backward_factor * scan_flops)
+    bld.save(BF16 * T * (2 * d_in + 2 * N))  # delta, B, C
+    bld.save(BF16 * T * d_in, for_w=True)
+    bld.linear(d_in, h)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+def _linear_attention(bld: _Builder, arch: Architecture, *, s: int) -> None:
+    """Gated DeltaNet mixer (Qwen3-Next): in_proj -> conv1d -> chunkwise gated delta rule -> gated norm."""
+    h, T = arch.hidden_size, bld.T
+    hk, hv, dk, dv = (arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
+                      arch.linear_value_head_dim)
+    key_dim, val_dim = hk * dk, hv * dv
+    conv_ch = 2 * key_dim + val_dim
+    k = arch.linear_conv_kernel
+    bld.save(BF16 * T * h, for_w=True, shard=False)
+    bld.linear(h, 2 * key_dim + 2 * val_dim + 2 * hv)  # q, k, v, z, beta, alpha
+    bld.params(conv_ch * k + 2 * hv)  # conv, A_log, dt_bias
+    bld.vector("fi", 2 * BF16 * T * conv_ch, 2.0 * T * conv_ch * k + 4.0 * T * conv_ch)
+    bld.vector("w", BF16 * T * conv_ch, 2.0 * T * conv_ch * k)
+    bld.save(BF16 * T * (2 * conv_ch + val_dim + 2 * hv), for_w=True)
+    c = min(arch.linear_chunk_size, s)
+    macs = hv * (c * (3 * dk + 2 * dv) + 3 * dk * dv)
+    io = BF16 * T * (2 * hv * dk + 2 * val_dim) + FP32 * T * 2 * hv
+    bld.core(2.0 * T * macs, io, backward_factor=bld.opt.scan_backward_factor)
+    bld.norm(dv, tokens=T * hv, shard=True)  # per-head gated RMSNorm
+    bld.vector("fi", 3 * BF16 * T * val_dim, 4.0 * T * val_dim)
+    bld.save(BF16 * T * val_dim, for_w=True)
+    bld.linear(val_dim, h)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+# ----------------------------------------------------------------------------------------------- FFNs
+
+def _mlp_body(bld: _Builder, h: int, f: int, gated: bool, *, tokens: int | None = None) -> None:
+    """fc1 (gate+up when gated) -> activation -> fc2; the fc1 input is saved by the caller."""
+    t = bld.T if tokens is None else tokens
+    width = 2 * f if gated else f
+    bld.linear(h, width, tokens=t)
+    bld.vector("fi", BF16 * t * (width + f), 8.0 * t * f)  # SiLU*up / GeLU / ReLU^2
+    bld.save(BF16 * t * width)  # activation input (Megatron's fused SwiGLU keeps only this)
+    bld.save(BF16 * t * f, for_w=True)  # fc2 input
+    bld.linear(f, h, tokens=t)
+
+
+def _mlp(bld: _Builder, arch: Architecture) -> None:
+    h, T = arch.hidden_size, bld.T
+    if arch.intermediate_size < 1:
+        raise ConfigError("must be >= 1 for a layer with a dense MLP", source=arch.name, field="intermediate_size")
+    bld.save(BF16 * T * h, for_w=True, shard=False)
+    _mlp_body(bld, h, arch.intermediate_size, arch.gated_mlp)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+def _moe(bld: _Builder, arch: Architecture) -> None:
+    """Router + top-k routed experts + shared experts; FLOPs by active experts, weights by all."""
+    h, T = arch.hidden_size, bld.T
+    E, k, f = arch.num_experts, arch.num_experts_per_tok, arch.moe_intermediate_size
+    for key, value in (("num_experts", E), ("num_experts_per_tok", k), ("moe_intermediate_size", f)):
+        if value < 1:
+            raise ConfigError("must be >= 1 for a layer with an MoE block", source=arch.name, field=key)
+    if k > E:
+        raise ConfigError(f"{k} exceeds num_experts {E}", source=arch.name, field="num_experts_per_tok")
+    bld.save(BF16 * T * h, for_w=True, shard=False)  # router and shared-expert input
+    bld.linear(h, E, shard=False)
+    bld.vector("fi", FP32 * T * E * 3, 10.0 * T * E, shard=False)  # softmax/sigmoid + top-k in fp32
+    bld.save(FP32 * T * E, shard=False)
+    routed = T * k
+    bld.vector("fi", 2 * BF16 * routed * h + BF16 * T * h)  # permute tokens to their experts
+    bld.save(BF16 * routed * h, for_w=True)  # expert fc1 input
+    # grouped GEMMs over T*k rows; all E experts' weights are held and read
+    width = 2 * f if arch.gated_mlp else f
+    d = bld.tp
+    for n_in, n_out in ((h, width), (f, h)):
+        flops = 2.0 * routed * n_in * n_out / d
+        nbytes = BF16 * (routed * n_in + E * n_in * n_out + routed * n_out) / d
+        for p in (bld.work.f, bld.work.i, bld.work.w):
+            p.ops.append(Op("matmul", flops, nbytes))
+        bld.params(E * n_in * n_out)
+    bld.vector("fi", BF16 * routed * (width + f), 8.0 * routed * f)
+    bld.save(BF16 * routed * width)
+    bld.save(BF16 * routed * f, for_w=True)
+    bld.vector("fi", 2 * BF16 * routed * h + BF16 * T * h, 2.0 * routed * h)  # weighted un-permute
+    bld.save(BF16 * routed * h)  # expert outputs, for the routing weights' gradient
+    n_shared = arch.num_shared_experts
+    if n_shared:
+        f_shared = n_shared * (arch.shared_expert_intermediate_size or f)
+        _mlp_body(bld, h, f_shared, arch.gated_mlp)
+        bld.vector("fi", 3 * BF16 * T * h, 1.0 * T * h, shard=False)
+    bld.all_reduce("fi", BF16 * T * h)
+
+
+# ------------------------------------------------------------------------------------ special layers
+
+def _block(bld: _Builder, arch: Architecture, spec: LayerSpec, *, batch: int, s: int) -> None:
+    h = arch.hidden_size
+    mixer = spec.mixer
+    if mixer != "none":
+        bld.norm(h)
+        if mixer in ("attention", "sliding_attention"):
+            _attention(bld, arch, spec, batch=batch, s=s)
+        elif mixer == "mla":
+            _mla(bld, arch, spec, batch=batch, s=s)
+        elif mixer == "mamba":
+            if arch.mamba_version == 1:
+                _mamba1(bld, arch)
+            else:
+                _mamba2(bld, arch, batch=batch, s=s)
+        elif mixer == "linear_attention":
+            _linear_attention(bld, arch, s=s)
+        if bld.opt.dropout:
+            bld.save(1 * bld.T * h, shard=False)
+        bld.residual(h)
+    if spec.ffn != "none":
+        bld.norm(h)
+        if spec.ffn == "moe":
+            _moe(bld, arch)
+        else:
+            _mlp(bld, arch)
+        if bld.opt.dropout:
+            bld.save(1 * bld.T * h, shard=False)
+        bld.residual(h)
+
+
+def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None:
+    """Token gather (F, memory-bound); W scatter-adds into a dense vocab x h gradient; no I."""
+    h, V, T = arch.hidden_size, arch.vocab_size, bld.T
+    bld.params(V * h)
+    bld.vector("f", INT64 * T + 2 * BF16 * T * h, 1.0 * T * h)
+    bld.vector("w", 2 * BF16 * V * h / bld.tp, 0.0, shard=False)  # zero + accumulate the dense gradient
+    bld.vector("w", INT64 * T + 3 * BF16 * T * h, 1.0 * T * h)  # scatter-add of the rows
+    bld.save(INT64 * T, for_w=True, shard=False)  # token ids
+    bld.all_reduce("f", BF16 * T * h)
+    if vision_tokens:
+        # projector from the vision tower into the language model (a linear over the image tokens)
+        bld.save(BF16 * vision_tokens * arch.vision_hidden_size, for_w=True, shard=False)
+        bld.linear(arch.vision_hidden_size, h, tokens=vision_tokens)
+
+
+def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool) -> None:
+    """Final norm + ``h x V`` projection + fused cross-entropy."""
+    h, V, T = arch.hidden_size, arch.vocab_size, bld.T
+    bld.norm(h)
+    bld.save(BF16 * T * h, for_w=True, shard=False)
+    bld.linear(h, V, shared=shared)
+    bld.vector("f", BF16 * T * V + FP32 * T, 4.0 * T * V)  # read logits: max, log-sum-exp, target
+    bld.vector("i", 2 * BF16 * T * V, 4.0 * T * V)  # read logits, write softmax - one_hot
+    bld.save(BF16 * T * V)  # logits kept for the loss backward
+    bld.all_reduce("f", 3 * FP32 * T)  # vocabulary-parallel max / sum / target logit
+    bld.all_reduce("i", BF16 * T * h)
+
+
+def _head(bld: _Builder, arch: Architecture) -> None:
+    _lm_head(bld, arch, shared=arch.tie_word_embeddings)
+
+
+def _dominant_mixer(arch: Architecture) -> str:
+    mixers = Counter(layer.mixer for layer in arch.layers if layer.kind == "block" and layer.mixer != "none")
+    return mixers.most_common(1)[0][0] if mixers else "attention"
+
+
+def _mtp(bld: _Builder, arch: Architecture, *, batch: int, s: int) -> None:
+    """DeepSeek-V3 multi-token prediction module (arXiv 2412.19437 section 2.2): embed the shifted
+    tokens (shared embedding), norm both inputs, project [h; e] -> h, one block, shared head + loss."""
+    h, V, T = arch.hidden_size, arch.vocab_size, bld.T
+    bld.params(V * h, shared=True)  # copy of the embedding
+    bld.vector("f", INT64 * T + 2 * BF16 * T * h)
+    bld.vector("w", INT64 * T + 3 * BF16 * T * h)
+    bld.norm(h)
+    bld.norm(h)
+    bld.save(2 * BF16 * T * h, for_w=True, shard=False)
+    bld.linear(2 * h, h)
+    mixer = _dominant_mixer(arch)
+    ffn = "moe" if arch.num_experts > 0 else "mlp"
+    _block(bld, arch, LayerSpec(kind="block", mixer=mixer, ffn=ffn), batch=batch, s=s)
+    _lm_head(bld, arch, shared=True)
+
+
+def _vision(bld: _Builder, arch: Architecture, *, batch: int, vision_tokens: int) -> None:
+    """Pre-LN ViT block over the image tokens: full (non-causal) MHA + GeLU MLP (Dosovitskiy et al. 2021)."""
+    hv, fv, a = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads
+    for key, value in (("vision_hidden_size", hv), ("vision_intermediate_size", fv), ("vision_tokens", vision_tokens)):
+        if value < 1:
+            raise ConfigError("must be >= 1 for a vision layer", source=arch.name, field=key)
+    t, n, d = vision_tokens, arch.vision_tokens, hv // a
+    bld.norm(hv, tokens=t)
+    bld.save(BF16 * t * hv, for_w=True, shard=False)
+    bld.linear(hv, 3 * hv, tokens=t)
+    bld.save(BF16 * t * 3 * hv)
+    _attention_core(bld, batch=batch, s=n, heads=a, kv_heads=a, d_qk=d, d_v=d, window=None, causal=False)
+    bld.save(BF16 * t * hv, for_w=True)
+    bld.linear(hv, hv, tokens=t)
+    bld.all_reduce("fi", BF16 * t * hv)
+    bld.residual(hv, tokens=t)
+    bld.norm(hv, tokens=t)
+    bld.save(BF16 * t * hv, for_w=True, shard=False)
+    _mlp_body(bld, hv, fv, False, tokens=t)
+    bld.all_reduce("fi", BF16 * t * hv)
+    bld.residual(hv, tokens=t)
+    bld.params(2 * hv + 3 * hv + hv + fv + hv, shard=False)  # LayerNorm shifts and linear biases
+
+
+# ------------------------------------------------------------------------------------------ public API
+
+def _layer_names(arch: Architecture) -> list[str]:
+    names, counts = [], Counter()
+    for layer in arch.layers:
+        if layer.kind == "block":
+            names.append(f"layer{counts['block']}")
+        elif layer.kind == "embedding":
+            names.append("embed" if counts["embedding"] == 0 else f"embed{counts['embedding']}")
+        elif layer.kind == "head":
+            names.append("head" if counts["head"] == 0 else f"head{counts['head']}")
+        else:
+            names.append(f"{layer.kind}{counts[layer.kind]}")
+        counts[layer.kind] += 1
+    return names
+
+
+def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN, microbatch_size: int = 1,
+               tp: int = 1, options: CostOptions | None = None, name: str | None = None) -> LayerWork:
+    """FLOPs, bytes, parameters and activations of layer ``index`` of ``arch`` for one micro-batch."""
+    for key, value in (("seq_len", seq_len), ("microbatch_size", microbatch_size), ("tp", tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"must be a whole number >= 1, got {value!r}", source=arch.name, field=key)
+    spec = arch.layers[index]
+    opt = options or CostOptions()
+    T = seq_len * microbatch_size
+    work = LayerWork(name=name or _layer_names(arch)[index], kind=spec.label, tp=tp)
+    bld = _Builder(work, T, tp, opt)
+    has_vision = any(layer.kind == "vision" for layer in arch.layers)
+    vision_tokens = microbatch_size * arch.vision_tokens if has_vision else 0
+    if spec.kind == "embedding":
+        _embedding(bld, arch, vision_tokens=vision_tokens)
+        work.out_bytes = BF16 * T * arch.hidden_size
+    elif spec.kind == "head":
+        _head(bld, arch)
+        work.out_bytes = 0
+    elif spec.kind == "mtp":
+        _mtp(bld, arch, batch=microbatch_size, s=seq_len)
+        work.out_bytes = BF16 * T * arch.hidden_size
+    elif spec.kind == "vision":
+        _vision(bld, arch, batch=microbatch_size, vision_tokens=vision_tokens)
+        work.out_bytes = BF16 * vision_tokens * arch.vision_hidden_size
+    else:
+        _block(bld, arch, spec, batch=microbatch_size, s=seq_len)
+        work.out_bytes = BF16 * T * arch.hidden_size
+    return work
+
+
+def architecture_work(arch: Architecture, *, seq_len: int = DEFAULT_SEQ_LEN, microbatch_size: int = 1,
+                      tp: int = 1, options: CostOptions | None = None) -> list[LayerWork]:
+    """:func:`layer_work` for every layer, in order."""
+    names = _layer_names(arch)
+    return [layer_work(arch, i, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp, options=options,
+                       name=names[i]) for i in range(len(arch.layers))]
+
+
+def count_params(arch: Architecture) -> int:
+    """The model's parameter count: every layer's weights once (tied and shared copies excluded)."""
+    return sum(work.unique_params for work in architecture_work(arch, seq_len=1))
+
+
+def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
+    """Times (ms) of a :class:`LayerWork` on ``gpu``, as the profile's :class:`LayerCost`."""
+    spec = get_gpu(gpu)
+    extra = {
+        "flops_f": work.f.matmul_flops, "flops_b": work.i.matmul_flops, "flops_w": work.w.matmul_flops,
+        "bytes_f": work.f.bytes, "bytes_b": work.i.bytes, "bytes_w": work.w.bytes,
+    }
+    if work.unique_params != work.params:
+        extra["unique_params"] = work.unique_params
+    act = int(round(work.act_bytes))
+    return LayerCost(
+        name=work.name,
+        kind=work.kind,
+        f=work.f.seconds(spec) * 1e3,
+        b=work.i.seconds(spec) * 1e3,
+        w=work.w.seconds(spec) * 1e3,
+        params=work.params,
+        act_bytes=act,
+        out_bytes=int(work.out_bytes),
+        w_act_bytes=min(act, int(round(work.w_act_bytes))),
+        extra=extra,
+    )
+
+
+def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100", seq_len: int | None = None,
+                              microbatch_size: int = 1, tp: int = 1, options: CostOptions | None = None,
+                              name: str | None = None) -> ModelProfile:
+    """The per-layer profile (times in ms) of ``arch`` on ``gpu`` for micro-batches of
+    ``microbatch_size`` sequences of ``seq_len`` tokens (default: the architecture's, else 4096)."""
+    spec = get_gpu(gpu)
+    s = seq_len if seq_len is not None else (arch.seq_len or DEFAULT_SEQ_LEN)
+    works = architecture_work(arch, seq_len=s, microbatch_size=microbatch_size, tp=tp, options=options)
+    return ModelProfile(
+        name=name or arch.name,
+        layers=tuple(layer_cost(work, spec) for work in works),
+        time_unit="ms",
+        seq_len=s,
+        microbatch_size=microbatch_size,
+        extra={"model_type": arch.model_type, "gpu": spec.name, "tp": tp, "source": "analytic",
+               "params_total": sum(work.unique_params for work in works)},
+    )

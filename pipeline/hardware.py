@@ -1,0 +1,142 @@
+"""GPU presets and a cluster builder.
+
+Numbers are the vendors' data-sheet figures for the SXM parts (dense bf16, no sparsity):
+
+* A100-SXM4-80GB: 312 TFLOPS bf16, 2.039 TB/s HBM2e, NVLink 3 600 GB/s both ways, HDR 200 Gb/s NIC per GPU.
+* H100-SXM5-80GB: 989 TFLOPS bf16, 3.35 TB/s HBM3, NVLink 4 900 GB/s both ways, NDR 400 Gb/s NIC per GPU.
+* H200-SXM-141GB: H100 compute, 4.8 TB/s HBM3e, 141 GB, the same links.
+* H800-SXM-80GB: H100 compute and memory, NVLink cut to 400 GB/s both ways (200 one way); DeepSeek-V3's
+  cluster (arXiv 2412.19437, section 3.1) pairs each GPU with a 400 Gb/s InfiniBand NIC.
+
+``nvlink_gbps`` and ``inter_node_gbps`` are GB/s in one direction per GPU, the unit of
+:attr:`pipeline.spec.Cluster.p2p_gbps`.
+
+Efficiency factors (what share of the peak a well-shaped kernel reaches): large bf16 GEMMs reach
+about 75-80% of peak on A100 and 65-75% on H100/H200 in cuBLAS benchmarks, and streaming kernels about
+80-90% of HBM bandwidth. The presets use the conservative ends (0.75 / 0.65 / 0.8): they stand for the
+mix of GEMM shapes in a layer, not for the best one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError
+from pipeline.spec import Cluster
+
+__all__ = ["GPUSpec", "GPUS", "ALIASES", "get_gpu", "gpu_names", "build_cluster"]
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model: peak rates, memory and links."""
+
+    name: str
+    """Canonical short name, e.g. ``h100``."""
+    full_name: str
+    """Marketing name, e.g. ``H100-SXM5-80GB``."""
+    peak_bf16_tflops: float
+    """Dense bf16 tensor-core peak, TFLOPS."""
+    hbm_tbps: float
+    """HBM bandwidth, TB/s."""
+    memory_gb: float
+    """Device memory, GB (used as the cluster's per-device memory in GiB, as nvidia-smi rounds it)."""
+    nvlink_gbps: float
+    """Intra-node GPU-to-GPU bandwidth, GB/s in one direction."""
+    inter_node_gbps: float
+    """Inter-node bandwidth per GPU (its NIC), GB/s in one direction."""
+    vector_tflops: float
+    """Non-tensor-core fp32 peak, TFLOPS: the rate of element-wise and scan arithmetic."""
+    matmul_efficiency: float = 0.65
+    """Share of ``peak_bf16_tflops`` that the layer's matmuls (and attention/SSD cores) achieve."""
+    memory_efficiency: float = 0.8
+    """Share of ``hbm_tbps`` that streaming (element-wise, gather, reduction) kernels achieve."""
+    kernel_overhead_us: float = 4.0
+    """Fixed cost of one kernel (launch + tail), microseconds; dominates only for tiny layers."""
+    nvlink_latency_us: float = 5.0
+    inter_node_latency_us: float = 10.0
+
+    @property
+    def matmul_flops_per_s(self) -> float:
+        """Achievable matmul rate, FLOP/s."""
+        return self.peak_bf16_tflops * 1e12 * self.matmul_efficiency
+
+    @property
+    def vector_flops_per_s(self) -> float:
+        """Achievable element-wise rate, FLOP/s (the matmul efficiency applied to the fp32 vector peak)."""
+        return self.vector_tflops * 1e12 * self.matmul_efficiency
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        """Achievable HBM bandwidth, bytes/s."""
+        return self.hbm_tbps * 1e12 * self.memory_efficiency
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity above which a matmul is compute-bound."""
+        return self.matmul_flops_per_s / self.memory_bytes_per_s
+
+
+GPUS: dict[str, GPUSpec] = {
+    "a100": GPUSpec("a100", "A100-SXM4-80GB", peak_bf16_tflops=312.0, hbm_tbps=2.039, memory_gb=80.0,
+                    nvlink_gbps=300.0, inter_node_gbps=25.0, vector_tflops=19.5, matmul_efficiency=0.75),
+    "h100": GPUSpec("h100", "H100-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
+                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0),
+    "h200": GPUSpec("h200", "H200-SXM-141GB", peak_bf16_tflops=989.0, hbm_tbps=4.8, memory_gb=141.0,
+                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0),
+    "h800": GPUSpec("h800", "H800-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
+                    nvlink_gbps=200.0, inter_node_gbps=50.0, vector_tflops=67.0),
+}
+
+#: Other spellings accepted by :func:`get_gpu` (compared lower-case, ``_`` and spaces as ``-``).
+ALIASES: dict[str, str] = {
+    "a100-80gb": "a100", "a100-sxm": "a100", "a100-sxm4": "a100", "a100-sxm4-80gb": "a100",
+    "a100-sxm-80gb": "a100",
+    "h100-80gb": "h100", "h100-sxm": "h100", "h100-sxm5": "h100", "h100-sxm-80gb": "h100",
+    "h100-sxm5-80gb": "h100",
+    "h200-141gb": "h200", "h200-sxm": "h200", "h200-sxm-141gb": "h200",
+    "h800-80gb": "h800", "h800-sxm": "h800", "h800-sxm5": "h800", "h800-sxm-80gb": "h800",
+    "h800-sxm5-80gb": "h800",
+}
+
+
+def gpu_names() -> list[str]:
+    """Canonical preset names."""
+    return sorted(GPUS)
+
+
+def get_gpu(gpu: str | GPUSpec) -> GPUSpec:
+    """The preset named ``gpu`` (case-insensitive; aliases such as ``H100-SXM-80GB``), or ``gpu`` itself."""
+    if isinstance(gpu, GPUSpec):
+        return gpu
+    key = str(gpu).strip().lower().replace("_", "-").replace(" ", "-")
+    key = ALIASES.get(key, key)
+    if key not in GPUS:
+        raise ConfigError(f"unknown GPU {gpu!r}; known: {', '.join(gpu_names())} "
+                          f"(aliases: {', '.join(sorted(ALIASES))})", field="gpu")
+    return GPUS[key]
+
+
+def build_cluster(gpu: str | GPUSpec = "h100", *, devices: int, gpus_per_node: int | None = 8,
+                  memory_gb: float | None = None, name: str | None = None) -> Cluster:
+    """A homogeneous cluster of ``devices`` GPUs, ``gpus_per_node`` to a node (None: one node).
+
+    Within a node stages talk over NVLink (``p2p_gbps``); across nodes over the GPU's NIC.
+    """
+    spec = get_gpu(gpu)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ConfigError(f"must be a whole number >= 1, got {devices!r}", field="devices")
+    if gpus_per_node is not None and (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
+                                      or gpus_per_node < 1):
+        raise ConfigError(f"must be a whole number >= 1, got {gpus_per_node!r}", field="gpus_per_node")
+    return Cluster(
+        devices=devices,
+        memory_gb=memory_gb if memory_gb is not None else spec.memory_gb,
+        p2p_gbps=spec.nvlink_gbps,
+        latency_us=spec.nvlink_latency_us,
+        gpus_per_node=gpus_per_node,
+        inter_node_gbps=spec.inter_node_gbps,
+        inter_node_latency_us=spec.inter_node_latency_us,
+        name=name or f"{spec.name}x{devices}",
+        extra={"gpu": spec.name},
+    )

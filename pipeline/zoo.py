@@ -1,0 +1,49 @@
+"""The model zoo: HF-style configs in ``experiments/configs/models/<name>.json``.
+
+The pipeline package may not import ``experiments``, so the folder is located by path. Each entry
+is read by :func:`pipeline.hf.load_hf_config` and may carry a default ``seq_len``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.arch import Architecture
+from pipeline.costs import profile_from_architecture
+from pipeline.errors import ConfigError
+from pipeline.hardware import GPUSpec
+from pipeline.hf import load_hf_config
+from pipeline.spec import ModelProfile
+
+__all__ = ["ZOO_DIR", "list_models", "zoo_config_path", "load_zoo_architecture", "zoo_profile"]
+
+#: Folder of the zoo's config files.
+ZOO_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "models"
+
+
+def list_models() -> list[str]:
+    """Names of the zoo's models, sorted."""
+    if not ZOO_DIR.is_dir():
+        return []
+    return sorted(path.stem for path in ZOO_DIR.glob("*.json"))
+
+
+def zoo_config_path(name: str) -> Path:
+    """The config file of zoo model ``name``; unknown names raise ConfigError listing the known ones."""
+    path = ZOO_DIR / f"{name}.json"
+    if not name or "/" in name or "\\" in name or not path.is_file():
+        raise ConfigError(f"unknown model {name!r}; the zoo ({ZOO_DIR}) has: {', '.join(list_models()) or 'nothing'}",
+                          field="model")
+    return path
+
+
+def load_zoo_architecture(name: str) -> Architecture:
+    """The :class:`Architecture` of zoo model ``name``."""
+    return load_hf_config(zoo_config_path(name), name=name)
+
+
+def zoo_profile(name: str, *, gpu: str | GPUSpec = "h100", seq_len: int | None = None, microbatch_size: int = 1,
+                tp: int = 1) -> ModelProfile:
+    """Analytic profile of zoo model ``name`` on ``gpu`` (sequence length: given, else the model's, else 4096)."""
+    arch = load_zoo_architecture(name)
+    return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp)
