@@ -58,3 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Output piped into e.g. `head`: stop quietly, as Unix tools do.
+        sys.stderr.close()
+        return 0

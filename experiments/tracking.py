@@ -460,6 +460,9 @@ def start_run(*, command: str, config: Mapping[str, Any], project: str = DEFAULT
     root.mkdir(parents=True, exist_ok=True)
     if resolved == "offline":
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+    # Keep stderr for our progress bars: no banners, no integration tips (W&B mistakes our
+    # ``agents`` package for an LLM agents SDK and advertises Weave otherwise).
+    os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
     extra: dict[str, Any] = {"silent": True, "console": "off"}

@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             plan = build_plan(method, profile, cluster, mbs)
             gen_ms = 1e3 * (time.perf_counter() - t0)
             costs = stage_costs(profile, cluster, plan.partition, plan.placement)
-            fast = _rate(lambda: simulate(plan, profile, cluster, costs=costs, validate=False,
-                                          record_timeline=False), args.repeats, args.window)
-            full = _rate(lambda: simulate(plan, profile, cluster), args.repeats, args.window)
+            fast = _rate(lambda plan=plan, profile=profile, cluster=cluster, costs=costs: simulate(
+                plan, profile, cluster, costs=costs, validate=False, record_timeline=False), args.repeats, args.window)
+            full = _rate(lambda plan=plan, profile=profile, cluster=cluster: simulate(plan, profile, cluster),
+                         args.repeats, args.window)
             rows.append({"case": case, "method": method, "actions": sum(len(r) for r in plan.schedule),
                          "sims_per_s_search": round(fast, 1), "sims_per_s_full": round(full, 1),
                          "generate_ms": round(gen_ms, 2), "target": TARGETS[case],

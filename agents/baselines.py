@@ -1,0 +1,103 @@
+"""Baselines behind the Searcher interface: named schedules (even or DP-balanced split) and random search."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
+from pipeline.errors import PlanError
+from pipeline.schedules import build_plan, method_placement
+from pipeline.simulator import simulate
+from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
+
+__all__ = ["NamedSearcher", "RandomSearcher", "PLACEMENT_CHOICES", "random_candidate"]
+
+#: (placement kind, chunks per device) pairs that random search and the tuner draw from.
+PLACEMENT_CHOICES = (("sequential", 1), ("interleaved", 2), ("interleaved", 3), ("interleaved", 4), ("v", 2),
+                     ("wave", 3), ("wave", 4))
+
+
+@dataclass
+class NamedSearcher:
+    """One named schedule; ``balanced=True`` replaces Megatron's even split by the cost-aware DP split."""
+
+    method: str
+    balanced: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}+dp" if self.balanced else self.method
+
+    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+               on_improve: ImproveCallback | None = None) -> SearchResult:
+        ev = Evaluator(problem)
+        p = problem
+        try:
+            partition = None
+            if self.balanced and self.method != "megatron":
+                placement = method_placement(self.method, p.devices)
+                sizes = balanced_sizes(p.profile, placement, p.cluster)
+                partition = tuple(_ranges(sizes))
+            plan = build_plan(self.method, p.profile, p.cluster, p.microbatches, partition=partition,
+                              training=p.training)
+        except PlanError as exc:
+            return SearchResult(self.name, None, None, 0, ev.seconds, note=str(exc))
+        ev.calls += 1
+        result = simulate(plan, p.profile, p.cluster, p.training, validate=False, record_timeline=False)
+        if on_improve is not None and result.valid:
+            on_improve(plan, result)
+        return finish(self.name, problem, plan, ev, [(1, result.iteration_time)])
+
+
+def _ranges(sizes):
+    start = 0
+    for n in sizes:
+        yield (start, start + n)
+        start += n
+
+
+def random_candidate(problem: Problem, rng: random.Random) -> Candidate:
+    """A random point of the plan space: placement family, partition near balanced, list-scheduler knobs."""
+    P, L = problem.devices, problem.profile.num_layers
+    choices = [(k, c) for k, c in PLACEMENT_CHOICES if P * c <= L]
+    kind, chunks = rng.choice(choices)
+    placement = make_placement(kind, P, chunks)
+    sizes = list(balanced_sizes(problem.profile, placement, problem.cluster))
+    for _ in range(rng.randint(0, 2 * len(sizes))):
+        s = rng.randrange(len(sizes) - 1) if len(sizes) > 1 else 0
+        if len(sizes) > 1:
+            a, b = (s, s + 1) if rng.random() < 0.5 else (s + 1, s)
+            if sizes[a] > 1:
+                sizes[a] -= 1
+                sizes[b] += 1
+    budgets = None if rng.random() < 0.2 else tuple(float(rng.randint(1, 2 * P)) for _ in range(P))
+    return Candidate(tuple(sizes), placement, "list", budgets, split_backward=rng.random() < 0.8,
+                     eager_w=rng.random() < 0.2, depth_first=rng.random() < 0.7,
+                     max_pending_w=rng.choice([None, 2, P]))
+
+
+@dataclass
+class RandomSearcher:
+    """Random candidates, the same number of simulator calls as the method it is compared with."""
+
+    name: str = "random"
+
+    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+               on_improve: ImproveCallback | None = None) -> SearchResult:
+        rng = random.Random(seed)
+        ev = Evaluator(problem)
+        clock = BudgetClock(budget, ev)
+        best, best_key, history = None, None, []
+        tries = 0
+        while not clock.spent() and tries < 50 * (budget.sim_calls or 1000):
+            tries += 1
+            c = random_candidate(problem, rng)
+            plan, result = ev.evaluate(c)
+            key = objective_key(result)
+            if result.valid and (best_key is None or key < best_key):
+                best, best_key = plan, key
+                history.append((ev.calls, result.iteration_time))
+                if on_improve is not None:
+                    on_improve(plan, result)
+        return finish(self.name, problem, best, ev, history)

@@ -1,0 +1,263 @@
+"""The AdaPtis tuner: phase-by-phase co-optimisation of partition, placement and schedule.
+
+After the paper's method: start from the best named schedule; find the bottleneck device (most
+work, most bubble, memory pressure); try changes to the **partition** (move boundary layers of
+the bottleneck's stages), the **placement** (sequential, interleaved, V, wave with 1-4 chunks per
+device and a cost-balanced split; swap the devices of two stages) and the **schedule** (the list
+scheduler's per-device activation budgets, i.e. how deep the warm-up runs; deferred or eager W;
+fused B; forward priority); keep a change only when the performance model says it is faster and
+feasible, roll back otherwise. When a full round of phases finds nothing, perturb the best plan
+(random boundary moves and budget changes) and search again from there, so the tuner does not
+stall in the first local optimum. Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
+from agents.baselines import PLACEMENT_CHOICES
+from pipeline.errors import PlanError
+from pipeline.plan import Plan
+from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition
+from pipeline.simulator import Result, simulate
+from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
+
+__all__ = ["AdaptisTuner", "seed_candidates"]
+
+Key = tuple[int, float, float]
+
+
+def _named_budgets(method: str, devices: int) -> tuple[float, ...] | None:
+    P = devices
+    table = {
+        "zb-h1": [P - d for d in range(P)],
+        "1f1b": [P - d for d in range(P)],
+        "zb-h2": [2 * (P - d) - 1 for d in range(P)],
+        "zbv": [P] * P,
+        "v-half": [(P + 2) / 2] * P,
+        "v-min": [(P + 4) / 3] * P,
+    }
+    return None if method not in table else tuple(float(x) for x in table[method])
+
+
+def seed_candidates(problem: Problem) -> list[Candidate]:
+    """Starting points: every placement family with Megatron's and the DP-balanced split, under
+    the activation budgets of the named schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited)."""
+    P, L = problem.devices, problem.profile.num_layers
+    out: list[Candidate] = []
+    for kind, chunks in PLACEMENT_CHOICES:
+        S = P * chunks
+        if S > L:
+            continue
+        placement = make_placement(kind, P, chunks)
+        splits = {balanced_sizes(problem.profile, placement, problem.cluster),
+                  tuple(b - a for a, b in megatron_partition(problem.profile, S))}
+        for sizes in sorted(splits):
+            for name in ("zb-h1", "zb-h2", "zbv", "v-half", None):
+                budgets = _named_budgets(name, P) if name else None
+                counts_w = name not in ("zb-h1", "zb-h2")
+                out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
+                                     max_pending_w=P if not counts_w else None))
+            if kind == "interleaved" or chunks == 1:
+                out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+    return out
+
+
+@dataclass
+class AdaptisTuner:
+    """Phase-by-phase local search with perturbation restarts (see the module docstring)."""
+
+    name: str = "adaptis"
+    perturb_moves: int = 3
+
+    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+               on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = ()) -> SearchResult:
+        rng = random.Random(seed)
+        ev = Evaluator(problem)
+        clock = BudgetClock(budget, ev)
+        history: list[tuple[int, float]] = []
+        state = _State(ev, on_improve, history)
+
+        # 1. The named schedules, as they are: the tuner can only improve on the best of them.
+        for method in NAMED_METHODS:
+            try:
+                plan = build_plan(method, problem.profile, problem.cluster, problem.microbatches,
+                                  training=problem.training)
+            except PlanError:
+                continue
+            ev.calls += 1
+            result = simulate(plan, problem.profile, problem.cluster, problem.training, validate=False,
+                              record_timeline=False)
+            state.offer_plan(plan, result, note=method)
+        # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
+        seeds = list(start) + seed_candidates(problem)
+        current: Candidate | None = None
+        current_key: Key | None = None
+        for c in seeds:
+            if clock.spent() and current is not None:
+                break
+            key = state.offer(c)
+            if current_key is None or key < current_key:
+                current, current_key = c, key
+        if current is None:
+            return finish(self.name, problem, state.best_plan, ev, history)
+        # 3. Phases until the budget is spent; perturb when a round finds nothing.
+        stall = 0
+        while not clock.spent():
+            improved = False
+            for phase in (self._partition_moves, self._placement_moves, self._schedule_moves):
+                if clock.spent():
+                    break
+                _, result = ev.evaluate(current)
+                neighbours = list(phase(current, result, problem, rng))
+                best_n, best_k = None, current_key
+                for n in neighbours:
+                    if clock.spent():
+                        break
+                    k = state.offer(n)
+                    if k < best_k:
+                        best_n, best_k = n, k
+                if best_n is not None:
+                    current, current_key = best_n, best_k
+                    improved = True
+            if improved:
+                stall = 0
+                continue
+            stall += 1
+            base = state.best_candidate or current
+            current = self._perturb(base, problem, rng, strength=self.perturb_moves + stall % 4)
+            current_key = state.offer(current)
+        note = state.best_note
+        return finish(self.name, problem, state.best_plan, ev, history, note=note)
+
+    # ------------------------------------------------------------------ phases
+
+    @staticmethod
+    def _partition_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
+        """Move boundary layers of the busiest device's stages (and into the idlest device's)."""
+        if not result.valid:
+            return
+        busy = result.busy
+        hot = max(range(len(busy)), key=busy.__getitem__)
+        cold = min(range(len(busy)), key=busy.__getitem__)
+        sizes = c.sizes
+        S = len(sizes)
+        seen = set()
+        for s in range(S):
+            d = c.placement[s]
+            for nb in (s - 1, s + 1):
+                if not 0 <= nb < S:
+                    continue
+                if d == hot and sizes[s] > 1:
+                    seen.add((s, nb))  # give a layer away
+                if d == cold and sizes[nb] > 1:
+                    seen.add((nb, s))  # take a layer
+        for src, dst in sorted(seen):
+            new = list(sizes)
+            new[src] -= 1
+            new[dst] += 1
+            yield replace(c, sizes=tuple(new))
+
+    @staticmethod
+    def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
+        """Other placement families (balanced split), and swapping two stages' devices."""
+        P, L = problem.devices, problem.profile.num_layers
+        order_knobs = c if c.order == "list" else replace(c, order="list", budgets=_named_budgets("zbv", P))
+        for kind, chunks in PLACEMENT_CHOICES:
+            if P * chunks > L:
+                continue
+            placement = make_placement(kind, P, chunks)
+            if placement == c.placement:
+                continue
+            sizes = balanced_sizes(problem.profile, placement, problem.cluster)
+            yield replace(order_knobs, sizes=sizes, placement=placement)
+        if result.valid and P > 1:
+            busy = result.busy
+            hot = max(range(P), key=busy.__getitem__)
+            cold = min(range(P), key=busy.__getitem__)
+            hot_stages = [s for s, d in enumerate(c.placement) if d == hot]
+            cold_stages = [s for s, d in enumerate(c.placement) if d == cold]
+            for a in hot_stages:
+                for b in cold_stages:
+                    pl = list(c.placement)
+                    pl[a], pl[b] = pl[b], pl[a]
+                    yield replace(order_knobs, placement=tuple(pl))
+
+    @staticmethod
+    def _schedule_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
+        """Activation budgets per device (warm-up depth), W deferral, fused B, forward priority."""
+        P = problem.devices
+        base = c if c.order == "list" else replace(c, order="list", budgets=_named_budgets("zb-h1", P),
+                                                   cap_counts_w=False, max_pending_w=P)
+        if c.order != "list":
+            yield base
+        budgets = list(base.budgets) if base.budgets is not None else None
+        if budgets is not None and result.valid:
+            bubble = result.bubble
+            worst = max(range(P), key=bubble.__getitem__)
+            pressure = max(range(P), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
+            for d, delta in ((worst, 1.0), (pressure, -1.0), (worst, 2.0)):
+                new = list(budgets)
+                new[d] = max(1.0, new[d] + delta)
+                yield replace(base, budgets=tuple(new))
+            for delta in (1.0, -1.0):
+                yield replace(base, budgets=tuple(max(1.0, b + delta) for b in budgets))
+        yield replace(base, budgets=None)
+        yield replace(base, split_backward=not base.split_backward)
+        yield replace(base, eager_w=not base.eager_w)
+        yield replace(base, depth_first=not base.depth_first)
+        yield replace(base, cap_counts_w=not base.cap_counts_w)
+        for mpw in (None, 2, P):
+            if mpw != base.max_pending_w:
+                yield replace(base, max_pending_w=mpw)
+
+    @staticmethod
+    def _perturb(c: Candidate, problem: Problem, rng: random.Random, strength: int) -> Candidate:
+        sizes = list(c.sizes)
+        S = len(sizes)
+        for _ in range(strength):
+            if S < 2:
+                break
+            s = rng.randrange(S - 1)
+            src, dst = (s, s + 1) if rng.random() < 0.5 else (s + 1, s)
+            if sizes[src] > 1:
+                sizes[src] -= 1
+                sizes[dst] += 1
+        out = replace(c, sizes=tuple(sizes))
+        if out.order == "list" and out.budgets is not None and rng.random() < 0.5:
+            d = rng.randrange(problem.devices)
+            b = list(out.budgets)
+            b[d] = max(1.0, b[d] + rng.choice((-1.0, 1.0)))
+            out = replace(out, budgets=tuple(b))
+        return out
+
+
+class _State:
+    """The best plan so far, from named plans or candidates; reports improvements."""
+
+    def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]]) -> None:
+        self.ev = ev
+        self.on_improve = on_improve
+        self.history = history
+        self.best_key: Key | None = None
+        self.best_plan: Plan | None = None
+        self.best_candidate: Candidate | None = None
+        self.best_note = ""
+
+    def offer_plan(self, plan: Plan, result: Result, note: str, candidate: Candidate | None = None) -> Key:
+        key = objective_key(result)
+        if result.valid and (self.best_key is None or key < self.best_key):
+            self.best_key, self.best_plan, self.best_note = key, plan, note
+            if candidate is not None:
+                self.best_candidate = candidate
+            self.history.append((self.ev.calls, result.iteration_time))
+            if self.on_improve is not None:
+                self.on_improve(plan, result)
+        return key
+
+    def offer(self, c: Candidate) -> Key:
+        plan, result = self.ev.evaluate(c)
+        return self.offer_plan(plan, result, note=c.describe(), candidate=c)

@@ -1,0 +1,185 @@
+"""Find the fastest plan that fits in memory: the AdaPtis tuner beside every baseline.
+
+Prints a table (method, iteration time, throughput, bubble, peak memory, speedup over the
+Megatron baseline, distance to the lower bound, simulator calls, search seconds) and writes
+OUT/plan.json (the best feasible plan, rewritten as the search improves it), OUT/plan.csv (for
+torch.distributed.pipelining / torchtitan), OUT/gantt_best.png, OUT/gantt_megatron.png and
+OUT/results.jsonl. Logs everything to W&B (offline by default).
+
+Examples:
+  python -m experiments search                                  # default heterogeneous case
+  python -m experiments search --model deepseek-medium --devices 8 --method adaptis,zbv,random
+  python -m experiments search --profile P.json --cluster C.json --memory-gb 40 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.base import Budget, SearchResult
+from agents.registry import all_methods, make_searcher
+from experiments.common import (
+    DEFAULT_MODEL,
+    add_cluster_args,
+    add_model_args,
+    add_output_args,
+    positive_int,
+    print_json_lines,
+    print_table,
+    resolve_cluster,
+    resolve_profile,
+)
+from experiments.tracking_hooks import tracked_run
+from pipeline.bounds import lower_bound
+from pipeline.errors import ConfigError
+from pipeline.plan import Plan
+from pipeline.render import gantt_side_by_side
+from pipeline.simulator import Result
+from pipeline.space import Problem, objective_key
+from pipeline.spec import GIB
+
+NAME = "search"
+HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
+DEFAULT_METHODS = "megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,adaptis"
+COLUMNS = ("method", "iter_time", "tokens_per_s", "bubble_pct", "peak_mem_gb", "speedup", "vs_bound", "sim_calls",
+           "seconds")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    add_cluster_args(parser, default_devices=8)
+    parser.add_argument("--microbatches", type=positive_int, default=32, help="micro-batches per iteration")
+    parser.add_argument("--method", default=DEFAULT_METHODS,
+                        help="comma-separated methods, or 'all' (named, <named>+dp, random, adaptis, rl...)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tuner and random search")
+    parser.add_argument("--budget", default="400", help="per search method: simulator calls (400) or seconds (30s)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
+    parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
+    add_output_args(parser)
+
+
+def _row(res: SearchResult, reference: float | None, bound: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"method": res.method, "sim_calls": res.sim_calls, "seconds": round(res.seconds, 3)}
+    if res.result is not None and res.result.valid:
+        s = res.result.summary()
+        row.update(s)
+        row["speedup"] = reference / res.iteration_time if reference else None
+        row["vs_lower_bound"] = res.iteration_time / bound if bound > 0 else None
+    else:
+        row.update({"iteration_time": None, "bubble": None, "peak_memory_gb": None, "feasible": False,
+                    "valid": False, "error": res.note or (res.result.error if res.result else "no plan")})
+    return row
+
+
+class _BestPlanWriter:
+    """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.key: tuple | None = None
+
+    def __call__(self, plan: Plan, result: Result) -> None:
+        key = objective_key(result)
+        if self.key is None or key < self.key:
+            self.key = key
+            tmp = self.out / "plan.json.tmp"
+            plan.save(tmp)
+            os.replace(tmp, self.out / "plan.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = resolve_profile(args)
+    cluster = resolve_cluster(args)
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--budget") from None
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
+    if methods == ["all"]:
+        methods = all_methods()
+    if "megatron" not in methods:
+        methods.insert(0, "megatron")
+    searchers = [make_searcher(m) for m in methods]
+    if args.policy:
+        for s in searchers:
+            if hasattr(s, "policy_path"):
+                s.policy_path = args.policy
+    out = Path(args.out or f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
+    out.mkdir(parents=True, exist_ok=True)
+    problem = Problem(profile, cluster, args.microbatches)
+    bound = lower_bound(profile, cluster, args.microbatches)
+    writer = _BestPlanWriter(out)
+    results: list[SearchResult] = []
+    from tqdm import tqdm
+
+    bar = tqdm(searchers, desc="search", unit="method", file=sys.stderr, disable=None)
+    for searcher in bar:
+        bar.set_postfix_str(searcher.name)
+        results.append(searcher.search(problem, budget=budget, seed=args.seed, on_improve=writer))
+    bar.close()
+
+    mega = next((r for r in results if r.method == "megatron" and r.ok), None)
+    reference = mega.iteration_time if mega else None
+    rows = [_row(r, reference, bound.value) for r in results]
+    rows.sort(key=lambda r: (not r.get("feasible"), r["iteration_time"] if r.get("iteration_time") else 1e300))
+    feasible = [r for r in results if r.ok and r.result.feasible]
+    best = min(feasible, key=lambda r: r.iteration_time) if feasible else None
+
+    config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
+              "memory_gb": cluster.memory_gb, "methods": methods, "budget": args.budget, "seed": args.seed}
+    with tracked_run(args, command=NAME, config=config) as tracker:
+        tracker.log_table("search", rows)
+        if best is not None:
+            best.plan.save(out / "plan.json")
+            best.plan.save_csv(out / "plan.csv")
+            gantt_side_by_side([best.result.timeline_dict()], [f"best: {best.method} on {profile.name}"],
+                               out / "gantt_best.png")
+            tracker.log_image("gantt/best", out / "gantt_best.png")
+            tracker.log_plan(best.plan, name=f"plan-{profile.name}", metadata=_row(best, reference, bound.value))
+        if mega is not None:
+            gantt_side_by_side([mega.result.timeline_dict()], [f"megatron on {profile.name}"],
+                               out / "gantt_megatron.png")
+            tracker.log_image("gantt/megatron", out / "gantt_megatron.png")
+        if best is not None and mega is not None:
+            tracker.summary({"best_method": best.method, "best_iteration_time": best.iteration_time,
+                             "speedup_over_megatron": reference / best.iteration_time,
+                             "vs_lower_bound": best.iteration_time / bound.value})
+    with open(out / "results.jsonl", "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+    if args.json:
+        print_json_lines(rows)
+    else:
+        for r in rows:
+            r["iter_time"] = r.get("iteration_time") if r.get("iteration_time") else "n/a: " + str(r.get("error"))[:50]
+            r["tokens_per_s"] = r.get("throughput")
+            r["bubble_pct"] = 100 * r["bubble"] if r.get("bubble") is not None else None
+            r["peak_mem_gb"] = max(r["peak_memory_gb"]) if r.get("peak_memory_gb") else None
+            r["vs_bound"] = r.get("vs_lower_bound")
+            if r.get("valid") and not r.get("feasible"):
+                r["method"] += " (OOM)"
+        print_table(rows, COLUMNS, title=f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, "
+                    f"{args.microbatches} micro-batches, {cluster.memory_gb:g} GiB per device "
+                    f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
+    if best is None:
+        smallest = min((r for r in results if r.ok), key=lambda r: max(r.result.peak_memory), default=None)
+        msg = "no plan fits in memory"
+        if smallest is not None:
+            peak = max(smallest.result.peak_memory) / GIB
+            msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
+                    f"{cluster.memory_gb:g} GiB per device: add devices or memory, or use fewer micro-batches "
+                    "in flight")
+        print(msg, file=sys.stderr)
+        return 3
+    if not args.json:
+        speed = f", {reference / best.iteration_time:.2f}x megatron" if reference else ""
+        print(f"\nbest: {best.method} {best.iteration_time:.4g} {profile.time_unit}{speed}, "
+              f"{best.iteration_time / bound.value:.3f}x the lower bound -> {out / 'plan.json'}, {out / 'plan.csv'}, "
+              f"{out / 'gantt_best.png'}")
+    return 0
