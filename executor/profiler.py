@@ -1,0 +1,212 @@
+"""Measure every layer's costs on the current device and write a profile the search reads.
+
+For each layer, on one micro-batch: ``f`` the forward time, ``b`` the backward-for-inputs time
+(I) and ``w`` the backward-for-weights time (W), each the median of ``repeats`` runs after
+``warmup`` runs. I and W are timed with the very functions the pipeline runtime calls
+(``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``):
+I computes gradients with respect to the layer's input only and keeps the intermediate gradients
+that W then turns into parameter gradients. The first layer (token embedding: integer input)
+has no input gradient; as in the runtime, its I is empty and W runs its whole backward.
+
+``act_bytes`` counts the distinct tensors autograd saves during the forward (via
+``torch.autograd.graph.saved_tensors_hooks``; parameters excluded, the layer's input included)
+and ``out_bytes`` the bytes of the layer's output, i.e. what crosses a stage boundary.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
+
+from executor.model import StageModule, build_layers, make_batch
+from pipeline.arch import Architecture
+from pipeline.spec import LayerCost, ModelProfile
+
+__all__ = ["ProfileConfig", "profile_architecture", "measure_layers"]
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """How to measure."""
+
+    seq_len: int = 128
+    """Tokens per sequence."""
+    microbatch_size: int = 1
+    """Sequences per micro-batch."""
+    warmup: int = 2
+    """Untimed runs before measuring."""
+    repeats: int = 7
+    """Timed runs; the median is kept."""
+    seed: int = 0
+    """Weights and data seed."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _tic(device: torch.device) -> float:
+    _sync(device)
+    return time.perf_counter()
+
+
+def _toc(device: torch.device, start: float) -> float:
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _full_backward(out: torch.Tensor, grad: torch.Tensor | None, inp: torch.Tensor) -> Any:
+    if grad is None:  # the loss
+        return stage_backward(out, None, [inp])
+    return stage_backward((out,), (grad,), [inp])
+
+
+class _SavedBytes:
+    """Counts the distinct non-parameter tensors autograd saves (a ``saved_tensors_hooks`` pair)."""
+
+    def __init__(self, param_ptrs: set[int]) -> None:
+        self.param_ptrs = param_ptrs
+        self.sizes: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.data_ptr()
+        if ptr not in self.param_ptrs:
+            self.sizes[ptr] = max(self.sizes.get(ptr, 0), _tensor_bytes(t))
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes.values())
+
+
+def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: torch.Tensor, *,
+                   config: ProfileConfig) -> list[dict[str, float]]:
+    """Per layer: ``f``, ``b``, ``w``, ``b_full`` (seconds, medians), ``act_bytes``, ``out_bytes``.
+
+    Layers are timed one after another inside a whole forward / backward pass, as a stage runs
+    them (so caches are as cold as in a pipeline, not warmed by repeating one layer): a forward
+    pass, an I pass in reverse, a W pass in reverse, then a forward and a fused-B pass.
+    """
+    device = tokens.device
+    n = len(layers)
+    params = [list(layer.parameters()) for layer in layers]
+    times: dict[str, list[list[float]]] = {k: [[] for _ in range(n)] for k in ("f", "b", "w", "b_full")}
+    act = [0] * n
+    out_b = [0] * n
+    for rep in range(config.warmup + config.repeats):
+        keep = rep >= config.warmup
+        # forward
+        ins, outs = [], []
+        x = tokens
+        for i, layer in enumerate(layers):
+            inp = x if i == 0 else x.detach().requires_grad_(True)
+            counter = _SavedBytes({p.data_ptr() for p in params[i]})
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, _unpack):
+                t0 = _tic(device)
+                out = layer(inp, labels)
+                dt = _toc(device, t0)
+            if rep == 0:
+                act[i] = counter.total + (0 if i == 0 else _tensor_bytes(inp))
+                out_b[i] = _tensor_bytes(out)
+            if keep:
+                times["f"][i].append(dt)
+            ins.append(inp)
+            outs.append(out)
+            x = out
+        # I in reverse (the first layer has no input gradient: its whole backward runs as W)
+        groups: list[Any] = [None] * n
+        grad: torch.Tensor | None = None
+        grads_out: list[torch.Tensor | None] = [None] * n
+        for i in reversed(range(n)):
+            grads_out[i] = grad
+            dt = 0.0
+            if i:
+                t0 = _tic(device)
+                gin, groups[i] = stage_backward_input([outs[i]], None if grad is None else [grad], [ins[i]],
+                                                      iter(params[i]))
+                dt = _toc(device, t0)
+                grad = gin[0]
+            if keep:
+                times["b"][i].append(dt)
+        for i in reversed(range(n)):
+            t0 = _tic(device)
+            if i:
+                stage_backward_weight(iter(params[i]), groups[i])
+            else:
+                _full_backward(outs[0], grads_out[0], ins[0])
+            dt = _toc(device, t0)
+            if keep:
+                times["w"][i].append(dt)
+        # fused B, for reference (the simulator prices B as b + w)
+        ins, outs = [], []
+        x = tokens
+        for i, layer in enumerate(layers):
+            inp = x if i == 0 else x.detach().requires_grad_(True)
+            out = layer(inp, labels)
+            ins.append(inp)
+            outs.append(out)
+            x = out
+        grad = None
+        for i in reversed(range(n)):
+            t0 = _tic(device)
+            gin = _full_backward(outs[i], grad, ins[i])
+            dt = _toc(device, t0)
+            grad = gin[0] if i else None
+            if keep:
+                times["b_full"][i].append(dt)
+        for ps in params:
+            for p in ps:
+                p.grad = None
+    med = statistics.median
+    return [{"f": med(times["f"][i]), "b": med(times["b"][i]), "w": med(times["w"][i]),
+             "b_full": med(times["b_full"][i]), "act_bytes": act[i], "out_bytes": out_b[i]} for i in range(n)]
+
+
+def profile_architecture(arch: Architecture, *, device: torch.device | str = "cpu",
+                         config: ProfileConfig = ProfileConfig(), name: str | None = None,
+                         log: Callable[[str], None] | None = None) -> ModelProfile:
+    """Measure every layer of ``arch`` on ``device``; times in milliseconds."""
+    device = torch.device(device)
+    tokens, labels = make_batch(arch, batch=config.microbatch_size, seq_len=config.seq_len, seed=config.seed,
+                                device=device)
+    built = build_layers(arch, range(len(arch.layers)), seed=config.seed)
+    layers = [StageModule({i: built[i]}, start=i, end=i + 1).to(device) for i in range(len(arch.layers))]
+    measured = measure_layers(layers, tokens, labels, config=config)
+    costs: list[LayerCost] = []
+    for i, (spec, m) in enumerate(zip(arch.layers, measured)):
+        label = spec.label
+        costs.append(LayerCost(
+            name=f"layer{i}.{label}" if spec.kind == "block" else spec.kind, kind=label,
+            f=m["f"] * 1e3, b=m["b"] * 1e3, w=m["w"] * 1e3, params=sum(p.numel() for p in layers[i].parameters()),
+            act_bytes=int(m["act_bytes"]), out_bytes=int(m["out_bytes"]),
+            extra={"b_full": m["b_full"] * 1e3},
+        ))
+        if log is not None:
+            c = costs[-1]
+            log(f"  {c.name:<28} f {c.f:8.3f}  i {c.b:8.3f}  w {c.w:8.3f}  B {m['b_full'] * 1e3:8.3f} ms  "
+                f"act {c.act_bytes / 2**20:7.2f} MiB")
+    extra = {"measured": True, "device": _device_name(device), "threads": torch.get_num_threads(),
+             "torch": torch.__version__, "hidden_size": arch.hidden_size, "repeats": config.repeats}
+    return ModelProfile(name=name or arch.name, layers=tuple(costs), time_unit="ms", seq_len=config.seq_len,
+                        microbatch_size=config.microbatch_size, extra=extra)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"

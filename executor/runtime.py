@@ -1,0 +1,159 @@
+"""Run a plan's per-rank actions on real stages with ``torch.distributed.pipelining``.
+
+What comes from PyTorch and what is ours:
+
+* PyTorch: :class:`~torch.distributed.pipelining.PipelineStage` (point-to-point transfers of
+  activations and gradients, shape inference, the F / I / W / B computations) and
+  ``_PipelineScheduleRuntime`` (lowers the plan's compute-only order to one with sends and
+  receives, runs it). The plan reaches it exactly as an exported CSV: ``Plan.save_csv`` then
+  ``_load_csv(path, format="compute_only")``, which also infers the stage-to-rank placement, so
+  any placement (sequential, interleaved, V, or arbitrary) runs.
+* Ours: :class:`TimedStage`, a ``PipelineStage`` that records when each F, I, W and B starts and
+  ends (compute only: waits for incoming transfers happen before the call), the stage modules
+  built from an architecture, barrier-aligned clocks, and the step/timeline bookkeeping.
+
+Loss convention: the head returns the mean cross-entropy over a micro-batch's tokens; the
+step's loss is the mean over micro-batches, and gradients are those of that mean
+(``scale_grads=True`` divides the summed micro-batch gradients by their number).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+from executor.model import build_stage
+from pipeline.arch import Architecture
+from pipeline.plan import Plan
+
+__all__ = ["ActionRecord", "TimedStage", "StepResult", "PipelineExecutor", "passthrough_loss"]
+
+
+class ActionRecord(tuple):
+    """``(stage, op, microbatch, start, end)`` with ``perf_counter`` seconds."""
+
+    __slots__ = ()
+
+    def __new__(cls, stage: int, op: str, mb: int, start: float, end: float) -> ActionRecord:
+        return super().__new__(cls, (stage, op, mb, start, end))
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that appends an :class:`ActionRecord` for every computation it runs."""
+
+    def __init__(self, *args: Any, records: list[ActionRecord], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.records = records
+        self._sync = torch.device(self.device).type == "cuda"
+
+    def _now(self) -> float:
+        if self._sync:  # GPU work is asynchronous: wait for it so the record holds its real end
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def forward_one_chunk(self, fwd_chunk_id: int, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                          save_forward_output: bool = True) -> Any:
+        t0 = self._now()
+        out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+        self.records.append(ActionRecord(self.stage_index, "F", fwd_chunk_id, t0, self._now()))
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> None:
+        t0 = self._now()
+        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                   last_backward=last_backward)
+        op = "B" if full_backward else "I"
+        self.records.append(ActionRecord(self.stage_index, op, bwd_chunk_id, t0, self._now()))
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
+        t0 = self._now()
+        super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+        self.records.append(ActionRecord(self.stage_index, "W", bwd_chunk_id, t0, self._now()))
+
+
+def passthrough_loss(output: torch.Tensor, target: Any) -> torch.Tensor:
+    """The last stage's output already is the loss (the head computes it); pass it through."""
+    return output
+
+
+@dataclass
+class StepResult:
+    """One training step on this rank."""
+
+    loss: float | None
+    """Mean loss over micro-batches (on the rank holding the last stage; else None)."""
+    start: float
+    """``perf_counter`` after the aligning barrier."""
+    end: float
+    """``perf_counter`` when this rank's part of the step returned."""
+    records: list[ActionRecord] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+class PipelineExecutor:
+    """This rank's stages of ``plan`` over ``arch`` and the schedule that runs them.
+
+    ``step(tokens, labels)`` runs one training step (forward, backward, gradient scaling; no
+    optimizer) of ``plan.microbatches`` micro-batches; ``tokens`` and ``labels`` are the whole
+    batch, ``(microbatches * microbatch_size, seq_len)``, the same on every rank.
+    """
+
+    def __init__(self, plan: Plan, arch: Architecture, *, rank: int, device: torch.device,
+                 seed: int = 0, group: dist.ProcessGroup | None = None) -> None:
+        self.plan, self.arch, self.rank, self.device = plan, arch, rank, device
+        self.records: list[ActionRecord] = []
+        self.modules: list[nn.Module] = []
+        stages: list[PipelineStage] = []
+        for s in plan.stages_of(rank):  # ascending: the order shape inference needs
+            start, end = plan.partition[s]
+            module = build_stage(arch, start, end, seed=seed, device=device)
+            self.modules.append(module)
+            stages.append(TimedStage(module, s, plan.num_stages, device, group=group, records=self.records))
+        if not stages:
+            raise ValueError(f"rank {rank} holds no stage of the plan")
+        self.stages = stages
+        self.schedule = _PipelineScheduleRuntime(stages, plan.microbatches, loss_fn=passthrough_loss,
+                                                 scale_grads=True)
+        fd, path = tempfile.mkstemp(prefix=f"adaptis-plan-r{rank}-", suffix=".csv")
+        os.close(fd)
+        try:
+            plan.save_csv(path)
+            self.schedule._load_csv(path, format="compute_only")
+        finally:
+            os.unlink(path)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for module in self.modules:
+            yield from module.parameters()
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor, *, align: bool = True) -> StepResult:
+        """One step; with ``align``, a barrier first so that every rank's clock starts together."""
+        self.records.clear()
+        if align and dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        self.schedule.step(tokens, labels=labels, target=labels, losses=losses, return_outputs=False)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter()
+        loss = float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
+        return StepResult(loss, start, end, list(self.records))

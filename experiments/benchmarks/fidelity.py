@@ -1,0 +1,87 @@
+"""Fidelity of the performance model: predicted vs measured iteration time, plan by plan.
+
+One torchrun job (2 ranks, one thread each by default) measures the gloo link and profiles the
+model on every rank at once, then runs several plans round-robin (1F1B, interleaved 1F1B,
+ZB-H1, ZB-V and a hand-made plan with an uneven partition and a non-sequential placement that
+stands in for a searched plan). The plans are built from a first quick profile of this machine.
+Prints per plan the prediction error, then the median error and whether the model ranks the
+plans in the measured order.
+
+  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 7] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from executor.fidelity import compare_plans, fidelity_summary, measured_cluster  # noqa: E402
+from executor.replay import ReplayOptions, run_job  # noqa: E402
+from experiments.common import print_table  # noqa: E402
+from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
+from pipeline.schedules import ListSchedulerConfig, build_plan, list_schedule  # noqa: E402
+from pipeline.simulator import stage_costs  # noqa: E402
+from pipeline.spec import Cluster, ModelProfile  # noqa: E402
+
+__all__ = ["main", "benchmark_plans"]
+
+METHODS = ("1f1b", "i1f1b-v2", "zb-h1", "zbv")
+
+
+def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> list[tuple[str, Plan]]:
+    """The named plans plus a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1)."""
+    plans = [(m, build_plan(m, profile, cluster, microbatches)) for m in METHODS]
+    partition = partition_from_sizes([3, 1, 2, 2]) if profile.num_layers == 8 else None
+    if partition is not None:
+        placement = (1, 0, 0, 1)
+        costs = stage_costs(profile, cluster, partition, placement)
+        order = list_schedule(costs, placement, 2, microbatches, ListSchedulerConfig())
+        plans.append(("uneven-custom", Plan(2, microbatches, partition, placement, order,
+                                            {"method": "uneven-custom"})))
+    return plans
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-hybrid")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--microbatch-size", type=int, default=1)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    options = ReplayOptions(model=args.model, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
+                            steps=args.steps, warmup=args.warmup, threads=args.threads)
+    first = run_job([], options, measure=True, profile_repeats=3)
+    plans = benchmark_plans(ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"]),
+                            args.microbatches)
+    result = run_job([plan for _, plan in plans], options, measure=True)
+    profile = ModelProfile.from_dict(result["profile"])
+    cluster = measured_cluster(2, result["p2p"])
+    comps = compare_plans(plans, profile, cluster, result["runs"])
+    summary = fidelity_summary(comps)
+    if args.json:
+        print(json.dumps({"plans": [c.row() for c in comps], **summary, "p2p": result["p2p"]}))
+        return 0
+    print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each), {args.microbatches} "
+          f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
+          f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
+    print_table([c.row() for c in comps], ["plan", "predicted_ms", "measured_ms", "error_pct"])
+    print(f"median |error| {summary['median_abs_error_pct']:.1f}%, max {summary['max_abs_error_pct']:.1f}%")
+    print(f"measured order  {' < '.join(summary['measured_order'])}")
+    print(f"predicted order {' < '.join(summary['predicted_order'])}  "
+          f"({summary['concordant_pairs']}/{summary['pairs']} pairs agree; ties within 2% skipped)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Measure a model's per-layer costs on this machine and write the profile JSON the search reads.
+
+Every layer's forward (F), backward-for-inputs (I) and backward-for-weights (W) time is the
+median of --repeats runs after --warmup runs, timed with the functions PyTorch's pipeline runtime
+calls; activation bytes are the tensors autograd saves, output bytes what a stage sends. With
+--cluster-out it also measures point-to-point latency and bandwidth between two local
+processes (gloo on CPU, NCCL on GPU) and writes a cluster JSON, so that
+
+  python -m experiments profile --model tiny-hybrid --out prof.json --cluster-out cluster.json
+  python -m experiments search --profile prof.json --cluster cluster.json --out DIR
+
+searches with measured instead of analytic costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from experiments.common import positive_int
+
+__all__ = ["NAME", "HELP", "add_arguments", "run"]
+
+NAME = "profile"
+HELP = "measure every layer's F/I/W time and memory on this device (and the p2p link) into a profile JSON"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-hybrid", help="zoo model (default tiny-hybrid)")
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink the model's widths by this factor (0, 1]")
+    parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
+    parser.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per layer (median kept)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--out", metavar="P.json", help="write the profile here")
+    parser.add_argument("--cluster-out", metavar="C.json", help="also measure the p2p link and write a cluster JSON")
+    parser.add_argument("--devices", type=positive_int, default=2, help="devices of the written cluster")
+    parser.add_argument("--json", action="store_true", help="print the profile JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from executor.fidelity import measured_cluster
+    from executor.model import default_seq_len, resolve_architecture
+    from executor.profiler import ProfileConfig, profile_architecture
+    from executor.replay import p2p_bench
+
+    torch.set_num_threads(args.threads)
+    arch = resolve_architecture(args.model, scale=args.scale)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = ProfileConfig(seq_len=args.seq_len or default_seq_len(arch), microbatch_size=args.microbatch_size,
+                           warmup=args.warmup, repeats=args.repeats)
+    log = None if args.json else print
+    if log:
+        print(f"profiling {arch.name} ({len(arch.layers)} layers) on {device}, seq_len {config.seq_len}, "
+              f"micro-batch {config.microbatch_size}, {args.threads} thread(s)")
+    profile = profile_architecture(arch, device=device, config=config, name=args.model, log=log)
+    if args.out:
+        profile.save(args.out)
+        if log:
+            print(f"profile written to {args.out}")
+    if args.cluster_out:
+        bench = p2p_bench(backend="nccl" if device.startswith("cuda") else "gloo")
+        cluster = measured_cluster(args.devices, bench, name=f"{device}-{bench.get('backend') or 'p2p'}")
+        cluster.save(args.cluster_out)
+        if log:
+            print(f"p2p latency {bench['latency_us']:.1f} us, bandwidth {bench['p2p_gbps']:.3g} GB/s; "
+                  f"cluster written to {args.cluster_out}")
+    if args.json:
+        print(json.dumps(profile.to_dict()))
+    return 0

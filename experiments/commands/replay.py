@@ -1,0 +1,129 @@
+"""Run a plan on real layers with torch.distributed and compare it with the performance model.
+
+Starts ``torchrun`` with one process per device of the plan (gloo on CPU, NCCL on GPU). The job
+first measures the link and profiles the model on this machine (unless --profile is given),
+then runs the plan: --warmup steps, then --steps timed steps; the median is the measured
+iteration time. The prediction simulates the same plan with that profile and link, so
+
+  python -m experiments search --model tiny-hybrid --devices 2 --out DIR
+  python -m experiments replay --plan DIR/plan.json --model tiny-hybrid
+
+compares like with like. Writes the measured and predicted timelines (JSON) and both Gantt
+charts in one PNG to --out (default: next to the plan). --check also compares the loss, every
+gradient and the weights after a few optimizer steps with the unpipelined model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from experiments.common import positive_float, positive_int
+
+__all__ = ["NAME", "HELP", "add_arguments", "run"]
+
+NAME = "replay"
+HELP = "run a plan on real layers (torchrun), measure it and compare with the prediction"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="plan JSON")
+    parser.add_argument("--model", default="tiny-hybrid", help="zoo model the plan was made for")
+    parser.add_argument("--scale", type=positive_float, default=1.0, help="shrink the model's widths (0, 1]")
+    parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence")
+    parser.add_argument("--microbatch-size", type=positive_int, default=None, help="sequences per micro-batch")
+    parser.add_argument("--profile", metavar="P.json", help="predict with this profile instead of measuring one")
+    parser.add_argument("--cluster", metavar="C.json", help="predict with this cluster instead of the measured link")
+    parser.add_argument("--nproc", type=positive_int, default=None, help="processes (must equal the plan's devices)")
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--check", action="store_true", help="compare loss/gradients/weights with one process")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
+    parser.add_argument("--timeout", type=positive_float, default=600.0, help="seconds for the whole job")
+    parser.add_argument("--transfer-timeout", type=positive_float, default=60.0,
+                        help="seconds for process-group set-up and for each transfer")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    parser.add_argument("--out", metavar="DIR", help="where timelines and the Gantt PNG go")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--wandb-project", default="adaptis", help="W&B project (offline by default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from executor.fidelity import compare_plans, measured_cluster
+    from executor.model import default_seq_len, resolve_architecture
+    from executor.replay import ReplayOptions, check_plan, run_job
+    from pipeline.plan import Plan
+    from pipeline.render import gantt_side_by_side
+    from pipeline.spec import Cluster, ModelProfile
+
+    plan = Plan.load(args.plan)
+    arch = resolve_architecture(args.model, scale=args.scale)
+    check_plan(plan, arch, world_size=args.nproc or plan.devices, source=args.plan)  # before any process starts
+    given = ModelProfile.load(args.profile) if args.profile else None
+    seq_len = args.seq_len or (given.seq_len if given else default_seq_len(arch))
+    mbs = args.microbatch_size or (given.microbatch_size if given else 1)
+    options = ReplayOptions(model=args.model, scale=args.scale, seq_len=seq_len, microbatch_size=mbs,
+                            steps=args.steps, warmup=args.warmup, check=args.check, threads=args.threads,
+                            transfer_timeout=args.transfer_timeout, backend=args.backend)
+    result = run_job([plan], options, measure=given is None or not args.cluster, timeout=args.timeout)
+    profile = given or ModelProfile.from_dict(result["profile"], source="measured profile")
+    if args.cluster:
+        cluster = Cluster.load(args.cluster)
+    else:
+        cluster = measured_cluster(plan.devices, result["p2p"] or {"latency_us": 0.0, "p2p_gbps": 1e6})
+    comp = compare_plans([(plan.method, plan)], profile, cluster, result["runs"])[0]
+    to_ms = profile.seconds_per_unit * 1e3
+    predicted_ms = comp.predicted * to_ms
+    pred_tl = dict(comp.predicted_timeline)
+    if to_ms != 1.0:
+        pred_tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in pred_tl["events"]]
+        pred_tl["time_unit"] = "ms"
+    out_dir = Path(args.out) if args.out else Path(args.plan).resolve().parent / "replay"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "measured_timeline.json").write_text(json.dumps(comp.measured_timeline) + "\n")
+    (out_dir / "predicted_timeline.json").write_text(json.dumps(pred_tl) + "\n")
+    if given is None:
+        profile.save(out_dir / "profile.json")
+    cluster.save(out_dir / "cluster.json")
+    png = gantt_side_by_side([comp.measured_timeline, pred_tl],
+                             [f"measured ({plan.method})", "predicted (performance model)"], out_dir / "gantt.png")
+    run_out = comp.run
+    row = {
+        "plan": args.plan, "method": plan.method, "devices": plan.devices, "microbatches": plan.microbatches,
+        "time_unit": "ms",
+        "measured_iteration_time": comp.measured,
+        "predicted_iteration_time": predicted_ms,
+        "error_pct": 100 * (predicted_ms - comp.measured) / comp.measured,
+        "measured_iteration_times": run_out["measured_iteration_times"],
+        "loss": run_out.get("loss"),
+        "backend": result.get("backend"), "device": result.get("device"),
+        "p2p_latency_us": cluster.latency_us, "p2p_gbps": cluster.p2p_gbps,
+        "gantt": str(png), "out": str(out_dir),
+    }
+    if args.check:
+        row.update({k: run_out[k] for k in ("max_grad_error", "loss_error", "max_weight_error")})
+    # --- W&B: one small call; the tracking helper decides offline/disabled ------------------
+    try:
+        from experiments.tracking_hooks import tracked_run
+
+        with tracked_run(args, command=NAME, config={"plan": args.plan, "model": args.model}) as tracker:
+            tracker.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))})
+            tracker.log_image("gantt", str(png))
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail a replay
+        if not args.json:
+            print(f"(W&B logging skipped: {exc})")
+    # ------------------------------------------------------------------------------------------
+    if args.json:
+        print(json.dumps(row))
+        return 0
+    print(f"replayed {args.plan}: {plan.method}, {plan.num_stages} stages on {plan.devices} ranks "
+          f"({row['backend']}, {row['device']}), {plan.microbatches} micro-batches of {mbs}x{seq_len} tokens")
+    print(f"measured iteration time  {comp.measured:9.2f} ms  (median of {args.steps}: "
+          + ", ".join(f"{t:.1f}" for t in row["measured_iteration_times"]) + ")")
+    print(f"predicted iteration time {predicted_ms:9.2f} ms  ({row['error_pct']:+.1f}%)")
+    if args.check:
+        print(f"check vs one process: max gradient error {row['max_grad_error']:.2e}, loss error "
+              f"{row['loss_error']:.2e}, weights after optimizer steps {row['max_weight_error']:.2e}")
+    print(f"timelines and Gantt chart: {out_dir} ({png.name})")
+    return 0

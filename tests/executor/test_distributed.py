@@ -1,0 +1,76 @@
+"""Two gloo ranks under torchrun: every schedule kind matches the unpipelined model, the exported
+CSV runs under PyTorch's runtime directly, and a failing rank ends the job quickly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from executor.replay import ReplayOptions, run_job, run_torchrun
+from tests.executor.plans import named_plans, uneven_plan
+
+TOL = 1e-5
+OPTIONS = ReplayOptions(model="tiny-hybrid", seq_len=32, steps=1, warmup=0, check=True, transfer_timeout=60)
+
+
+@pytest.fixture(scope="module")
+def checked_runs() -> dict[str, dict]:
+    """One torchrun job that checks every plan (few process groups keep the suite fast)."""
+    plans = named_plans(microbatches=4)
+    result = run_job([p for _, p in plans], OPTIONS, timeout=240)
+    return {name: run for (name, _), run in zip(plans, result["runs"])}
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "i1f1b-v2", "zb-h1", "zbv", "uneven-custom"])
+def test_schedule_matches_one_process(checked_runs: dict[str, dict], name: str) -> None:
+    run = checked_runs[name]
+    assert run["max_grad_error"] <= TOL, run["max_grad_error"]
+    assert run["loss_error"] <= TOL
+    assert run["max_weight_error"] <= TOL  # after a few SGD steps
+    ops = {e["action"].rstrip("0123456789")[-1] for e in run["timeline"]["events"]}
+    if name in ("zb-h1", "zbv", "uneven-custom"):
+        assert {"I", "W"} <= ops  # the I/W split really ran
+    assert run["measured_iteration_time"] > 0
+    assert {e["device"] for e in run["timeline"]["events"]} == {0, 1}
+
+
+def test_plan_kinds_are_what_they_claim() -> None:
+    plans = dict(named_plans(microbatches=4))
+    assert plans["zbv"].placement == (0, 1, 1, 0)
+    assert plans["i1f1b-v2"].placement == (0, 1, 0, 1)
+    uneven = plans["uneven-custom"]
+    assert uneven.stage_sizes == (3, 1, 2, 2) and uneven.placement == (1, 0, 0, 1)
+
+
+def test_exported_csv_runs_under_pytorch_runtime(tmp_path: Path) -> None:
+    from tests.executor.plans import tiny_profile
+
+    plan = uneven_plan(tiny_profile(), 4)
+    plan.save(tmp_path / "plan.json")
+    plan.save_csv(tmp_path / "plan.csv")
+    worker = Path(__file__).with_name("csv_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--max-restarts=0", "--monitor-interval=0.1", str(worker), str(tmp_path / "plan.json"),
+           str(tmp_path / "plan.csv")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("CSV-OK"))
+    assert float(line.split()[1]) <= TOL
+
+
+def test_failing_rank_ends_the_job_quickly(tmp_path: Path) -> None:
+    plan = dict(named_plans(microbatches=4))["1f1b"]
+    plan.save(tmp_path / "plan.json")
+    args = [*OPTIONS.worker_args(), "--plan", str(tmp_path / "plan.json"), "--inject-failure", "1",
+            "--timeout", "20"]
+    start = time.monotonic()
+    proc = run_torchrun(2, args, timeout=90)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stdout
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to exit"
+    print(f"failing job exited with code {proc.returncode} after {elapsed:.1f} s")

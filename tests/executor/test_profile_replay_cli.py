@@ -1,0 +1,61 @@
+"""``python -m experiments profile`` and ``replay`` end to end (small budgets)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from executor.fidelity import runtime_profile
+from executor.model import resolve_architecture, scale_architecture
+from executor.profiler import ProfileConfig, profile_architecture
+from experiments.cli import main
+from pipeline.spec import ModelProfile
+from tests.executor.plans import named_plans
+
+
+def test_profiler_measures_every_layer() -> None:
+    arch = scale_architecture(resolve_architecture("tiny-hybrid"), 0.5)
+    prof = profile_architecture(arch, config=ProfileConfig(seq_len=16, warmup=1, repeats=1))
+    assert prof.num_layers == len(arch.layers) and prof.extra["measured"]
+    for i, layer in enumerate(prof.layers):
+        assert layer.f > 0 and layer.w > 0 and layer.params > 0
+        assert layer.b > 0 or i == 0  # the embedding has no input gradient
+        assert layer.act_bytes > 0 and layer.out_bytes > 0
+    assert prof.layers[1].out_bytes == 16 * arch.hidden_size * 4  # one micro-batch of fp32 hidden states
+    assert ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+
+
+def test_runtime_profile_follows_pytorch_runtime() -> None:
+    arch = resolve_architecture("tiny-hybrid")
+    prof = profile_architecture(arch, config=ProfileConfig(seq_len=16, warmup=0, repeats=1))
+    plans = dict(named_plans(4))
+    zb = runtime_profile(prof, plans["zb-h1"])
+    first = range(*plans["zb-h1"].partition[0])
+    assert all(zb.layers[i].b == 0 for i in first)  # I on the first stage does nothing
+    fused = runtime_profile(prof, plans["1f1b"])
+    last = prof.layers[-1]
+    assert fused.layers[-1].b + fused.layers[-1].w == pytest.approx(max(last.extra["b_full"], last.w))
+
+
+def test_profile_command_writes_a_profile(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "tiny-hybrid", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    assert ModelProfile.load(out).num_layers == 8
+
+
+def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = dict(named_plans(4))["zbv"]
+    plan.save(tmp_path / "plan.json")
+    code = main(["replay", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-hybrid", "--seq-len", "32",
+                 "--steps", "2", "--warmup", "1", "--check", "--json", "--out", str(tmp_path / "r"),
+                 "--timeout", "240"])
+    assert code == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["measured_iteration_time"] > 0 and row["predicted_iteration_time"] > 0
+    assert row["max_grad_error"] <= 1e-5
+    assert (tmp_path / "r" / "gantt.png").stat().st_size > 0
+    measured = json.loads((tmp_path / "r" / "measured_timeline.json").read_text())
+    assert set(measured) >= {"time_unit", "devices", "events"} and measured["events"][0]["action"]
