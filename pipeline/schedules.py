@@ -29,6 +29,7 @@ cap, then a deferred W. The caps express each schedule's activation budget in mi
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -270,25 +271,32 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
     remaining = [len(stages_of[d]) * M * (3 if split else 2) for d in range(devices)]
     total = sum(remaining)
 
+    cap_tol = [c * (1 + 1e-9) for c in caps]
+    inf = math.inf
+
     def best(d: int, force: bool) -> tuple[float, int, int, int]:
-        """(start, priority, stage, kind) of device d's best next action; kind 0=F 1=bwd 2=W."""
+        """(start, priority, stage, kind) of device d's best next action; kind 0=F 1=bwd 2=W.
+
+        The earliest-starting candidate wins; among those that can start then, the lowest
+        priority number: backward 0, forward 1, deferred W 2 (0 once max_pending_w wait)."""
         t = free[d]
-        cand_b = None
-        cand_f = None
+        b_st = f_st = inf
+        b_s = f_s = -1
+        room = cap_tol[d] - mem[d]
+        empty = mem[d] < 1.0
         for s in stages_of[d]:
             m = nb[s]
             if m < nf[s]:
                 fe = fend[s][m]
-                if fe >= 0:
-                    if s == last:
-                        ready = fe
-                    else:
-                        g = iend[s + 1][m]
-                        ready = -1.0 if g < 0 else max(fe, g + COMM[s])
-                    if ready >= 0:
-                        st = ready if ready > t else t
-                        if cand_b is None or st < cand_b[0]:
-                            cand_b = (st, s)
+                if s == last:
+                    ready = fe
+                else:
+                    g = iend[s + 1][m]
+                    ready = -1.0 if g < 0 else (fe if fe > g + COMM[s] else g + COMM[s])
+                if ready >= 0:
+                    st = ready if ready > t else t
+                    if st < b_st:
+                        b_st, b_s = st, s
             m = nf[s]
             if m < M:
                 if s == 0:
@@ -296,36 +304,44 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
                 else:
                     pe = fend[s - 1][m]
                     ready = -1.0 if pe < 0 else pe + COMM[s - 1]
-                if ready >= 0 and (force or mem[d] + need[s] <= caps[d] * (1 + 1e-9) or mem[d] < 1.0):
+                if ready >= 0 and (force or need[s] <= room or empty):
                     st = ready if ready > t else t
-                    if cand_f is None or st < cand_f[0]:
-                        cand_f = (st, s)
-        options = []
-        if cand_b is not None:
-            options.append((cand_b[0], 0, cand_b[1], 1))
-        if cand_f is not None:
-            options.append((cand_f[0], 1, cand_f[1], 0))
-        if wq[d]:
-            options.append((t, 2 if len(wq[d]) < max_w else 0, wq[d][0][0], 2))
-        if not options:
-            return (math.inf, 9, -1, -1)
-        start = min(o[0] for o in options)
-        # Among actions that can start at the earliest moment, take the highest priority.
-        return min(o for o in options if o[0] <= start)
+                    if st < f_st:
+                        f_st, f_s = st, s
+        q = wq[d]
+        w_st = t if q else inf
+        start = min(b_st, f_st, w_st)
+        if start == inf:
+            return (inf, 9, -1, -1)
+        choice = (inf, 9, -1, -1)
+        if b_st <= start:
+            choice = (b_st, 0, b_s, 1)
+        if f_st <= start and (1, f_s, 0) < choice[1:]:
+            choice = (f_st, 1, f_s, 0)
+        if w_st <= start:
+            w_prio = 2 if len(q) < max_w else 0
+            if (w_prio, q[0][0], 2) < choice[1:]:
+                choice = (w_st, w_prio, q[0][0], 2)
+        return choice
 
+    heap: list[tuple[float, int, int]] = []
     cache: list[tuple[float, int, int, int] | None] = [None] * devices
+    for d in range(devices):
+        if remaining[d]:
+            cache[d] = best(d, False)
+            heapq.heappush(heap, (cache[d][0], d, 0))
+    version = [0] * devices
     done = 0
     while done < total:
         pick = None
-        for d in range(devices):
-            if not remaining[d]:
+        while heap:
+            st, d, ver = heap[0]
+            if ver != version[d] or not remaining[d]:
+                heapq.heappop(heap)
                 continue
-            c = cache[d]
-            if c is None:
-                c = cache[d] = best(d, False)
-            if pick is None or c[0] < pick[0][0]:
-                pick = (c, d)
-        if pick is None or pick[0][0] == math.inf:
+            pick = (cache[d], d)
+            break
+        if pick is None or pick[0][0] == inf:
             # Every device waits on its memory cap: let the earliest forward through.
             pick = None
             for d in range(devices):
@@ -333,7 +349,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
                     c = best(d, True)
                     if pick is None or c[0] < pick[0][0]:
                         pick = (c, d)
-            if pick is None or pick[0][0] == math.inf:
+            if pick is None or pick[0][0] == inf:
                 raise PlanError("list scheduler is stuck; the placement may not form a pipeline",
                                 field="placement")
         (start, _, s, kind), d = pick
@@ -380,7 +396,10 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
         remaining[d] -= 1
         done += 1
         for e in touched:
-            cache[e] = None
+            if remaining[e]:
+                version[e] += 1
+                c = cache[e] = best(e, False)
+                heapq.heappush(heap, (c[0], e, version[e]))
     return tuple(tuple(acts) for acts in order)
 
 

@@ -1,0 +1,206 @@
+"""The paper's grid in simulation: Gemma, DeepSeek-style and Nemotron-H-style models, small /
+medium / large on 4 / 8 / 16 devices, 2k and 4k sequence length, every baseline and the tuner.
+
+Writes OUT/reproduce.md (a table with our speedups over the Megatron baseline beside the paper's
+reported ones), OUT/reproduce.jsonl (every method of every case) and OUT/reproduce.png (a bar
+chart). The paper reports 1.42x mean and 2.14x max over Megatron-LM's interleaved 1F1B.
+
+Example:
+  python -m experiments reproduce                       # the full grid, ~5 minutes
+  python -m experiments reproduce --families gemma --sizes small --seq-lens 2048 --budget 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.base import Budget
+from agents.registry import make_searcher
+from experiments.common import positive_int
+from experiments.tracking_hooks import tracked_run
+from pipeline.bounds import lower_bound
+from pipeline.errors import ConfigError
+from pipeline.hardware import build_cluster
+from pipeline.space import Problem
+from pipeline.zoo import zoo_profile
+
+NAME = "reproduce"
+HELP = "run the paper's grid (3 families x 3 sizes x 2 sequence lengths) and compare with its figures"
+
+FAMILIES = ("gemma", "deepseek", "nemotronh")
+SIZES = {"small": 4, "medium": 8, "large": 16}
+#: AdaPtis speedups over I-1F1B from the authors' published plotting data: (family, seq) -> small/medium/large.
+PAPER = {
+    ("gemma", 2048): (1.16, 1.33, 1.43), ("gemma", 4096): (1.20, 1.37, 1.68),
+    ("deepseek", 2048): (1.27, 1.39, 1.42), ("deepseek", 4096): (1.26, 1.31, 1.45),
+    ("nemotronh", 2048): (1.25, 1.59, 1.68), ("nemotronh", 4096): (1.38, 1.64, 1.75),
+}
+DEFAULT_METHODS = ("megatron", "i1f1b-v2", "1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min", "dualpipev",
+                   "zb-h1+dp", "zbv+dp", "adaptis")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated model families")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="small (4 devices), medium (8), large (16)")
+    parser.add_argument("--seq-lens", default="2048,4096", help="comma-separated sequence lengths")
+    parser.add_argument("--gpu", default="h100", help="GPU preset for the analytic costs")
+    parser.add_argument("--microbatches", type=positive_int, default=64)
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="methods besides the Megatron baseline")
+    parser.add_argument("--budget", default="400", help="tuner budget per case: simulator calls or seconds (30s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="docs/results", help="folder for reproduce.md/.jsonl/.png")
+    parser.add_argument("--wandb-project", default="adaptis")
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    families = _split(args.families)
+    sizes = _split(args.sizes)
+    for f in families:
+        if f not in FAMILIES:
+            raise ConfigError(f"unknown family {f!r}; use {', '.join(FAMILIES)}", field="--families")
+    for s in sizes:
+        if s not in SIZES:
+            raise ConfigError(f"unknown size {s!r}; use {', '.join(SIZES)}", field="--sizes")
+    try:
+        seq_lens = [int(x) for x in _split(args.seq_lens)]
+        budget = Budget.parse(args.budget)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--seq-lens/--budget") from None
+    methods = _split(args.methods)
+    if "megatron" not in methods:
+        methods.insert(0, "megatron")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = [(f, s, q) for f in families for s in sizes for q in seq_lens]
+    from tqdm import tqdm
+
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    bar = tqdm(cases, desc="reproduce", unit="case", file=sys.stderr, disable=None)
+    for family, size, seq in bar:
+        devices = SIZES[size]
+        model = f"{family}-{size}"
+        bar.set_postfix_str(f"{model} {seq}")
+        profile = zoo_profile(model, gpu=args.gpu, seq_len=seq)
+        cluster = build_cluster(args.gpu, devices=devices, gpus_per_node=8)
+        problem = Problem(profile, cluster, args.microbatches)
+        bound = lower_bound(profile, cluster, args.microbatches).value
+        results = {m: make_searcher(m).search(problem, budget=budget, seed=args.seed) for m in methods}
+        mega = results["megatron"]
+        for m, r in results.items():
+            rows.append({"model": model, "seq_len": seq, "devices": devices, "method": m,
+                         "iteration_time": r.iteration_time if r.ok else None,
+                         "feasible": bool(r.ok and r.result.feasible),
+                         "speedup": mega.iteration_time / r.iteration_time if r.ok and mega.ok else None,
+                         "vs_lower_bound": r.iteration_time / bound if r.ok else None,
+                         "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3),
+                         "chunks": (r.plan.meta.get("chunks") if r.plan else None)})
+        baselines = [r for m, r in results.items() if m != "adaptis" and r.ok and r.result.feasible]
+        best_base = min(baselines, key=lambda r: r.iteration_time) if baselines else None
+        tuned = results.get("adaptis")
+        summary.append({
+            "model": model, "seq_len": seq, "devices": devices,
+            "megatron": mega.iteration_time, "megatron_chunks": mega.plan.meta.get("chunks") if mega.plan else None,
+            "best_baseline": best_base.method if best_base else None,
+            "best_baseline_speedup": mega.iteration_time / best_base.iteration_time if best_base else None,
+            "adaptis": tuned.iteration_time if tuned and tuned.ok else None,
+            "speedup": mega.iteration_time / tuned.iteration_time if tuned and tuned.ok else None,
+            "vs_lower_bound": tuned.iteration_time / bound if tuned and tuned.ok else None,
+            "paper": PAPER[(family, seq)][list(SIZES).index(size)] if (family, seq) in PAPER else None,
+            "tuner_seconds": round(tuned.seconds, 2) if tuned else None,
+        })
+    bar.close()
+    with open(out / "reproduce.jsonl", "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    _write_markdown(out / "reproduce.md", summary, args)
+    _bar_chart(out / "reproduce.png", summary)
+    speedups = [s["speedup"] for s in summary if s["speedup"]]
+    papers = [s["paper"] for s in summary if s["paper"]]
+    with tracked_run(args, command=NAME, config={"cases": len(cases), "methods": methods}) as tracker:
+        tracker.log_table("reproduce", summary)
+        tracker.log_image("speedups", out / "reproduce.png")
+        tracker.summary({"geomean_speedup": _geomean(speedups), "max_speedup": max(speedups, default=None)})
+    print((out / "reproduce.md").read_text())
+    print(f"geometric-mean speedup over megatron: {_geomean(speedups):.3f}x (paper {_geomean(papers):.2f}x on "
+          f"the same cases), max {max(speedups, default=float('nan')):.3f}x")
+    return 0
+
+
+def _write_markdown(path: Path, summary: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    def f(x: Any, nd: int = 2) -> str:
+        return "—" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+    speedups = [s["speedup"] for s in summary if s["speedup"]]
+    papers = [s["paper"] for s in summary if s["paper"]]
+    bounds = [s["vs_lower_bound"] for s in summary if s["vs_lower_bound"]]
+    lines = [
+        "# The paper's grid in simulation",
+        "",
+        f"Command: `python -m experiments reproduce --budget {args.budget} --microbatches {args.microbatches} "
+        f"--gpu {args.gpu} --seed {args.seed}` (analytic {args.gpu.upper()} costs, {args.microbatches} "
+        "micro-batches, 80 GiB per device). Speedups are over the Megatron baseline: interleaved 1F1B at "
+        "Megatron's even split and its **best** chunk count (1-8). Times in ms per iteration.",
+        "",
+        "| model | seq | devices | megatron (v) | best baseline | adaptis | speedup | paper | vs lower bound "
+        "| tuner s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {s['model']} | {s['seq_len']} | {s['devices']} | {f(s['megatron'], 1)} ({s['megatron_chunks']}) | "
+            f"{s['best_baseline']} {f(s['best_baseline_speedup'])}x | {f(s['adaptis'], 1)} | "
+            f"**{f(s['speedup'])}x** | {f(s['paper'])}x | {f(s['vs_lower_bound'], 3)} | {f(s['tuner_seconds'])} |")
+    lines += [
+        "",
+        f"Geometric mean speedup **{_geomean(speedups):.3f}x** (paper on the same cases: {_geomean(papers):.2f}x; "
+        f"paper overall: 1.42x mean, 2.14x max); max {max(speedups, default=float('nan')):.3f}x; "
+        f"mean distance to the lower bound {sum(bounds) / max(1, len(bounds)):.3f}x.",
+        "",
+        "## Where ours differ from the paper, and why",
+        "",
+        "- Our figures are simulated with analytic costs (docs/cost-model.md), not measured on GPUs; the "
+        "paper measures real runs. Communication is overlapped and contention-free in our model.",
+        "- Our Megatron baseline is stronger than the paper's: it takes the best of 1-8 chunks and allows uneven "
+        "splits, so speedups over it are conservative.",
+        "- The zoo configs approximate the paper's models (same hidden sizes, vocabularies and depths; our own "
+        "choices of MoE and hybrid patterns, see experiments/configs/models/).",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _bar_chart(path: Path, summary: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{s['model']}\n{s['seq_len'] // 1024}k" for s in summary]
+    ours = [s["speedup"] or 0 for s in summary]
+    paper = [s["paper"] or 0 for s in summary]
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(labels) + 2), 4))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="ours (simulated)", color="#4C72B0")
+    ax.bar([x + 0.2 for x in xs], paper, width=0.4, label="paper (measured)", color="#DD8452")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speedup over Megatron interleaved 1F1B")
+    ax.legend(fontsize=8)
+    ax.set_title("AdaPtis grid: speedup over the Megatron baseline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

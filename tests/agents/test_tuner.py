@@ -1,0 +1,123 @@
+"""The AdaPtis tuner: never worse than the named schedules, memory-aware, deterministic."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agents.base import Budget
+from agents.baselines import NamedSearcher, RandomSearcher
+from agents.registry import all_methods, make_searcher
+from agents.tuner import AdaptisTuner
+from pipeline.errors import ConfigError
+from pipeline.plan import validate_plan
+from pipeline.schedules import NAMED_METHODS
+from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes
+from pipeline.spec import Cluster
+from pipeline.zoo import zoo_profile
+from tests.conftest import ideal_cluster, uniform_profile
+
+BUDGET = Budget(sim_calls=150)
+
+
+def _best_named(problem: Problem) -> float:
+    times = [NamedSearcher(m).search(problem).iteration_time for m in NAMED_METHODS]
+    return min(times)
+
+
+@pytest.mark.parametrize("case", ["hetero", "gemma-small", "deepseek-small", "nemotronh-small", "uniform"])
+def test_tuner_never_worse_than_best_named(case: str, hetero_profile, h100x4) -> None:
+    if case == "hetero":
+        problem = Problem(hetero_profile, h100x4, 16)
+    elif case == "uniform":
+        problem = Problem(uniform_profile(16), ideal_cluster(4), 16)
+    else:
+        problem = Problem(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
+    result = AdaptisTuner().search(problem, budget=BUDGET)
+    assert result.ok and result.result.feasible
+    validate_plan(result.plan, num_layers=problem.profile.num_layers, devices=problem.devices)
+    assert result.iteration_time <= _best_named(problem) * (1 + 1e-9)
+    assert result.sim_calls <= BUDGET.sim_calls + 1
+
+
+def test_tuner_beats_megatron_on_a_heavy_head(hetero_profile, h100x4) -> None:
+    problem = Problem(hetero_profile, h100x4, 32)
+    mega = NamedSearcher("megatron").search(problem).iteration_time
+    tuned = AdaptisTuner().search(problem, budget=BUDGET).iteration_time
+    assert mega / tuned > 1.25
+
+
+def test_tuner_loses_nothing_on_a_homogeneous_model() -> None:
+    problem = Problem(uniform_profile(32), ideal_cluster(4), 16)
+    mega = NamedSearcher("megatron").search(problem).iteration_time
+    tuned = AdaptisTuner().search(problem, budget=BUDGET).iteration_time
+    assert tuned <= mega
+
+
+def test_same_seed_same_plan(hetero_profile, h100x4) -> None:
+    problem = Problem(hetero_profile, h100x4, 16)
+    a = AdaptisTuner().search(problem, budget=BUDGET, seed=7)
+    b = AdaptisTuner().search(problem, budget=BUDGET, seed=7)
+    assert a.plan == b.plan and a.iteration_time == b.iteration_time and a.history == b.history
+
+
+def test_tight_memory_changes_the_answer(hetero_profile, h100x4) -> None:
+    free = AdaptisTuner().search(Problem(hetero_profile, h100x4, 32), budget=BUDGET)
+    limit_gb = 0.8 * max(free.result.peak_memory_gb)
+    tight = AdaptisTuner().search(Problem(hetero_profile, h100x4.with_memory(limit_gb), 32), budget=BUDGET)
+    assert tight.result.feasible
+    assert max(tight.result.peak_memory_gb) <= limit_gb
+    assert tight.plan != free.plan
+    assert tight.iteration_time >= free.iteration_time
+
+
+def test_random_search_spends_its_budget(hetero_profile, h100x4) -> None:
+    res = RandomSearcher().search(Problem(hetero_profile, h100x4, 16), budget=Budget(sim_calls=40), seed=1)
+    assert res.ok and 35 <= res.sim_calls <= 40
+
+
+def test_improvements_are_reported_as_they_happen(hetero_profile, h100x4) -> None:
+    seen = []
+    res = AdaptisTuner().search(Problem(hetero_profile, h100x4, 16), budget=Budget(sim_calls=80),
+                                on_improve=lambda plan, result: seen.append(result.iteration_time))
+    assert seen == sorted(seen, reverse=True)
+    assert seen[-1] == pytest.approx(res.iteration_time)
+
+
+def test_seconds_budget_is_honoured(hetero_profile, h100x4) -> None:
+    res = AdaptisTuner().search(Problem(hetero_profile, h100x4, 16), budget=Budget(sim_calls=None, seconds=0.5))
+    assert res.ok and res.seconds < 5
+
+
+def test_balanced_sizes_is_optimal_by_brute_force() -> None:
+    prof = uniform_profile(7)
+    costs = [1.0, 5.0, 1.0, 1.0, 3.0, 2.0, 1.0]
+    placement = (0, 1, 2)
+    sizes = balanced_sizes(prof, placement, Cluster(devices=3), weights=costs)
+    def worst(sz):
+        out, start = [], 0
+        for n in sz:
+            out.append(sum(costs[start:start + n]))
+            start += n
+        return max(out)
+    best = min(worst(c) for c in itertools.product(range(1, 6), repeat=3) if sum(c) == 7)
+    assert sum(sizes) == 7 and worst(sizes) == best
+
+
+def test_registry_names() -> None:
+    assert "adaptis" in all_methods() and "zbv+dp" in all_methods()
+    assert make_searcher("zbv+dp").name == "zbv+dp"
+    with pytest.raises(ConfigError, match="unknown method 'zz'"):
+        make_searcher("zz")
+
+
+def test_evaluator_caches_and_counts(hetero_profile, h100x4) -> None:
+    ev = Evaluator(Problem(hetero_profile, h100x4, 8))
+    c = Candidate((4, 4, 4, 4), (0, 1, 2, 3))
+    ev.evaluate(c)
+    ev.evaluate(c)
+    assert ev.calls == 1
+    bad = Candidate((4, 4, 4, 4), (0, 1, 2, 3), order="zbv")
+    _, res = ev.evaluate(bad)
+    assert not res.valid and "V placement" in res.error
