@@ -122,7 +122,30 @@ def run_torchrun(nproc: int, worker_args: Sequence[str], *, timeout: float = 600
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         return subprocess.CompletedProcess(proc.args, -signal.SIGKILL, out + f"\n[killed after {timeout:.0f} s]")
+    except BaseException:
+        # Ctrl-C or SIGTERM of the caller: torchrun runs in its own session and would not see
+        # the terminal's SIGINT, so stop its whole process group before re-raising.
+        _stop_group(proc)
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the job's process group, SIGKILL what is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # The launcher is gone; make sure no worker of its group lingers.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        return
 
 
 def _run_for_json(nproc: int, worker_args: list[str], *, timeout: float, threads: int) -> dict[str, Any]:

@@ -1,0 +1,149 @@
+"""Faults on purpose: a rank killed mid-run, and Ctrl-C on replay. Both end within a bound and
+leave no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from executor.replay import REPO_ROOT, torchrun_command
+from tests.executor.plans import named_plans
+
+EXIT_BOUND_S = 30.0
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Live processes whose command line mentions ``marker``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker in cmd and "executor.launch" in cmd and state != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def _wait_for_workers(marker: str, count: int, timeout: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [p for p in _pids_with(marker) if "torch.distributed.run" not in _cmdline(p)]
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.2)
+    raise AssertionError(f"workers did not start within {timeout} s")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(root: int) -> list[int]:
+    """Live processes below ``root`` (through torchrun's own session too)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid, seen = int(entry.name), 0
+        p = pid
+        while p > 1 and seen < 64:
+            p = _parent(p)
+            seen += 1
+            if p == root:
+                out.append(pid)
+                break
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def test_killed_rank_ends_the_job_and_leaves_nothing(tmp_path: Path) -> None:
+    plan_path = tmp_path / "kill-plan.json"
+    dict(named_plans(microbatches=4))["1f1b"].save(plan_path)
+    args = ["--plan", str(plan_path), "--model", "tiny-hybrid", "--seq-len", "32", "--steps", "100000",
+            "--warmup", "0", "--timeout", "20"]
+    proc = subprocess.Popen(torchrun_command(2, args), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        workers = _wait_for_workers(str(plan_path), 2)
+        time.sleep(3.0)  # let them get into the steps
+        os.kill(workers[-1], signal.SIGKILL)
+        start = time.monotonic()
+        proc.communicate(timeout=90)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(f"killed rank: job exited with {proc.returncode} after {elapsed:.1f} s")
+    assert proc.returncode != 0
+    assert elapsed < EXIT_BOUND_S
+    time.sleep(0.5)
+    assert _pids_with(str(plan_path)) == []
+
+
+def test_ctrl_c_on_replay_leaves_no_stray_process(tmp_path: Path) -> None:
+    plan_path = tmp_path / "ctrlc-plan.json"
+    dict(named_plans(microbatches=4))["1f1b"].save(plan_path)
+    cmd = [sys.executable, "-m", "experiments", "replay", "--plan", str(plan_path), "--model", "tiny-hybrid",
+           "--seq-len", "32", "--steps", "100000", "--json"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        family: list[int] = []
+        while time.monotonic() < deadline:
+            family = _descendants(proc.pid)
+            if sum("executor.launch" in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)
+                   for p in family) >= 2:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("replay's workers did not start")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground group
+        start = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(f"Ctrl-C: replay exited with {proc.returncode} after {elapsed:.1f} s")
+    assert proc.returncode == 130, out[-2000:]
+    assert elapsed < EXIT_BOUND_S
+    # By the time replay has exited its job must be gone too (allow 2 s for the kernel to reap).
+    deadline = time.monotonic() + 2
+    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in family if _alive(p)] == []
