@@ -28,6 +28,8 @@ from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_p
 __all__ = ["AdaptisTuner", "seed_candidates"]
 
 Key = tuple[int, float, float]
+#: Rounds in a row without a new simulator call after which the tuner stops early.
+MAX_IDLE_ROUNDS = 50
 
 
 def _named_budgets(method: str, devices: int) -> tuple[float, ...] | None:
@@ -106,7 +108,9 @@ class AdaptisTuner:
             return finish(self.name, problem, state.best_plan, ev, history)
         # 3. Phases until the budget is spent; perturb when a round finds nothing.
         stall = 0
-        while not clock.spent():
+        idle_rounds = 0
+        while not clock.spent() and idle_rounds < MAX_IDLE_ROUNDS:
+            calls_before = ev.calls
             improved = False
             for phase in (self._partition_moves, self._placement_moves, self._schedule_moves):
                 if clock.spent():
@@ -130,6 +134,8 @@ class AdaptisTuner:
             base = state.best_candidate or current
             current = self._perturb(base, problem, rng, strength=self.perturb_moves + stall % 4)
             current_key = state.offer(current)
+            # A small plan space can run out of new candidates (every one cached): stop then.
+            idle_rounds = idle_rounds + 1 if ev.calls == calls_before else 0
         note = state.best_note
         return finish(self.name, problem, state.best_plan, ev, history, note=note)
 
@@ -227,11 +233,19 @@ class AdaptisTuner:
                 sizes[src] -= 1
                 sizes[dst] += 1
         out = replace(c, sizes=tuple(sizes))
-        if out.order == "list" and out.budgets is not None and rng.random() < 0.5:
-            d = rng.randrange(problem.devices)
-            b = list(out.budgets)
-            b[d] = max(1.0, b[d] + rng.choice((-1.0, 1.0)))
-            out = replace(out, budgets=tuple(b))
+        P = problem.devices
+        if S > 1 and P > 1 and (sizes == list(c.sizes) or rng.random() < 0.3):
+            # Swap the devices of two stages (also when no layer could move: 1-layer stages).
+            a, b = rng.sample(range(S), 2)
+            pl = list(out.placement)
+            pl[a], pl[b] = pl[b], pl[a]
+            out = replace(out, placement=tuple(pl), order="list",
+                          budgets=out.budgets if out.order == "list" else _named_budgets("zbv", P))
+        if out.order == "list" and rng.random() < 0.5:
+            budgets = list(out.budgets) if out.budgets is not None else [float(2 * P)] * P
+            d = rng.randrange(P)
+            budgets[d] = max(1.0, budgets[d] + rng.choice((-1.0, 1.0)))
+            out = replace(out, budgets=tuple(budgets))
         return out
 
 
