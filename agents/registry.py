@@ -32,6 +32,8 @@ def all_methods() -> list[str]:
 
 
 def make_searcher(name: str) -> Searcher:
+    if name.startswith("rl") and name not in _FACTORIES:
+        import agents.rl  # noqa: F401  (registers "rl" and "rl+tuner"; imports torch, so only on demand)
     if name in _FACTORIES:
         return _FACTORIES[name]()
     base, _, suffix = name.partition("+")

@@ -1,0 +1,22 @@
+"""Gymnasium environments over the pipeline performance model.
+
+Importing :mod:`env` registers:
+
+* ``adaptis/Pipeline-v0`` — :class:`env.pipeline_env.PipelineEnv`: improve one plan
+  (partition, placement, schedule knobs) for one scenario by masked discrete edits.
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from env.pipeline_env import OBS_VERSION, PipelineEnv
+from env.scenarios import ScenarioConfig, sample_problem
+
+__all__ = ["ENV_ID", "OBS_VERSION", "PipelineEnv", "ScenarioConfig", "sample_problem"]
+
+#: The registered id of :class:`PipelineEnv`.
+ENV_ID = "adaptis/Pipeline-v0"
+
+if ENV_ID not in registry:
+    register(id=ENV_ID, entry_point="env.pipeline_env:PipelineEnv", max_episode_steps=None)

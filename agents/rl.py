@@ -1,0 +1,186 @@
+"""RL searchers: a trained policy edits plans in ``adaptis/Pipeline-v0``, alone or seeding the tuner.
+
+``rl`` runs the policy on the problem: one deterministic rollout, then sampled rollouts
+(best-of-K) while simulator calls are left, all sharing one
+:class:`~pipeline.space.Evaluator`, so repeated plans are free and every call is counted. It
+spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget).
+
+``rl+tuner`` runs ``rl`` first, then :class:`~agents.tuner.AdaptisTuner` with the policy's best
+plans as extra seeds (``start=...``) and its whole budget (the policy's calls come on top and
+are counted in the result). The tuner still evaluates the
+named schedules and all of its own seeds, so the result is never worse than the best of those
+and of the policy's plan; whether it beats the tuner alone at the same budget is measured by
+``python -m experiments evaluate-agent``.
+
+Importing this module registers both names in :mod:`agents.registry`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.base import Budget, ImproveCallback, SearchResult, finish
+from agents.registry import register
+from pipeline.plan import Plan
+from pipeline.simulator import Result
+from pipeline.space import Candidate, Evaluator, Problem, objective_key
+
+__all__ = ["RLSearcher", "RLTunerSearcher", "rollout"]
+
+_POLICIES: dict[str, tuple[Any, dict[str, Any]]] = {}
+
+
+def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
+    from agents.rl_policy import DEFAULT_POLICY, load_policy
+
+    key = str(Path(path).resolve()) if path else str(DEFAULT_POLICY)
+    if key not in _POLICIES:
+        _POLICIES[key] = load_policy(key)
+    return _POLICIES[key]
+
+
+def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, max_calls: int,
+            deterministic: bool, rng: np.random.Generator | None = None,
+            start: list[Candidate] | None = None) -> tuple[Candidate, Plan, Result]:
+    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result)."""
+    import torch as th
+
+    options: dict[str, Any] = {"problem": problem, "evaluator": evaluator, "max_calls": max_calls,
+                               "reference": "bound"}
+    if start:
+        options["start"] = start
+    obs, info = env.reset(options=options)
+    done = False
+    while not done:
+        mask = env.action_masks()
+        if deterministic or rng is None:
+            action, _ = _predict(policy, obs, mask, deterministic=True)
+        else:
+            with th.no_grad():
+                obs_t, _ = policy.obs_to_tensor(obs)
+                dist = _distribution(policy, obs_t, mask)
+                probs = dist.distribution.probs.cpu().numpy()[0].astype(np.float64)
+            probs = np.where(mask, probs, 0.0)
+            probs = probs / probs.sum() if probs.sum() > 0 else mask / mask.sum()
+            action = int(rng.choice(len(probs), p=probs))
+        obs, _, terminated, truncated, info = env.step(int(action))
+        done = terminated or truncated
+    ed = env.editor
+    return ed.best, ed.best_plan, ed.best_result
+
+
+def _distribution(policy: Any, obs_t: Any, mask: np.ndarray) -> Any:
+    if hasattr(policy, "get_distribution") and "action_masks" in policy.get_distribution.__code__.co_varnames:
+        return policy.get_distribution(obs_t, action_masks=mask)
+    return policy.get_distribution(obs_t)
+
+
+def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -> tuple[int, Any]:
+    """Greedy action among the allowed ones (PPO policies know no masks: mask their logits)."""
+    import torch as th
+
+    with th.no_grad():
+        obs_t, _ = policy.obs_to_tensor(obs)
+        dist = _distribution(policy, obs_t, mask)
+        probs = dist.distribution.probs.cpu().numpy()[0]
+    probs = np.where(mask, probs, -1.0)
+    return int(np.argmax(probs)), None
+
+
+@dataclass
+class RLSearcher:
+    """A trained policy's plan: deterministic rollout plus sampled ones (see the module docstring)."""
+
+    name: str = "rl"
+    policy_path: str | None = None
+    """Policy file (``.pth`` with its ``.json``); ``None``: the shipped default policy."""
+    samples: int = 4
+    """K: sampled rollouts after the deterministic one, while calls are left."""
+    max_calls: int = 40
+    """Most simulator calls one search spends (also capped by the budget)."""
+    max_steps: int = 24
+    """Edits per rollout."""
+    best_candidates: list[Candidate] = field(default_factory=list, repr=False)
+    """After a search: the distinct best candidates of the rollouts, best first."""
+
+    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+               on_improve: ImproveCallback | None = None) -> SearchResult:
+        from env.pipeline_env import PipelineEnv
+
+        policy, _ = _policy(self.policy_path)
+        ev = Evaluator(problem)
+        cap = self.max_calls if budget.sim_calls is None else min(self.max_calls, budget.sim_calls)
+        env = PipelineEnv(max_steps=self.max_steps)
+        rng = np.random.default_rng(seed)
+        found: list[tuple[tuple, Candidate, Plan, Result]] = []
+        history: list[tuple[int, float]] = []
+        best_key = None
+        for k in range(1 + self.samples):
+            if k and ev.calls >= cap:
+                break
+            calls_before = ev.calls
+            c, plan, res = rollout(policy, env, problem=problem, evaluator=ev, max_calls=cap,
+                                   deterministic=k == 0, rng=rng)
+            key = objective_key(res)
+            found.append((key, c, plan, res))
+            if res.valid and (best_key is None or key < best_key):
+                best_key = key
+                history.append((ev.calls, res.iteration_time))
+                if on_improve is not None:
+                    on_improve(plan, res)
+            if k and ev.calls == calls_before:
+                break  # a sampled rollout found nothing new: the rest would repeat it
+        found.sort(key=lambda x: x[0])
+        seen: list[Candidate] = []
+        for _, c, _, _ in found:
+            if c not in seen:
+                seen.append(c)
+        self.best_candidates = seen
+        best_plan = found[0][2] if found and found[0][3].valid else None
+        return finish(self.name, problem, best_plan, ev, history,
+                      note=seen[0].describe() if seen else "")
+
+
+@dataclass
+class RLTunerSearcher:
+    """``rl`` then the AdaPtis tuner, with its full budget, seeded with the policy's best plans."""
+
+    name: str = "rl+tuner"
+    policy_path: str | None = None
+    samples: int = 4
+    max_calls: int = 40
+    seeds: int = 3
+    """How many of the policy's best distinct plans seed the tuner."""
+
+    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+               on_improve: ImproveCallback | None = None) -> SearchResult:
+        from agents.tuner import AdaptisTuner
+
+        rl = RLSearcher(policy_path=self.policy_path, samples=self.samples, max_calls=self.max_calls)
+        first = rl.search(problem, budget=budget, seed=seed, on_improve=on_improve)
+        # The tuner keeps its whole budget (the policy's few calls come on top), so the policy's
+        # plans only add starting points and never take search time away from the tuner.
+        tuned = AdaptisTuner().search(problem, budget=budget, seed=seed, on_improve=on_improve,
+                                      start=rl.best_candidates[:self.seeds])
+        best = tuned if objective_key(tuned.result) <= objective_key(first.result) or not first.ok else first
+        if tuned.result is None:
+            best = first
+        calls = first.sim_calls + tuned.sim_calls
+        history = first.history + [(first.sim_calls + n, t) for n, t in tuned.history]
+        return SearchResult(self.name, _renamed(best.plan, self.name), best.result, calls,
+                            first.seconds + tuned.seconds, history, note=best.note)
+
+
+def _renamed(plan: Plan | None, method: str) -> Plan | None:
+    if plan is None:
+        return None
+    return Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
+                {**plan.meta, "method": method})
+
+
+register("rl", RLSearcher)
+register("rl+tuner", RLTunerSearcher)

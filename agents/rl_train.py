@@ -1,0 +1,229 @@
+"""Training of plan-editing policies (MaskablePPO or PPO) with checkpoints, evaluation and resume.
+
+Reads top to bottom: a :class:`TrainConfig`, vectorised environments, the model, callbacks
+(periodic checkpoint, stop-and-save on SIGINT/SIGTERM, periodic evaluation on held-out
+scenarios written to ``OUT/eval.jsonl`` and to W&B), ``learn``, and the final policy saved as
+``OUT/policy.pth`` + ``OUT/policy.json``.
+
+Resume (``resume=True``) loads the latest ``OUT/checkpoints/model_<steps>.zip`` and trains to
+the same total. What SB3 restores: weights, optimizer state, ``num_timesteps`` and the
+learning-rate schedule position. What it does not: the environments' random state and the
+half-collected rollout, so a resumed run continues with fresh episodes and is not
+bit-identical to an uninterrupted one from the checkpoint on (the policy before it is).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.rl_policy import ALGOS, save_policy
+from env.scenarios import ScenarioConfig, sample_problem
+
+__all__ = ["TrainConfig", "TRAIN_SCENARIO", "train", "evaluate_policy_on", "latest_checkpoint"]
+
+#: Scenario ranges used for training (smaller than the env default, so a step stays cheap).
+TRAIN_SCENARIO = ScenarioConfig(max_devices=6, max_blocks=28, microbatch_factors=(1, 2))
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on (saved in the policy's metadata)."""
+
+    algo: str = "maskable-ppo"
+    """``maskable-ppo`` (sb3-contrib, reads ``action_masks()``) or ``ppo`` (no masks: masked
+    actions are no-ops with a small penalty)."""
+    timesteps: int = 20_000
+    """Environment steps in total (a resumed run trains up to the same total)."""
+    seed: int = 0
+    """Seed of the model, the environments and the scenario draws."""
+    n_envs: int = 2
+    """Parallel environments."""
+    vec: str = "dummy"
+    """``dummy`` (one process) or ``subproc`` (one process per environment)."""
+    out: str = "runs/train"
+    """Output folder: checkpoints/, eval.jsonl, policy.pth/json, learning_curve.png."""
+    eval_every: int = 5_000
+    """Evaluate every this many steps (0: never)."""
+    eval_scenarios: int = 6
+    """Held-out scenarios per evaluation (seeds 10_000 + i, never drawn in training)."""
+    checkpoint_every: int = 10_000
+    """Checkpoint every this many steps."""
+    max_steps: int = 24
+    """Edits per episode."""
+    max_calls: int = 40
+    """Simulator calls per episode (portfolio included), as the RL searcher spends."""
+    n_steps: int = 256
+    """PPO rollout length per environment."""
+    batch_size: int = 128
+    n_epochs: int = 4
+    learning_rate: float = 3e-4
+    gamma: float = 0.95
+    ent_coef: float = 0.01
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    resume: bool = False
+    """Continue from the latest checkpoint in ``out``."""
+    progress_bar: bool = True
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The checkpoint with the most steps in ``OUT/checkpoints``, or None."""
+    folder = Path(out) / "checkpoints"
+    found = sorted(folder.glob("model_*.zip"), key=lambda p: int(p.stem.split("_")[1]))
+    return found[-1] if found else None
+
+
+def _make_env(config: TrainConfig, rank: int) -> Callable[[], Any]:
+    def thunk():
+        from env.pipeline_env import PipelineEnv
+
+        env = PipelineEnv(max_steps=config.max_steps, max_calls=config.max_calls, scenario=TRAIN_SCENARIO)
+        env.reset(seed=config.seed * 1000 + rank)
+        return env
+
+    return thunk
+
+
+def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24) -> dict[str, float]:
+    """Deterministic rollouts on ``problems``: mean gain over the starting portfolio, mean
+    throughput relative to Megatron, and mean simulator calls."""
+    from agents.rl import rollout
+    from env.pipeline_env import PipelineEnv, megatron_time
+    from pipeline.space import Evaluator
+
+    env = PipelineEnv(max_steps=max_steps)
+    gains, rel, calls = [], [], []
+    for p in problems:
+        ev = Evaluator(p)
+        env.reset(options={"problem": p, "evaluator": ev, "max_calls": max_calls, "reference": "bound"})
+        start = env.editor.result
+        _, _, res = rollout(policy, env, problem=p, evaluator=ev, max_calls=max_calls, deterministic=True)
+        ok = res.feasible and start.feasible
+        gains.append(start.iteration_time / res.iteration_time if ok else float(res.feasible))
+        rel.append(megatron_time(p)[0] / res.iteration_time if res.feasible else 0.0)
+        calls.append(ev.calls)
+    return {"eval/gain_over_start": float(np.mean(gains)), "eval/speedup_over_megatron": float(np.mean(rel)),
+            "eval/sim_calls": float(np.mean(calls))}
+
+
+def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, bool]):
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    problems = [sample_problem(np.random.default_rng(10_000 + i), TRAIN_SCENARIO) for i in range(config.eval_scenarios)]
+
+    class Periodic(BaseCallback):
+        """Checkpoints, evaluation and the stop flag set by SIGINT/SIGTERM."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_ckpt = 0
+            self.next_eval = 0
+
+        def _on_training_start(self) -> None:
+            n = self.model.num_timesteps
+            self.next_ckpt = n + config.checkpoint_every
+            self.next_eval = n if n == 0 else n + config.eval_every
+
+        def save(self) -> Path:
+            path = out / "checkpoints" / f"model_{self.model.num_timesteps}.zip"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.model.save(str(path))
+            return path
+
+        def evaluate(self) -> None:
+            metrics = evaluate_policy_on(self.model.policy, problems, max_calls=config.max_calls,
+                                         max_steps=config.max_steps)
+            row = {"timesteps": int(self.model.num_timesteps), "time_s": round(time.perf_counter() - t0, 2), **metrics}
+            with open(out / "eval.jsonl", "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            for k, v in metrics.items():
+                self.logger.record(k, v)
+            if tracker is not None:
+                tracker.log_metrics(metrics, step=int(self.model.num_timesteps))
+
+        def _on_step(self) -> bool:
+            n = self.model.num_timesteps
+            if config.eval_every and n >= self.next_eval:
+                self.evaluate()
+                self.next_eval = n + config.eval_every
+            if n >= self.next_ckpt:
+                self.save()
+                self.next_ckpt = n + config.checkpoint_every
+            return not stop["now"]
+
+    t0 = time.perf_counter()
+    return Periodic()
+
+
+def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, command: str = "",
+          env_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Train (or resume) a policy; returns a summary (timesteps, seconds, paths).
+
+    ``tracker`` (an ``experiments.tracking.Tracker``) receives the evaluation curves and
+    ``logger`` (an SB3 ``Logger``, e.g. ``experiments.tracking.make_sb3_logger(tracker)``) SB3's
+    own metrics; both are optional. ``env_fn(rank)`` replaces the training environments
+    (e.g. one fixed scenario); by default they draw from :data:`TRAIN_SCENARIO`.
+    """
+    import importlib
+
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    if config.algo not in ALGOS:
+        raise ValueError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    module, cls_name = ALGOS[config.algo]
+    algo_cls = getattr(importlib.import_module(module), cls_name)
+    fns = [_make_env(config, i) if env_fn is None else (lambda i=i: env_fn(i)) for i in range(config.n_envs)]
+    vec = SubprocVecEnv(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
+    vec.seed(config.seed)
+    ckpt = latest_checkpoint(out) if config.resume else None
+    if ckpt is not None:
+        model = algo_cls.load(str(ckpt), env=vec, device="cpu")
+    else:
+        if config.resume:
+            print(f"no checkpoint in {out / 'checkpoints'}; starting from scratch")
+        if not config.resume and (out / "eval.jsonl").exists():
+            (out / "eval.jsonl").unlink()
+        model = algo_cls("MultiInputPolicy", vec, seed=config.seed, device="cpu", n_steps=config.n_steps,
+                         batch_size=config.batch_size, n_epochs=config.n_epochs, learning_rate=config.learning_rate,
+                         gamma=config.gamma, ent_coef=config.ent_coef, verbose=0,
+                         policy_kwargs={"net_arch": list(config.net_arch)})
+    if logger is not None:
+        model.set_logger(logger)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop["now"] = True
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, on_signal)
+    callback = _callbacks(config, tracker, out, stop)
+    t0 = time.perf_counter()
+    remaining = max(0, config.timesteps - model.num_timesteps)
+    try:
+        if remaining:
+            model.learn(total_timesteps=remaining, callback=callback, reset_num_timesteps=ckpt is None,
+                        progress_bar=config.progress_bar)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        vec.close()
+    seconds = time.perf_counter() - t0
+    ckpt_path = callback.save()
+    interrupted = stop["now"]
+    if not interrupted and config.eval_every:
+        callback.evaluate()
+    meta = {"config": asdict(config), "command": command, "seed": config.seed, "train_seconds": round(seconds, 1),
+            "interrupted": interrupted}
+    policy_path = save_policy(model, out / "policy.pth", algo=config.algo, extra=meta)
+    return {"timesteps": int(model.num_timesteps), "seconds": seconds, "checkpoint": str(ckpt_path),
+            "policy": str(policy_path), "interrupted": interrupted, "eval_log": str(out / "eval.jsonl")}

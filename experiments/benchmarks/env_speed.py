@@ -1,0 +1,100 @@
+"""Steps per second of adaptis/Pipeline-v0 with random masked actions, single and vectorised.
+
+Cases: ``small`` (a fixed synthetic model of 16 layers on 4 devices, 8 micro-batches: resets
+re-use the scenario) and ``train`` (fresh scenarios drawn as in training, resets included).
+Each step simulates one edited plan: the list scheduler that generates its order costs more
+than the simulation itself, and the action mask (183 candidate edits) comes next.
+
+  python -m experiments.benchmarks.env_speed [--seconds 5] [--n-envs 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+__all__ = ["measure", "main"]
+
+
+def _small_problem():
+    from env.scenarios import sample_architecture
+    from pipeline.costs import profile_from_architecture
+    from pipeline.hardware import build_cluster
+    from pipeline.space import Problem
+
+    arch = sample_architecture(np.random.default_rng(3), blocks=14)
+    return Problem(profile_from_architecture(arch, seq_len=2048), build_cluster("h100", devices=4), 8)
+
+
+def _make(case: str):
+    from env.pipeline_env import PipelineEnv
+
+    if case == "small":
+        problem = _small_problem()
+
+        class Fixed(PipelineEnv):
+            def reset(self, *, seed=None, options=None):
+                return super().reset(seed=seed, options={"problem": problem, **(options or {})})
+
+        return Fixed
+
+    from agents.rl_train import TRAIN_SCENARIO
+
+    return lambda: PipelineEnv(scenario=TRAIN_SCENARIO, max_calls=40)
+
+
+def measure(case: str = "small", *, n_envs: int = 1, seconds: float = 5.0, seed: int = 0) -> float:
+    """Environment steps per second (all environments together) with random allowed actions."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    factory = _make(case)
+    rng = np.random.default_rng(seed)
+    if n_envs == 1:
+        env = factory()
+        env.reset(seed=seed)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            mask = env.action_masks()
+            allowed = np.flatnonzero(mask[1:]) + 1
+            a = int(rng.choice(allowed)) if len(allowed) else 0
+            _, _, term, trunc, _ = env.step(a)
+            n += 1
+            if term or trunc:
+                env.reset()
+        return n / (time.perf_counter() - t0)
+    vec = (SubprocVecEnv if n_envs > 1 else DummyVecEnv)([factory for _ in range(n_envs)])
+    vec.seed(seed)
+    vec.reset()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        masks = np.stack(vec.env_method("action_masks"))
+        acts = [int(rng.choice(np.flatnonzero(m[1:]) + 1)) if m[1:].any() else 0 for m in masks]
+        vec.step(np.array(acts))
+        n += n_envs
+    rate = n / (time.perf_counter() - t0)
+    vec.close()
+    return rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--n-envs", type=int, default=2, help="environments of the vectorised run (SubprocVecEnv)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    rows = []
+    for case in ("small", "train"):
+        for n in (1, args.n_envs):
+            rate = measure(case, n_envs=n, seconds=args.seconds)
+            rows.append({"case": case, "n_envs": n, "steps_per_s": round(rate, 1)})
+    for row in rows:
+        text = f"{row['case']:6s} n_envs={row['n_envs']}: {row['steps_per_s']:.0f} steps/s"
+        print(json.dumps(row) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

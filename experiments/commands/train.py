@@ -1,0 +1,96 @@
+"""Train a plan-editing policy in adaptis/Pipeline-v0 (MaskablePPO or PPO), with checkpoints.
+
+Writes OUT/checkpoints/model_<steps>.zip (every --checkpoint-every steps and on Ctrl-C/SIGTERM),
+OUT/eval.jsonl (held-out evaluation every --eval-every steps), OUT/learning_curve.png, and the
+final OUT/policy.pth + OUT/policy.json (use with: search --method rl --policy OUT/policy.pth).
+SB3's metrics and the evaluation curves go to W&B (offline by default). Policy files are
+pickles: load only your own or trusted ones.
+
+Examples:
+  python -m experiments train --timesteps 20000 --seed 0 --vec subproc --out runs/default-policy  # the default policy
+  python -m experiments train --out runs/train --resume                     # after an interruption
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from experiments.common import add_output_args, positive_int
+
+NAME = "train"
+HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algo", choices=("maskable-ppo", "ppo"), default="maskable-ppo")
+    parser.add_argument("--timesteps", type=positive_int, default=20_000, help="environment steps in total")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-envs", type=positive_int, default=2, help="parallel environments")
+    parser.add_argument("--vec", choices=("dummy", "subproc"), default="dummy", help="vectorisation")
+    parser.add_argument("--out", default="runs/train", help="output folder")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--eval-every", type=int, default=5_000, help="steps between evaluations (0: none)")
+    parser.add_argument("--eval-scenarios", type=positive_int, default=6, help="held-out scenarios per evaluation")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=10_000)
+    parser.add_argument("--n-steps", type=positive_int, default=256, help="PPO rollout length per environment")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agents.rl_train import TrainConfig, train
+    from experiments.tracking import make_sb3_logger
+    from experiments.tracking_hooks import tracked_run
+
+    config = TrainConfig(algo=args.algo, timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs, vec=args.vec,
+                         out=args.out, eval_every=args.eval_every, eval_scenarios=args.eval_scenarios,
+                         checkpoint_every=args.checkpoint_every, n_steps=args.n_steps, resume=args.resume,
+                         progress_bar=not args.no_progress and sys.stderr.isatty())
+    command = "python -m experiments train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    with tracked_run(args, command=NAME, config=asdict(config)) as tracker:
+        logger = make_sb3_logger(tracker, formats=("stderr",) if args.json else ())
+        summary = train(config, tracker=tracker, logger=logger, command=command)
+        out = Path(args.out)
+        png = learning_curve(out / "eval.jsonl", out / "learning_curve.png")
+        if png is not None:
+            tracker.log_image("learning_curve", png)
+        tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        state = "interrupted, checkpoint saved" if summary["interrupted"] else "done"
+        print(f"{state}: {summary['timesteps']} steps in {summary['seconds']:.0f} s -> {summary['policy']} "
+              f"(resume: --resume --out {args.out})")
+    return 130 if summary["interrupted"] else 0
+
+
+def learning_curve(eval_log: Path, png: Path) -> Path | None:
+    """Plot the evaluation log (gain over the starting plan and speedup over Megatron vs steps)."""
+    if not eval_log.is_file():
+        return None
+    rows = [json.loads(line) for line in eval_log.read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["timesteps"] for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax[0].plot(x, [r["eval/gain_over_start"] for r in rows], marker="o")
+    ax[0].set_title("held-out: speedup over the starting plan")
+    ax[1].plot(x, [r["eval/speedup_over_megatron"] for r in rows], marker="o", color="C1")
+    ax[1].set_title("held-out: speedup over Megatron")
+    for a in ax:
+        a.set_xlabel("environment steps")
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

@@ -1,0 +1,153 @@
+"""adaptis/Pipeline-v0: the checkers, masks that only allow valid plans, seeding, options, render."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import env as env_pkg
+from env.editor import ACTIONS, MAX_STAGES, N_ACTIONS
+from env.pipeline_env import PipelineEnv, observation_space
+from env.scenarios import ScenarioConfig
+from pipeline.plan import validate_plan
+from pipeline.simulator import simulate
+from pipeline.space import Candidate, Problem, materialize
+from tests.conftest import ideal_cluster, uniform_profile
+
+SMALL = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
+
+
+def _small_env(**kw) -> PipelineEnv:
+    return PipelineEnv(scenario=SMALL, **kw)
+
+
+def _random_allowed(env: PipelineEnv, rng: np.random.Generator) -> int:
+    allowed = np.flatnonzero(env.action_masks()[1:]) + 1
+    return int(rng.choice(allowed)) if len(allowed) else 0
+
+
+def test_registered_on_import():
+    assert env_pkg.ENV_ID == "adaptis/Pipeline-v0"
+    e = gym.make("adaptis/Pipeline-v0", scenario=SMALL)
+    obs, info = e.reset(seed=0)
+    assert e.observation_space.contains(obs)
+    assert info["action_mask"].shape == (N_ACTIONS,)
+    e.close()
+
+
+@pytest.mark.parametrize("checker", ["gymnasium", "sb3"])
+def test_env_checkers(checker):
+    if checker == "gymnasium":
+        from gymnasium.utils.env_checker import check_env
+
+        check_env(_small_env(), skip_render_check=True)
+    else:
+        from stable_baselines3.common.env_checker import check_env
+
+        check_env(_small_env(), warn=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_masks_only_allow_valid_plans(seed):
+    """Every allowed edit, from random states, materialises a plan that validates and simulates."""
+    e = _small_env(max_steps=6)
+    rng = np.random.default_rng(seed)
+    e.reset(seed=seed)
+    checked = 0
+    for _ in range(6):
+        ed = e.editor
+        mask = e.action_masks()
+        assert mask[0] and mask.dtype == bool
+        p = ed.problem
+        for a in np.flatnonzero(mask[1:]) + 1:
+            cand = ed.targets()[a]
+            assert cand is not None, ACTIONS[a]
+            assert cand.num_stages <= MAX_STAGES and min(cand.sizes) >= 1
+            plan = materialize(cand, p)
+            validate_plan(plan, num_layers=p.profile.num_layers, devices=p.devices)
+            res = simulate(plan, p.profile, p.cluster, p.training)
+            assert res.valid, (ACTIONS[a], res.error)
+            checked += 1
+        _, reward, term, trunc, info = e.step(_random_allowed(e, rng))
+        assert isinstance(reward, float) and isinstance(term, bool) and isinstance(trunc, bool)
+        if term or trunc:
+            break
+    assert checked > 20
+
+
+def test_masked_action_is_a_noop():
+    e = _small_env()
+    obs, info = e.reset(seed=3)
+    masked = int(np.flatnonzero(~e.action_masks())[0])
+    calls = info["sim_calls"]
+    _, reward, term, trunc, info = e.step(masked)
+    assert info["sim_calls"] == calls and info["edit"] == "masked" and reward < 0 and not term
+
+
+def test_seeding_gives_identical_episodes():
+    def episode(seed: int):
+        e = _small_env()
+        rng = np.random.default_rng(7)
+        obs, info = e.reset(seed=seed)
+        out = [(info["iteration_time"], obs["plan"].tolist())]
+        done = False
+        while not done:
+            obs, r, term, trunc, info = e.step(_random_allowed(e, rng))
+            out.append((r, info["iteration_time"], obs["stage_time"].tolist()))
+            done = term or trunc
+        return out
+
+    assert episode(11) == episode(11)
+    assert episode(11) != episode(12)
+
+
+def test_fixed_problem_and_start_options():
+    problem = Problem(uniform_profile(12), ideal_cluster(4), 8)
+    start = Candidate((9, 1, 1, 1), (0, 1, 2, 3), "list", (4.0, 3.0, 2.0, 1.0))
+    e = _small_env()
+    obs, info = e.reset(options={"problem": problem, "start": start})
+    assert info["candidate"] == start and info["sim_calls"] == 1
+    assert observation_space().contains(obs)
+    rebalance = next(i for i, a in enumerate(ACTIONS) if a.kind == "rebalance")
+    _, reward, _, _, info = e.step(rebalance)
+    assert info["kept"] and reward > 0.5  # 9 layers on one device -> 3 each: about 2.5x faster
+    assert info["best_plan"].stage_sizes == (3, 3, 3, 3)
+    obs, info = e.reset(options={"profile": uniform_profile(20), "cluster": ideal_cluster(3), "microbatches": 6})
+    assert e.editor.problem.devices == 3 and e.editor.problem.microbatches == 6
+
+
+def test_max_calls_truncates():
+    e = _small_env(max_calls=12)
+    rng = np.random.default_rng(0)
+    _, info = e.reset(seed=4)
+    done = trunc = False
+    while not done:
+        _, _, term, trunc, info = e.step(_random_allowed(e, rng))
+        done = term or trunc
+    assert info["sim_calls"] <= 12
+
+
+@pytest.mark.parametrize("mode", ["ansi", "rgb_array"])
+def test_render(mode):
+    e = _small_env(render_mode=mode)
+    e.reset(seed=0)
+    out = e.render()
+    if mode == "ansi":
+        assert "dev  0 |" in out
+    else:
+        assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
+
+
+def test_subproc_vec_env():
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    vec = SubprocVecEnv([_small_env, _small_env])
+    vec.seed(0)
+    obs = vec.reset()
+    assert obs["plan"].shape[0] == 2
+    masks = vec.env_method("action_masks")
+    acts = [int(np.flatnonzero(m[1:])[0]) + 1 for m in masks]
+    obs, rewards, dones, infos = vec.step(np.array(acts))
+    assert rewards.shape == (2,) and "action_mask" in infos[0]
+    vec.close()
