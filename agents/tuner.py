@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
 from pipeline.errors import PlanError
-from pipeline.plan import Plan
-from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition
+from pipeline.plan import Plan, partition_from_sizes
+from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition, method_placement
 from pipeline.simulator import Result, simulate
 from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
 
@@ -83,17 +83,24 @@ class AdaptisTuner:
         history: list[tuple[int, float]] = []
         state = _State(ev, on_improve, history)
 
-        # 1. The named schedules, as they are: the tuner can only improve on the best of them.
-        for method in NAMED_METHODS:
+        # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
+        #    can only improve on the best of them.
+        for method, balanced in [(m, b) for b in (False, True) for m in NAMED_METHODS]:
+            if balanced and method == "megatron":
+                continue
             try:
+                partition = None
+                if balanced:
+                    placement = method_placement(method, problem.devices)
+                    partition = partition_from_sizes(balanced_sizes(problem.profile, placement, problem.cluster))
                 plan = build_plan(method, problem.profile, problem.cluster, problem.microbatches,
-                                  training=problem.training)
+                                  partition=partition, training=problem.training)
             except PlanError:
                 continue
             ev.calls += 1
             result = simulate(plan, problem.profile, problem.cluster, problem.training, validate=False,
                               record_timeline=False)
-            state.offer_plan(plan, result, note=method)
+            state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
         seeds = list(start) + seed_candidates(problem)
         current: Candidate | None = None

@@ -45,7 +45,7 @@ from pipeline.spec import GIB
 
 NAME = "search"
 HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
-DEFAULT_METHODS = "megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,adaptis"
+DEFAULT_METHODS = "megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,rl,adaptis"
 COLUMNS = ("method", "iter_time", "tokens_per_s", "bubble_pct", "peak_mem_gb", "speedup", "vs_bound", "sim_calls",
            "seconds")
 
