@@ -39,15 +39,16 @@ W_RETAINED_FRACTION = 0.25
 
 def _number(raw: dict[str, Any], key: str, *, error: type, source: str, minimum: float = 0.0,
             default: float | None = None, integer: bool = False) -> float:
+    bound = "a positive number" if 0 < minimum < 1e-6 else f"a number >= {minimum:g}"
     if key not in raw:
         if default is not None:
             return default
-        raise error(f"missing; add a number >= {minimum:g}", source=source, field=key)
+        raise error(f"missing; add {bound}", source=source, field=key)
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise error(f"expected a number, got {value!r}", source=source, field=key)
     if not math.isfinite(value) or value < minimum:
-        raise error(f"must be a finite number >= {minimum:g}, got {value!r}", source=source, field=key)
+        raise error(f"must be {bound} (finite), got {value!r}", source=source, field=key)
     if integer:
         if int(value) != value:
             raise error(f"must be a whole number, got {value!r}", source=source, field=key)

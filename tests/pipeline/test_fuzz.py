@@ -119,3 +119,30 @@ def test_simulator_never_hangs_and_valid_means_valid(plan) -> None:
     else:
         assert result.error and any(w in result.error for w in ("deadlock", "missing", "twice", "outside",
                                                                 "placed on", "both a fused"))
+
+
+HF_TYPES = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "gemma2", "gemma3_text",
+            "deepseek_v2", "deepseek_v3", "nemotron_h", "jamba", "gpt_oss", "adaptis", "bert", 7, None]
+hf_keys = st.sampled_from(["model_type", "hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
+                           "num_key_value_heads", "intermediate_size", "head_dim", "num_local_experts",
+                           "num_experts", "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
+                           "n_routed_experts", "hybrid_override_pattern", "layer_types", "layers", "attn_layer_period",
+                           "expert_layer_period", "full_attention_interval", "kv_lora_rank", "sliding_window"])
+small_ints = st.one_of(st.integers(-2, 300), json_scalars)
+
+
+@FUZZ
+@given(st.sampled_from(HF_TYPES), st.dictionaries(hf_keys, st.one_of(small_ints, st.lists(small_ints, max_size=4)),
+                                                  max_size=12))
+def test_hf_config_reader_raises_only_config_errors(model_type, raw) -> None:
+    from pipeline.costs import profile_from_architecture
+    from pipeline.hf import architecture_from_config
+
+    raw = {**raw, "model_type": model_type}
+    try:
+        arch = architecture_from_config(raw, source="fuzz.json")
+    except AdaptisError:
+        return
+    if len(arch.layers) <= 300:
+        with contextlib.suppress(AdaptisError):
+            profile_from_architecture(arch, gpu="h100", seq_len=128)

@@ -1,0 +1,46 @@
+"""An interrupted search keeps the best plan it had found; Ctrl-C and SIGTERM end it promptly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.plan import Plan, validate_plan
+from tests.conftest import ROOT
+
+PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "experiments", "search", "--profile", PROFILE, "--cluster", CLUSTER,
+           "--microbatches", "16", "--method", "adaptis", "--budget", "1000000", "--out", str(out)]
+    env = dict(os.environ, WANDB_MODE="disabled")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "plan.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (out / "plan.json").exists(), "no plan written while searching"
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code, err[-2000:]
+    assert elapsed < 10
+    plan = Plan.load(out / "plan.json")
+    validate_plan(plan, num_layers=16, devices=4)
+    assert not (out / "plan.json.tmp").exists()
