@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from agents.registry import make_searcher
 from experiments.common import (
     add_cluster_args,
     add_model_args,
@@ -21,10 +22,12 @@ from experiments.common import (
     resolve_cluster,
     resolve_profile,
 )
+from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
-from pipeline.compare import evaluate_named, table_rows
+from pipeline.bounds import lower_bound
 from pipeline.render import gantt_png
 from pipeline.schedules import NAMED_METHODS
+from pipeline.space import Problem
 
 NAME = "baselines"
 HELP = "compare every named schedule (GPipe, 1F1B, interleaved, zero-bubble, V-shape, ...)"
@@ -47,18 +50,23 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "megatron" not in methods:
         methods.append("megatron")
-    evals = evaluate_named(methods, profile, cluster, args.microbatches)
-    rows = table_rows(evals, profile, cluster, args.microbatches)
+    problem = Problem(profile, cluster, args.microbatches)
+    results = [make_searcher(m).search(problem) for m in methods]
+    mega = next((r for r in results if r.method == "megatron" and r.ok), None)
+    bound = lower_bound(profile, cluster, args.microbatches).value
+    rows = sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])
+    for row in rows:
+        if row.get("peak_memory_gb"):
+            row["peak_memory_max_gb"] = max(row["peak_memory_gb"])
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "methods": methods}
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("baselines", rows)
-        for e in evals:
-            if args.gantt_dir and e.ok:
-                assert e.result is not None
-                path = gantt_png(e.result.timeline_dict(), Path(args.gantt_dir) / f"{e.method}.png",
-                                 title=f"{e.method} on {profile.name}")
-                tracker.log_image(f"gantt/{e.method}", path)
+        for r in results:
+            if args.gantt_dir and r.ok:
+                path = gantt_png(r.result.timeline_dict(), Path(args.gantt_dir) / f"{r.method}.png",
+                                 title=f"{r.method} on {profile.name}")
+                tracker.log_image(f"gantt/{r.method}", path)
     if args.json:
         print_json_lines(rows)
         return 0

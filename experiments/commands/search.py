@@ -19,7 +19,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from agents.base import Budget, SearchResult
 from agents.registry import all_methods, make_searcher
@@ -34,6 +33,7 @@ from experiments.common import (
     resolve_cluster,
     resolve_profile,
 )
+from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
@@ -61,19 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
     parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
     add_output_args(parser)
-
-
-def _row(res: SearchResult, reference: float | None, bound: float) -> dict[str, Any]:
-    row: dict[str, Any] = {"method": res.method, "sim_calls": res.sim_calls, "seconds": round(res.seconds, 3)}
-    if res.result is not None and res.result.valid:
-        s = res.result.summary()
-        row.update(s)
-        row["speedup"] = reference / res.iteration_time if reference else None
-        row["vs_lower_bound"] = res.iteration_time / bound if bound > 0 else None
-    else:
-        row.update({"iteration_time": None, "bubble": None, "peak_memory_gb": None, "feasible": False,
-                    "valid": False, "error": res.note or (res.result.error if res.result else "no plan")})
-    return row
 
 
 class _BestPlanWriter:
@@ -125,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
     reference = mega.iteration_time if mega else None
-    rows = [_row(r, reference, bound.value) for r in results]
-    rows.sort(key=lambda r: (not r.get("feasible"), r["iteration_time"] if r.get("iteration_time") else 1e300))
+    rows = sort_rows([result_row(r, reference, bound.value) for r in results])
     feasible = [r for r in results if r.ok and r.result.feasible]
     best = min(feasible, key=lambda r: r.iteration_time) if feasible else None
 
@@ -140,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             gantt_side_by_side([best.result.timeline_dict()], [f"best: {best.method} on {profile.name}"],
                                out / "gantt_best.png")
             tracker.log_image("gantt/best", out / "gantt_best.png")
-            tracker.log_plan(best.plan, name=f"plan-{profile.name}", metadata=_row(best, reference, bound.value))
+            tracker.log_plan(best.plan, name=f"plan-{profile.name}", metadata=result_row(best, reference, bound.value))
         if mega is not None:
             gantt_side_by_side([mega.result.timeline_dict()], [f"megatron on {profile.name}"],
                                out / "gantt_megatron.png")
