@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -304,11 +304,3 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
         raise PlanError(f"missing actions {shown}; every stage needs F and B (or I and W) for every "
                         "micro-batch", source=source, field="schedule")
 
-
-def action_counts(schedule: Iterable[Iterable[Action]]) -> dict[str, int]:
-    """Number of actions of each op in a schedule."""
-    counts = dict.fromkeys(OPS, 0)
-    for acts in schedule:
-        for a in acts:
-            counts[a.op] += 1
-    return counts

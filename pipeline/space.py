@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -228,6 +228,3 @@ class Evaluator:
     def key(self, c: Candidate) -> tuple[int, float, float]:
         return objective_key(self.evaluate(c)[1])
 
-
-def with_budgets(c: Candidate, budgets: Sequence[float] | None) -> Candidate:
-    return replace(c, budgets=None if budgets is None else tuple(float(b) for b in budgets))
