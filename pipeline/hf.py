@@ -31,6 +31,8 @@ from pipeline.errors import ConfigError
 __all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "architecture_from_config", "parse_layer"]
 
 _MISSING = object()
+#: Upper limits on sizes that decide how much we allocate: a typo must not exhaust memory.
+_MAXIMA = {"num_hidden_layers": 10_000, "num_nextn_predict_layers": 64, "vision_num_hidden_layers": 10_000}
 
 
 class _Config:
@@ -56,10 +58,13 @@ class _Config:
                 raise self.error(key, "missing; this model type needs it (a whole number)")
             return default
         value = self.raw[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or int(value) != value:
             raise self.error(key, f"expected a whole number, got {value!r}")
         if value < minimum:
             raise self.error(key, f"must be >= {minimum}, got {value!r}")
+        if key in _MAXIMA and value > _MAXIMA[key]:
+            raise self.error(key, f"{value!r} is more than this tool handles ({_MAXIMA[key]}); check the config")
         return int(value)
 
     def bool(self, key: str, default: bool) -> bool:

@@ -285,8 +285,11 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
                                 source=source, field="schedule")
             seen[key] = d
     missing: list[str] = []
+    # Stop after a few: a typo like "microbatches": 1e9 must give an answer, not a billion-step loop.
     for s in range(plan.num_stages):
         for m in range(plan.microbatches):
+            if len(missing) > 8:
+                break
             if (s, "F", m) not in seen:
                 missing.append(f"{s}F{m}")
             has_b = (s, "B", m) in seen
@@ -299,8 +302,10 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
                     missing.append(f"{s}I{m}" if has_w else f"{s}B{m}")
                 if has_i and not has_w:
                     missing.append(f"{s}W{m}")
+        if len(missing) > 8:
+            break
     if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        shown = ", ".join(missing[:8]) + (" and more" if len(missing) > 8 else "")
         raise PlanError(f"missing actions {shown}; every stage needs F and B (or I and W) for every "
                         "micro-batch", source=source, field="schedule")
 

@@ -143,3 +143,25 @@ def test_throughput_counts_tokens(hetero_profile, h100x4) -> None:
     r = simulate(build_plan("1f1b", hetero_profile, h100x4, 8), hetero_profile, h100x4)
     tokens = 8 * hetero_profile.seq_len * hetero_profile.microbatch_size
     assert r.throughput == pytest.approx(tokens / (r.iteration_time * 1e-3))
+
+
+def test_a_huge_count_is_refused_fast() -> None:
+    """A typo such as ``"microbatches": 1e9`` gives an answer at once, not a billion-step loop."""
+    import time
+
+    plan = Plan(2, 10**9, ((0, 1), (1, 2)), (0, 1), [[parse_action("0F0"), parse_action("0B0")],
+                                                     [parse_action("1F0"), parse_action("1B0")]])
+    t0 = time.perf_counter()
+    r = simulate(plan, uniform_profile(2), ideal_cluster(2))
+    assert not r.valid and "missing actions 0F1" in r.error and "and more" in r.error
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_huge_layer_count_in_a_config_is_refused() -> None:
+    from pipeline.errors import ConfigError
+    from pipeline.hf import architecture_from_config
+
+    raw = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 10**10, "vocab_size": 100,
+           "num_attention_heads": 4, "intermediate_size": 128}
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        architecture_from_config(raw, source="typo.json")
