@@ -1,0 +1,360 @@
+"""The end-to-end workflow behind ``python -m experiments run``: costs, (training), search, replay, summary.
+
+Reads top to bottom in :func:`run_workflow`:
+
+1. **costs** — on this machine (no ``gpu``/``cluster_path``) the executor profiles the model and
+   the link on ``devices`` local ranks; for a named GPU the analytic costs are used instead;
+2. **train** (optional) — a short RL training run whose policy the ``rl`` method then uses;
+3. **search** — the Megatron baseline, named schedules, the AdaPtis tuner and the RL policy;
+4. **replay** — on this machine, the best plan and the Megatron baseline run through the
+   executor under ``torchrun`` and are measured (skipped, with a note, for a named GPU cluster);
+5. **summary** — predicted and measured times, speedups, bubbles, memory, and where the time went.
+
+Tracking: one W&B run per phase (``profile``, ``train``, ``search``, ``replay``, ``summary``), all
+in one group (``cfg.group``), offline by default. Separate runs keep each phase's config and
+metrics apart, survive a later phase failing, and show as one unit in W&B's group view. The
+``summary`` run is self-contained: the comparison metrics, the tables, the Gantt charts and the
+plan artifact (type ``plan``); the ``profile`` run holds the profile artifact (type ``profile``).
+Every file also lands in ``cfg.out`` with ``summary.json`` naming the group and the run folders.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.base import Budget
+from experiments.workflow_phases import Costs, Log, analytic_costs, measure_here, replay, search_methods, train_policy
+from experiments.workflow_report import MethodOutcome, device_rows, kind_rows, method_rows, op_share
+from pipeline.errors import ConfigError
+from pipeline.space import Problem
+
+__all__ = ["WorkflowConfig", "WorkflowReport", "run_workflow", "DEFAULT_METHODS"]
+
+#: Methods searched unless told otherwise: the baseline, three named schedules, the tuner, the policy.
+DEFAULT_METHODS = ("megatron", "1f1b", "zb-h1", "zbv", "adaptis", "rl")
+
+
+@dataclass
+class WorkflowConfig:
+    """Everything one workflow run depends on (logged as the config of every W&B run)."""
+
+    model: str | None = "tiny-hybrid"
+    """Zoo model; on this machine the executor builds it with real layers."""
+    hf_config: str | None = None
+    """A Hugging Face config.json (analytic costs only: needs ``gpu``)."""
+    profile_path: str | None = None
+    """A profile JSON instead of profiling / analytic costs."""
+    cluster_path: str | None = None
+    """A cluster JSON (means: not this machine, no replay)."""
+    gpu: str | None = None
+    """GPU preset for analytic costs; ``None``: this machine (profile and replay here)."""
+    devices: int = 2
+    """Pipeline devices (local ranks on this machine)."""
+    gpus_per_node: int = 8
+    memory_gb: float | None = None
+    """Memory per device in GiB (default: the GPU's, or 64 on this machine)."""
+    seq_len: int | None = None
+    microbatch_size: int = 1
+    scale: float = 1.0
+    """Width scale of the locally built model."""
+    microbatches: int | None = None
+    """Micro-batches per iteration (default 8 on this machine, 32 for a GPU cluster)."""
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    budget: str = "400"
+    """Per search method: simulator calls (``400``) or seconds (``30s``)."""
+    max_seconds: float = 60.0
+    """Cap on each method's search time, whatever the budget."""
+    seed: int = 0
+    perturb_moves: int | None = None
+    """The tuner's perturbation strength (default: the tuner's)."""
+    policy: str | None = None
+    """RL policy file for ``rl`` (default: the shipped one)."""
+    train_policy: int = 0
+    """Train an RL policy for this many steps first (0: no training)."""
+    replay: bool = True
+    steps: int = 5
+    warmup: int = 2
+    profile_repeats: int = 5
+    threads: int = 1
+    timeout: float = 900.0
+    """Seconds for each torchrun job."""
+    out: str = "runs/run-tiny-hybrid"
+    group: str | None = None
+    """W&B group (default ``run-<model>-<time>``)."""
+    project: str = "adaptis"
+
+    @property
+    def local(self) -> bool:
+        """The cluster is this machine (no GPU preset and no cluster file)."""
+        return self.gpu is None and self.cluster_path is None
+
+    @property
+    def label(self) -> str:
+        if self.model:
+            return self.model
+        src = self.hf_config or self.profile_path or "model"
+        return Path(src).stem if Path(src).name != "config.json" else Path(src).parent.name or "model"
+
+
+@dataclass
+class WorkflowReport:
+    """What :func:`run_workflow` found; also written as ``summary.json``."""
+
+    config: WorkflowConfig
+    costs: Costs
+    outcomes: list[MethodOutcome]
+    best: MethodOutcome | None
+    megatron: MethodOutcome | None
+    rows: list[dict[str, Any]]
+    devices: list[dict[str, Any]]
+    kinds: list[dict[str, Any]]
+    op_share: dict[str, float]
+    notes: list[str]
+    files: dict[str, str]
+    group: str
+    run_dirs: dict[str, str]
+    seconds: dict[str, float] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "source": self.costs.source, "cluster": self.costs.cluster.to_dict(),
+                "rows": self.rows, "devices": self.devices, "kinds": self.kinds, "op_share": self.op_share,
+                "notes": self.notes, "files": self.files, "group": self.group, "run_dirs": self.run_dirs,
+                "seconds": self.seconds, "summary": self.summary}
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class _Runs:
+    """Opens one W&B run per phase in the workflow's group and remembers their folders."""
+
+    def __init__(self, cfg: WorkflowConfig, group: str) -> None:
+        self.cfg = cfg
+        self.group = group
+        self.dirs: dict[str, str] = {}
+
+    @contextmanager
+    def phase(self, name: str, extra: dict[str, Any] | None = None) -> Iterator[Any]:
+        from experiments.tracking import start_run
+
+        config = {**asdict(self.cfg), "phase": name, **(extra or {})}
+        with start_run(command="run", config=config, project=self.cfg.project, group=self.group,
+                       name=f"{self.group}-{name}", job_type=name) as tracker:
+            if tracker.run_dir is not None:
+                self.dirs[name] = str(tracker.run_dir)
+            yield tracker
+
+
+def _slug(text: str) -> str:
+    out = "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip("-.")
+    return out[:100] or "model"
+
+
+def _costs(cfg: WorkflowConfig, log: Log) -> Costs:
+    if cfg.local:
+        if cfg.hf_config or not cfg.model:
+            raise ConfigError("on this machine the executor builds zoo models by name (e.g. --model tiny-hybrid); "
+                              "for a config.json pass --gpu NAME (analytic costs, no replay)", field="--hf-config")
+        return measure_here(model=cfg.model, devices=cfg.devices, seq_len=cfg.seq_len,
+                            microbatch_size=cfg.microbatch_size, scale=cfg.scale, repeats=cfg.profile_repeats,
+                            threads=cfg.threads, timeout=cfg.timeout, memory_gb=cfg.memory_gb,
+                            profile_path=cfg.profile_path, log=log)
+    return analytic_costs(model=cfg.model, hf_config=cfg.hf_config, profile_path=cfg.profile_path,
+                          cluster_path=cfg.cluster_path, gpu=cfg.gpu or "h100", devices=cfg.devices,
+                          gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb, seq_len=cfg.seq_len,
+                          microbatch_size=cfg.microbatch_size)
+
+
+def _budget(cfg: WorkflowConfig) -> Budget:
+    try:
+        b = Budget.parse(cfg.budget)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--budget") from None
+    seconds = min(b.seconds, cfg.max_seconds) if b.seconds is not None else cfg.max_seconds
+    return Budget(sim_calls=b.sim_calls, seconds=seconds)
+
+
+def _log_profile(tracker: Any, costs: Costs, out: Path, slug: str) -> None:
+    profile, cluster = costs.profile, costs.cluster
+    profile.save(out / "profile.json")
+    cluster.save(out / "cluster.json")
+    tracker.log_table("layers", [{"index": i, "name": x.name, "kind": x.kind, "f": x.f, "b": x.b, "w": x.w,
+                                  "params": x.params, "act_bytes": x.act_bytes, "out_bytes": x.out_bytes}
+                                 for i, x in enumerate(profile.layers)])
+    tracker.log_table("layer_kinds", kind_rows(profile))
+    tracker.log_artifact(out / "profile.json", name=f"profile-{slug}", type="profile",
+                         metadata={"source": costs.source, "layers": profile.num_layers, "seq_len": profile.seq_len,
+                                   "time_unit": profile.time_unit, "device": costs.device})
+    tracker.log_artifact(out / "cluster.json", name=f"cluster-{slug}", type="cluster",
+                         metadata={"source": costs.source, "devices": cluster.devices})
+    if costs.p2p:
+        tracker.log_metrics({"p2p/latency_us": costs.p2p["latency_us"], "p2p/gbps": costs.p2p["p2p_gbps"]})
+    total = sum(x.f + x.b + x.w for x in profile.layers)
+    tracker.summary({"layers": profile.num_layers, "fbw_per_microbatch": total, "time_unit": profile.time_unit})
+
+
+def _gantts(outcomes: list[MethodOutcome], best: MethodOutcome, mega: MethodOutcome | None, out: Path,
+            label: str) -> dict[str, Path]:
+    """Predicted Megatron vs best (one time axis); measured Megatron vs best; best measured vs predicted."""
+    from pipeline.render import gantt_side_by_side
+
+    files: dict[str, Path] = {}
+    pairs = [(mega, "megatron"), (best, f"best: {best.method}")] if mega is not None and mega is not best \
+        else [(best, f"best: {best.method}")]
+    files["gantt/predicted"] = gantt_side_by_side(
+        [o.result.timeline_dict() for o, _ in pairs], [f"{t} on {label} (predicted)" for _, t in pairs],
+        out / "gantt_predicted.png")
+    measured = [(o, t) for o, t in pairs if o.measured_timeline]
+    if measured:
+        files["gantt/measured"] = gantt_side_by_side(
+            [o.measured_timeline for o, _ in measured], [f"{t} (measured)" for _, t in measured],
+            out / "gantt_measured.png")
+    if best.measured_timeline and best.predicted_timeline:
+        files["gantt/fidelity"] = gantt_side_by_side(
+            [best.measured_timeline, best.predicted_timeline],
+            [f"{best.method} measured", f"{best.method} predicted (performance model)"], out / "gantt_fidelity.png")
+    return files
+
+
+def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
+    """Run every phase (see the module docstring) and return the report; files go to ``cfg.out``."""
+    t_start = time.perf_counter()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    slug = _slug(cfg.label)
+    group = cfg.group or f"run-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs = _Runs(cfg, group)
+    notes: list[str] = []
+    seconds: dict[str, float] = {}
+    budget = _budget(cfg)
+
+    # 1. costs --------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    costs = _costs(cfg, log)
+    seconds["costs"] = time.perf_counter() - t0
+    profile, cluster = costs.profile, costs.cluster
+    microbatches = cfg.microbatches or (8 if cfg.local else 32)
+    with runs.phase("profile", {"source": costs.source}) as tracker:
+        _log_profile(tracker, costs, out, slug)
+
+    # 2. optional policy training ---------------------------------------------------------------
+    policy = cfg.policy
+    if cfg.train_policy > 0:
+        t0 = time.perf_counter()
+        with runs.phase("train") as tracker:
+            policy = train_policy(timesteps=cfg.train_policy, seed=cfg.seed, out=out / "policy", tracker=tracker,
+                                  log=log)
+            curve = out / "policy" / "eval.jsonl"
+            if curve.is_file():
+                from experiments.commands.train import learning_curve
+
+                png = learning_curve(curve, out / "policy" / "learning_curve.png")
+                if png is not None:
+                    tracker.log_image("learning_curve", png)
+        seconds["train"] = time.perf_counter() - t0
+
+    # 3. search ---------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    methods = list(dict.fromkeys(["megatron", *cfg.methods]))
+    log(f"searching {len(methods)} methods for {profile.name} on {cluster.devices} devices, {microbatches} "
+        f"micro-batches (budget {cfg.budget}, at most {budget.seconds:g} s each)")
+    problem = Problem(profile, cluster, microbatches)
+    settings = {"adaptis": {"perturb_moves": cfg.perturb_moves}} if cfg.perturb_moves is not None else {}
+    outcomes = search_methods(problem, methods, budget=budget, seed=cfg.seed, settings=settings, policy=policy,
+                              log=log)
+    notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
+    feasible = [o for o in outcomes if o.ok]
+    mega = next((o for o in outcomes if o.method == "megatron" and o.result is not None and o.result.valid), None)
+    best = min(feasible, key=lambda o: o.predicted) if feasible else None
+    seconds["search"] = time.perf_counter() - t0
+    if best is None:
+        raise ConfigError(f"no plan fits in {cluster.memory_gb:g} GiB per device; add devices or memory "
+                          "(--memory-gb) or use fewer micro-batches", field="--memory-gb")
+    best.plan.save(out / "plan.json")
+    best.plan.save_csv(out / "plan.csv")
+
+    # 4. replay ---------------------------------------------------------------------------------
+    if not cfg.local:
+        notes.append(f"replay skipped: the cluster is {cluster.name} ({cluster.devices} devices), not this machine; "
+                     "deploy plan.csv there (docs/deploy.md)")
+    elif not cfg.replay:
+        notes.append("replay skipped (--no-replay)")
+    else:
+        t0 = time.perf_counter()
+        to_replay = [best] + ([mega] if mega is not None and mega is not best else [])
+        failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
+                        warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout, log=log)
+        if failed:
+            notes.append(failed)
+        seconds["replay"] = time.perf_counter() - t0
+
+    # 5. summary --------------------------------------------------------------------------------
+    rows = method_rows(outcomes, time_unit=profile.time_unit)
+    devices = device_rows(profile, best.plan, cluster, best.result, best.measured_timeline)
+    kinds = kind_rows(profile, best.plan)
+    ops = op_share(best.measured_timeline or best.result.timeline_dict())
+    gantts = _gantts(outcomes, best, mega, out, cfg.label)
+    summary = _summary(best, mega, profile.time_unit)
+    files = {"plan": str(out / "plan.json"), "plan_csv": str(out / "plan.csv"), "profile": str(out / "profile.json"),
+             "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()}}
+    with runs.phase("search", {"microbatches": microbatches, "methods": methods}) as tracker:
+        for o in outcomes:
+            if o.result is not None and o.result.valid:
+                tracker.log_metrics({f"{o.method}/predicted": o.predicted, f"{o.method}/bubble": o.result.mean_bubble,
+                                     f"{o.method}/peak_memory_gb": max(o.result.peak_memory_gb),
+                                     f"{o.method}/sim_calls": o.sim_calls})
+        tracker.log_table("methods", rows)
+        tracker.log_image("gantt/predicted", gantts["gantt/predicted"])
+        tracker.log_plan(best.plan, name=f"plan-{slug}", metadata=summary)
+        tracker.summary(summary)
+    if best.measured_ms is not None:
+        with runs.phase("replay") as tracker:
+            for o in (x for x in outcomes if x.measured_ms is not None):
+                tracker.log_metrics({f"{o.method}/measured_ms": o.measured_ms,
+                                     f"{o.method}/predicted_ms": o.predicted_runtime_ms})
+            for key in ("gantt/measured", "gantt/fidelity"):
+                if key in gantts:
+                    tracker.log_image(key, gantts[key])
+            tracker.summary(summary)
+    seconds["total"] = time.perf_counter() - t_start
+    summary["seconds"] = round(seconds["total"], 1)
+    with runs.phase("summary") as tracker:
+        tracker.log_metrics({k: v for k, v in summary.items() if isinstance(v, int | float)})
+        tracker.log_table("methods", rows)
+        tracker.log_table("devices", devices)
+        tracker.log_table("layer_kinds", kinds)
+        for key, path in gantts.items():
+            tracker.log_image(key, path)
+        tracker.log_plan(best.plan, name=f"plan-{slug}", metadata=summary)
+        tracker.summary({**summary, "notes": "; ".join(notes)})
+    report = WorkflowReport(cfg, costs, outcomes, best, mega, rows, devices, kinds, ops, notes, files, group,
+                            dict(runs.dirs), seconds, summary)
+    (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str) + "\n")
+    return report
+
+
+def _summary(best: MethodOutcome, mega: MethodOutcome | None, unit: str) -> dict[str, Any]:
+    """The headline figures: best method, predicted and measured times and speedups over Megatron."""
+    out: dict[str, Any] = {"best_method": best.method, "predicted_time": best.predicted, "time_unit": unit,
+                           "predicted_bubble": best.result.mean_bubble,
+                           "peak_memory_gb": max(best.result.peak_memory_gb)}
+    if mega is not None:
+        out.update({"megatron_predicted_time": mega.predicted,
+                    "predicted_speedup": mega.predicted / best.predicted,
+                    "megatron_predicted_bubble": mega.result.mean_bubble})
+    if best.measured_ms is not None:
+        out.update({"measured_ms": best.measured_ms, "predicted_runtime_ms": best.predicted_runtime_ms,
+                    "prediction_error_pct": 100 * (best.predicted_runtime_ms - best.measured_ms) / best.measured_ms})
+        if mega is not None and mega.measured_ms:
+            out.update({"megatron_measured_ms": mega.measured_ms,
+                        "measured_speedup": mega.measured_ms / best.measured_ms})
+    return out

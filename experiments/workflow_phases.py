@@ -1,0 +1,190 @@
+"""The steps of the end-to-end workflow, each usable alone: costs, policy training, search, replay.
+
+* :func:`measure_here` — profile the model and the link on this machine, in one ``torchrun`` job
+  with one process per device (every rank profiles at once, as loaded as in the pipeline).
+* :func:`analytic_costs` — the analytic per-layer costs for a named GPU and its cluster.
+* :func:`train_policy` — a short RL training run (its curves go to the given tracker).
+* :func:`search_methods` — every method on one problem, the RL policy included when it loads.
+* :func:`replay` — run plans through the executor and pair each with its prediction.
+
+No module here prints to stdout: progress goes to the ``log`` callable (stderr in the commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.base import Budget
+from experiments.workflow_report import MethodOutcome
+from pipeline.errors import AdaptisError, ConfigError
+from pipeline.spec import Cluster, ModelProfile
+
+__all__ = ["Costs", "measure_here", "analytic_costs", "train_policy", "search_methods", "replay", "Log"]
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Costs:
+    """A profile and a cluster, and where they came from."""
+
+    profile: ModelProfile
+    cluster: Cluster
+    source: str
+    """``measured`` (this machine) or ``analytic`` (a named GPU), or ``file``."""
+    local: bool
+    """True when the cluster is this machine, so plans can be replayed here."""
+    p2p: dict[str, Any] | None = None
+    """The measured link (latency_us, p2p_gbps, backend) when measured."""
+    backend: str | None = None
+    device: str | None = None
+
+
+def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_size: int, scale: float,
+                 repeats: int, threads: int, timeout: float, memory_gb: float | None,
+                 profile_path: str | None = None, log: Log = print) -> Costs:
+    """Profile ``model`` (a zoo name the executor builds) and the p2p link on ``devices`` local ranks.
+
+    With ``profile_path`` only the link is measured. The cluster's memory is ``memory_gb`` or 64 GiB.
+    """
+    from executor.fidelity import measured_cluster
+    from executor.model import default_seq_len, resolve_architecture
+    from executor.replay import ReplayOptions, p2p_bench, run_job
+
+    arch = resolve_architecture(model, scale=scale)
+    seq = seq_len or default_seq_len(arch)
+    if profile_path:
+        profile = ModelProfile.load(profile_path)
+        log(f"measuring the link between 2 local ranks (profile from {profile_path})")
+        bench = p2p_bench(timeout=timeout) if devices > 1 else None
+        backend, device = (bench or {}).get("backend"), None
+    else:
+        log(f"profiling {model} ({len(arch.layers)} layers, {microbatch_size}x{seq} tokens) and the link on "
+            f"{devices} local ranks ({repeats} repeats per layer) ...")
+        options = ReplayOptions(model=model, scale=scale, seq_len=seq, microbatch_size=microbatch_size,
+                                threads=threads)
+        result = run_job([], options, measure=True, nproc=devices, timeout=timeout, profile_repeats=repeats)
+        profile = ModelProfile.from_dict(result["profile"], source="measured profile")
+        bench, backend, device = result.get("p2p"), result.get("backend"), result.get("device")
+    link = bench or {"latency_us": 0.0, "p2p_gbps": 1e6}
+    cluster = measured_cluster(devices, {**link, "backend": backend or "gloo"}, memory_gb=memory_gb or 64.0,
+                               name=f"local-{device or 'cpu'}-{backend or 'gloo'}")
+    return Costs(profile, cluster, "file" if profile_path else "measured", True, bench, backend, device)
+
+
+def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: str | None,
+                   cluster_path: str | None, gpu: str, devices: int, gpus_per_node: int, memory_gb: float | None,
+                   seq_len: int | None, microbatch_size: int) -> Costs:
+    """Analytic costs of a zoo model / HF config on ``gpu`` (or the given profile / cluster files)."""
+    from experiments.common import resolve_cluster, resolve_profile
+
+    ns = argparse.Namespace(model=model, hf_config=hf_config, profile=profile_path, cluster=cluster_path, gpu=gpu,
+                            devices=devices, gpus_per_node=gpus_per_node, memory_gb=memory_gb, seq_len=seq_len,
+                            microbatch_size=microbatch_size)
+    profile = resolve_profile(ns)
+    cluster = resolve_cluster(ns)
+    return Costs(profile, cluster, "file" if profile_path else "analytic", False)
+
+
+def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log = print) -> str:
+    """Train a MaskablePPO plan-editing policy for ``timesteps`` steps; returns the policy path.
+
+    SB3's metrics and the evaluation curve go to ``tracker`` (the workflow's ``train`` run).
+    """
+    from agents.rl_train import TrainConfig, train
+    from experiments.tracking import make_sb3_logger
+
+    n_steps = max(16, min(256, timesteps // 2))
+    config = TrainConfig(timesteps=timesteps, seed=seed, n_envs=1, out=str(out), n_steps=n_steps,
+                         batch_size=min(64, n_steps), eval_every=max(n_steps, timesteps // 2), eval_scenarios=2,
+                         checkpoint_every=timesteps, progress_bar=False)
+    log(f"training an RL policy for {timesteps} steps -> {out}")
+    summary = train(config, tracker=tracker, logger=make_sb3_logger(tracker, formats=()),
+                    command=f"python -m experiments run --train-policy {timesteps}")
+    tracker.summary({f"train/{k}": v for k, v in summary.items() if isinstance(v, int | float | bool)})
+    return str(summary["policy"])
+
+
+def _configure(searcher: Any, settings: dict[str, Any]) -> None:
+    """Set searcher attributes (e.g. the tuner's ``perturb_moves``); unknown names are an error."""
+    for key, value in settings.items():
+        if not hasattr(searcher, key):
+            raise ConfigError(f"method {searcher.name!r} has no setting {key!r}", field=key)
+        setattr(searcher, key, value)
+
+
+def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed: int,
+                   settings: dict[str, dict[str, Any]] | None = None, policy: str | None = None,
+                   log: Log = print) -> list[MethodOutcome]:
+    """Run every method on ``problem``; a method that cannot run (e.g. no RL policy yet) gets a note.
+
+    ``settings`` maps a method name to attributes of its searcher, e.g.
+    ``{"adaptis": {"perturb_moves": 2}}``; ``policy`` is the RL policy file for ``rl`` methods.
+    """
+    from agents.registry import make_searcher
+
+    outcomes = []
+    for name in methods:
+        try:
+            searcher = make_searcher(name)
+            if policy and hasattr(searcher, "policy_path"):
+                searcher.policy_path = policy
+            _configure(searcher, (settings or {}).get(name, {}))
+            res = searcher.search(problem, budget=budget, seed=seed)
+        except ConfigError as exc:
+            if not name.startswith("rl"):
+                raise
+            outcomes.append(MethodOutcome(name, None, None, note=f"skipped: {exc}"))
+            log(f"  {name:<10} skipped: {exc}")
+            continue
+        except (ImportError, OSError, RuntimeError, ValueError) as exc:
+            if not name.startswith("rl"):
+                raise
+            note = f"skipped: the RL agent is not available ({type(exc).__name__}: {exc})"
+            outcomes.append(MethodOutcome(name, None, None, note=note))
+            log(f"  {name:<10} {note}")
+            continue
+        outcomes.append(MethodOutcome(name, res.plan, res.result, res.sim_calls, res.seconds, res.note))
+        shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
+        log(f"  {name:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
+    return outcomes
+
+
+def replay(outcomes: Sequence[MethodOutcome], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
+           threads: int, timeout: float, log: Log = print) -> str | None:
+    """Run the plans of ``outcomes`` in one ``torchrun`` job and fill in their measured figures.
+
+    Returns ``None`` on success, else a note saying why nothing was measured (the job failed).
+    """
+    from executor.fidelity import compare_plans
+    from executor.replay import LaunchError, ReplayOptions, run_job
+
+    plans = [o.plan for o in outcomes if o.plan is not None]
+    profile = costs.profile
+    options = ReplayOptions(model=model, scale=scale, seq_len=profile.seq_len,
+                            microbatch_size=profile.microbatch_size, steps=steps, warmup=warmup, threads=threads)
+    log(f"replaying {', '.join(o.method for o in outcomes)} on {plans[0].devices} local ranks "
+        f"({warmup} warm-up + {steps} timed steps) ...")
+    try:
+        result = run_job(plans, options, timeout=timeout)
+    except (LaunchError, AdaptisError) as exc:
+        return f"replay failed: {exc}"
+    to_ms = profile.seconds_per_unit * 1e3
+    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, result["runs"])
+    for o, comp in zip(outcomes, comps):
+        o.measured_ms = comp.measured
+        o.predicted_runtime_ms = comp.predicted * to_ms
+        o.measured_timeline = comp.measured_timeline
+        tl = dict(comp.predicted_timeline)
+        if to_ms != 1.0:
+            tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in tl["events"]]
+            tl["time_unit"] = "ms"
+        o.predicted_timeline = tl
+        o.extra["loss"] = comp.run.get("loss")
+        o.extra["measured_iteration_times"] = comp.run.get("measured_iteration_times")
+        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {o.predicted_runtime_ms:.4g} ms")
+    return None

@@ -1,0 +1,221 @@
+"""Sweeps without a server: a grid (or, when installed, Optuna) over search and agent settings.
+
+Each trial searches one problem with one method under one combination of settings and is logged
+as its own offline W&B run in the sweep's group; :func:`run_sweep` returns every trial, best first.
+
+Settings (``--param KEY=V1,V2``):
+
+* problem: ``microbatches``, ``memory_gb``, ``devices``;
+* search: ``budget`` (simulator calls, or seconds as ``30s``), ``seed``, ``method``;
+* anything else is an attribute of the method's searcher, e.g. ``perturb_moves`` (the tuner),
+  ``samples`` or ``max_calls`` (the RL policy); unknown names are refused before any trial runs.
+
+W&B's own sweeps need a W&B server (the sweep controller lives there); this runs offline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.base import Budget
+from pipeline.errors import ConfigError
+from pipeline.spec import Cluster, ModelProfile
+
+__all__ = ["PROBLEM_KEYS", "SEARCH_KEYS", "Trial", "parse_params", "grid", "check_params", "run_trial", "run_sweep",
+           "save_trials"]
+
+#: Settings that change the problem, not the searcher.
+PROBLEM_KEYS = ("microbatches", "memory_gb", "devices")
+#: Settings of the search call itself.
+SEARCH_KEYS = ("budget", "seed", "method")
+
+
+def _value(text: str) -> Any:
+    """``"3"`` -> 3, ``"0.5"`` -> 0.5, ``"true"`` -> True, ``"30s"`` / ``"adaptis"`` stay text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_params(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``["seed=0,1", "memory-gb=40,80"]`` -> ``{"seed": [0, 1], "memory_gb": [40, 80]}``."""
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        vals = [_value(v) for v in values.split(",") if v.strip()]
+        if not sep or not key or not vals:
+            raise ConfigError(f"bad --param {item!r}; write KEY=V1,V2 (e.g. seed=0,1,2)", field="--param")
+        if key in out:
+            raise ConfigError(f"--param {key} given twice; list all its values once", field="--param")
+        out[key] = vals
+    return out
+
+
+def grid(params: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
+    """Every combination of the values, in order (the last key varies fastest)."""
+    keys = list(params)
+    for combo in itertools.product(*(params[k] for k in keys)):
+        yield dict(zip(keys, combo))
+
+
+def check_params(params: dict[str, list[Any]], default_method: str) -> None:
+    """Refuse unknown settings and bad values before any trial runs (names the field and the fix)."""
+    from agents.registry import make_searcher
+
+    methods = params.get("method", [default_method])
+    for key, values in params.items():
+        if key == "budget":
+            for v in values:
+                try:
+                    Budget.parse(str(v))
+                except ValueError as exc:
+                    raise ConfigError(str(exc), field="--param budget") from None
+        elif key in ("microbatches", "devices", "seed") and not all(isinstance(v, int) for v in values):
+            raise ConfigError(f"{key} takes whole numbers, got {values}", field=f"--param {key}")
+        elif key == "memory_gb" and not all(isinstance(v, int | float) and v > 0 for v in values):
+            raise ConfigError(f"memory_gb takes positive numbers, got {values}", field="--param memory_gb")
+        elif key not in PROBLEM_KEYS + SEARCH_KEYS:
+            for m in methods:
+                if not hasattr(make_searcher(str(m)), key):
+                    raise ConfigError(f"{key!r} is neither a problem setting ({', '.join(PROBLEM_KEYS)}), a search "
+                                      f"setting ({', '.join(SEARCH_KEYS)}) nor a setting of method {m!r}",
+                                      field=f"--param {key}")
+
+
+@dataclass
+class Trial:
+    """One combination of settings and what its search found."""
+
+    index: int
+    params: dict[str, Any]
+    method: str
+    iteration_time: float | None = None
+    speedup: float | None = None
+    """Over the Megatron baseline of the same problem."""
+    bubble: float | None = None
+    peak_memory_gb: float | None = None
+    feasible: bool = False
+    sim_calls: int = 0
+    seconds: float = 0.0
+    plan: Any = field(default=None, repr=False)
+    run_dir: str | None = None
+
+    @property
+    def objective(self) -> float:
+        """What the sweep minimises: the predicted iteration time of a plan that fits (inf otherwise)."""
+        return self.iteration_time if self.feasible and self.iteration_time is not None else math.inf
+
+    def row(self) -> dict[str, Any]:
+        return {"trial": self.index, **self.params, "method": self.method, "iteration_time": self.iteration_time,
+                "speedup": self.speedup, "bubble_pct": None if self.bubble is None else 100 * self.bubble,
+                "peak_memory_gb": self.peak_memory_gb, "feasible": self.feasible, "sim_calls": self.sim_calls,
+                "seconds": round(self.seconds, 3)}
+
+
+def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
+              method: str, budget: str, seed: int, references: dict[tuple, float | None]) -> Trial:
+    """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time."""
+    from agents.registry import make_searcher
+    from pipeline.space import Problem
+
+    mb = int(params.get("microbatches", microbatches))
+    cl = cluster
+    if "devices" in params:
+        from dataclasses import replace
+
+        cl = replace(cl, devices=int(params["devices"]), device_list=None)
+    if "memory_gb" in params:
+        cl = cl.with_memory(float(params["memory_gb"]))
+    problem = Problem(profile, cl, mb)
+    name = str(params.get("method", method))
+    searcher = make_searcher(name)
+    for key, value in params.items():
+        if key not in PROBLEM_KEYS + SEARCH_KEYS:
+            setattr(searcher, key, value)
+    res = searcher.search(problem, budget=Budget.parse(str(params.get("budget", budget))),
+                          seed=int(params.get("seed", seed)))
+    ref_key = (mb, cl.devices, cl.memory_gb)
+    if ref_key not in references:
+        mega = make_searcher("megatron").search(problem, budget=Budget(1))
+        references[ref_key] = mega.iteration_time if mega.ok else None
+    trial = Trial(index, dict(params), name, sim_calls=res.sim_calls, seconds=res.seconds, plan=res.plan)
+    if res.ok:
+        r = res.result
+        ref = references[ref_key]
+        trial.iteration_time, trial.feasible = r.iteration_time, r.feasible
+        trial.speedup = ref / r.iteration_time if ref else None
+        trial.bubble, trial.peak_memory_gb = r.mean_bubble, max(r.peak_memory_gb)
+    return trial
+
+
+def _optuna_combos(params: dict[str, list[Any]], trials: int, seed: int,
+                   evaluate: Callable[[dict[str, Any]], float]) -> None:
+    """Let Optuna's TPE pick ``trials`` combinations among the listed values (needs ``pip install optuna``)."""
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("Optuna is not installed; use --sampler grid (the default) or pip install optuna",
+                          field="--sampler") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def objective(t: Any) -> float:
+        combo = {k: t.suggest_categorical(k, v) for k, v in params.items()}
+        value = evaluate(combo)
+        return value if math.isfinite(value) else 1e300
+
+    study.optimize(objective, n_trials=trials)
+
+
+def run_sweep(params: dict[str, list[Any]], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
+              method: str, budget: str, seed: int, max_trials: int | None = None, sampler: str = "grid",
+              on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
+    """Run the trials (grid order, or Optuna's choice), calling ``on_trial`` after each; best first."""
+    check_params(params, method)
+    references: dict[tuple, float | None] = {}
+    trials: list[Trial] = []
+
+    def evaluate(combo: dict[str, Any]) -> float:
+        trial = run_trial(len(trials), combo, profile=profile, cluster=cluster, microbatches=microbatches,
+                          method=method, budget=budget, seed=seed, references=references)
+        trials.append(trial)
+        if on_trial is not None:
+            on_trial(trial)
+        return trial.objective
+
+    if sampler == "optuna":
+        size = math.prod(len(v) for v in params.values())
+        _optuna_combos(params, min(max_trials or size, size), seed, evaluate)
+    elif sampler == "grid":
+        for k, combo in enumerate(grid(params)):
+            if max_trials is not None and k >= max_trials:
+                break
+            evaluate(combo)
+    else:
+        raise ConfigError(f"unknown sampler {sampler!r}; use grid or optuna", field="--sampler")
+    return sorted(trials, key=lambda t: (t.objective, t.index))
+
+
+def save_trials(trials: Sequence[Trial], out: Path) -> None:
+    """``trials.jsonl`` (one row per trial, best first) and ``best_plan.json`` / ``best_plan.csv``."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "trials.jsonl", "w") as fh:
+        for t in trials:
+            fh.write(json.dumps(t.row()) + "\n")
+    if trials and trials[0].plan is not None and trials[0].feasible:
+        trials[0].plan.save(out / "best_plan.json")
+        trials[0].plan.save_csv(out / "best_plan.csv")

@@ -1,0 +1,129 @@
+"""``python -m experiments run``: the whole workflow on tiny-hybrid (2 CPU ranks), read back from W&B."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.tracking import read_offline_run
+from experiments.workflow_report import MethodOutcome, device_rows, kind_rows, method_rows, op_share, timeline_busy
+from pipeline.plan import Plan, validate_plan
+from pipeline.schedules import build_plan
+from pipeline.simulator import simulate
+from tests.conftest import ideal_cluster, uniform_profile
+
+
+@pytest.fixture
+def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    return tmp_path / "wb"
+
+
+@pytest.mark.slow
+def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = main(["run", "--model", "tiny-hybrid", "--devices", "2", "--seq-len", "64", "--microbatches", "6",
+                 "--budget", "100", "--profile-repeats", "2", "--steps", "2", "--warmup", "1", "--out", str(out),
+                 "--group", "wf-test", "--timeout", "240"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "where the time went" in text and "best:" in text and "measured" in text
+    summary = json.loads((out / "summary.json").read_text())
+    s = summary["summary"]
+    assert s["measured_ms"] > 0 and s["megatron_measured_ms"] > 0 and s["predicted_speedup"] >= 1.0
+    assert s["measured_speedup"] == pytest.approx(s["megatron_measured_ms"] / s["measured_ms"])
+    plan = Plan.load(out / "plan.json")
+    validate_plan(plan, num_layers=8, devices=2)
+    assert plan.method == s["best_method"]
+    assert (out / "plan.csv").read_text().count("\n") == 2
+    for name in ("gantt_predicted.png", "gantt_measured.png", "gantt_fidelity.png", "profile.json", "cluster.json"):
+        assert (out / name).stat().st_size > 0
+    assert [d["device"] for d in summary["devices"]] == [0, 1]
+    assert all("measured_bubble_pct" in d for d in summary["devices"])
+    assert abs(sum(k["time_share_pct"] for k in summary["kinds"]) - 100) < 1e-6
+
+    # The W&B group, read back from the offline run folders.
+    assert set(summary["run_dirs"]) == {"profile", "search", "replay", "summary"}
+    runs = {phase: read_offline_run(d, wait_for_exit_s=20) for phase, d in summary["run_dirs"].items()}
+    assert {r.group for r in runs.values()} == {"wf-test"}
+    assert all(r.exit_code == 0 for r in runs.values())
+    final = runs["summary"]
+    assert final.summary["best_method"] == s["best_method"]
+    assert final.summary["measured_ms"] == pytest.approx(s["measured_ms"])
+    assert final.metric("predicted_speedup") and final.metric("measured_speedup")
+    assert set(final.images) >= {"gantt/predicted", "gantt/measured", "gantt/fidelity"}
+    assert all(p.is_file() for paths in final.images.values() for p in paths)
+    assert {r["method"] for r in final.tables["methods"]} >= {"megatron", "adaptis"}
+    art = final.artifact("plan-tiny-hybrid")
+    assert art.type == "plan"
+    assert Plan.load(art.files["plan.json"]) == plan
+    prof = runs["profile"].artifact("profile-tiny-hybrid")
+    assert prof.type == "profile" and prof.metadata["source"] == "measured"
+    assert runs["search"].artifact("plan-tiny-hybrid").type == "plan"
+    assert runs["replay"].metric("adaptis/measured_ms") or runs["replay"].metric("megatron/measured_ms")
+
+
+def test_named_gpu_cluster_skips_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4", "--microbatches", "8",
+                 "--method", "zbv,adaptis", "--budget", "40", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["source"] == "analytic" and "measured_ms" not in report["summary"]
+    assert any(n.startswith("replay skipped") for n in report["notes"])
+    assert {r["method"] for r in report["rows"]} == {"megatron", "zbv", "adaptis"}
+    assert report["summary"]["predicted_speedup"] >= 1.0
+
+
+def test_hf_config_on_this_machine_is_refused_with_the_fix(tmp_path: Path, capsys) -> None:
+    cfg = Path(__file__).resolve().parents[2] / "experiments/configs/models/tiny-hybrid.json"
+    assert main(["run", "--hf-config", str(cfg), "--out", str(tmp_path)]) == 2
+    assert "--gpu" in capsys.readouterr().err
+
+
+def test_rl_unavailable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch, capsys) -> None:
+    import agents.registry as registry
+
+    real = registry.make_searcher
+
+    def fake(name: str):
+        if name.startswith("rl"):
+            raise ImportError("no module named agents.rl (test)")
+        return real(name)
+
+    monkeypatch.setattr(registry, "make_searcher", fake)
+    code = main(["run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4", "--microbatches", "8",
+                 "--method", "adaptis,rl", "--budget", "30", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rl = next(r for r in report["rows"] if r["method"] == "rl")
+    assert rl["predicted"] is None and "not available" in rl["note"]
+    assert any(n.startswith("rl: skipped") for n in report["notes"])
+
+
+def test_report_functions_on_a_known_plan() -> None:
+    profile = uniform_profile(8)
+    cluster = ideal_cluster(2)
+    plan = build_plan("1f1b", profile, cluster, 4)
+    result = simulate(plan, profile, cluster)
+    busy, span = timeline_busy(result.timeline_dict())
+    assert span == pytest.approx(result.iteration_time)
+    assert busy == pytest.approx(list(result.busy))
+    rows = device_rows(profile, plan, cluster, result, result.timeline_dict())
+    assert [r["layers"] for r in rows] == [4, 4]
+    assert rows[0]["measured_bubble_pct"] == pytest.approx(100 * result.bubble[0])
+    assert rows[1]["top_kind"] == "attention+mlp" and rows[1]["top_kind_pct"] == pytest.approx(100)
+    kinds = kind_rows(profile, plan)
+    assert kinds == [{"kind": "attention+mlp", "count": 8, "f": 1.0, "b": 1.0, "w": 1.0, "time_share_pct": 100.0,
+                      "act_mib": pytest.approx(1000 / 2**20), "devices": "0,1"}]
+    assert sum(op_share(result.timeline_dict()).values()) == pytest.approx(100)
+    slow = MethodOutcome("megatron", plan, result)
+    fast_result = simulate(plan, profile.scaled(0.5), cluster)
+    fast = MethodOutcome("adaptis", plan, fast_result)
+    table = method_rows([slow, fast], time_unit="ms")
+    assert [r["method"] for r in table] == ["adaptis", "megatron"]
+    assert table[0]["speedup"] == pytest.approx(2.0)

@@ -1,0 +1,77 @@
+"""``python -m experiments sweep``: grid parsing, refusals, and a small sweep read back from W&B."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.tracking import read_offline_run
+from experiments.workflow_sweep import check_params, grid, parse_params, run_sweep
+from pipeline.errors import ConfigError
+from pipeline.plan import Plan
+from tests.conftest import ROOT
+
+PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
+
+
+def test_parse_params_and_grid_order() -> None:
+    params = parse_params(["seed=0,1", "memory-gb=40,80.5", "budget=30s", "eager=true"])
+    assert params == {"seed": [0, 1], "memory_gb": [40, 80.5], "budget": ["30s"], "eager": [True]}
+    combos = list(grid({"a": [1, 2], "b": ["x", "y"]}))
+    assert combos == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+
+
+@pytest.mark.parametrize("items, field", [
+    (["seed"], "--param"),
+    (["seed=0", "seed=1"], "--param"),
+    (["budget=lots"], "budget"),
+    (["microbatches=8.5"], "microbatches"),
+    (["warp_factor=9"], "warp_factor"),
+])
+def test_bad_params_are_refused_before_any_trial(items: list[str], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_params(parse_params(items), "adaptis")
+    assert field in str(err.value)
+
+
+def test_searcher_settings_reach_the_searcher(hetero_profile, h100x4) -> None:
+    trials = run_sweep({"perturb_moves": [1, 5], "budget": [30]}, profile=hetero_profile, cluster=h100x4,
+                       microbatches=8, method="adaptis", budget="30", seed=0)
+    assert sorted(t.params["perturb_moves"] for t in trials) == [1, 5]
+    assert all(t.feasible and t.speedup and t.speedup >= 1.0 for t in trials)
+    assert [t.objective for t in trials] == sorted(t.objective for t in trials)
+
+
+def test_optuna_missing_is_a_clear_error(hetero_profile, h100x4, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    with pytest.raises(ConfigError, match="Optuna is not installed"):
+        run_sweep({"seed": [0, 1]}, profile=hetero_profile, cluster=h100x4, microbatches=8, method="adaptis",
+                  budget="20", seed=0, sampler="optuna")
+
+
+def test_sweep_command_logs_each_trial_in_one_group(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    out = tmp_path / "sweep"
+    code = main(["sweep", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--param", "budget=20,60",
+                 "--param", "memory-gb=30,80", "--out", str(out), "--group", "sw-test"])
+    text = capsys.readouterr().out
+    assert code == 0 and "best: trial" in text
+    rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {(r["budget"], r["memory_gb"]) for r in rows} == {(20, 30), (20, 80), (60, 30), (60, 80)}
+    feasible = [r for r in rows if r["feasible"]]
+    assert rows[0]["iteration_time"] == min(r["iteration_time"] for r in feasible)
+    Plan.load(out / "best_plan.json")
+    runs = [read_offline_run(d, wait_for_exit_s=20) for d in sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))]
+    assert len(runs) == 5 and {r.group for r in runs} == {"sw-test"}
+    trials = [r for r in runs if r.job_type == "trial"]
+    assert sorted(r.config["budget"] for r in trials) == [20, 20, 60, 60]
+    assert all(r.metric("iteration_time") for r in trials)
+    summary = next(r for r in runs if r.job_type == "summary")
+    assert len(summary.tables["trials"]) == 4
+    assert summary.artifact("sweep-best-hetero-head-16").type == "plan"
