@@ -86,6 +86,13 @@ GPUS: dict[str, GPUSpec] = {
                     nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0),
     "h800": GPUSpec("h800", "H800-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
                     nvlink_gbps=200.0, inter_node_gbps=50.0, vector_tflops=67.0),
+    # One x86 core running fp32 torch, for comparing analytic costs with what the executor's profiler
+    # measures on a CPU rank. Calibrated on the 2-core development machine (one thread): a 512^3
+    # matmul ran at ~100 GFLOP/s, a streaming element-wise op at ~4 GB/s, an eager op cost ~3 us
+    # (more with autograd bookkeeping, hence 10 us); gloo between two local ranks ~3 GB/s.
+    "cpu": GPUSpec("cpu", "x86 core (fp32, 1 thread)", peak_bf16_tflops=0.1, hbm_tbps=0.005, memory_gb=16.0,
+                   nvlink_gbps=3.0, inter_node_gbps=1.0, vector_tflops=0.005, matmul_efficiency=0.6,
+                   memory_efficiency=0.8, kernel_overhead_us=10.0),
 }
 
 #: Other spellings accepted by :func:`get_gpu` (compared lower-case, ``_`` and spaces as ``-``).
