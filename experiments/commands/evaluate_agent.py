@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
     parser.add_argument("--max-seconds", type=float, default=60.0,
-                        help="safety cap in seconds per search (the tuner can loop when every neighbour is cached)")
+                        help="cap in seconds per search, besides its simulator-call budget")
     parser.add_argument("--methods", default="rl,rl+tuner,adaptis,random")
     parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy")
     parser.add_argument("--seed", type=int, default=0)
