@@ -198,7 +198,7 @@ def _bar_chart(path: Path, summary: list[dict[str, Any]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{s['model']}\n{s['seq_len'] // 1024}k" for s in summary]
+    labels = [f"{s['model']} {s['seq_len'] // 1024}k" for s in summary]
     ours = [s["speedup"] or 0 for s in summary]
     paper = [s["paper"] or 0 for s in summary]
     fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(labels) + 2), 4))
@@ -207,7 +207,7 @@ def _bar_chart(path: Path, summary: list[dict[str, Any]]) -> None:
     ax.bar([x + 0.2 for x in xs], paper, width=0.4, label="paper (measured)", color="#DD8452")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
     ax.set_ylabel("speedup over Megatron interleaved 1F1B")
     ax.legend(fontsize=8)
     ax.set_title("AdaPtis grid: speedup over the Megatron baseline")
