@@ -5,12 +5,10 @@
 :class:`~pipeline.space.Evaluator`, so repeated plans are free and every call is counted. It
 spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget).
 
-``rl+tuner`` runs ``rl`` first, then :class:`~agents.tuner.AdaptisTuner` with the policy's best
-plans as extra seeds (``start=...``) and its whole budget (the policy's calls come on top and
-are counted in the result). The tuner still evaluates the
-named schedules and all of its own seeds, so the result is never worse than the best of those
-and of the policy's plan; whether it beats the tuner alone at the same budget is measured by
-``python -m experiments evaluate-agent``.
+``rl+tuner`` runs the tuner alone with its whole budget, the policy, and a short tuner run that
+starts from the policy's best plans only (``start=..., own_seeds=False``), and keeps the best:
+never worse than the tuner alone by construction, at most 80 extra simulator calls; whether the
+policy's seeds find better plans is measured by ``python -m experiments evaluate-agent``.
 
 Importing this module registers both names in :mod:`agents.registry`.
 """
@@ -147,32 +145,44 @@ class RLSearcher:
 
 @dataclass
 class RLTunerSearcher:
-    """``rl`` then the AdaPtis tuner, with its full budget, seeded with the policy's best plans."""
+    """The AdaPtis tuner with its whole budget, plus the policy's plans refined by a short tuner run.
+
+    Three parts, all counted in ``sim_calls``: the tuner alone (exactly as ``adaptis`` with the
+    same budget and seed), ``rl`` (at most ``max_calls``), and a local search of ``refine_calls``
+    calls that starts from the policy's best plans only. The best of the three is returned, so
+    ``rl+tuner`` is never worse than the tuner alone; it costs at most ``max_calls +
+    refine_calls`` extra simulator calls.
+    """
 
     name: str = "rl+tuner"
     policy_path: str | None = None
     samples: int = 4
     max_calls: int = 40
+    refine_calls: int = 40
     seeds: int = 3
-    """How many of the policy's best distinct plans seed the tuner."""
+    """How many of the policy's best distinct plans seed the refinement."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from agents.tuner import AdaptisTuner
 
+        alone = AdaptisTuner().search(problem, budget=budget, seed=seed, on_improve=on_improve)
         rl = RLSearcher(policy_path=self.policy_path, samples=self.samples, max_calls=self.max_calls)
         first = rl.search(problem, budget=budget, seed=seed, on_improve=on_improve)
-        # The tuner keeps its whole budget (the policy's few calls come on top), so the policy's
-        # plans only add starting points and never take search time away from the tuner.
-        tuned = AdaptisTuner().search(problem, budget=budget, seed=seed, on_improve=on_improve,
-                                      start=rl.best_candidates[:self.seeds])
-        best = tuned if objective_key(tuned.result) <= objective_key(first.result) or not first.ok else first
-        if tuned.result is None:
-            best = first
-        calls = first.sim_calls + tuned.sim_calls
-        history = first.history + [(first.sim_calls + n, t) for n, t in tuned.history]
+        parts = [alone, first]
+        if rl.best_candidates:
+            parts.append(AdaptisTuner().search(problem, budget=Budget(sim_calls=self.refine_calls), seed=seed,
+                                               on_improve=on_improve, start=rl.best_candidates[:self.seeds],
+                                               own_seeds=False))
+        ok = [p for p in parts if p.result is not None and p.result.valid]
+        best = min(ok, key=lambda p: objective_key(p.result)) if ok else alone
+        calls = sum(p.sim_calls for p in parts)
+        history, offset = [], 0
+        for p in parts:
+            history += [(offset + n, t) for n, t in p.history]
+            offset += p.sim_calls
         return SearchResult(self.name, _renamed(best.plan, self.name), best.result, calls,
-                            first.seconds + tuned.seconds, history, note=best.note)
+                            sum(p.seconds for p in parts), history, note=best.note)
 
 
 def _renamed(plan: Plan | None, method: str) -> Plan | None:

@@ -76,7 +76,10 @@ class AdaptisTuner:
     perturb_moves: int = 3
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
-               on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = ()) -> SearchResult:
+               on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
+               own_seeds: bool = True) -> SearchResult:
+        """Search within ``budget``. ``start``: extra candidates to start from (e.g. an RL policy's);
+        ``own_seeds=False`` starts from ``start`` alone (a short refinement of given plans)."""
         rng = random.Random(seed)
         ev = Evaluator(problem)
         clock = BudgetClock(budget, ev)
@@ -85,7 +88,8 @@ class AdaptisTuner:
 
         # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
         #    can only improve on the best of them.
-        for method, balanced in [(m, b) for b in (False, True) for m in NAMED_METHODS]:
+        named = [(m, b) for b in (False, True) for m in NAMED_METHODS] if own_seeds else []
+        for method, balanced in named:
             if balanced and method == "megatron":
                 continue
             try:
@@ -102,7 +106,7 @@ class AdaptisTuner:
                               record_timeline=False)
             state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
-        seeds = list(start) + seed_candidates(problem)
+        seeds = list(start) + (seed_candidates(problem) if own_seeds else [])
         current: Candidate | None = None
         current_key: Key | None = None
         for c in seeds:
