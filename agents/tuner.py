@@ -142,6 +142,8 @@ class AdaptisTuner:
                 stall = 0
                 continue
             stall += 1
+            if clock.spent():
+                break
             base = state.best_candidate or current
             current = self._perturb(base, problem, rng, strength=self.perturb_moves + stall % 4)
             current_key = state.offer(current)
