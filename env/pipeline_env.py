@@ -204,7 +204,7 @@ class PipelineEnv(gym.Env):
         if ref == "megatron":
             self.reference = megatron_time(problem)[0]
         elif ref == "bound":
-            self.reference = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
+            self.reference = lower_bound(problem.profile, problem.cluster, problem.microbatches, packing=False).value
         else:
             raise ValueError(f"reference must be 'megatron' or 'bound', got {ref!r}")
         self.editor = PlanEditor(problem, evaluator=evaluator or Evaluator(problem), reference=self.reference,
@@ -279,7 +279,7 @@ class PipelineEnv(gym.Env):
         total = max(float(cost.sum()), 1e-12)
         comm = sum(problem.cluster.transfer_seconds(0, min(1, P - 1), x.out_bytes) for x in layers)
         static = sum(x.params for x in layers) * problem.training.bytes_per_param / P
-        self._consts = (lower_bound(problem.profile, problem.cluster, problem.microbatches).value,
+        self._consts = (lower_bound(problem.profile, problem.cluster, problem.microbatches, packing=False).value,
                         comm / problem.profile.seconds_per_unit / total, float(cost[-1]) / total,
                         static / (sum(problem.cluster.memory_limits_bytes) / P))
         return out
