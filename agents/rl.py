@@ -25,9 +25,9 @@ from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.registry import register
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Problem, objective_key
+from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, objective_key
 
-__all__ = ["RLSearcher", "RLTunerSearcher", "rollout"]
+__all__ = ["RLSearcher", "RLTunerSearcher", "rollout", "start_candidates"]
 
 _POLICIES: dict[str, tuple[Any, dict[str, Any]]] = {}
 
@@ -89,6 +89,30 @@ def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -
     return int(np.argmax(probs)), None
 
 
+def start_candidates(problem: Problem) -> list[Candidate]:
+    """Where the policy's rollouts start: the environment's portfolio (list-scheduled families),
+    the hand-built orders of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved
+    placements of 2-4 chunks under even budgets, all at the DP-balanced split."""
+    from env.editor import MAX_STAGES, portfolio, preset_budgets
+    from pipeline.plan import interleaved_placement, sequential_placement, v_placement
+
+    P, L = problem.devices, problem.profile.num_layers
+    out = portfolio(problem)
+    named: list[tuple[str, tuple[int, ...]]] = [("1f1b", sequential_placement(P))]
+    if P >= 2 and 2 * P <= L:
+        named += [("zbv", v_placement(P)), ("interleaved", interleaved_placement(P, 2))]
+    for order, placement in named:
+        out.append(Candidate(balanced_sizes(problem.profile, placement, problem.cluster), placement, order))
+    # Interleaved placements under an even per-device budget (the portfolio's 1F1B-style
+    # decreasing budgets starve the last devices of a multi-chunk placement).
+    for chunks in (2, 3, 4):
+        if P >= 2 and P * chunks <= min(L, MAX_STAGES):
+            placement = interleaved_placement(P, chunks)
+            out.append(Candidate(balanced_sizes(problem.profile, placement, problem.cluster), placement, "list",
+                                 preset_budgets("zbv", P)))
+    return out
+
+
 @dataclass
 class RLSearcher:
     """A trained policy's plan: deterministic rollout plus sampled ones (see the module docstring)."""
@@ -117,12 +141,13 @@ class RLSearcher:
         found: list[tuple[tuple, Candidate, Plan, Result]] = []
         history: list[tuple[int, float]] = []
         best_key = None
+        starts = start_candidates(problem)
         for k in range(1 + self.samples):
             if k and ev.calls >= cap:
                 break
             calls_before = ev.calls
             c, plan, res = rollout(policy, env, problem=problem, evaluator=ev, max_calls=cap,
-                                   deterministic=k == 0, rng=rng)
+                                   deterministic=k == 0, rng=rng, start=starts)
             key = objective_key(res)
             found.append((key, c, plan, res))
             if res.valid and (best_key is None or key < best_key):
