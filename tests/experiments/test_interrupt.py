@@ -44,3 +44,39 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
     plan = Plan.load(out / "plan.json")
     validate_plan(plan, num_layers=16, devices=4)
     assert not (out / "plan.json.tmp").exists()
+
+
+def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
+    """Ctrl-C during `train` stops at the next step, saves a checkpoint and a policy; --resume
+    continues from that checkpoint up to the requested total."""
+    from agents.rl_train import latest_checkpoint
+
+    out = tmp_path / "train"
+    base = [sys.executable, "-m", "experiments", "train", "--seed", "0", "--n-envs", "1", "--out", str(out),
+            "--eval-every", "0", "--checkpoint-every", "128", "--n-steps", "64", "--no-progress"]
+    env = dict(os.environ, WANDB_MODE="disabled")
+    proc = subprocess.Popen([*base, "--timesteps", "1000000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while latest_checkpoint(out) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert latest_checkpoint(out) is not None, "no checkpoint written while training"
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]  # the shell's code for Ctrl-C, as `search` exits
+    assert elapsed < 30
+    assert (out / "policy.pth").is_file()
+    stopped_at = int(latest_checkpoint(out).stem.split("_")[1])
+    assert 0 < stopped_at < 1_000_000
+    total = stopped_at + 128
+    done = subprocess.run([*base, "--timesteps", str(total), "--resume", "--json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert latest_checkpoint(out).name == f"model_{total}.zip"
