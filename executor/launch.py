@@ -245,6 +245,10 @@ def _worker(args: argparse.Namespace) -> int:
     from pipeline.plan import Plan
 
     torch.set_num_threads(args.threads)
+    if not torch.cuda.is_available() or args.backend == "gloo":
+        from executor.host_memory import pin_malloc_thresholds
+
+        pin_malloc_thresholds()  # layers cost the same here as in the profile (see executor.host_memory)
     plans = []
     arch = None
     if not args.p2p_bench:

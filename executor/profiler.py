@@ -182,6 +182,10 @@ def profile_architecture(arch: Architecture, *, device: torch.device | str = "cp
                          log: Callable[[str], None] | None = None) -> ModelProfile:
     """Measure every layer of ``arch`` on ``device``; times in milliseconds."""
     device = torch.device(device)
+    if device.type == "cpu":
+        from executor.host_memory import pin_malloc_thresholds
+
+        pin_malloc_thresholds()  # as the executor's workers do: no page-fault costs in the profile
     tokens, labels = make_batch(arch, batch=config.microbatch_size, seq_len=config.seq_len, seed=config.seed,
                                 device=device)
     built = build_layers(arch, range(len(arch.layers)), seed=config.seed)
