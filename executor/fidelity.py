@@ -4,48 +4,118 @@ Used by ``python -m experiments replay`` (one plan) and by the fidelity benchmar
 profile the model on this device, measure the link, predict each plan with
 :func:`pipeline.simulator.simulate`, run every plan in one ``torchrun`` job, and report the
 relative error and whether the model orders the plans as the measurements do.
+
+Measurements feed back: :func:`fit_runtime_scales` turns replays' measured timelines into one
+factor per kind of operation (F, I, W, the first stage's W, fused B), which
+:func:`runtime_profile` applies and :func:`calibrated_profile` bakes into a profile for search;
+:func:`cross_validated` checks them on plans they were not fitted on.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.plan import Plan
 from pipeline.spec import Cluster, ModelProfile
 
-__all__ = ["PlanComparison", "measured_cluster", "runtime_profile", "compare_plans", "rank_agreement",
-           "fidelity_summary"]
+__all__ = ["SCALE_KEYS", "PlanComparison", "measured_cluster", "runtime_profile", "fit_runtime_scales",
+           "calibrated_profile", "compare_plans", "cross_validated", "rank_agreement", "fidelity_summary"]
 
 
-def runtime_profile(profile: ModelProfile, plan: Plan) -> ModelProfile:
+#: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
+#: stage's W (which runs its whole backward) and fused backward.
+SCALE_KEYS = ("F", "I", "W", "W0", "B")
+
+
+def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, float] | None = None) -> ModelProfile:
     """The profile as PyTorch's pipeline runtime spends it on ``plan``'s stages.
 
-    Two facts of ``_PipelineScheduleRuntime`` that per-layer ``b``/``w`` cannot express:
+    Facts of ``_PipelineScheduleRuntime`` that per-layer ``b``/``w`` cannot express:
 
     * a fused ``B`` runs one autograd pass, cheaper than ``I`` then ``W`` (which walk the graph
       twice); a measured profile carries that time as ``b_full`` per layer, so for a stage whose
       backward is ``B``, ``b`` becomes ``b_full - w`` (B then costs ``b_full``);
     * on the first stage ``I`` does nothing (no input gradient to send) and ``W`` runs the whole
-      backward, so that stage's ``b`` moves into ``w``.
+      backward in one pass: that stage's ``b`` moves into ``w``, priced at ``b_full`` when known.
 
-    Profiles without ``b_full`` (analytic ones) keep their ``b`` for ``B`` stages.
+    ``scales`` (from :func:`fit_runtime_scales`, keys :data:`SCALE_KEYS`) multiply each kind of
+    operation: what measured replays teach the model. Profiles without ``b_full`` (analytic
+    ones) keep their ``b`` and ``w``.
     """
     from dataclasses import replace
 
+    k = {key: 1.0 for key in SCALE_KEYS} | dict(scales or {})
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
     for s, (start, end) in enumerate(plan.partition):
         for i in range(start, end):
             layer = layers[i]
-            if s in fused and "b_full" in layer.extra:
-                layer = replace(layer, b=max(0.0, float(layer.extra["b_full"]) - layer.w))
-            if s == 0 and s not in fused:
-                layer = replace(layer, b=0.0, w=layer.b + layer.w)
+            full = float(layer.extra["b_full"]) if "b_full" in layer.extra else layer.b + layer.w
+            f = layer.f * k["F"]
+            if s in fused:
+                w = layer.w * k["B"]
+                layer = replace(layer, f=f, b=max(0.0, full * k["B"] - w), w=w)
+            elif s == 0:
+                layer = replace(layer, f=f, b=0.0, w=full * k["W0"])
+            else:
+                layer = replace(layer, f=f, b=layer.b * k["I"], w=layer.w * k["W"])
             layers[i] = layer
     return replace(profile, layers=tuple(layers))
+
+
+def _scale_key(stage: int, op: str) -> str:
+    return "W0" if stage == 0 and op == "W" else op
+
+
+def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                       runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per kind of operation, measured time over predicted time, summed over every action of the
+    replayed plans (their measured timelines): the factors :func:`runtime_profile` applies.
+    Kinds the runs never executed are left out (factor 1). Measured timelines are in ms; the
+    profile may use any time unit."""
+    ms_per_unit = profile.seconds_per_unit * 1e3
+    measured: dict[str, float] = {}
+    predicted: dict[str, float] = {}
+    for (_, plan), run in zip(named_plans, runs):
+        base = runtime_profile(profile, plan)
+        per_stage = {}
+        for s, (start, end) in enumerate(plan.partition):
+            ls = base.layers[start:end]
+            per_stage[s] = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
+                            "B": sum(x.b + x.w for x in ls)}
+        for event in run["timeline"]["events"]:
+            stage, op, _ = _parse_action(event["action"])
+            key = _scale_key(stage, op)
+            measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
+            predicted[key] = predicted.get(key, 0.0) + per_stage[stage][op]
+    return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
+
+
+def _parse_action(text: str) -> tuple[int, str, int]:
+    for i, ch in enumerate(text):
+        if ch.isalpha():
+            return int(text[:i]), ch, int(text[i + 1:])
+    raise ValueError(f"not an action: {text!r}")
+
+
+def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> ModelProfile:
+    """``profile`` with ``f``, ``b``, ``w`` (and ``b_full``) multiplied by the F, I, W (and B)
+    scales, for searches that should price layers as replays measured them; the scales are kept
+    in ``extra["runtime_scales"]``."""
+    from dataclasses import replace
+
+    k = {key: 1.0 for key in SCALE_KEYS} | dict(scales)
+    layers = []
+    for layer in profile.layers:
+        extra = dict(layer.extra)
+        if "b_full" in extra:
+            extra["b_full"] = float(extra["b_full"]) * k["B"]
+        layers.append(replace(layer, f=layer.f * k["F"], b=layer.b * k["I"], w=layer.w * k["W"], extra=extra))
+    return replace(profile, layers=tuple(layers),
+                   extra={**profile.extra, "runtime_scales": {key: round(v, 6) for key, v in k.items()}})
 
 
 @dataclass
@@ -81,17 +151,31 @@ def measured_cluster(devices: int, bench: dict[str, Any], *, memory_gb: float = 
 
 
 def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
-                  runs: Sequence[dict[str, Any]]) -> list[PlanComparison]:
+                  runs: Sequence[dict[str, Any]], *, scales: Mapping[str, float] | None = None) -> list[PlanComparison]:
     """Pair each plan's simulation with its measured run (same order as ``named_plans``)."""
     from pipeline.simulator import simulate
 
     out = []
     for (name, plan), run in zip(named_plans, runs):
-        result = simulate(plan, runtime_profile(profile, plan), cluster)
+        result = simulate(plan, runtime_profile(profile, plan, scales), cluster)
         if not result.valid:
             raise ValueError(f"plan {name}: {result.error}")
         out.append(PlanComparison(name, result.iteration_time, run["measured_iteration_time"],
                                   result.timeline_dict(), run["timeline"], run))
+    return out
+
+
+def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
+                    runs: Sequence[dict[str, Any]]) -> list[PlanComparison]:
+    """Leave one plan out: each plan is predicted with the scales fitted on the *other* plans'
+    replays, so its own measurement never informs its prediction (needs at least two plans)."""
+    if len(named_plans) < 2:
+        raise ValueError("cross-validation needs at least two replayed plans")
+    out = []
+    for k, item in enumerate(named_plans):
+        others = [j for j in range(len(named_plans)) if j != k]
+        scales = fit_runtime_scales([named_plans[j] for j in others], profile, [runs[j] for j in others])
+        out += compare_plans([item], profile, cluster, [runs[k]], scales=scales)
     return out
 
 

@@ -5,7 +5,9 @@ model on every rank at once, then runs several plans round-robin (1F1B, interlea
 ZB-H1, ZB-V and a hand-made plan with an uneven partition and a non-sequential placement that
 stands in for a searched plan). The plans are built from a first quick profile of this machine.
 Prints per plan the prediction error, then the median error and whether the model ranks the
-plans in the measured order.
+plans in the measured order, twice: from the per-layer profile alone ("profile"), and with the
+runtime scales fitted on the *other* plans' replays ("cross-validated": leave one plan out, so a
+plan's own measurement never informs its prediction; see executor.fidelity.cross_validated).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 7] [--json]
 """
@@ -22,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor.fidelity import compare_plans, fidelity_summary, measured_cluster  # noqa: E402
+from executor.fidelity import compare_plans, cross_validated, fidelity_summary, measured_cluster  # noqa: E402
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
@@ -69,17 +71,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = measured_cluster(2, result["p2p"])
     comps = compare_plans(plans, profile, cluster, result["runs"])
     summary = fidelity_summary(comps)
+    cv = cross_validated(plans, profile, cluster, result["runs"])
+    cv_summary = fidelity_summary(cv)
     if args.json:
-        print(json.dumps({"plans": [c.row() for c in comps], **summary, "p2p": result["p2p"]}))
+        print(json.dumps({"plans": [c.row() for c in comps], **summary,
+                          "cross_validated": {"plans": [c.row() for c in cv], **cv_summary}, "p2p": result["p2p"]}))
         return 0
     print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each), {args.microbatches} "
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
-    print_table([c.row() for c in comps], ["plan", "predicted_ms", "measured_ms", "error_pct"])
-    print(f"median |error| {summary['median_abs_error_pct']:.1f}%, max {summary['max_abs_error_pct']:.1f}%")
+    rows = [{**a.row(), "cv_predicted_ms": b.predicted, "cv_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
+    print_table(rows, ["plan", "measured_ms", "predicted_ms", "error_pct", "cv_predicted_ms", "cv_error_pct"])
     print(f"measured order  {' < '.join(summary['measured_order'])}")
-    print(f"predicted order {' < '.join(summary['predicted_order'])}  "
-          f"({summary['concordant_pairs']}/{summary['pairs']} pairs agree; ties within 2% skipped)")
+    for label, s in (("profile", summary), ("cross-validated", cv_summary)):
+        print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
+              f"predicted order {' < '.join(s['predicted_order'])} "
+              f"({s['concordant_pairs']}/{s['pairs']} pairs agree; ties within 2% skipped)")
     return 0
 
 

@@ -9,7 +9,9 @@ iteration time. The prediction simulates the same plan with that profile and lin
   python -m experiments replay --plan DIR/plan.json --model tiny-hybrid
 
 compares like with like. Writes the measured and predicted timelines (JSON) and both Gantt
-charts in one PNG to --out (default: next to the plan). --check also compares the loss, every
+charts in one PNG to --out (default: next to the plan), and the measurements fed back:
+``calibrated_profile.json``, the profile with each kind of operation (F, I, W, B) scaled by
+measured over predicted time on this replay, for ``search --profile``. --check also compares the loss, every
 gradient and the weights after a few optimizer steps with the unpipelined model.
 """
 
@@ -50,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.fidelity import compare_plans, measured_cluster
+    from executor.fidelity import calibrated_profile, compare_plans, fit_runtime_scales, measured_cluster
     from executor.model import default_seq_len, resolve_architecture
     from executor.replay import ReplayOptions, check_plan, run_job
     from pipeline.plan import Plan
@@ -86,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if given is None:
         profile.save(out_dir / "profile.json")
     cluster.save(out_dir / "cluster.json")
+    scales = fit_runtime_scales([(plan.method, plan)], profile, result["runs"])
+    calibrated_profile(profile, scales).save(out_dir / "calibrated_profile.json")
     png = gantt_side_by_side([comp.measured_timeline, pred_tl],
                              [f"measured ({plan.method})", "predicted (performance model)"], out_dir / "gantt.png")
     run_out = comp.run
@@ -100,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         "backend": result.get("backend"), "device": result.get("device"),
         "p2p_latency_us": cluster.latency_us, "p2p_gbps": cluster.p2p_gbps,
         "gantt": str(png), "out": str(out_dir),
+        "runtime_scales": {k: round(v, 4) for k, v in scales.items()},
+        "calibrated_profile": str(out_dir / "calibrated_profile.json"),
     }
     if args.check:
         row.update({k: run_out[k] for k in ("max_grad_error", "loss_error", "max_weight_error")})
@@ -125,5 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         print(f"check vs one process: max gradient error {row['max_grad_error']:.2e}, loss error "
               f"{row['loss_error']:.2e}, weights after optimizer steps {row['max_weight_error']:.2e}")
+    print("measured / predicted per kind of operation: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in scales.items())
+          + f" -> {out_dir / 'calibrated_profile.json'} (use with search --profile)")
     print(f"timelines and Gantt chart: {out_dir} ({png.name})")
     return 0

@@ -1,0 +1,92 @@
+"""Runtime scales: fitted from measured timelines, applied to predictions, checked out of sample."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from executor.fidelity import (
+    SCALE_KEYS,
+    calibrated_profile,
+    compare_plans,
+    cross_validated,
+    fidelity_summary,
+    fit_runtime_scales,
+    runtime_profile,
+)
+from executor.host_memory import pin_malloc_thresholds
+from pipeline.simulator import simulate
+from pipeline.spec import Cluster, ModelProfile
+from tests.executor.plans import named_plans
+
+TRUE_SCALES = {"F": 0.9, "I": 1.2, "W": 1.4, "W0": 1.05, "B": 0.8}
+
+
+def _measured_profile() -> ModelProfile:
+    """tiny-hybrid's analytic costs restated in ms with a fused-backward time per layer."""
+    from tests.executor.plans import tiny_profile
+
+    prof = tiny_profile()
+    k = prof.seconds_per_unit * 1e3
+    layers = tuple(replace(x, f=x.f * k, b=x.b * k, w=x.w * k, extra={**x.extra, "b_full": 0.8 * (x.b + x.w) * k})
+                   for x in prof.layers)
+    return replace(prof, layers=layers, time_unit="ms")
+
+
+def _runs_with(scales: dict[str, float], plans, profile: ModelProfile, cluster: Cluster) -> list[dict]:
+    """What a replay would report if the runtime spent exactly the scaled costs."""
+    runs = []
+    for _, plan in plans:
+        res = simulate(plan, runtime_profile(profile, plan, scales), cluster)
+        runs.append({"measured_iteration_time": res.iteration_time, "timeline": res.timeline_dict()})
+    return runs
+
+
+def test_fit_recovers_the_runtime_scales() -> None:
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    plans = named_plans(4)
+    fitted = fit_runtime_scales(plans, profile, _runs_with(TRUE_SCALES, plans, profile, cluster))
+    assert set(fitted) == set(SCALE_KEYS)
+    for key, value in TRUE_SCALES.items():
+        assert fitted[key] == pytest.approx(value, rel=1e-9)
+
+
+def test_cross_validation_predicts_unseen_plans_and_the_raw_profile_does_not() -> None:
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    plans = named_plans(4)
+    runs = _runs_with(TRUE_SCALES, plans, profile, cluster)
+    raw = fidelity_summary(compare_plans(plans, profile, cluster, runs))
+    cv = fidelity_summary(cross_validated(plans, profile, cluster, runs))
+    assert raw["median_abs_error_pct"] > 3
+    assert cv["median_abs_error_pct"] < 1e-6 and cv["same_order"]
+    with pytest.raises(ValueError, match="two"):
+        cross_validated(plans[:1], profile, cluster, runs[:1])
+
+
+def test_calibrated_profile_scales_each_kind() -> None:
+    profile = _measured_profile()
+    cal = calibrated_profile(profile, TRUE_SCALES)
+    a, b = profile.layers[3], cal.layers[3]
+    assert (b.f, b.b, b.w) == pytest.approx((0.9 * a.f, 1.2 * a.b, 1.4 * a.w))
+    assert b.extra["b_full"] == pytest.approx(0.8 * a.extra["b_full"])
+    assert cal.extra["runtime_scales"]["W"] == pytest.approx(1.4)
+
+
+def test_first_stage_w_is_its_whole_backward() -> None:
+    profile = _measured_profile()
+    plan = dict(named_plans(4))["zb-h1"]
+    first = range(*plan.partition[0])
+    rp = runtime_profile(profile, plan, {"W0": 2.0})
+    for i in first:
+        assert rp.layers[i].b == 0.0
+        assert rp.layers[i].w == pytest.approx(2.0 * profile.layers[i].extra["b_full"])
+
+
+def test_malloc_thresholds_pin_once() -> None:
+    import sys
+
+    first = pin_malloc_thresholds()
+    assert pin_malloc_thresholds() == first
+    if sys.platform.startswith("linux"):
+        assert first  # glibc: what CI and the executor's workers run on
