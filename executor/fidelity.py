@@ -5,10 +5,11 @@ profile the model on this device, measure the link, predict each plan with
 :func:`pipeline.simulator.simulate`, run every plan in one ``torchrun`` job, and report the
 relative error and whether the model orders the plans as the measurements do.
 
-Measurements feed back: :func:`fit_runtime_scales` turns replays' measured timelines into one
-factor per kind of operation (F, I, W, the first stage's W, fused B), which
-:func:`runtime_profile` applies and :func:`calibrated_profile` bakes into a profile for search;
-:func:`cross_validated` checks them on plans they were not fitted on.
+Measurements feed back: :func:`calibrate` turns replays into one factor per kind of operation
+(F, I, W, the first stage's W, fused B; from the measured action timelines) and a per-action
+overhead (from the measured iteration times), which :func:`runtime_profile` applies and
+:func:`calibrated_profile` bakes into a profile for search; :func:`cross_validated` checks them
+on plans they were not fitted on (random :func:`calibration_plans`, or leave one out).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pipeline.plan import Plan
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["SCALE_KEYS", "PlanComparison", "measured_cluster", "runtime_profile", "fit_runtime_scales",
-           "calibrated_profile", "compare_plans", "cross_validated", "rank_agreement", "fidelity_summary"]
+           "fit_action_overhead", "calibrate", "calibration_plans", "calibrated_profile", "compare_plans",
+           "cross_validated", "rank_agreement", "fidelity_summary"]
 
 
 #: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
@@ -41,13 +43,15 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     * on the first stage ``I`` does nothing (no input gradient to send) and ``W`` runs the whole
       backward in one pass: that stage's ``b`` moves into ``w``, priced at ``b_full`` when known.
 
-    ``scales`` (from :func:`fit_runtime_scales`, keys :data:`SCALE_KEYS`) multiply each kind of
-    operation: what measured replays teach the model. Profiles without ``b_full`` (analytic
-    ones) keep their ``b`` and ``w``.
+    ``scales`` (from :func:`calibrate`) multiply each kind of operation (keys :data:`SCALE_KEYS`)
+    and set the per-action overhead (key ``"overhead"``, the profile's time unit): what measured
+    replays teach the model. Profiles without ``b_full`` (analytic ones) keep their ``b`` and ``w``.
     """
     from dataclasses import replace
 
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales or {})
+    if "overhead" in k:
+        profile = replace(profile, action_overhead=float(k["overhead"]))
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
     for s, (start, end) in enumerate(plan.partition):
@@ -101,10 +105,81 @@ def _parse_action(text: str) -> tuple[int, str, int]:
     raise ValueError(f"not an action: {text!r}")
 
 
+def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
+                        runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None) -> float:
+    """The per-action overhead (profile time unit) that makes the simulated iteration times of
+    the replayed plans closest to the measured ones (least squared relative error; grid search,
+    then a finer grid around the best). Measured action timelines cover compute only, so what the
+    runtime spends between actions shows up here."""
+    from pipeline.simulator import simulate
+
+    ms_per_unit = profile.seconds_per_unit * 1e3
+    targets = [(plan, run["measured_iteration_time"] / ms_per_unit) for (_, plan), run in zip(named_plans, runs)]
+    if not targets:
+        return 0.0
+    base = {key: v for key, v in (scales or {}).items() if key != "overhead"}
+
+    def loss(o: float) -> float:
+        total = 0.0
+        for plan, measured in targets:
+            predicted = simulate(plan, runtime_profile(profile, plan, base | {"overhead": o}), cluster,
+                                 validate=False, record_timeline=False).iteration_time
+            total += ((predicted - measured) / measured) ** 2
+        return total
+
+    hi = max(m / max(len(acts) for acts in plan.schedule) for plan, m in targets)
+    step = hi / 40
+    best = min((step * i for i in range(41)), key=loss)
+    fine = [max(0.0, best + step * (i - 10) / 10) for i in range(21)]
+    return min(fine, key=loss)
+
+
+def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
+              runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` from
+    :func:`fit_action_overhead`."""
+    scales = fit_runtime_scales(named_plans, profile, runs)
+    return scales | {"overhead": fit_action_overhead(named_plans, profile, cluster, runs, scales)}
+
+
+def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *, count: int,
+                      seed: int = 0) -> list[tuple[str, Plan]]:
+    """``count`` random plans to replay for calibration: random partitions into 2-6 stages,
+    random stage-to-device maps that use every device, list-scheduled with fused or split
+    backward and deferred or eager W. Deterministic for ``seed``."""
+    import random
+
+    from pipeline.space import Candidate, Problem, materialize
+
+    rng = random.Random(seed)
+    P, L = cluster.devices, profile.num_layers
+    problem = Problem(profile, cluster, microbatches)
+    out: list[tuple[str, Plan]] = []
+    for _ in range(100 * max(1, count)):
+        if len(out) >= count:
+            break
+        stages = rng.randint(max(2, P), min(L, max(6, P)))
+        if stages > L:
+            break
+        cuts = sorted(rng.sample(range(1, L), stages - 1))
+        bounds = [0, *cuts, L]
+        sizes = tuple(bounds[i + 1] - bounds[i] for i in range(stages))
+        placement = tuple(rng.randrange(P) for _ in range(stages))
+        if len(set(placement)) < P:
+            continue
+        cand = Candidate(sizes, placement, "list", None, split_backward=rng.random() < 0.6,
+                         eager_w=rng.random() < 0.3)
+        plan = materialize(cand, problem)
+        name = f"calib{len(out)}"
+        out.append((name, Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
+                               {"method": name})))
+    return out
+
+
 def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> ModelProfile:
     """``profile`` with ``f``, ``b``, ``w`` (and ``b_full``) multiplied by the F, I, W (and B)
-    scales, for searches that should price layers as replays measured them; the scales are kept
-    in ``extra["runtime_scales"]``."""
+    scales and the per-action overhead set (key ``"overhead"``), for searches that should price
+    plans as replays measured them; the scales are kept in ``extra["runtime_scales"]``."""
     from dataclasses import replace
 
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales)
@@ -114,7 +189,7 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
         if "b_full" in extra:
             extra["b_full"] = float(extra["b_full"]) * k["B"]
         layers.append(replace(layer, f=layer.f * k["F"], b=layer.b * k["I"], w=layer.w * k["W"], extra=extra))
-    return replace(profile, layers=tuple(layers),
+    return replace(profile, layers=tuple(layers), action_overhead=float(k.get("overhead", profile.action_overhead)),
                    extra={**profile.extra, "runtime_scales": {key: round(v, 6) for key, v in k.items()}})
 
 
@@ -166,15 +241,21 @@ def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
 
 
 def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
-                    runs: Sequence[dict[str, Any]]) -> list[PlanComparison]:
-    """Leave one plan out: each plan is predicted with the scales fitted on the *other* plans'
-    replays, so its own measurement never informs its prediction (needs at least two plans)."""
+                    runs: Sequence[dict[str, Any]], *,
+                    calibration: tuple[Sequence[tuple[str, Plan]], Sequence[dict[str, Any]]] | None = None,
+                    ) -> list[PlanComparison]:
+    """Predictions whose calibration never saw the predicted plan. With ``calibration`` (other
+    plans and their runs), :func:`calibrate` fits on those and predicts every plan; without,
+    leave one plan out (each plan predicted from the others; needs at least two plans)."""
+    if calibration is not None:
+        scales = calibrate(calibration[0], profile, cluster, calibration[1])
+        return compare_plans(named_plans, profile, cluster, runs, scales=scales)
     if len(named_plans) < 2:
         raise ValueError("cross-validation needs at least two replayed plans")
     out = []
     for k, item in enumerate(named_plans):
         others = [j for j in range(len(named_plans)) if j != k]
-        scales = fit_runtime_scales([named_plans[j] for j in others], profile, [runs[j] for j in others])
+        scales = calibrate([named_plans[j] for j in others], profile, cluster, [runs[j] for j in others])
         out += compare_plans([item], profile, cluster, [runs[k]], scales=scales)
     return out
 

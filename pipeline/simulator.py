@@ -62,8 +62,10 @@ class StageCosts:
 
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
                 placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
-    """Sum layer costs per stage, scale by device speed, and price the links between stages."""
+    """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
+    price the links between stages."""
     layers = profile.layers
+    over = profile.action_overhead
     speeds = cluster.speeds
     unit = profile.seconds_per_unit
     f, i, w, act, keep, comm = [], [], [], [], [], []
@@ -73,9 +75,9 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         d = placement[s]
         sp = speeds[d]
         chunk = layers[a:b]
-        f.append(sum(x.f for x in chunk) / sp)
-        i.append(sum(x.b for x in chunk) / sp)
-        w.append(sum(x.w for x in chunk) / sp)
+        f.append(sum(x.f for x in chunk) / sp + over)
+        i.append(sum(x.b for x in chunk) / sp + over)
+        w.append(sum(x.w for x in chunk) / sp + over)
         act.append(scale * sum(x.act_bytes for x in chunk))
         keep.append(scale * sum(x.w_retained for x in chunk))
         static[d] += training.bytes_per_param * sum(x.params for x in chunk)

@@ -151,11 +151,18 @@ class ModelProfile:
     time_unit: str = "ms"
     seq_len: int = 4096
     microbatch_size: int = 1
+    action_overhead: float = 0.0
+    """Time every action (F, I, W) costs on top of its layers' time: the runtime's dispatch,
+    bookkeeping and transfer posting (a fused B counts as I + W). 0 for analytic profiles;
+    fitted from replays by ``executor.fidelity.calibrate``."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.layers:
             raise ProfileError("a profile needs at least one layer", source=self.name, field="layers")
+        o = self.action_overhead
+        if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or o < 0:
+            raise ProfileError(f"must be a number >= 0, got {o!r}", source=self.name, field="action_overhead")
         if self.time_unit not in TIME_UNITS:
             raise ProfileError(f"unknown unit {self.time_unit!r}; use one of {sorted(TIME_UNITS)}",
                                source=self.name, field="time_unit")
@@ -181,6 +188,8 @@ class ModelProfile:
             "seq_len": self.seq_len,
             "microbatch_size": self.microbatch_size,
         }
+        if self.action_overhead:
+            out["action_overhead"] = self.action_overhead
         out.update(self.extra)
         out["layers"] = [layer.to_dict() for layer in self.layers]
         return out
@@ -203,7 +212,7 @@ class ModelProfile:
         name = raw.get("name", Path(source).stem)
         if not isinstance(name, str):
             raise ProfileError("must be a string", source=source, field="name")
-        known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "layers"}
+        known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "action_overhead", "layers"}
         return cls(
             name=name,
             layers=tuple(LayerCost.from_dict(layer, source=source) for layer in layers),
@@ -212,6 +221,8 @@ class ModelProfile:
                             integer=True),
             microbatch_size=_number(raw, "microbatch_size", error=ProfileError, source=source, minimum=1,
                                     default=1, integer=True),
+            action_overhead=_number(raw, "action_overhead", error=ProfileError, source=source, minimum=0,
+                                    default=0.0),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -222,7 +233,8 @@ class ModelProfile:
     def scaled(self, factor: float) -> ModelProfile:
         """The same profile with every time multiplied by ``factor``."""
         return replace(self, layers=tuple(replace(layer, f=layer.f * factor, b=layer.b * factor,
-                                                  w=layer.w * factor) for layer in self.layers))
+                                                  w=layer.w * factor) for layer in self.layers),
+                       action_overhead=self.action_overhead * factor)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ One torchrun job (2 ranks, one thread each by default) measures the gloo link an
 model on every rank at once, then runs several plans round-robin (1F1B, interleaved 1F1B,
 ZB-H1, ZB-V and a hand-made plan with an uneven partition and a non-sequential placement that
 stands in for a searched plan). The plans are built from a first quick profile of this machine.
+The same job also replays --calibration-plans random plans (random partitions and placements).
 Prints per plan the prediction error, then the median error and whether the model ranks the
-plans in the measured order, twice: from the per-layer profile alone ("profile"), and with the
-runtime scales fitted on the *other* plans' replays ("cross-validated": leave one plan out, so a
-plan's own measurement never informs its prediction; see executor.fidelity.cross_validated).
+plans in the measured order, twice: from the per-layer profile alone ("profile"), and calibrated
+on the random plans' replays only ("calibrated": one factor per kind of operation and a
+per-action overhead, executor.fidelity.calibrate; the benchmark plans never inform their own
+predictions).
 
-  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 7] [--json]
+  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 9] [--calibration-plans 8] [--json]
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor.fidelity import compare_plans, cross_validated, fidelity_summary, measured_cluster  # noqa: E402
+from executor.fidelity import (  # noqa: E402
+    calibration_plans,
+    compare_plans,
+    cross_validated,
+    fidelity_summary,
+    measured_cluster,
+)
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
@@ -56,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--microbatch-size", type=int, default=1)
     p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--steps", type=int, default=9)
+    p.add_argument("--calibration-plans", type=int, default=8, help="random plans replayed to calibrate (>= 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration plans")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", action="store_true")
@@ -64,26 +74,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = ReplayOptions(model=args.model, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
                             steps=args.steps, warmup=args.warmup, threads=args.threads)
     first = run_job([], options, measure=True, profile_repeats=3)
-    plans = benchmark_plans(ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"]),
-                            args.microbatches)
-    result = run_job([plan for _, plan in plans], options, measure=True)
+    if args.calibration_plans < 1:
+        p.error("--calibration-plans must be at least 1")
+    first_profile, first_cluster = ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"])
+    plans = benchmark_plans(first_profile, first_cluster, args.microbatches)
+    calib = calibration_plans(first_profile, first_cluster, args.microbatches, count=args.calibration_plans,
+                              seed=args.seed)
+    result = run_job([plan for _, plan in plans + calib], options, measure=True)
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])
-    comps = compare_plans(plans, profile, cluster, result["runs"])
+    runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
+    comps = compare_plans(plans, profile, cluster, runs)
     summary = fidelity_summary(comps)
-    cv = cross_validated(plans, profile, cluster, result["runs"])
+    cv = cross_validated(plans, profile, cluster, runs, calibration=(calib, calib_runs))
     cv_summary = fidelity_summary(cv)
     if args.json:
         print(json.dumps({"plans": [c.row() for c in comps], **summary,
-                          "cross_validated": {"plans": [c.row() for c in cv], **cv_summary}, "p2p": result["p2p"]}))
+                          "calibrated": {"plans": [c.row() for c in cv], **cv_summary}, "p2p": result["p2p"]}))
         return 0
     print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each), {args.microbatches} "
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
-    rows = [{**a.row(), "cv_predicted_ms": b.predicted, "cv_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
-    print_table(rows, ["plan", "measured_ms", "predicted_ms", "error_pct", "cv_predicted_ms", "cv_error_pct"])
+    rows = [{**a.row(), "calibrated_ms": b.predicted, "calibrated_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
+    print_table(rows, ["plan", "measured_ms", "predicted_ms", "error_pct", "calibrated_ms", "calibrated_error_pct"])
+    print(f"calibrated on {len(calib)} random plans replayed in the same job")
     print(f"measured order  {' < '.join(summary['measured_order'])}")
-    for label, s in (("profile", summary), ("cross-validated", cv_summary)):
+    for label, s in (("profile", summary), ("calibrated", cv_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
               f"predicted order {' < '.join(s['predicted_order'])} "
               f"({s['concordant_pairs']}/{s['pairs']} pairs agree; ties within 2% skipped)")

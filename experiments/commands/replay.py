@@ -11,7 +11,8 @@ iteration time. The prediction simulates the same plan with that profile and lin
 compares like with like. Writes the measured and predicted timelines (JSON) and both Gantt
 charts in one PNG to --out (default: next to the plan), and the measurements fed back:
 ``calibrated_profile.json``, the profile with each kind of operation (F, I, W, B) scaled by
-measured over predicted time on this replay, for ``search --profile``. --check also compares the loss, every
+measured over predicted time on this replay and the runtime's per-action overhead fitted, for
+``search --profile``. --check also compares the loss, every
 gradient and the weights after a few optimizer steps with the unpipelined model.
 """
 
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.fidelity import calibrated_profile, compare_plans, fit_runtime_scales, measured_cluster
+    from executor.fidelity import calibrate, calibrated_profile, compare_plans, measured_cluster
     from executor.model import default_seq_len, resolve_architecture
     from executor.replay import ReplayOptions, check_plan, run_job
     from pipeline.plan import Plan
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if given is None:
         profile.save(out_dir / "profile.json")
     cluster.save(out_dir / "cluster.json")
-    scales = fit_runtime_scales([(plan.method, plan)], profile, result["runs"])
+    scales = calibrate([(plan.method, plan)], profile, cluster, result["runs"])
     calibrated_profile(profile, scales).save(out_dir / "calibrated_profile.json")
     png = gantt_side_by_side([comp.measured_timeline, pred_tl],
                              [f"measured ({plan.method})", "predicted (performance model)"], out_dir / "gantt.png")
@@ -132,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"check vs one process: max gradient error {row['max_grad_error']:.2e}, loss error "
               f"{row['loss_error']:.2e}, weights after optimizer steps {row['max_weight_error']:.2e}")
     print("measured / predicted per kind of operation: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in scales.items())
+          + ", ".join(f"{k} {v:.2f}" for k, v in scales.items() if k != "overhead")
+          + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms"
           + f" -> {out_dir / 'calibrated_profile.json'} (use with search --profile)")
     print(f"timelines and Gantt chart: {out_dir} ({png.name})")
     return 0

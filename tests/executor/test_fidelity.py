@@ -8,7 +8,10 @@ import pytest
 
 from executor.fidelity import (
     SCALE_KEYS,
+    _parse_action,
+    calibrate,
     calibrated_profile,
+    calibration_plans,
     compare_plans,
     cross_validated,
     fidelity_summary,
@@ -35,11 +38,16 @@ def _measured_profile() -> ModelProfile:
 
 
 def _runs_with(scales: dict[str, float], plans, profile: ModelProfile, cluster: Cluster) -> list[dict]:
-    """What a replay would report if the runtime spent exactly the scaled costs."""
+    """What a replay would report if the runtime spent exactly the scaled costs, plus the
+    per-action overhead between actions (outside the timed compute, as in the executor)."""
+    over = scales.get("overhead", 0.0)
     runs = []
     for _, plan in plans:
         res = simulate(plan, runtime_profile(profile, plan, scales), cluster)
-        runs.append({"measured_iteration_time": res.iteration_time, "timeline": res.timeline_dict()})
+        timeline = res.timeline_dict()
+        for e in timeline["events"]:  # compute only: a fused B carries two overheads (I + W)
+            e["end"] -= over * (2 if _parse_action(e["action"])[1] == "B" else 1)
+        runs.append({"measured_iteration_time": res.iteration_time, "timeline": timeline})
     return runs
 
 
@@ -64,6 +72,36 @@ def test_cross_validation_predicts_unseen_plans_and_the_raw_profile_does_not() -
         cross_validated(plans[:1], profile, cluster, runs[:1])
 
 
+def test_calibrate_recovers_scales_and_overhead() -> None:
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    truth = TRUE_SCALES | {"overhead": 0.05}
+    calib = calibration_plans(profile, cluster, 4, count=6, seed=1)
+    fitted = calibrate(calib, profile, cluster, _runs_with(truth, calib, profile, cluster))
+    for key in ("F", "I", "W", "W0"):
+        assert fitted[key] == pytest.approx(truth[key], rel=1e-6)
+    assert fitted["overhead"] == pytest.approx(0.05, rel=0.1)
+    # Plans the calibration never saw are predicted within a fraction of a percent.
+    plans = named_plans(4)
+    runs = _runs_with(truth, plans, profile, cluster)
+    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs, calibration=(
+        calib, _runs_with(truth, calib, profile, cluster))))
+    assert held_out["max_abs_error_pct"] < 1.0 and held_out["same_order"]
+
+
+def test_calibration_plans_are_random_but_reproducible() -> None:
+    from pipeline.plan import validate_plan
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    a = calibration_plans(profile, cluster, 4, count=8, seed=3)
+    assert [p for _, p in a] == [p for _, p in calibration_plans(profile, cluster, 4, count=8, seed=3)]
+    assert len(a) == 8 and len({p.partition for _, p in a}) > 3
+    fused = [any(x.op == "B" for acts in p.schedule for x in acts) for _, p in a]
+    assert any(fused) and not all(fused)
+    for _, p in a:
+        validate_plan(p, num_layers=profile.num_layers, devices=2)
+        assert {d for d in p.placement} == {0, 1}
+
+
 def test_calibrated_profile_scales_each_kind() -> None:
     profile = _measured_profile()
     cal = calibrated_profile(profile, TRUE_SCALES)
@@ -71,6 +109,7 @@ def test_calibrated_profile_scales_each_kind() -> None:
     assert (b.f, b.b, b.w) == pytest.approx((0.9 * a.f, 1.2 * a.b, 1.4 * a.w))
     assert b.extra["b_full"] == pytest.approx(0.8 * a.extra["b_full"])
     assert cal.extra["runtime_scales"]["W"] == pytest.approx(1.4)
+    assert calibrated_profile(profile, {"overhead": 0.2}).action_overhead == 0.2
 
 
 def test_first_stage_w_is_its_whole_backward() -> None:

@@ -107,3 +107,14 @@ def test_unknown_method_is_a_clear_error() -> None:
     prof, cluster = uniform_profile(8), ideal_cluster(2)
     with pytest.raises(PlanError, match="unknown method 'zb-h3'"):
         build_plan("zb-h3", prof, cluster, 4)
+
+
+@pytest.mark.parametrize("p,m", CASES[:3])
+def test_action_overhead_adds_to_every_action(p: int, m: int) -> None:
+    """A per-action overhead o makes F cost F + o and a fused B (I + W) cost B + 2o."""
+    from dataclasses import replace
+
+    o = 0.5
+    prof, cluster = replace(uniform_profile(4 * p), action_overhead=o), ideal_cluster(p)
+    result = simulate(build_plan("1f1b", prof, cluster, m), prof, cluster)
+    assert result.iteration_time == pytest.approx((m + p - 1) * (F + B + 3 * o))

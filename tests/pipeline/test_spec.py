@@ -91,3 +91,19 @@ def test_cluster_round_trip_with_mixed_hardware(tmp_path) -> None:
     cluster.save(path)
     assert Cluster.load(path) == cluster
     assert cluster.with_memory(10).memory_limits_bytes == (10 * 2**30, 10 * 2**30)
+
+
+def test_action_overhead_is_validated_and_round_trips(tmp_path) -> None:
+    from dataclasses import replace
+
+    from tests.conftest import uniform_profile
+
+    prof = replace(uniform_profile(2), action_overhead=0.25)
+    prof.save(tmp_path / "p.json")
+    assert ModelProfile.load(tmp_path / "p.json").action_overhead == 0.25
+    assert prof.scaled(2.0).action_overhead == 0.5
+    raw = prof.to_dict() | {"action_overhead": -1}
+    with pytest.raises(ProfileError, match="action_overhead"):
+        ModelProfile.from_dict(raw)
+    with pytest.raises(ProfileError, match="action_overhead"):
+        replace(prof, action_overhead=float("nan"))
