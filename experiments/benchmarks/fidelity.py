@@ -11,7 +11,7 @@ on the random plans' replays only ("calibrated": one factor per kind of operatio
 per-action overhead, executor.fidelity.calibrate; the benchmark plans never inform their own
 predictions).
 
-  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 9] [--calibration-plans 8] [--json]
+  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 15] [--calibration-plans 8] [--json]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--microbatch-size", type=int, default=1)
     p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--steps", type=int, default=9)
+    p.add_argument("--steps", type=int, default=15)
     p.add_argument("--calibration-plans", type=int, default=8, help="random plans replayed to calibrate (>= 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration plans")
     p.add_argument("--warmup", type=int, default=2)
