@@ -2,7 +2,7 @@
 
 For Schedule1F1B (2 stages), ScheduleInterleaved1F1B and ScheduleZBVZeroBubble (4 stages), the
 PyTorch schedule runs on plain ``PipelineStage``s; our executor replays the very same per-rank
-order (taken from the schedule object) as a plan. Steps alternate (torch, ours, torch, ours ...)
+order (taken from the schedule object) as a plan. Steps alternate (torch then ours, then ours then torch, ...)
 in one process group so that both see the same machine; prints the medians and their ratio
 (ours / torch; <= 1 means our replay is no slower).
 
@@ -84,27 +84,47 @@ def _worker(args: argparse.Namespace) -> None:
         t_torch: list[float] = []
         t_ours: list[float] = []
         for k in range(args.warmup + args.steps):
-            for stage in stages:
-                for p in stage.submod.parameters():
-                    p.grad = None
-            dist.barrier()
-            t0 = time.perf_counter()
-            sched.step(tokens, labels=labels, target=labels, return_outputs=False)
-            dt = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-            ours.zero_grad()
-            res = ours.step(tokens, labels)
-            do = torch.tensor([res.seconds])
-            dist.all_reduce(do, op=dist.ReduceOp.MAX)
+            # Alternate which goes first, so neither always runs right after the other.
+            if k % 2 == 0:
+                a, b = _time_torch(sched, stages, tokens, labels), _time_ours(ours, tokens, labels)
+            else:
+                b, a = _time_ours(ours, tokens, labels), _time_torch(sched, stages, tokens, labels)
             if k >= args.warmup:
-                t_torch.append(float(dt) * 1e3)
-                t_ours.append(float(do) * 1e3)
+                t_torch.append(a)
+                t_ours.append(b)
         tm, om = statistics.median(t_torch), statistics.median(t_ours)
         rows.append({"schedule": name, "stages": n_stages, "torch_ms": tm, "ours_ms": om, "ratio": om / tm})
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(rows) + "\n")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _time_torch(sched: Any, stages: Sequence[Any], tokens: Any, labels: Any) -> float:
+    """One step of PyTorch's schedule; the slowest rank's milliseconds."""
+    import torch
+    import torch.distributed as dist
+
+    for stage in stages:
+        for p in stage.submod.parameters():
+            p.grad = None
+    dist.barrier()
+    t0 = time.perf_counter()
+    sched.step(tokens, labels=labels, target=labels, return_outputs=False)
+    dt = torch.tensor([time.perf_counter() - t0])
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return float(dt) * 1e3
+
+
+def _time_ours(ours: Any, tokens: Any, labels: Any) -> float:
+    """One step of our replay (it aligns the ranks with a barrier itself); slowest rank's ms."""
+    import torch
+    import torch.distributed as dist
+
+    ours.zero_grad()
+    do = torch.tensor([ours.step(tokens, labels).seconds])
+    dist.all_reduce(do, op=dist.ReduceOp.MAX)
+    return float(do) * 1e3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
