@@ -62,6 +62,17 @@ def test_exported_csv_runs_under_pytorch_runtime(tmp_path: Path) -> None:
     assert float(line.split()[1]) <= TOL
 
 
+def test_replay_lowers_pytorch_orders_exactly() -> None:
+    """Our replay of PyTorch's ZBV / interleaved order runs the very same lowered program (sends
+    and receives included) as PyTorch's schedule class, so any time difference is not ours."""
+    worker = Path(__file__).with_name("lowering_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--max-restarts=0", "--monitor-interval=0.1", str(worker)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("LOWERING-OK") == 2
+
+
 def test_failing_rank_ends_the_job_quickly(tmp_path: Path) -> None:
     plan = dict(named_plans(microbatches=4))["1f1b"]
     plan.save(tmp_path / "plan.json")
