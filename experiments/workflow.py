@@ -3,7 +3,9 @@
 Reads top to bottom in :func:`run_workflow`:
 
 1. **costs** — on this machine (no ``gpu``/``cluster_path``) the executor profiles the model and
-   the link on ``devices`` local ranks; for a named GPU the analytic costs are used instead;
+   the link on ``devices`` local ranks, then replays ``calibration_plans`` random plans and fits
+   how the runtime spends the profile (per-operation factors, per-action overhead), which the
+   search then prices plans with; for a named GPU the analytic costs are used instead;
 2. **train** (optional) — a short RL training run whose policy the ``rl`` method then uses;
 3. **search** — the Megatron baseline, named schedules, the AdaPtis tuner and the RL policy;
 4. **replay** — on this machine, the best plan and the Megatron baseline run through the
@@ -30,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget
-from experiments.workflow_phases import Costs, Log, analytic_costs, measure_here, replay, search_methods, train_policy
+from experiments.workflow_phases import (
+    Costs,
+    Log,
+    analytic_costs,
+    calibrate_here,
+    measure_here,
+    replay,
+    search_methods,
+    train_policy,
+)
 from experiments.workflow_report import MethodOutcome, device_rows, kind_rows, method_rows, op_share
 from pipeline.errors import ConfigError
 from pipeline.space import Problem
@@ -82,6 +93,8 @@ class WorkflowConfig:
     steps: int = 5
     warmup: int = 2
     profile_repeats: int = 5
+    calibration_plans: int = 6
+    """Random plans replayed on this machine to calibrate the profile before the search (0: none)."""
     threads: int = 1
     timeout: float = 900.0
     """Seconds for each torchrun job."""
@@ -125,6 +138,7 @@ class WorkflowReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "source": self.costs.source, "cluster": self.costs.cluster.to_dict(),
+                "calibration": self.costs.scales,
                 "rows": self.rows, "devices": self.devices, "kinds": self.kinds, "op_share": self.op_share,
                 "notes": self.notes, "files": self.files, "group": self.group, "run_dirs": self.run_dirs,
                 "seconds": self.seconds, "summary": self.summary}
@@ -187,6 +201,9 @@ def _log_profile(tracker: Any, costs: Costs, out: Path, slug: str) -> None:
     profile, cluster = costs.profile, costs.cluster
     profile.save(out / "profile.json")
     cluster.save(out / "cluster.json")
+    if costs.scales:
+        costs.search_profile.save(out / "calibrated_profile.json")
+        tracker.log_metrics({f"calibration/{k}": v for k, v in costs.scales.items()})
     tracker.log_table("layers", [{"index": i, "name": x.name, "kind": x.kind, "f": x.f, "b": x.b, "w": x.w,
                                   "params": x.params, "act_bytes": x.act_bytes, "out_bytes": x.out_bytes}
                                  for i, x in enumerate(profile.layers)])
@@ -240,9 +257,14 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     # 1. costs --------------------------------------------------------------------------------
     t0 = time.perf_counter()
     costs = _costs(cfg, log)
-    seconds["costs"] = time.perf_counter() - t0
-    profile, cluster = costs.profile, costs.cluster
     microbatches = cfg.microbatches or (8 if cfg.local else 32)
+    if cfg.local and cfg.replay and cfg.calibration_plans > 0 and cfg.model and costs.cluster.devices > 1:
+        costs = calibrate_here(costs, model=cfg.model, scale=cfg.scale, microbatches=microbatches,
+                               count=cfg.calibration_plans, seed=cfg.seed, steps=cfg.steps, warmup=cfg.warmup,
+                               threads=cfg.threads, timeout=cfg.timeout, log=log)
+    seconds["costs"] = time.perf_counter() - t0
+    cluster = costs.cluster
+    profile = costs.search_profile
     with runs.phase("profile", {"source": costs.source}) as tracker:
         _log_profile(tracker, costs, out, slug)
 

@@ -2,6 +2,8 @@
 
 * :func:`measure_here` — profile the model and the link on this machine, in one ``torchrun`` job
   with one process per device (every rank profiles at once, as loaded as in the pipeline).
+* :func:`calibrate_here` — replay random plans on this machine and fit the runtime scales and the
+  per-action overhead that the search then prices plans with (the measurements fed back).
 * :func:`analytic_costs` — the analytic per-layer costs for a named GPU and its cluster.
 * :func:`train_policy` — a short RL training run (its curves go to the given tracker).
 * :func:`search_methods` — every method on one problem, the RL policy included when it loads.
@@ -23,7 +25,8 @@ from experiments.workflow_report import MethodOutcome
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.spec import Cluster, ModelProfile
 
-__all__ = ["Costs", "measure_here", "analytic_costs", "train_policy", "search_methods", "replay", "Log"]
+__all__ = ["Costs", "measure_here", "calibrate_here", "analytic_costs", "train_policy", "search_methods", "replay",
+           "Log"]
 
 Log = Callable[[str], None]
 
@@ -42,6 +45,15 @@ class Costs:
     """The measured link (latency_us, p2p_gbps, backend) when measured."""
     backend: str | None = None
     device: str | None = None
+    scales: dict[str, float] | None = None
+    """Runtime scales and per-action overhead fitted on replays (:func:`calibrate_here`), or None."""
+
+    @property
+    def search_profile(self) -> ModelProfile:
+        """The profile the search prices plans with: calibrated when replays taught it."""
+        from executor.fidelity import calibrated_profile
+
+        return calibrated_profile(self.profile, self.scales) if self.scales else self.profile
 
 
 def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_size: int, scale: float,
@@ -74,6 +86,35 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
     cluster = measured_cluster(devices, {**link, "backend": backend or "gloo"}, memory_gb=memory_gb or 64.0,
                                name=f"local-{device or 'cpu'}-{backend or 'gloo'}")
     return Costs(profile, cluster, "file" if profile_path else "measured", True, bench, backend, device)
+
+
+def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int, count: int, seed: int,
+                   steps: int, warmup: int, threads: int, timeout: float, log: Log = print) -> Costs:
+    """Replay ``count`` random plans (:func:`executor.fidelity.calibration_plans`) on this machine
+    and return ``costs`` with the fitted runtime scales and per-action overhead. If the job fails,
+    ``costs`` come back unchanged with no scales (the search then uses the per-layer profile)."""
+    from dataclasses import replace
+
+    from executor.fidelity import calibrate, calibration_plans
+    from executor.replay import LaunchError, ReplayOptions, run_job
+
+    profile, cluster = costs.profile, costs.cluster
+    plans = calibration_plans(profile, cluster, microbatches, count=count, seed=seed)
+    if not plans:
+        return costs
+    log(f"calibrating: replaying {len(plans)} random plans ({warmup} warm-up + {steps} timed steps each) ...")
+    options = ReplayOptions(model=model, scale=scale, seq_len=profile.seq_len, microbatch_size=profile.microbatch_size,
+                            steps=steps, warmup=warmup, threads=threads)
+    try:
+        result = run_job([p for _, p in plans], options, timeout=timeout)
+    except (LaunchError, AdaptisError) as exc:
+        log(f"calibration skipped: {exc}")
+        return costs
+    scales = calibrate(plans, profile, cluster, result["runs"])
+    to_ms = profile.seconds_per_unit * 1e3
+    log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items() if k != "overhead")
+        + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms")
+    return replace(costs, scales=scales)
 
 
 def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: str | None,
@@ -174,7 +215,8 @@ def replay(outcomes: Sequence[MethodOutcome], costs: Costs, *, model: str, scale
     except (LaunchError, AdaptisError) as exc:
         return f"replay failed: {exc}"
     to_ms = profile.seconds_per_unit * 1e3
-    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, result["runs"])
+    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, result["runs"],
+                          scales=costs.scales)
     for o, comp in zip(outcomes, comps):
         o.measured_ms = comp.measured
         o.predicted_runtime_ms = comp.predicted * to_ms

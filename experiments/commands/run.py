@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rp.add_argument("--steps", type=positive_int, default=5, help="timed steps per plan (median kept)")
     rp.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     rp.add_argument("--profile-repeats", type=positive_int, default=5, help="timed repeats per layer when profiling")
+    rp.add_argument("--calibration-plans", type=int, default=6, metavar="N",
+                    help="random plans replayed to calibrate the profile before the search (0: none)")
     rp.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     rp.add_argument("--timeout", type=positive_float, default=900.0, help="seconds for each torchrun job")
     parser.add_argument("--out", default=None, help="output folder (default runs/run-<model>)")
@@ -89,7 +91,8 @@ def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
         microbatch_size=args.microbatch_size, scale=args.scale, microbatches=args.microbatches, methods=methods,
         budget=args.budget, max_seconds=args.max_seconds, seed=args.seed, perturb_moves=args.perturb_moves,
         policy=args.policy, train_policy=args.train_policy, replay=not args.no_replay, steps=args.steps,
-        warmup=args.warmup, profile_repeats=args.profile_repeats, threads=args.threads, timeout=args.timeout,
+        warmup=args.warmup, profile_repeats=args.profile_repeats, calibration_plans=args.calibration_plans,
+        threads=args.threads, timeout=args.timeout,
         out=args.out or f"runs/run-{label}", group=args.group, project=args.wandb_project)
 
 

@@ -13,6 +13,7 @@ from experiments.workflow_report import MethodOutcome, device_rows, kind_rows, m
 from pipeline.plan import Plan, validate_plan
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate
+from pipeline.spec import ModelProfile
 from tests.conftest import ideal_cluster, uniform_profile
 
 
@@ -41,8 +42,13 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     validate_plan(plan, num_layers=8, devices=2)
     assert plan.method == s["best_method"]
     assert (out / "plan.csv").read_text().count("\n") == 2
-    for name in ("gantt_predicted.png", "gantt_measured.png", "gantt_fidelity.png", "profile.json", "cluster.json"):
+    for name in ("gantt_predicted.png", "gantt_measured.png", "gantt_fidelity.png", "profile.json", "cluster.json",
+                 "calibrated_profile.json"):
         assert (out / name).stat().st_size > 0
+    # The measurements fed back: random plans replayed first, the search priced with what they taught.
+    calibration = summary["calibration"]
+    assert set(calibration) >= {"F", "I", "W", "overhead"} and all(v >= 0 for v in calibration.values())
+    assert ModelProfile.load(out / "calibrated_profile.json").action_overhead == pytest.approx(calibration["overhead"])
     assert [d["device"] for d in summary["devices"]] == [0, 1]
     assert all("measured_bubble_pct" in d for d in summary["devices"])
     assert abs(sum(k["time_share_pct"] for k in summary["kinds"]) - 100) < 1e-6
@@ -66,6 +72,7 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     assert prof.type == "profile" and prof.metadata["source"] == "measured"
     assert runs["search"].artifact("plan-tiny-hybrid").type == "plan"
     assert runs["replay"].metric("adaptis/measured_ms") or runs["replay"].metric("megatron/measured_ms")
+    assert runs["profile"].metric("calibration/F")
 
 
 def test_named_gpu_cluster_skips_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
