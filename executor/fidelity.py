@@ -38,14 +38,14 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     Facts of ``_PipelineScheduleRuntime`` that per-layer ``b``/``w`` cannot express:
 
     * a fused ``B`` runs one autograd pass, cheaper than ``I`` then ``W`` (which walk the graph
-      twice); a measured profile carries that time as ``b_full`` per layer, so for a stage whose
-      backward is ``B``, ``b`` becomes ``b_full - w`` (B then costs ``b_full``);
+      twice); a measured profile carries that time as ``b_full`` per layer, and the simulator
+      prices B with it (:func:`pipeline.simulator.stage_costs`);
     * on the first stage ``I`` does nothing (no input gradient to send) and ``W`` runs the whole
       backward in one pass: that stage's ``b`` moves into ``w``, priced at ``b_full`` when known.
 
     ``scales`` (from :func:`calibrate`) multiply each kind of operation (keys :data:`SCALE_KEYS`)
     and set the per-action overhead (key ``"overhead"``, the profile's time unit): what measured
-    replays teach the model. Profiles without ``b_full`` (analytic ones) keep their ``b`` and ``w``.
+    replays teach the model. Profiles without ``b_full`` (analytic ones) price B as ``b + w``.
     """
     from dataclasses import replace
 
@@ -57,15 +57,17 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     for s, (start, end) in enumerate(plan.partition):
         for i in range(start, end):
             layer = layers[i]
-            full = float(layer.extra["b_full"]) if "b_full" in layer.extra else layer.b + layer.w
+            measured = "b_full" in layer.extra
+            full = float(layer.extra["b_full"]) if measured else layer.b + layer.w
+            extra = {**layer.extra, "b_full": full * k["B"]} if measured else layer.extra
             f = layer.f * k["F"]
             if s in fused:
-                w = layer.w * k["B"]
-                layer = replace(layer, f=f, b=max(0.0, full * k["B"] - w), w=w)
+                layer = (replace(layer, f=f, extra=extra) if measured
+                         else replace(layer, f=f, b=layer.b * k["B"], w=layer.w * k["B"]))
             elif s == 0:
-                layer = replace(layer, f=f, b=0.0, w=full * k["W0"])
+                layer = replace(layer, f=f, b=0.0, w=full * k["W0"], extra=extra)
             else:
-                layer = replace(layer, f=f, b=layer.b * k["I"], w=layer.w * k["W"])
+                layer = replace(layer, f=f, b=layer.b * k["I"], w=layer.w * k["W"], extra=extra)
             layers[i] = layer
     return replace(profile, layers=tuple(layers))
 
@@ -89,7 +91,7 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
         for s, (start, end) in enumerate(plan.partition):
             ls = base.layers[start:end]
             per_stage[s] = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
-                            "B": sum(x.b + x.w for x in ls)}
+                            "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}
         for event in run["timeline"]["events"]:
             stage, op, _ = _parse_action(event["action"])
             key = _scale_key(stage, op)

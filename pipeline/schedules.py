@@ -380,7 +380,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
                 else:
                     wq[d].append((s, m))
             else:
-                end = start + I[s] + W[s]
+                end = start + costs.b(s)
                 mem[d] -= ACT[s]
                 order[d].append(Action(s, "B", m))
             iend[s][m] = end if not (split and eager) else end - W[s]

@@ -58,14 +58,24 @@ class StageCosts:
     """Per device."""
     memory_limit: tuple[float, ...]
     """Per device, bytes."""
+    fused: tuple[float, ...] | None = None
+    """A fused backward B per stage; ``None``: ``i + w`` (see :func:`stage_costs`)."""
+
+    def b(self, s: int) -> float:
+        """Duration of stage ``s``'s fused backward B."""
+        return self.fused[s] if self.fused is not None else self.i[s] + self.w[s]
 
 
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
                 placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
-    price the links between stages."""
+    price the links between stages. A fused B costs ``i + w``, unless every layer carries a
+    measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
+    autograd pass is cheaper than I then W) plus two overheads, like I + W."""
     layers = profile.layers
     over = profile.action_overhead
+    measured_b = all("b_full" in x.extra for x in layers)
+    fused: list[float] = []
     speeds = cluster.speeds
     unit = profile.seconds_per_unit
     f, i, w, act, keep, comm = [], [], [], [], [], []
@@ -78,6 +88,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         f.append(sum(x.f for x in chunk) / sp + over)
         i.append(sum(x.b for x in chunk) / sp + over)
         w.append(sum(x.w for x in chunk) / sp + over)
+        if measured_b:
+            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over)
         act.append(scale * sum(x.act_bytes for x in chunk))
         keep.append(scale * sum(x.w_retained for x in chunk))
         static[d] += training.bytes_per_param * sum(x.params for x in chunk)
@@ -86,7 +98,7 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         else:
             comm.append(0.0)
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
-                      cluster.memory_limits_bytes)
+                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None)
 
 
 @dataclass
@@ -188,6 +200,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
     if costs is None:
         costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
     F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
+    BF = costs.fused if costs.fused is not None else tuple(a + b for a, b in zip(I, W))
     last = S - 1
     n = S * M
     fend: list[float | None] = [None] * n
@@ -260,7 +273,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                         dur = I[s]
                         cur -= ACT[s] - KEEP[s]
                     else:
-                        dur = I[s] + W[s]
+                        dur = BF[s]
                         cur -= ACT[s]
                     t = start + dur
                     iend[idx] = t
@@ -306,7 +319,7 @@ def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devi
     plan = Plan(devices, microbatches, partition, tuple(placement), tuple(tuple(a) for a in schedule))
     dummy = ModelProfile("order", tuple(_DUMMY_LAYER for _ in range(S)))
     zero = StageCosts(costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm,
-                      tuple(0.0 for _ in range(devices)), tuple(float("inf") for _ in range(devices)))
+                      tuple(0.0 for _ in range(devices)), tuple(float("inf") for _ in range(devices)), costs.fused)
     result = simulate(plan, dummy, Cluster(devices=devices), costs=zero, validate=False, record_timeline=False)
     return result.iteration_time, result.peak_memory
 

@@ -34,9 +34,9 @@ def test_runtime_profile_follows_pytorch_runtime() -> None:
     zb = runtime_profile(prof, plans["zb-h1"])
     first = range(*plans["zb-h1"].partition[0])
     assert all(zb.layers[i].b == 0 for i in first)  # I on the first stage does nothing
-    fused = runtime_profile(prof, plans["1f1b"])
+    fused = runtime_profile(prof, plans["1f1b"], {"B": 2.0})
     last = prof.layers[-1]
-    assert fused.layers[-1].b + fused.layers[-1].w == pytest.approx(max(last.extra["b_full"], last.w))
+    assert fused.layers[-1].extra["b_full"] == pytest.approx(2.0 * last.extra["b_full"])  # B is priced by b_full
 
 
 def test_profile_command_writes_a_profile(tmp_path: Path) -> None:

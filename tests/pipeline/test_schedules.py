@@ -118,3 +118,18 @@ def test_action_overhead_adds_to_every_action(p: int, m: int) -> None:
     prof, cluster = replace(uniform_profile(4 * p), action_overhead=o), ideal_cluster(p)
     result = simulate(build_plan("1f1b", prof, cluster, m), prof, cluster)
     assert result.iteration_time == pytest.approx((m + p - 1) * (F + B + 3 * o))
+
+
+@pytest.mark.parametrize("p,m", CASES[:3])
+def test_measured_fused_backward_prices_b(p: int, m: int) -> None:
+    """With a measured fused-backward time on every layer, B costs that, not I + W."""
+    from dataclasses import replace
+
+    base = uniform_profile(4 * p)
+    prof = replace(base, layers=tuple(replace(x, extra={"b_full": 1.5}) for x in base.layers))
+    cluster = ideal_cluster(p)
+    result = simulate(build_plan("1f1b", prof, cluster, m), prof, cluster)
+    assert result.iteration_time == pytest.approx((m + p - 1) * (F + 4 * 1.5))
+    split = simulate(build_plan("zb-h1", prof, cluster, m), prof, cluster)  # I and W keep b and w
+    assert split.iteration_time == pytest.approx(simulate(build_plan("zb-h1", base, cluster, m), base,
+                                                          cluster).iteration_time)
