@@ -93,8 +93,9 @@ def start_candidates(problem: Problem) -> list[Candidate]:
     """Where the policy's rollouts start: the environment's portfolio (list-scheduled families),
     the hand-built orders of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved
     placements of 2-4 chunks under even budgets, all at the DP-balanced split."""
-    from env.editor import MAX_STAGES, portfolio, preset_budgets
+    from env.editor import MAX_STAGES, portfolio
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
+    from pipeline.space import preset_budgets
 
     P, L = problem.devices, problem.profile.num_layers
     out = portfolio(problem)

@@ -23,26 +23,21 @@ from pipeline.errors import PlanError
 from pipeline.plan import Plan, partition_from_sizes
 from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition, method_placement
 from pipeline.simulator import Result, simulate
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
+from pipeline.space import (
+    Candidate,
+    Evaluator,
+    Problem,
+    balanced_sizes,
+    make_placement,
+    objective_key,
+    preset_budgets,
+)
 
 __all__ = ["AdaptisTuner", "seed_candidates"]
 
 Key = tuple[int, float, float]
 #: Rounds in a row without a new simulator call after which the tuner stops early.
 MAX_IDLE_ROUNDS = 50
-
-
-def _named_budgets(method: str, devices: int) -> tuple[float, ...] | None:
-    P = devices
-    table = {
-        "zb-h1": [P - d for d in range(P)],
-        "1f1b": [P - d for d in range(P)],
-        "zb-h2": [2 * (P - d) - 1 for d in range(P)],
-        "zbv": [P] * P,
-        "v-half": [(P + 2) / 2] * P,
-        "v-min": [(P + 4) / 3] * P,
-    }
-    return None if method not in table else tuple(float(x) for x in table[method])
 
 
 def seed_candidates(problem: Problem) -> list[Candidate]:
@@ -59,7 +54,7 @@ def seed_candidates(problem: Problem) -> list[Candidate]:
                   tuple(b - a for a, b in megatron_partition(problem.profile, S))}
         for sizes in sorted(splits):
             for name in ("zb-h1", "zb-h2", "zbv", "v-half", None):
-                budgets = _named_budgets(name, P) if name else None
+                budgets = preset_budgets(name, P) if name else None
                 counts_w = name not in ("zb-h1", "zb-h2")
                 out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                                      max_pending_w=P if not counts_w else None))
@@ -184,7 +179,7 @@ class AdaptisTuner:
     def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
         """Other placement families (balanced split), and swapping two stages' devices."""
         P, L = problem.devices, problem.profile.num_layers
-        order_knobs = c if c.order == "list" else replace(c, order="list", budgets=_named_budgets("zbv", P))
+        order_knobs = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zbv", P))
         for kind, chunks in PLACEMENT_CHOICES:
             if P * chunks > L:
                 continue
@@ -209,7 +204,7 @@ class AdaptisTuner:
     def _schedule_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
         """Activation budgets per device (warm-up depth), W deferral, fused B, forward priority."""
         P = problem.devices
-        base = c if c.order == "list" else replace(c, order="list", budgets=_named_budgets("zb-h1", P),
+        base = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zb-h1", P),
                                                    cap_counts_w=False, max_pending_w=P)
         if c.order != "list":
             yield base
@@ -253,7 +248,7 @@ class AdaptisTuner:
             pl = list(out.placement)
             pl[a], pl[b] = pl[b], pl[a]
             out = replace(out, placement=tuple(pl), order="list",
-                          budgets=out.budgets if out.order == "list" else _named_budgets("zbv", P))
+                          budgets=out.budgets if out.order == "list" else preset_budgets("zbv", P))
         if out.order == "list" and rng.random() < 0.5:
             budgets = list(out.budgets) if out.budgets is not None else [float(2 * P)] * P
             d = rng.randrange(P)

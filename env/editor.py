@@ -18,7 +18,15 @@ from dataclasses import dataclass, replace
 from pipeline.errors import PlanError
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
+from pipeline.space import (
+    Candidate,
+    Evaluator,
+    Problem,
+    balanced_sizes,
+    make_placement,
+    objective_key,
+    preset_budgets,
+)
 
 __all__ = [
     "MAX_LAYERS",
@@ -80,18 +88,6 @@ def _action_table() -> tuple[Edit, ...]:
 #: Every action, by index: ``ACTIONS[a]`` is what action ``a`` does.
 ACTIONS: tuple[Edit, ...] = _action_table()
 N_ACTIONS = len(ACTIONS)
-
-
-def preset_budgets(name: str, devices: int) -> tuple[float, ...] | None:
-    """Per-device activation budgets (micro-batches) of a preset; ``None`` for ``unlimited``."""
-    P = devices
-    table = {
-        "zb-h1": [P - d for d in range(P)],
-        "zb-h2": [2 * (P - d) - 1 for d in range(P)],
-        "zbv": [P] * P,
-        "v-half": [(P + 2) / 2] * P,
-    }
-    return None if name not in table else tuple(float(x) for x in table[name])
 
 
 def family_of(c: Candidate, devices: int) -> int:

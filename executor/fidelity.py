@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.plan import Plan
+from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["SCALE_KEYS", "PlanComparison", "measured_cluster", "runtime_profile", "fit_runtime_scales",
@@ -93,18 +93,11 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
             per_stage[s] = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
                             "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}
         for event in run["timeline"]["events"]:
-            stage, op, _ = _parse_action(event["action"])
+            stage, op, _ = parse_action(event["action"])
             key = _scale_key(stage, op)
             measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
             predicted[key] = predicted.get(key, 0.0) + per_stage[stage][op]
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
-
-
-def _parse_action(text: str) -> tuple[int, str, int]:
-    for i, ch in enumerate(text):
-        if ch.isalpha():
-            return int(text[:i]), ch, int(text[i + 1:])
-    raise ValueError(f"not an action: {text!r}")
 
 
 def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,

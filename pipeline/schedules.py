@@ -249,6 +249,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
     S, M = len(placement), microbatches
     last = S - 1
     F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
+    BF = costs.backward
     caps = config.caps if config.caps is not None else tuple(math.inf for _ in range(devices))
     split, eager, depth = config.split_backward, config.eager_w, config.depth_first
     count_w = config.cap_counts_w
@@ -380,7 +381,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
                 else:
                     wq[d].append((s, m))
             else:
-                end = start + costs.b(s)
+                end = start + BF[s]
                 mem[d] -= ACT[s]
                 order[d].append(Action(s, "B", m))
             iend[s][m] = end if not (split and eager) else end - W[s]

@@ -61,9 +61,10 @@ class StageCosts:
     fused: tuple[float, ...] | None = None
     """A fused backward B per stage; ``None``: ``i + w`` (see :func:`stage_costs`)."""
 
-    def b(self, s: int) -> float:
-        """Duration of stage ``s``'s fused backward B."""
-        return self.fused[s] if self.fused is not None else self.i[s] + self.w[s]
+    @property
+    def backward(self) -> tuple[float, ...]:
+        """Duration of each stage's fused backward B (read it once per simulation)."""
+        return self.fused if self.fused is not None else tuple(a + b for a, b in zip(self.i, self.w))
 
 
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
@@ -200,7 +201,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
     if costs is None:
         costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
     F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
-    BF = costs.fused if costs.fused is not None else tuple(a + b for a, b in zip(I, W))
+    BF = costs.backward
     last = S - 1
     n = S * M
     fend: list[float | None] = [None] * n

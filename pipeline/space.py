@@ -49,6 +49,7 @@ __all__ = [
     "balanced_sizes",
     "materialize",
     "objective_key",
+    "preset_budgets",
 ]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
@@ -98,6 +99,21 @@ class Candidate:
             knobs = (f" budgets=[{b}] {'I/W' if self.split_backward else 'B'}"
                      f"{' eager-W' if self.eager_w else ''}{'' if self.depth_first else ' breadth'}")
         return f"{self.order} sizes={list(self.sizes)} placement={list(self.placement)}{knobs}"
+
+
+def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:
+    """Per-device activation budgets (micro-batches) of a named schedule's memory: ``zb-h1`` /
+    ``1f1b``, ``zb-h2``, ``zbv``, ``v-half``, ``v-min``; ``None`` for any other name (unlimited)."""
+    P = devices
+    table = {
+        "zb-h1": [P - d for d in range(P)],
+        "1f1b": [P - d for d in range(P)],
+        "zb-h2": [2 * (P - d) - 1 for d in range(P)],
+        "zbv": [P] * P,
+        "v-half": [(P + 2) / 2] * P,
+        "v-min": [(P + 4) / 3] * P,
+    }
+    return None if name not in table else tuple(float(x) for x in table[name])
 
 
 def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:

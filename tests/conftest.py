@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,27 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 from pipeline.spec import Cluster, LayerCost, ModelProfile  # noqa: E402
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """Kill ``proc``'s process group on the way out if it still runs (``start_new_session=True``)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def exit_after(proc: subprocess.Popen, interrupt: Callable[[], None], *,
+               timeout: float) -> tuple[str | None, str | None, float]:
+    """Call ``interrupt`` (send a signal, kill a rank) and wait for ``proc`` to end: its stdout,
+    stderr and the seconds it took to exit."""
+    interrupt()
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=timeout)
+    return out, err, time.monotonic() - start
 
 
 def uniform_profile(layers: int, *, f: float = 1.0, b: float = 1.0, w: float = 1.0, act: int = 1000,

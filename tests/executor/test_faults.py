@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from executor.replay import REPO_ROOT, torchrun_command
+from tests.conftest import exit_after, reaped
 from tests.executor.plans import named_plans
 
 EXIT_BOUND_S = 30.0
@@ -94,17 +95,10 @@ def test_killed_rank_ends_the_job_and_leaves_nothing(tmp_path: Path) -> None:
             "--warmup", "0", "--timeout", "20"]
     proc = subprocess.Popen(torchrun_command(2, args), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
+    with reaped(proc):
         workers = _wait_for_workers(str(plan_path), 2)
         time.sleep(3.0)  # let them get into the steps
-        os.kill(workers[-1], signal.SIGKILL)
-        start = time.monotonic()
-        proc.communicate(timeout=90)
-        elapsed = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _, _, elapsed = exit_after(proc, lambda: os.kill(workers[-1], signal.SIGKILL), timeout=90)
     print(f"killed rank: job exited with {proc.returncode} after {elapsed:.1f} s")
     assert proc.returncode != 0
     assert elapsed < EXIT_BOUND_S
@@ -119,7 +113,7 @@ def test_ctrl_c_on_replay_leaves_no_stray_process(tmp_path: Path) -> None:
            "--seq-len", "32", "--steps", "100000", "--json"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         family: list[int] = []
         while time.monotonic() < deadline:
@@ -131,14 +125,8 @@ def test_ctrl_c_on_replay_leaves_no_stray_process(tmp_path: Path) -> None:
         else:
             raise AssertionError("replay's workers did not start")
         time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground group
-        start = time.monotonic()
-        out, _ = proc.communicate(timeout=60)
-        elapsed = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        # what a terminal's Ctrl-C does to the foreground group
+        out, _, elapsed = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
     print(f"Ctrl-C: replay exited with {proc.returncode} after {elapsed:.1f} s")
     assert proc.returncode == 130, out[-2000:]
     assert elapsed < EXIT_BOUND_S

@@ -8,7 +8,6 @@ import pytest
 
 from executor.fidelity import (
     SCALE_KEYS,
-    _parse_action,
     calibrate,
     calibrated_profile,
     calibration_plans,
@@ -19,6 +18,7 @@ from executor.fidelity import (
     runtime_profile,
 )
 from executor.host_memory import pin_malloc_thresholds
+from pipeline.plan import parse_action
 from pipeline.simulator import simulate
 from pipeline.spec import Cluster, ModelProfile
 from tests.executor.plans import named_plans
@@ -46,7 +46,7 @@ def _runs_with(scales: dict[str, float], plans, profile: ModelProfile, cluster: 
         res = simulate(plan, runtime_profile(profile, plan, scales), cluster)
         timeline = res.timeline_dict()
         for e in timeline["events"]:  # compute only: a fused B carries two overheads (I + W)
-            e["end"] -= over * (2 if _parse_action(e["action"])[1] == "B" else 1)
+            e["end"] -= over * (2 if parse_action(e["action"]).op == "B" else 1)
         runs.append({"measured_iteration_time": res.iteration_time, "timeline": timeline})
     return runs
 

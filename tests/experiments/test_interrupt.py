@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pipeline.plan import Plan, validate_plan
-from tests.conftest import ROOT
+from tests.conftest import ROOT, exit_after, reaped
 
 PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
 CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
@@ -25,20 +25,13 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
     env = dict(os.environ, WANDB_MODE="disabled")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 60
         while not (out / "plan.json").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert (out / "plan.json").exists(), "no plan written while searching"
         time.sleep(1.0)
-        proc.send_signal(sig)
-        start = time.monotonic()
-        _, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _, err, elapsed = exit_after(proc, lambda: proc.send_signal(sig), timeout=30)
     assert proc.returncode == code, err[-2000:]
     assert elapsed < 10
     plan = Plan.load(out / "plan.json")
@@ -57,19 +50,12 @@ def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
     env = dict(os.environ, WANDB_MODE="disabled")
     proc = subprocess.Popen([*base, "--timesteps", "1000000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while latest_checkpoint(out) is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert latest_checkpoint(out) is not None, "no checkpoint written while training"
-        proc.send_signal(signal.SIGINT)
-        start = time.monotonic()
-        _, err = proc.communicate(timeout=60)
-        elapsed = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _, err, elapsed = exit_after(proc, lambda: proc.send_signal(signal.SIGINT), timeout=60)
     assert proc.returncode == 130, err[-2000:]  # the shell's code for Ctrl-C, as `search` exits
     assert elapsed < 30
     assert (out / "policy.pth").is_file()
