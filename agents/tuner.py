@@ -13,8 +13,9 @@ stall in the first local optimum. Deterministic for a given seed.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
@@ -69,6 +70,9 @@ class AdaptisTuner:
 
     name: str = "adaptis"
     perturb_moves: int = 3
+    allowed: Callable[[Candidate], bool] | None = None
+    """Only plans this accepts are kept (e.g. what a deployment target can run): filters the named
+    plans (as a candidate of their sizes and placement), the seeds, the neighbours and perturbations."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -79,7 +83,7 @@ class AdaptisTuner:
         ev = Evaluator(problem)
         clock = BudgetClock(budget, ev)
         history: list[tuple[int, float]] = []
-        state = _State(ev, on_improve, history)
+        state = _State(ev, on_improve, history, self.allowed)
 
         # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
         #    can only improve on the best of them.
@@ -95,6 +99,8 @@ class AdaptisTuner:
                 plan = build_plan(method, problem.profile, problem.cluster, problem.microbatches,
                                   partition=partition, training=problem.training)
             except PlanError:
+                continue
+            if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
                 continue
             ev.calls += 1
             result = simulate(plan, problem.profile, problem.cluster, problem.training, validate=False,
@@ -260,8 +266,10 @@ class AdaptisTuner:
 class _State:
     """The best plan so far, from named plans or candidates; reports improvements."""
 
-    def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]]) -> None:
+    def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]],
+                 allowed: Callable[[Candidate], bool] | None = None) -> None:
         self.ev = ev
+        self.allowed = allowed
         self.on_improve = on_improve
         self.history = history
         self.best_key: Key | None = None
@@ -281,5 +289,7 @@ class _State:
         return key
 
     def offer(self, c: Candidate) -> Key:
+        if self.allowed is not None and not self.allowed(c):
+            return (2, math.inf, math.inf)
         plan, result = self.ev.evaluate(c)
         return self.offer_plan(plan, result, note=c.describe(), candidate=c)
