@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget
+from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow_phases import (
     Costs,
     Log,
@@ -102,6 +103,10 @@ class WorkflowConfig:
     group: str | None = None
     """W&B group (default ``run-<model>-<time>``)."""
     project: str = "adaptis"
+    target: str = "executor"
+    """Runtime the plan must run in: ``executor``, ``torchtitan`` or ``megatron`` (experiments.deploy)."""
+    trace: str | None = None
+    """Write the best plan's predicted (and measured) timeline here, Chrome trace format."""
 
     @property
     def local(self) -> bool:
@@ -286,7 +291,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
 
     # 3. search ---------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    methods = list(dict.fromkeys(["megatron", *cfg.methods]))
+    methods = with_target_method(list(dict.fromkeys(["megatron", *cfg.methods])), cfg.target)
     log(f"searching {len(methods)} methods for {profile.name} on {cluster.devices} devices, {microbatches} "
         f"micro-batches (budget {cfg.budget}, at most {budget.seconds:g} s each)")
     problem = Problem(profile, cluster, microbatches)
@@ -296,13 +301,18 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
     feasible = [o for o in outcomes if o.ok]
     mega = next((o for o in outcomes if o.method == "megatron" and o.result is not None and o.result.valid), None)
-    best = min(feasible, key=lambda o: o.predicted) if feasible else None
+    searched = [Searched(o.method, o.plan, o.result) for o in feasible]
+    pick = best_for(cfg.target, searched, profile)
+    best = next((o for o in feasible if pick is not None and o.plan is pick.plan), None)
     seconds["search"] = time.perf_counter() - t0
     if best is None:
-        raise ConfigError(f"no plan fits in {cluster.memory_gb:g} GiB per device; add devices or memory "
+        within = f" that {cfg.target} runs" if feasible else ""
+        raise ConfigError(f"no plan{within} fits in {cluster.memory_gb:g} GiB per device; add devices or memory "
                           "(--memory-gb) or use fewer micro-batches", field="--memory-gb")
     best.plan.save(out / "plan.json")
     best.plan.save_csv(out / "plan.csv")
+    targets = write_exports(out, searched, profile, best=pick,
+                            reference=mega.predicted if mega is not None else None)
 
     # 4. replay ---------------------------------------------------------------------------------
     if not cfg.local:
@@ -327,7 +337,12 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     gantts = _gantts(outcomes, best, mega, out, cfg.label)
     summary = _summary(best, mega, profile.time_unit)
     files = {"plan": str(out / "plan.json"), "plan_csv": str(out / "plan.csv"), "profile": str(out / "profile.json"),
-             "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()}}
+             "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()},
+             **{r["target"]: str(out / r["file"]) for r in targets if r.get("file")}}
+    if cfg.trace:
+        files["trace"] = str(write_plan_trace(cfg.trace, best.plan, profile, cluster,
+                                              predicted=best.predicted_timeline or best.result.timeline_dict(),
+                                              measured=best.measured_timeline, title=f"{best.method} on {cfg.label}"))
     with runs.phase("search", {"microbatches": microbatches, "methods": methods}) as tracker:
         for o in outcomes:
             if o.result is not None and o.result.valid:
@@ -358,6 +373,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
             tracker.log_image(key, path)
         tracker.log_plan(best.plan, name=f"plan-{slug}", metadata=summary)
         tracker.summary({**summary, "notes": "; ".join(notes)})
+    summary["targets"] = targets
     report = WorkflowReport(cfg, costs, outcomes, best, mega, rows, devices, kinds, ops, notes, files, group,
                             dict(runs.dirs), seconds, summary)
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str) + "\n")
