@@ -24,6 +24,7 @@ for those runtimes. Pure functions over a :class:`~pipeline.plan.Plan` and a
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 
 from pipeline.errors import ConfigError
@@ -188,8 +189,12 @@ def megatron_layout(plan: Plan, profile: ModelProfile) -> str:
 
 
 def megatron_args(plan: Plan, profile: ModelProfile) -> str:
-    """The Megatron-LM arguments that run ``plan`` (its layout, sizes and batch), one per line,
-    with ``#`` comments; raises ConfigError naming the reason when Megatron cannot run it."""
+    """The Megatron-LM arguments that run ``plan``: one ``--flag value`` per line, values quoted
+    for a shell (``xargs -a megatron_args.txt python pretrain_gpt.py ...`` or pasted into a launch
+    script); raises ConfigError naming the reason when Megatron cannot run the plan.
+
+    ``--global-batch-size`` is the plan's micro-batches times ``--micro-batch-size`` for
+    data-parallel size 1: multiply it by yours."""
     reason = target_reason("megatron", plan, profile)
     if reason:
         raise ConfigError(reason, field="plan")
@@ -199,22 +204,18 @@ def megatron_args(plan: Plan, profile: ModelProfile) -> str:
     v = plan.num_stages // plan.devices
     P, M = plan.devices, plan.microbatches
     mbs = profile.microbatch_size
-    lines = [
-        f"# Megatron-LM arguments for {profile.name}: {P} pipeline ranks, {v} virtual stage(s) per rank,",
-        f"# {'1F1B' if v == 1 else 'interleaved 1F1B'} over {M} micro-batches (layout: E embedding, t decoder layer,",
-        "# m MTP layer, L loss; '|' between stages, virtual rank 0 of every rank first).",
-        "# --global-batch-size assumes data-parallel size 1: multiply it by yours.",
-        f"--pipeline-model-parallel-size {P}",
-        f"--pipeline-model-parallel-layout {megatron_layout(plan, profile)}",
-        f"--num-layers {decoder}",
+    args: list[tuple[str, object]] = [
+        ("--pipeline-model-parallel-size", P),
+        ("--pipeline-model-parallel-layout", megatron_layout(plan, profile)),
+        ("--num-layers", decoder),
     ]
     if mtp:
-        lines.append(f"--mtp-num-layers {mtp}")
-    lines += [f"--micro-batch-size {mbs}", f"--global-batch-size {M * mbs}", f"--seq-length {profile.seq_len}"]
+        args.append(("--mtp-num-layers", mtp))
+    args += [("--micro-batch-size", mbs), ("--global-batch-size", M * mbs), ("--seq-length", profile.seq_len)]
     g = megatron_group_size(P, M)
     if v > 1 and g != P:
-        lines.append(f"--microbatch-group-size-per-virtual-pipeline-stage {g}")
-    return "\n".join(lines) + "\n"
+        args.append(("--microbatch-group-size-per-virtual-pipeline-stage", g))
+    return "".join(f"{flag} {shlex.quote(str(value))}\n" for flag, value in args)
 
 
 # ---------------------------------------------------------------- torchtitan
