@@ -69,3 +69,19 @@ def test_simulate_trace(tmp_path, capsys) -> None:
     plan = Plan.load(tmp_path / "plan.json")
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] < SEND_TRACK) == \
         sum(len(a) for a in plan.schedule)
+
+
+def test_run_target_megatron_on_a_named_gpu(tmp_path, capsys) -> None:
+    code = main(["run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4", "--microbatches", "8",
+                 "--method", "zbv,adaptis", "--budget", "40", "--target", "megatron", "--out", str(tmp_path),
+                 "--trace", str(tmp_path / "t.json"), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    plan = Plan.load(tmp_path / "plan.json")
+    from pipeline.zoo import zoo_profile
+
+    assert target_reason("megatron", plan, zoo_profile("gemma-small")) is None
+    targets = {r["target"]: r for r in report["summary"]["targets"]}
+    assert targets["megatron"]["file"] == "megatron_args.txt" and (tmp_path / "megatron_args.txt").is_file()
+    assert report["summary"]["best_method"] == targets["megatron"]["method"]
+    validate_trace(json.loads((tmp_path / "t.json").read_text()))
