@@ -60,7 +60,7 @@ from pipeline.render import gantt_side_by_side
 from pipeline.simulator import Result
 from pipeline.space import Problem, objective_key
 from pipeline.spec import GIB
-from pipeline.targets import target_reason
+from pipeline.targets import model_reason, target_reason
 
 NAME = "search"
 HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
@@ -186,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
                     f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
     if not args.json:
         print_targets(targets, args.target, profile.time_unit)
+    cannot = model_reason(args.target, profile)
+    if best is None and cannot:
+        print(f"no plan for --target {args.target}: {cannot}; use --target executor", file=sys.stderr)
+        return 3
     if best is None:
         smallest = min((r for r in results if r.ok), key=lambda r: max(r.result.peak_memory), default=None)
         msg = "no plan fits in memory" + (f" among those {args.target} runs" if args.target != "executor" else "")

@@ -56,6 +56,9 @@ def test_a_target_that_cannot_express_the_model_says_why(tmp_path, capsys) -> No
     text = capsys.readouterr().out
     assert "megatron    cannot: megatron needs exactly one embedding layer" in text
     assert not (out / "megatron_args.txt").exists() and not (out / "torchtitan.toml").exists()
+    assert main(["search", "--profile", str(profile), "--cluster", CLUSTER, "--microbatches", "8", "--method",
+                 "megatron", "--budget", "20", "--target", "torchtitan", "--out", str(out)]) == 3
+    assert "no plan for --target torchtitan: torchtitan needs exactly one embedding layer" in capsys.readouterr().err
 
 
 def test_simulate_trace(tmp_path, capsys) -> None:
