@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
 from pipeline.errors import PlanError
+from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan, partition_from_sizes
-from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition, method_placement
+from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
 from pipeline.simulator import Result, simulate
 from pipeline.space import (
     Candidate,

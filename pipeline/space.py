@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import PlanError
+from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule
+from pipeline.orders import gpipe_order, interleaved_order, looped_bfs_order, one_f_one_b_order, zbv_order
 from pipeline.plan import (
     Plan,
     interleaved_placement,
@@ -26,16 +28,7 @@ from pipeline.plan import (
     v_placement,
     wave_placement,
 )
-from pipeline.schedules import (
-    ListSchedulerConfig,
-    budget_caps,
-    gpipe_order,
-    interleaved_order,
-    list_schedule,
-    looped_bfs_order,
-    one_f_one_b_order,
-    zbv_order,
-)
+from pipeline.schedules import ACTIVATION_BUDGETS, activation_budgets
 from pipeline.simulator import Result, simulate, stage_costs
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
@@ -102,18 +95,9 @@ class Candidate:
 
 
 def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:
-    """Per-device activation budgets (micro-batches) of a named schedule's memory: ``zb-h1`` /
-    ``1f1b``, ``zb-h2``, ``zbv``, ``v-half``, ``v-min``; ``None`` for any other name (unlimited)."""
-    P = devices
-    table = {
-        "zb-h1": [P - d for d in range(P)],
-        "1f1b": [P - d for d in range(P)],
-        "zb-h2": [2 * (P - d) - 1 for d in range(P)],
-        "zbv": [P] * P,
-        "v-half": [(P + 2) / 2] * P,
-        "v-min": [(P + 4) / 3] * P,
-    }
-    return None if name not in table else tuple(float(x) for x in table[name])
+    """Per-device activation budgets (micro-batches) of a named schedule's memory
+    (:data:`pipeline.schedules.ACTIVATION_BUDGETS`); ``None`` for any other name (unlimited)."""
+    return activation_budgets(name, devices) if name in ACTIVATION_BUDGETS else None
 
 
 def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
