@@ -45,6 +45,12 @@ class BudgetClock:
         self.evaluator = evaluator
         self.t0 = time.perf_counter()
 
+    def calls_left(self) -> int | None:
+        """Simulator calls left in the budget (``None`` when it counts seconds only)."""
+        if self.budget.sim_calls is None:
+            return None
+        return max(0, self.budget.sim_calls - self.evaluator.calls)
+
     def spent(self) -> bool:
         b = self.budget
         if b.sim_calls is not None and self.evaluator.calls >= b.sim_calls:

@@ -31,8 +31,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from pipeline import engine
 from pipeline.errors import PlanError
-from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule
+from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule, native_args
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.orders import gpipe_order, interleaved_order, looped_bfs_order, one_f_one_b_order, zbv_order
 from pipeline.plan import Action, Plan, interleaved_placement, sequential_placement, v_placement
@@ -143,19 +144,37 @@ def _list_variants(method: str, devices: int) -> list[ListSchedulerConfig]:
 
 def _best_list_schedule(method: str, costs: StageCosts, placement: Sequence[int], devices: int,
                         microbatches: int, caps: tuple[float, ...]) -> tuple[tuple[Action, ...], ...]:
-    candidates = [list_schedule(costs, placement, devices, microbatches, replace(variant, caps=caps))
-                  for variant in _list_variants(method, devices)]
+    """The fastest order within the caps among the method's list-scheduler variants (and the
+    hand-built ZB-V order for ``zbv``); only the winner is turned into actions."""
+    variants = [replace(variant, caps=caps) for variant in _list_variants(method, devices)]
+    makers: list[Callable[[], tuple[tuple[Action, ...], ...]]] = [
+        lambda v=v: list_schedule(costs, placement, devices, microbatches, v) for v in variants]
+    scores = [_score_list(costs, placement, devices, microbatches, v) for v in variants]
     if method == "zbv" and microbatches >= 2 * devices - 1:
-        candidates.append(zbv_order(devices, microbatches))
-    best, best_key = None, None
-    for order in candidates:
-        t, peaks = simulate_order(order, costs, devices, microbatches)
+        order = zbv_order(devices, microbatches)
+        makers.append(lambda: order)
+        scores.append(simulate_order(order, costs, devices, microbatches))
+    best, best_key = 0, None
+    for k, (t, peaks) in enumerate(scores):
         over = sum(max(0.0, pk - cap) for pk, cap in zip(peaks, caps))
         key = (over > 1e-6 * max(caps), t)
         if best_key is None or key < best_key:
-            best, best_key = order, key
-    assert best is not None
-    return best
+            best, best_key = k, key
+    return makers[best]()
+
+
+def _score_list(costs: StageCosts, placement: Sequence[int], devices: int, microbatches: int,
+                config: ListSchedulerConfig) -> tuple[float, tuple[float, ...]]:
+    """(iteration time, peak activations per device) of a list-scheduled order."""
+    if engine.native is None:
+        order = list_schedule(costs, placement, devices, microbatches, config)
+        return simulate_order(order, costs, devices, microbatches)
+    try:
+        _, t, _, peaks = engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), devices,
+                                                             microbatches, *native_args(config))
+    except RuntimeError as exc:
+        raise PlanError(str(exc), field="placement") from None
+    return t, tuple(peaks)
 
 
 def _megatron_plan(profile: ModelProfile, cluster: Cluster, microbatches: int,

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
-#include <queue>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -160,31 +159,33 @@ Order list_schedule(const StageCosts& c, const std::vector<int>& placement, int 
     return choice;
   };
 
-  using Entry = std::tuple<double, int, long long>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  // The Python reference keeps a heap of (start, device, version) with stale entries skipped: it
+  // picks the device with the earliest cached start, the lowest index on ties, among devices with
+  // work left. A tournament tree over the devices gives that same pick with O(log P) updates.
   std::vector<Choice> cache(devices, Choice{INF, 9, -1, -1});
-  std::vector<long long> version(devices, 0);
+  int leaves = 1;
+  while (leaves < devices) leaves <<= 1;
+  std::vector<int> tree(2 * leaves, -1);  // device with the least (start, index) below each node; -1 none
+  auto better = [&](int a, int b) {
+    if (a < 0) return b;
+    if (b < 0) return a;
+    const double sa = cache[a].start, sb = cache[b].start;
+    return (sa < sb || (sa == sb && a < b)) ? a : b;
+  };
+  auto update = [&](int d) {
+    int node = leaves + d;
+    tree[node] = remaining[d] ? d : -1;
+    for (node >>= 1; node >= 1; node >>= 1) tree[node] = better(tree[2 * node], tree[2 * node + 1]);
+  };
   for (int d = 0; d < devices; ++d) {
-    if (remaining[d]) {
-      cache[d] = best(d, false);
-      heap.emplace(cache[d].start, d, 0);
-    }
+    if (remaining[d]) cache[d] = best(d, false);
+    update(d);
   }
   long long done = 0;
   Order out;
   while (done < total) {
-    int pick_d = -1;
-    Choice pick{INF, 9, -1, -1};
-    while (!heap.empty()) {
-      const auto& [st, d, ver] = heap.top();
-      if (ver != version[d] || !remaining[d]) {
-        heap.pop();
-        continue;
-      }
-      pick = cache[d];
-      pick_d = d;
-      break;
-    }
+    int pick_d = tree[1];
+    Choice pick = pick_d >= 0 ? cache[pick_d] : Choice{INF, 9, -1, -1};
     if (pick_d < 0 || pick.start == INF) {
       // Every device waits on its memory cap: let the earliest forward through.
       pick_d = -1;
@@ -255,11 +256,8 @@ Order list_schedule(const StageCosts& c, const std::vector<int>& placement, int 
     for (int k = 0; k < 2; ++k) {
       const int e = touched[k];
       if (e < 0 || (k == 1 && e == d)) continue;  // the Python reference uses a set {d, other}
-      if (remaining[e]) {
-        version[e] += 1;
-        cache[e] = best(e, false);
-        heap.emplace(cache[e].start, e, version[e]);
-      }
+      if (remaining[e]) cache[e] = best(e, false);
+      update(e);
     }
   }
   out.offsets.assign(devices + 1, 0);
