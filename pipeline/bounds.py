@@ -225,7 +225,8 @@ def _maximal_configs(types: np.ndarray, counts: np.ndarray, cap: float, limit: i
 
 def _fits(types: np.ndarray, counts: np.ndarray, caps: np.ndarray, work: list[int]) -> bool | None:
     """Whether devices of capacities ``caps`` (largest first) can hold every layer; ``None`` when
-    the program would exceed :data:`MAX_PACKING_STATES` states or the remaining ``work``."""
+    the program would exceed the remaining ``work``. Its states are count vectors of the layers
+    placed so far, so at most ``prod(counts + 1)`` (:func:`packing_load` keeps that small)."""
     need = counts
     radix = np.cumprod(np.concatenate(([1], counts[:-1] + 1))).astype(np.int64)
     space = int(radix[-1] * (counts[-1] + 1))
@@ -260,7 +261,5 @@ def _fits(types: np.ndarray, counts: np.ndarray, caps: np.ndarray, work: list[in
         reached = reached[(need - reached) @ types <= room_after[d]]
         if len(reached) == 0:
             return False
-        if len(reached) > MAX_PACKING_STATES:
-            return None
     return False
 
