@@ -25,14 +25,16 @@ __all__ = ["LowerBound", "lower_bound", "packing_load", "MAX_PACKING_STATES", "M
 
 #: States the packing bound's dynamic program may hold after one device (see :func:`packing_load`).
 MAX_PACKING_STATES = 20_000
-#: State-by-configuration pairs (plus enumerated configurations) that one :func:`packing_load` call may
-#: spend in its dynamic programs before it settles for the best bound proven so far: bounds the time
-#: (a few tens of milliseconds) whatever the costs.
+#: State-by-configuration pairs (plus enumerated configurations, and at least ``_STEP_WORK`` per
+#: device step) that one :func:`packing_load` call may spend in its dynamic programs before it
+#: settles for the best bound proven so far: bounds the time (milliseconds) whatever the costs.
 MAX_PACKING_WORK = 200_000
 #: Relative widths within which layer costs are merged into their group's smallest cost, tried in
 #: turn until a dynamic program completes (the first keeps distinct costs apart).
 _MERGE_TOLERANCES = (1e-9, 0.01, 0.05, 0.2, 0.5)
 _PRECISION = 1e-6
+#: The least work one device's step of the program is charged (its fixed cost in array calls).
+_STEP_WORK = 400
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ def _fits(types: np.ndarray, counts: np.ndarray, caps: np.ndarray, work: list[in
             work[0] -= len(cfg)
             configs[cap] = cfg
         cfg = configs[cap]
-        pairs = len(reached) * len(cfg)
+        pairs = max(len(reached) * len(cfg), _STEP_WORK)
         if pairs > work[0]:
             return None
         work[0] -= pairs
