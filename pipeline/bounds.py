@@ -31,7 +31,7 @@ MAX_PACKING_STATES = 20_000
 MAX_PACKING_WORK = 200_000
 #: Relative widths within which layer costs are merged into their group's smallest cost, tried in
 #: turn until a dynamic program completes (the first keeps distinct costs apart).
-_MERGE_TOLERANCES = (1e-9, 0.01, 0.05, 0.2, 0.5)
+_MERGE_TOLERANCES = (1e-9, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5)
 _PRECISION = 1e-6
 #: The least work one device's step of the program is charged (its fixed cost in array calls).
 _STEP_WORK = 400
@@ -116,10 +116,10 @@ def packing_load(costs: Sequence[float], speeds: Sequence[float]) -> float:
     Closed-form bounds first (the average; the ``k`` largest layers on the ``k`` fastest devices;
     some device holding ``ceil(m / P)`` of the ``m`` largest), then a bisection on the load whose
     feasibility test is an exact dynamic program over layer-cost types (few distinct costs: a model
-    repeats its blocks). When the program would exceed :data:`MAX_PACKING_STATES` states or the
-    call's :data:`MAX_PACKING_WORK`, costs within 1%, 5%, 20%, 50% of each other are merged into
-    their group's smallest cost (a merged problem is never harder, so it stays a valid bound), and
-    the best bound proven so far is returned when the work runs out. Exact when the program
+    repeats its blocks). When the types' count vectors outnumber :data:`MAX_PACKING_STATES` or the
+    program runs past the call's :data:`MAX_PACKING_WORK`, costs within 0.2%, 0.5%, ... 50% of
+    each other are merged into their group's smallest cost (a merged problem is never harder, so
+    it stays a valid bound), and the best bound proven so far is returned when the work runs out. Exact when the program
     completes on unmerged costs (to a relative ``1e-6``)."""
     c = np.sort(np.asarray(costs, dtype=np.float64))[::-1]
     if len(c) == 0:
@@ -203,26 +203,28 @@ def _bisect(types: np.ndarray, counts: np.ndarray, caps: np.ndarray, lo: float, 
     return lo, True
 
 
-def _maximal_configs(types: np.ndarray, counts: np.ndarray, cap: float, limit: int) -> np.ndarray | None:
-    """Count vectors of layer types whose load fits under ``cap`` and admit no further layer;
-    ``None`` when enumerating them would take more than ``limit`` rows. Errs on the generous side
-    (a tiny relative slack), which can only lower the bound."""
+def _maximal_configs(types: np.ndarray, counts: np.ndarray, cap: float, limit: int) -> tuple[np.ndarray | None, int]:
+    """Count vectors of layer types whose load fits under ``cap`` and admit no further layer
+    (``None`` when enumerating them would build more than ``limit`` rows in all), and the rows
+    built. Errs on the generous side (a tiny relative slack), which can only lower the bound."""
     room = cap * (1 + 1e-9)
     cfg = np.zeros((1, 0), dtype=np.int64)
     load = np.zeros(1)
+    built = 0
     for t, n in zip(types, counts):
         kmax = np.minimum(n, np.floor((room - load) / t * (1 + 1e-12))).astype(np.int64)
         reps = np.maximum(kmax, 0) + 1
         total = int(reps.sum())
-        if total > limit:
-            return None
+        built += total
+        if built > limit:
+            return None, built
         rows = np.repeat(np.arange(len(cfg)), reps)
         k = np.arange(total) - np.repeat(np.cumsum(reps) - reps, reps)
         cfg = np.column_stack([cfg[rows], k])
         load = load[rows] + k * t
     # Drop a configuration only when one more layer of a type not yet exhausted clearly fits.
     smallest_open = np.where(cfg < counts, types, np.inf).min(axis=1)
-    return cfg[load + smallest_open >= room * (1 - 1e-10)]
+    return cfg[load + smallest_open >= room * (1 - 1e-10)], built
 
 
 def _fits(types: np.ndarray, counts: np.ndarray, caps: np.ndarray, work: list[int]) -> bool | None:
@@ -237,12 +239,10 @@ def _fits(types: np.ndarray, counts: np.ndarray, caps: np.ndarray, work: list[in
     room_after = (np.cumsum(caps[::-1])[::-1] - caps) * (1 + 1e-9)
     for d, cap in enumerate(caps):
         if cap not in configs:
-            limit = min(MAX_PACKING_STATES, work[0])
-            cfg = _maximal_configs(types, counts, float(cap), limit)
+            cfg, built = _maximal_configs(types, counts, float(cap), min(MAX_PACKING_STATES, work[0]))
+            work[0] -= built
             if cfg is None:
-                work[0] -= limit
                 return None
-            work[0] -= len(cfg)
             configs[cap] = cfg
         cfg = configs[cap]
         pairs = max(len(reached) * len(cfg), _STEP_WORK)
