@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.tracking import read_offline_run
+from experiments.tracking_offline import read_offline_run
 from experiments.workflow_report import MethodOutcome, device_rows, kind_rows, method_rows, op_share, timeline_busy
 from pipeline.plan import Plan, validate_plan
 from pipeline.schedules import build_plan
