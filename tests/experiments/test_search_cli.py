@@ -100,3 +100,16 @@ def test_every_command_has_help(command: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "experiments", command, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_method_all_runs_every_method_rl_included(tmp_path, capsys) -> None:
+    from agents.registry import all_methods
+
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--method", "all",
+                 "--budget", "20", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    rows = {r["method"]: r for r in _json_lines(capsys.readouterr().out)}
+    assert set(rows) == set(all_methods())
+    for name in ("rl", "rl+tuner", "adaptis", "random"):
+        assert rows[name]["valid"] and rows[name]["feasible"], rows[name]
+    assert rows["rl+tuner"]["iteration_time"] <= rows["adaptis"]["iteration_time"]
