@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget
-from experiments.workflow_report import MethodOutcome
+from agents.base import Budget, SearchResult
+from experiments.workflow_report import Measurement
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.spec import Cluster, ModelProfile
 
@@ -110,7 +110,7 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
     except (LaunchError, AdaptisError) as exc:
         log(f"calibration skipped: {exc}")
         return costs
-    scales = calibrate(plans, profile, cluster, result["runs"])
+    scales = calibrate(plans, profile, cluster, runs=result["runs"])
     to_ms = profile.seconds_per_unit * 1e3
     log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items() if k != "overhead")
         + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms")
@@ -160,7 +160,7 @@ def _configure(searcher: Any, settings: dict[str, Any]) -> None:
 
 def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed: int,
                    settings: dict[str, dict[str, Any]] | None = None, policy: str | None = None,
-                   log: Log = print) -> list[MethodOutcome]:
+                   log: Log = print) -> list[SearchResult]:
     """Run every method on ``problem``; a method that cannot run (e.g. no RL policy yet) gets a note.
 
     ``settings`` maps a method name to attributes of its searcher, e.g.
@@ -179,27 +179,28 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
         except ConfigError as exc:
             if not name.startswith("rl"):
                 raise
-            outcomes.append(MethodOutcome(name, None, None, note=f"skipped: {exc}"))
+            outcomes.append(SearchResult(name, None, None, note=f"skipped: {exc}"))
             log(f"  {name:<10} skipped: {exc}")
             continue
         except (ImportError, OSError, RuntimeError, ValueError) as exc:
             if not name.startswith("rl"):
                 raise
             note = f"skipped: the RL agent is not available ({type(exc).__name__}: {exc})"
-            outcomes.append(MethodOutcome(name, None, None, note=note))
+            outcomes.append(SearchResult(name, None, None, note=note))
             log(f"  {name:<10} {note}")
             continue
-        outcomes.append(MethodOutcome(name, res.plan, res.result, res.sim_calls, res.seconds, res.note))
+        outcomes.append(res)
         shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
         log(f"  {name:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
     return outcomes
 
 
-def replay(outcomes: Sequence[MethodOutcome], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
-           threads: int, timeout: float, log: Log = print) -> str | None:
-    """Run the plans of ``outcomes`` in one ``torchrun`` job and fill in their measured figures.
+def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
+           threads: int, timeout: float, log: Log = print) -> tuple[dict[str, Measurement], str | None]:
+    """Run the plans of ``outcomes`` in one ``torchrun`` job and measure them.
 
-    Returns ``None`` on success, else a note saying why nothing was measured (the job failed).
+    Returns (method -> its :class:`Measurement`, ``None``) on success, else (``{}``, a note saying
+    why nothing was measured: the job failed).
     """
     from executor.fidelity import compare_plans
     from executor.replay import LaunchError, ReplayOptions, run_job
@@ -213,20 +214,19 @@ def replay(outcomes: Sequence[MethodOutcome], costs: Costs, *, model: str, scale
     try:
         result = run_job(plans, options, timeout=timeout)
     except (LaunchError, AdaptisError) as exc:
-        return f"replay failed: {exc}"
+        return {}, f"replay failed: {exc}"
     to_ms = profile.seconds_per_unit * 1e3
-    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, result["runs"],
+    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, runs=result["runs"],
                           scales=costs.scales)
+    measured: dict[str, Measurement] = {}
     for o, comp in zip(outcomes, comps):
-        o.measured_ms = comp.measured
-        o.predicted_runtime_ms = comp.predicted * to_ms
-        o.measured_timeline = comp.measured_timeline
         tl = dict(comp.predicted_timeline)
         if to_ms != 1.0:
             tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in tl["events"]]
             tl["time_unit"] = "ms"
-        o.predicted_timeline = tl
-        o.extra["loss"] = comp.run.get("loss")
-        o.extra["measured_iteration_times"] = comp.run.get("measured_iteration_times")
-        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {o.predicted_runtime_ms:.4g} ms")
-    return None
+        m = measured[o.method] = Measurement(
+            measured_ms=comp.measured, predicted_runtime_ms=comp.predicted * to_ms,
+            measured_timeline=comp.measured_timeline, predicted_timeline=tl, loss=comp.run.get("loss"),
+            measured_iteration_times=comp.run.get("measured_iteration_times"))
+        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {m.predicted_runtime_ms:.4g} ms")
+    return measured, None
