@@ -164,7 +164,7 @@ class RLSearcher:
                 seen.append(c)
         self.best_candidates = seen
         best_plan = found[0][2] if found and found[0][3].valid else None
-        return finish(self.name, problem, best_plan, ev, history,
+        return finish(self.name, problem, best_plan, evaluator=ev, history=history,
                       note=seen[0].describe() if seen else "")
 
 

@@ -298,7 +298,7 @@ class Tracker:
         self._log_folder_artifact(folder, name, "plan", meta)
         return folder
 
-    def log_artifact(self, path: str | Path, name: str, type: str,
+    def log_artifact(self, path: str | Path, name: str, type: str, *,
                      metadata: Mapping[str, Any] | None = None) -> Path | None:
         """Log a file or folder (e.g. a profile as type ``"profile"``) as artifact ``name``.
 
