@@ -69,12 +69,16 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
 
     arch = resolve_architecture(model, scale=scale)
     seq = seq_len or default_seq_len(arch)
+    from experiments.common import check_devices
+
     if profile_path:
         profile = ModelProfile.load(profile_path)
+        check_devices(devices, profile.num_layers, model=profile.name)
         log(f"measuring the link between 2 local ranks (profile from {profile_path})")
         bench = p2p_bench(timeout=timeout) if devices > 1 else None
         backend, device = (bench or {}).get("backend"), None
     else:
+        check_devices(devices, len(arch.layers), model=model)  # before starting one process per device
         log(f"profiling {model} ({len(arch.layers)} layers, {microbatch_size}x{seq} tokens) and the link on "
             f"{devices} local ranks ({repeats} repeats per layer) ...")
         options = ReplayOptions(model=model, scale=scale, seq_len=seq, microbatch_size=microbatch_size,
@@ -121,13 +125,12 @@ def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: st
                    cluster_path: str | None, gpu: str, devices: int, gpus_per_node: int, memory_gb: float | None,
                    seq_len: int | None, microbatch_size: int) -> Costs:
     """Analytic costs of a zoo model / HF config on ``gpu`` (or the given profile / cluster files)."""
-    from experiments.common import resolve_cluster, resolve_profile
+    from experiments.common import resolve_problem
 
     ns = argparse.Namespace(model=model, hf_config=hf_config, profile=profile_path, cluster=cluster_path, gpu=gpu,
                             devices=devices, gpus_per_node=gpus_per_node, memory_gb=memory_gb, seq_len=seq_len,
                             microbatch_size=microbatch_size)
-    profile = resolve_profile(ns)
-    cluster = resolve_cluster(ns)
+    profile, cluster = resolve_problem(ns)
     return Costs(profile, cluster, "file" if profile_path else "analytic", False)
 
 

@@ -30,8 +30,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_cluster,
-    resolve_profile,
+    resolve_problem,
 )
 from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
@@ -81,8 +80,7 @@ class _BestPlanWriter:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = resolve_profile(args)
-    cluster = resolve_cluster(args)
+    profile, cluster = resolve_problem(args)
     try:
         budget = Budget.parse(args.budget)
     except ValueError as exc:
