@@ -70,13 +70,21 @@ class SearchResult:
     history: list[tuple[int, float]] = field(default_factory=list)
     """(simulator calls so far, best iteration time) at each improvement."""
     note: str = ""
+    """Why there is no plan, or what the method wants to say about it."""
 
     @property
     def ok(self) -> bool:
+        """The plan is valid (it may still not fit in memory: see :attr:`feasible`)."""
         return self.result is not None and self.result.valid
 
     @property
+    def feasible(self) -> bool:
+        """A valid plan that fits in memory."""
+        return self.ok and self.result.feasible
+
+    @property
     def iteration_time(self) -> float:
+        """The predicted iteration time (the profile's time unit); ``inf`` without a valid plan."""
         return self.result.iteration_time if self.ok else float("inf")
 
 

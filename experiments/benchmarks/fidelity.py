@@ -85,9 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])
     runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
-    comps = compare_plans(plans, profile, cluster, runs)
+    comps = compare_plans(plans, profile, cluster, runs=runs)
     summary = fidelity_summary(comps)
-    cv = cross_validated(plans, profile, cluster, runs, calibration=(calib, calib_runs))
+    cv = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs))
     cv_summary = fidelity_summary(cv)
     if args.json:
         print(json.dumps({"plans": [c.row() for c in comps], **summary,

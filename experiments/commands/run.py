@@ -135,7 +135,7 @@ def print_report(report: WorkflowReport) -> None:
     print()
     print_table(report.kinds, list(report.kinds[0]), title="layer kinds by share of the compute (f/b/w per layer)")
     ops = ", ".join(f"{op} {pct:.0f}%" for op, pct in report.op_share.items())
-    print(f"\n{'measured' if report.best.measured_timeline else 'predicted'} busy time by action: {ops}")
+    print(f"\n{'measured' if report.best.method in report.measured else 'predicted'} busy time by action: {ops}")
     for note in report.notes:
         print(f"note: {note}")
     print(f"\nfiles: {cfg.out}/ (plan.json, plan.csv, profile.json, cluster.json, "
