@@ -97,7 +97,7 @@ class Searcher(Protocol):
                on_improve: ImproveCallback | None = None) -> SearchResult: ...
 
 
-def finish(method: str, problem: Problem, plan: Plan | None, evaluator: Evaluator,
+def finish(method: str, problem: Problem, plan: Plan | None, *, evaluator: Evaluator,
            history: list[tuple[int, float]], note: str = "") -> SearchResult:
     """Re-simulate the winner with validation and its timeline, and package the result."""
     result = None

@@ -111,7 +111,7 @@ class AdaptisTuner:
             if current_key is None or key < current_key:
                 current, current_key = c, key
         if current is None:
-            return finish(self.name, problem, state.best_plan, ev, history)
+            return finish(self.name, problem, state.best_plan, evaluator=ev, history=history)
         # 3. Phases until the budget is spent; perturb when a round finds nothing.
         stall = 0
         idle_rounds = 0
@@ -142,7 +142,7 @@ class AdaptisTuner:
             # A small plan space can run out of new candidates (every one cached): stop then.
             idle_rounds = idle_rounds + 1 if ev.calls == calls_before else 0
         note = state.best_note
-        return finish(self.name, problem, state.best_plan, ev, history, note=note)
+        return finish(self.name, problem, state.best_plan, evaluator=ev, history=history, note=note)
 
     # ------------------------------------------------------------------ phases
 

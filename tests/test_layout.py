@@ -29,8 +29,6 @@ ALLOWED = {
 MAX_LINES = 600
 #: "path:qualified name" -> why it keeps more than three positional parameters.
 POSITIONAL_OK = {
-    "agents/base.py:finish": "agents/tuner.py calls it positionally and is being rewritten (issue 17); "
-                             "the other callers pass evaluator= and history= already",
     "executor/runtime.py:TimedStage.forward_one_chunk": "overrides torch's stage method; torch calls it positionally",
     "executor/runtime.py:TimedStage.backward_one_chunk": "overrides torch's stage method; torch calls it positionally",
 }
