@@ -47,7 +47,7 @@ class NamedSearcher:
         result = simulate(plan, p.profile, p.cluster, p.training, validate=False, record_timeline=False)
         if on_improve is not None and result.valid:
             on_improve(plan, result)
-        return finish(self.name, problem, plan, ev, [(1, result.iteration_time)])
+        return finish(self.name, problem, plan, evaluator=ev, history=[(1, result.iteration_time)])
 
 
 def _ranges(sizes):
@@ -100,4 +100,4 @@ class RandomSearcher:
                 history.append((ev.calls, result.iteration_time))
                 if on_improve is not None:
                     on_improve(plan, result)
-        return finish(self.name, problem, best, ev, history)
+        return finish(self.name, problem, best, evaluator=ev, history=history)

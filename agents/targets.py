@@ -20,14 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
-from agents.registry import register
 from agents.tuner import AdaptisTuner
+from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.plan import interleaved_placement
-from pipeline.schedules import megatron_chunk_counts, megatron_partition
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, objective_key
+from pipeline.space import Candidate, Evaluator, Problem, objective_key
 from pipeline.targets import TARGETS, model_reason, placement_reason, target_reason
 
-__all__ = ["TARGET_METHODS", "MegatronLayoutSearch", "target_filter", "target_searcher", "target_rows"]
+__all__ = ["TARGET_METHODS", "MegatronLayoutSearch", "target_filter", "target_searcher", "target_rows",
+           "torchtitan_tuner"]
 
 #: The search method that stays inside each target's plan space.
 TARGET_METHODS = {"executor": "adaptis", "torchtitan": "adaptis@torchtitan", "megatron": "megatron+layout"}
@@ -91,13 +91,13 @@ class MegatronLayoutSearch:
             nonlocal best
             if not _mtp_ok(kinds, c.sizes, P):
                 return (2, math.inf, math.inf)
-            plan, result = ev.evaluate(c)
+            result = ev.result(c)
             key = objective_key(result)
             if result.valid and (best is None or key < best[0]):
                 best = (key, c)
                 history.append((ev.calls, result.iteration_time))
                 if on_improve is not None:
-                    on_improve(plan, result)
+                    on_improve(ev.plan(c), result)
             return key
 
         seeds: list[tuple[Key, Candidate]] = []
@@ -106,7 +106,7 @@ class MegatronLayoutSearch:
                 continue
             placement = interleaved_placement(P, v)
             order = "1f1b" if v == 1 else "interleaved"
-            splits = {balanced_sizes(profile, placement, problem.cluster),
+            splits = {ev.balanced_sizes(placement),
                       tuple(b - a for a, b in megatron_partition(profile, P * v))}
             for sizes in sorted(splits):
                 if "mtp" in kinds and not _mtp_ok(kinds, sizes, P):
@@ -118,8 +118,8 @@ class MegatronLayoutSearch:
             if clock.spent():
                 break
             self._climb(start, ev, offer, clock)
-        plan = ev.evaluate(best[1])[0] if best is not None else None
-        return finish(self.name, problem, plan, ev, history,
+        plan = ev.plan(best[1]) if best is not None else None
+        return finish(self.name, problem, plan, evaluator=ev, history=history,
                       note=best[1].describe() if best is not None else "no chunk count fits the model")
 
     @staticmethod
@@ -127,7 +127,7 @@ class MegatronLayoutSearch:
         """First-improvement hill climb over one-layer boundary moves, hot device's boundaries first."""
         current, key = start, ev.key(start)
         while not clock.spent():
-            _, result = ev.evaluate(current)
+            result = ev.result(current)
             if not result.valid:
                 return
             busy = result.busy
@@ -178,13 +178,15 @@ def target_rows(results: Sequence[SearchResult], problem: Problem, reference: fl
     return rows
 
 
-register("megatron+layout", MegatronLayoutSearch)
-register("adaptis@torchtitan", lambda: AdaptisTuner(name="adaptis@torchtitan", allowed=_TorchtitanAllowed()))
-
-
 class _TorchtitanAllowed:
-    """Loop or V placement, for any device count (the registry builds searchers before the problem)."""
+    """Loop or V placement, for any device count (the registry builds searchers before the problem
+    is known; every candidate places a stage on every device, so the devices are its largest + 1)."""
 
     def __call__(self, c: Candidate) -> bool:
         P = max(c.placement) + 1 if c.placement else 1
         return placement_reason("torchtitan", c.placement, P) is None
+
+
+def torchtitan_tuner() -> AdaptisTuner:
+    """``adaptis@torchtitan``: the AdaPtis tuner restricted to loop and V placements."""
+    return AdaptisTuner(name=TARGET_METHODS["torchtitan"], allowed=_TorchtitanAllowed())

@@ -58,7 +58,7 @@ def observation_space() -> spaces.Dict:
 
 def megatron_time(problem: Problem) -> tuple[float, int]:
     """Iteration time of the Megatron baseline and the simulator calls it took (one per chunk count)."""
-    from pipeline.schedules import megatron_chunk_counts
+    from pipeline.megatron import megatron_chunk_counts
 
     p = problem
     plan = build_plan("megatron", p.profile, p.cluster, p.microbatches, training=p.training)

@@ -20,6 +20,8 @@ __all__ = [
     "add_output_args",
     "resolve_profile",
     "resolve_cluster",
+    "check_devices",
+    "resolve_problem",
     "positive_int",
     "positive_float",
     "print_table",
@@ -121,6 +123,31 @@ def resolve_cluster(args: argparse.Namespace) -> Cluster:
     if getattr(args, "memory_gb", None):
         cluster = cluster.with_memory(args.memory_gb)
     return cluster
+
+
+def check_devices(devices: int, layers: int, *, model: str, cluster_file: str | None = None) -> None:
+    """Refuse more pipeline devices than the model has layers, naming the field and the fix.
+
+    Every stage holds at least one whole layer (the profile's units: the embedding and the head
+    count as layers), so a plan cannot use more devices than there are layers. Without this
+    check the search finds no plan at all and says so in terms of memory.
+    """
+    if devices <= layers:
+        return
+    why = (f"{devices} devices but {model} has only {layers} layers; every device needs a pipeline stage of at "
+           f"least one whole layer (the embedding and the head count as layers)")
+    if cluster_file:
+        raise ConfigError(f"{why}: set devices to {layers} or fewer in this cluster file, or pick a deeper model",
+                          source=cluster_file, field="devices")
+    raise ConfigError(f"{why}: use --devices {layers} or fewer, or a deeper model", field="--devices")
+
+
+def resolve_problem(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:
+    """:func:`resolve_profile` and :func:`resolve_cluster`, checked together (:func:`check_devices`)."""
+    profile = resolve_profile(args)
+    cluster = resolve_cluster(args)
+    check_devices(cluster.devices, profile.num_layers, model=profile.name, cluster_file=getattr(args, "cluster", None))
+    return profile, cluster
 
 
 def _fmt(value: Any) -> str:

@@ -56,7 +56,6 @@ def add_trace_argument(parser: argparse.ArgumentParser, what: str = "the plan's 
 def with_target_method(methods: Sequence[str], target: str) -> list[str]:
     """``methods`` plus the target's own search method (once; the executor's, ``adaptis``, only
     when asked for: every plan runs there)."""
-    import agents.targets  # noqa: F401  (registers megatron+layout and adaptis@torchtitan)
     from agents.targets import TARGET_METHODS
 
     out = list(methods)
@@ -121,7 +120,7 @@ def print_targets(rows: Sequence[Mapping[str, Any]], chosen: str, unit: str) -> 
         print(f" {mark} {r['target']:<10}  {r['method']:<20} {r['iteration_time']:10.4g} {unit}  {speed}{file}")
 
 
-def write_plan_trace(path: str | Path, plan: Plan, profile: ModelProfile, cluster: Cluster, *,
+def write_plan_trace(path: str | Path, plan: Plan, profile: ModelProfile, *, cluster: Cluster,
                      predicted: Mapping[str, Any] | None, measured: Mapping[str, Any] | None = None,
                      training: TrainingConfig = TrainingConfig(), title: str = "") -> Path:
     """Write a Chrome trace of ``plan``: the predicted timeline with its transfers (priced by the

@@ -26,8 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pipeline import engine
 from pipeline.errors import PlanError
-from pipeline.plan import Action, Plan, validate_plan
+from pipeline.plan import (
+    Action,
+    Plan,
+    raise_schedule_problem,
+    schedule_problem,
+    validate_layout,
+)
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
 _DUMMY_LAYER = LayerCost("stage", "stage", 0.0, 0.0, 0.0, 0, 0, 0)
@@ -65,6 +72,10 @@ class StageCosts:
     def backward(self) -> tuple[float, ...]:
         """Duration of each stage's fused backward B (read it once per simulation)."""
         return self.fused if self.fused is not None else tuple(a + b for a, b in zip(self.i, self.w))
+
+    def native_vectors(self) -> tuple[tuple[float, ...], ...]:
+        """``(f, i, w, act, w_keep, comm, backward)``: the compiled engine's per-stage arguments."""
+        return (self.f, self.i, self.w, self.act, self.w_keep, self.comm, self.backward)
 
 
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
@@ -186,13 +197,18 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
 
     ``costs`` may be passed to reuse per-stage sums across schedules; ``validate=False`` skips the
     structural checks (use only for plans from our own generators); ``record_timeline=False``
-    keeps only the figures (faster, for search).
+    keeps only the figures (faster, for search). Runs on the engine :mod:`pipeline.engine` selects.
     """
     tokens = plan.microbatches * profile.tokens_per_microbatch
-    P, M, S = plan.devices, plan.microbatches, plan.num_stages
+    P, M = plan.devices, plan.microbatches
+    arrays = engine.schedule_arrays(plan.schedule) if engine.native is not None else None
     if validate:
         try:
-            validate_plan(plan, num_layers=profile.num_layers, devices=cluster.devices)
+            validate_layout(plan, num_layers=profile.num_layers, devices=cluster.devices)
+            problem = (schedule_problem(plan) if arrays is None else
+                       engine.native.check_schedule(P, M, list(plan.placement), *arrays))
+            if problem is not None and problem[0]:
+                raise_schedule_problem(plan, (problem[0], tuple(problem[1])))
         except PlanError as exc:
             dummy = StageCosts((), (), (), (), (), (), tuple(0.0 for _ in range(P)),
                                tuple(cluster.memory_limits_bytes[:P]) if cluster.devices >= P else
@@ -200,13 +216,42 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
             return _invalid(str(exc), dummy, tokens, profile, P)
     if costs is None:
         costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
+    if arrays is None:
+        ok, makespan, busy, peak, ran, timeline = _run_python(plan.schedule, costs, P, M, record_timeline)
+    else:
+        ok, makespan, busy, peak, ran, starts, ends = engine.native.simulate(
+            *costs.native_vectors(), P, M, arrays[0], arrays[1], record_timeline)
+        timeline = []
+        if ok and record_timeline:
+            starts, ends = starts.tolist(), ends.tolist()
+            k = 0
+            for d, acts in enumerate(plan.schedule):
+                for a in acts:
+                    timeline.append(TimelineEntry(d, a, starts[k], ends[k]))
+                    k += 1
+    if not ok:
+        S = plan.num_stages
+        waiting = [f"device {d} waits at {plan.schedule[d][ran[d]]} ({_needs(plan.schedule[d][ran[d]], S)})"
+                   for d in range(P) if ran[d] < len(plan.schedule[d])]
+        return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
+                        ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
+    static = costs.static_bytes
+    return Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
+                  costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
+
+
+def _run_python(schedule: Sequence[Sequence[Action]], costs: StageCosts, P: int, M: int, record_timeline: bool
+                ) -> tuple[bool, float, list[float], list[float], list[int], list[TimelineEntry]]:
+    """The readable reference of the event simulation (the compiled engine mirrors it line by line):
+    (completed, makespan, busy per device, peak activations per device, actions run per device,
+    timeline sorted by device and start)."""
+    S = len(costs.f)
     F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
     BF = costs.backward
     last = S - 1
     n = S * M
     fend: list[float | None] = [None] * n
     iend: list[float | None] = [None] * n
-    schedule = plan.schedule
     ptr = [0] * P
     free = [0.0] * P
     busy = [0.0] * P
@@ -290,21 +335,10 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                 peak[d] = pk
                 busy[d] = bz
                 progress = True
-    if done < total:
-        waiting = []
-        for d in range(P):
-            if ptr[d] < lens[d]:
-                a = schedule[d][ptr[d]]
-                waiting.append(f"device {d} waits at {a} ({_needs(a, S)})")
-        return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
-                        ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
     makespan = max(free) if free else 0.0
-    static = costs.static_bytes
-    result = Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
-                    costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
     if record_timeline:
         timeline.sort(key=lambda e: (e.device, e.start))
-    return result
+    return done >= total, makespan, busy, peak, ptr, timeline
 
 
 def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int,

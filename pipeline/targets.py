@@ -28,8 +28,8 @@ import shlex
 from collections.abc import Sequence
 
 from pipeline.errors import ConfigError
+from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Plan, interleaved_placement, v_placement
-from pipeline.schedules import interleaved_order, one_f_one_b_order
 from pipeline.spec import ModelProfile
 
 __all__ = [

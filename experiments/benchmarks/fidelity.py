@@ -35,8 +35,9 @@ from executor.fidelity import (  # noqa: E402
 )
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
+from pipeline.list_scheduler import ListSchedulerConfig, list_schedule  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
-from pipeline.schedules import ListSchedulerConfig, build_plan, list_schedule  # noqa: E402
+from pipeline.schedules import build_plan  # noqa: E402
 from pipeline.simulator import stage_costs  # noqa: E402
 from pipeline.spec import Cluster, ModelProfile  # noqa: E402
 
@@ -84,9 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])
     runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
-    comps = compare_plans(plans, profile, cluster, runs)
+    comps = compare_plans(plans, profile, cluster, runs=runs)
     summary = fidelity_summary(comps)
-    cv = cross_validated(plans, profile, cluster, runs, calibration=(calib, calib_runs))
+    cv = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs))
     cv_summary = fidelity_summary(cv)
     if args.json:
         print(json.dumps({"plans": [c.row() for c in comps], **summary,

@@ -143,7 +143,7 @@ def print_report(report: WorkflowReport) -> None:
     print()
     print_table(report.kinds, list(report.kinds[0]), title="layer kinds by share of the compute (f/b/w per layer)")
     ops = ", ".join(f"{op} {pct:.0f}%" for op, pct in report.op_share.items())
-    print(f"\n{'measured' if report.best.measured_timeline else 'predicted'} busy time by action: {ops}")
+    print(f"\n{'measured' if report.best.method in report.measured else 'predicted'} busy time by action: {ops}")
     if s.get("targets"):
         print_targets(s["targets"], cfg.target, unit)
     for note in report.notes:

@@ -38,8 +38,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_cluster,
-    resolve_profile,
+    resolve_problem,
 )
 from experiments.deploy import (
     Searched,
@@ -75,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser, default_devices=8)
     parser.add_argument("--microbatches", type=positive_int, default=32, help="micro-batches per iteration")
     parser.add_argument("--method", default=DEFAULT_METHODS,
-                        help="comma-separated methods, or 'all' (named, <named>+dp, random, adaptis, rl...)")
+                        help="comma-separated methods (README's method names), or 'all': every named schedule, "
+                             "each with +dp, random, rl, rl+tuner and adaptis")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tuner and random search")
     parser.add_argument("--budget", default="400", help="per search method: simulator calls (400) or seconds (30s)")
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
@@ -105,8 +105,7 @@ class _BestPlanWriter:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = resolve_profile(args)
-    cluster = resolve_cluster(args)
+    profile, cluster = resolve_problem(args)
     try:
         budget = Budget.parse(args.budget)
     except ValueError as exc:
@@ -164,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                              "vs_lower_bound": best.iteration_time / bound.value})
     targets = write_exports(out, searched, profile, best=pick, reference=reference)
     if args.trace and best is not None:
-        write_plan_trace(args.trace, best.plan, profile, cluster, predicted=best.result.timeline_dict(),
+        write_plan_trace(args.trace, best.plan, profile, cluster=cluster, predicted=best.result.timeline_dict(),
                          title=f"{best.method} on {profile.name}")
     with open(out / "results.jsonl", "w") as fh:
         for row in rows:

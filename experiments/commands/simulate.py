@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             tracker.log_image("gantt", args.gantt)
         tracker.log_plan(plan, name=plan.method, metadata=row)
     if args.trace and result.valid:
-        write_plan_trace(args.trace, plan, profile, cluster, predicted=result.timeline_dict(),
+        write_plan_trace(args.trace, plan, profile, cluster=cluster, predicted=result.timeline_dict(),
                          title=f"{plan.method} on {profile.name}")
     if args.json:
         print(json.dumps(row))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from pipeline.list_scheduler import ListSchedulerConfig, list_schedule
 from pipeline.plan import Plan, partition_from_sizes
-from pipeline.schedules import ListSchedulerConfig, build_plan, list_schedule
+from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
 from pipeline.spec import Cluster, ModelProfile
 

@@ -100,3 +100,38 @@ def test_every_command_has_help(command: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "experiments", command, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_method_all_runs_every_method_rl_included(tmp_path, capsys) -> None:
+    from agents.registry import all_methods
+
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--method", "all",
+                 "--budget", "20", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    rows = {r["method"]: r for r in _json_lines(capsys.readouterr().out)}
+    assert set(rows) == set(all_methods())
+    for name in ("rl", "rl+tuner", "adaptis", "random"):
+        assert rows[name]["valid"] and rows[name]["feasible"], rows[name]
+    assert rows["rl+tuner"]["iteration_time"] <= rows["adaptis"]["iteration_time"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["search", "--model", "tiny-hybrid", "--devices", "64"],
+    ["search", "--model", "tiny-hybrid", "--devices", "9", "--method", "adaptis"],
+    ["baselines", "--model", "tiny-hybrid", "--devices", "9"],
+    ["run", "--model", "tiny-hybrid", "--devices", "64"],  # refused before starting 64 local ranks
+    ["run", "--model", "tiny-hybrid", "--gpu", "h100", "--devices", "64"],
+], ids=lambda a: "-".join(a[:1] + a[-2:]))
+def test_more_devices_than_layers_names_the_cause_and_the_fix(argv, tmp_path, capsys) -> None:
+    assert main([*argv, *(["--out", str(tmp_path)] if argv[0] != "baselines" else [])]) == 2
+    err = capsys.readouterr().err
+    assert "field '--devices'" in err and "only 8 layers" in err and "use --devices 8 or fewer" in err
+    assert "memory" not in err
+
+
+def test_more_devices_than_layers_in_a_cluster_file(tmp_path, capsys) -> None:
+    cluster = tmp_path / "c16.json"
+    cluster.write_text(json.dumps({"devices": 16, "memory_gb": 80, "p2p_gbps": 450, "latency_us": 5}))
+    assert main(["search", "--model", "tiny-hybrid", "--cluster", str(cluster), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(cluster) in err and "field 'devices'" in err and "set devices to 8 or fewer" in err

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.megatron import megatron_partition
 from pipeline.plan import validate_plan
-from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition
+from pipeline.schedules import NAMED_METHODS, build_plan
 from pipeline.simulator import simulate
 from tests.conftest import ideal_cluster, uniform_profile
 

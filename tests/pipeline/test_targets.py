@@ -16,8 +16,9 @@ from agents.targets import target_searcher
 from pipeline import zoo
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
+from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Action, interleaved_placement, v_placement, wave_placement
-from pipeline.schedules import build_plan, interleaved_order, one_f_one_b_order
+from pipeline.schedules import build_plan
 from pipeline.space import Candidate, Problem, balanced_sizes, materialize
 from pipeline.targets import (
     looped_chunks,
