@@ -31,7 +31,7 @@ from torchtitan.distributed.pipeline_parallel import _build_pipeline_schedule, _
 from executor.layers import RMSNorm  # noqa: E402
 from executor.model import build_layers, resolve_architecture  # noqa: E402
 
-STEPS = 3
+STEPS = 2
 SEQ = 16
 LR = 0.5
 
