@@ -78,15 +78,42 @@ class StageCosts:
         return (self.f, self.i, self.w, self.act, self.w_keep, self.comm, self.backward)
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """A profile's per-layer fields as lists, read once per profile (slices sum in C)."""
+
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    b_full: list[float] | None
+    act: list[int]
+    keep: list[int]
+    params: list[int]
+    out: list[int]
+
+
+def _columns(profile: ModelProfile) -> _Columns:
+    cached = profile.__dict__.get("_columns")
+    if cached is None:
+        layers = profile.layers
+        measured_b = all("b_full" in x.extra for x in layers)
+        cached = _Columns([x.f for x in layers], [x.b for x in layers], [x.w for x in layers],
+                          [float(x.extra["b_full"]) for x in layers] if measured_b else None,
+                          [x.act_bytes for x in layers], [x.w_retained for x in layers],
+                          [x.params for x in layers], [x.out_bytes for x in layers])
+        object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
+    return cached
+
+
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
                 placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
     measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
     autograd pass is cheaper than I then W) plus two overheads, like I + W."""
-    layers = profile.layers
+    col = _columns(profile)
     over = profile.action_overhead
-    measured_b = all("b_full" in x.extra for x in layers)
+    measured_b = col.b_full is not None
     fused: list[float] = []
     speeds = cluster.speeds
     unit = profile.seconds_per_unit
@@ -96,17 +123,16 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     for s, (a, b) in enumerate(partition):
         d = placement[s]
         sp = speeds[d]
-        chunk = layers[a:b]
-        f.append(sum(x.f for x in chunk) / sp + over)
-        i.append(sum(x.b for x in chunk) / sp + over)
-        w.append(sum(x.w for x in chunk) / sp + over)
-        if measured_b:
-            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over)
-        act.append(scale * sum(x.act_bytes for x in chunk))
-        keep.append(scale * sum(x.w_retained for x in chunk))
-        static[d] += training.bytes_per_param * sum(x.params for x in chunk)
+        f.append(sum(col.f[a:b]) / sp + over)
+        i.append(sum(col.b[a:b]) / sp + over)
+        w.append(sum(col.w[a:b]) / sp + over)
+        if col.b_full is not None:
+            fused.append(sum(col.b_full[a:b]) / sp + 2 * over)
+        act.append(scale * sum(col.act[a:b]))
+        keep.append(scale * sum(col.keep[a:b]))
+        static[d] += training.bytes_per_param * sum(col.params[a:b])
         if s + 1 < len(partition):
-            comm.append(cluster.transfer_seconds(d, placement[s + 1], chunk[-1].out_bytes) / unit)
+            comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)
         else:
             comm.append(0.0)
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),

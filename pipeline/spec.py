@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +286,7 @@ class Cluster:
             return self.device_list[index]
         return Device(speed=1.0, memory_gb=self.memory_gb)
 
-    @property
+    @cached_property
     def speeds(self) -> tuple[float, ...]:
         return tuple(self.device(d).speed for d in range(self.devices))
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -37,17 +35,6 @@ SHARES = {"schedule": 0.45, "simulate": 0.35, "profile": 0.2}
 def examples(kind: str) -> settings:
     return settings(max_examples=max(10, int(TOTAL * SHARES[kind])), deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), database=None)
-
-
-@contextmanager
-def python_engine() -> Iterator[None]:
-    """Run the Python reference inside the block."""
-    saved = engine.native
-    engine.native = None
-    try:
-        yield
-    finally:
-        engine.native = saved
 
 
 def placement_of(kind: str, devices: int, chunks: int, rng: random.Random) -> tuple[int, ...]:
@@ -113,7 +100,7 @@ def same_result(a: Result, b: Result) -> None:
 
 def simulate_both(plan: Plan, profile: ModelProfile, cluster: Cluster, **kw: object) -> tuple[Result, Result]:
     native = simulate(plan, profile, cluster, **kw)
-    with python_engine():
+    with engine.python_reference():
         reference = simulate(plan, profile, cluster, **kw)
     return reference, native
 
@@ -240,7 +227,7 @@ def test_the_differential_tests_can_fail() -> None:
     plan, profile = _order_plan(order, costs, placement, 2, 6)
     nudged = replace(costs, f=(costs.f[0] * (1 + 2**-50),) + costs.f[1:])
     a = simulate(plan, profile, Cluster(devices=2), costs=costs)
-    with python_engine():
+    with engine.python_reference():
         b = simulate(plan, profile, Cluster(devices=2), costs=nudged)
     assert a.iteration_time != b.iteration_time
 
