@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget, SearchResult
+from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from experiments.workflow_phases import (
     Costs,
     Log,
@@ -78,7 +78,7 @@ class WorkflowConfig:
     microbatches: int | None = None
     """Micro-batches per iteration (default 8 on this machine, 32 for a GPU cluster)."""
     methods: tuple[str, ...] = DEFAULT_METHODS
-    budget: str = "400"
+    budget: str = str(DEFAULT_CALLS)
     """Per search method: simulator calls (``400``) or seconds (``30s``)."""
     max_seconds: float = 60.0
     """Cap on each method's search time, whatever the budget."""

@@ -52,7 +52,7 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments sweep(?=\s|$)", "--budget 20 --max-trials 4"),
     (r"-m experiments train(?=\s|$)", "--timesteps 64 --eval-every 0"),
     (r"-m experiments reproduce(?=\s|$)", "--families gemma --sizes small --seq-lens 2048 --budget 20"),
-    (r"-m experiments\.benchmarks\.simulator_speed(?=\s|$)", "--repeats 1 --window 0.1"),
+    (r"-m experiments\.benchmarks\.engine_speed(?=\s|$)", "--repeats 1 --no-tuner"),
     (r"-m experiments\.benchmarks\.search_speed(?=\s|$)", "--cases small --budgets 20"),
     (r"-m experiments\.benchmarks\.env_speed(?=\s|$)", "--seconds 1"),
 ]

@@ -69,6 +69,31 @@ def _median_seconds(fn: Callable[[], Any], repeats: int, min_time: float = 0.2) 
     return statistics.median(out)
 
 
+def _schedule_timings(profile: ModelProfile, cluster: Cluster, partition: tuple[tuple[int, int], ...],
+                      placement: tuple[int, ...], config: ListSchedulerConfig, M: int, repeats: int
+                      ) -> tuple[float, float, float]:
+    """Median seconds of one list-schedule + simulation: reference, native search path, native public API."""
+    P = cluster.devices
+    costs = stage_costs(profile, cluster, partition, placement)
+
+    def reference() -> None:
+        order = list_schedule_python(costs, placement, P, M, config)
+        with engine.python_reference():
+            simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs, validate=False,
+                     record_timeline=False)
+
+    def native() -> None:
+        engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), P, M, *native_args(config))
+
+    def native_api() -> None:
+        order = list_schedule(costs, placement, P, M, config)
+        simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs, validate=False,
+                 record_timeline=False)
+
+    return (_median_seconds(reference, repeats), _median_seconds(native, repeats),
+            _median_seconds(native_api, repeats))
+
+
 def _schedule_rows(repeats: int) -> list[dict[str, Any]]:
     rows = []
     for case, (P, M, L) in CASES.items():
@@ -82,24 +107,7 @@ def _schedule_rows(repeats: int) -> list[dict[str, Any]]:
                                          cap_counts_w=knobs.cap_counts_w,
                                          max_pending_w=P if name == "zb-h1" else None)
 
-            def reference() -> None:
-                order = list_schedule_python(costs, placement, P, M, config)
-                with engine.python_reference():
-                    simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs,
-                             validate=False, record_timeline=False)
-
-            def native() -> None:
-                engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), P, M,
-                                                    *native_args(config))
-
-            def native_api() -> None:
-                order = list_schedule(costs, placement, P, M, config)
-                simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs, validate=False,
-                         record_timeline=False)
-
-            t_py = _median_seconds(reference, repeats)
-            t_nat = _median_seconds(native, repeats)
-            t_api = _median_seconds(native_api, repeats)
+            t_py, t_nat, t_api = _schedule_timings(profile, cluster, partition, placement, config, M, repeats)
             actions = len(placement) * M * 3
             rows.append({"row": "schedule+simulate", "case": case, "method": name, "actions": actions,
                          "python_ms": 1e3 * t_py, "native_ms": 1e3 * t_nat, "native_api_ms": 1e3 * t_api,
@@ -141,7 +149,7 @@ def _tuner_rows(with_python: bool) -> list[dict[str, Any]]:
     for P, M in ((16, 64), (32, 256)):
         problem = Problem(profile, build_cluster("h100", devices=P, gpus_per_node=8), M)
 
-        def run() -> tuple[float, float]:
+        def run(problem: Problem = problem) -> tuple[float, float]:
             t0 = time.perf_counter()
             found = AdaptisTuner().search(problem, budget=Budget(sim_calls=400), seed=0)
             return time.perf_counter() - t0, found.iteration_time
@@ -173,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(json.dumps(row))
         return 0
-    print(f"{'row':18} {'case':24} {'method':11} {'python':>10} {'native':>10} {'ratio':>7} {'native-api':>11} {'ratio':>7}")
+    print(f"{'row':18} {'case':24} {'method':11} {'python':>10} {'native':>10} {'ratio':>7} "
+          f"{'native-api':>11} {'ratio':>7}")
     for r in rows:
         if r["row"] == "tuner":
             py = f"{r['python_s']:.2f} s" if "python_s" in r else "-"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from agents.base import DEFAULT_CALLS
 from experiments.common import positive_float, positive_int, print_table
 from experiments.workflow import DEFAULT_METHODS, WorkflowConfig, WorkflowReport, run_workflow
 
@@ -54,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     se.add_argument("--microbatches", type=positive_int, default=None, help="per iteration (default 8 here, 32 GPU)")
     se.add_argument("--method", default=",".join(DEFAULT_METHODS),
                     help="comma-separated methods; 'rl' is skipped with a note when no policy loads")
-    se.add_argument("--budget", default="400", help="per method: simulator calls (400) or seconds (30s)")
+    se.add_argument("--budget", default=str(DEFAULT_CALLS),
+                    help=f"per method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     se.add_argument("--max-seconds", type=positive_float, default=60.0, help="cap on each method's search time")
     se.add_argument("--seed", type=int, default=0)
     se.add_argument("--perturb-moves", type=positive_int, default=None, help="the tuner's perturbation strength")

@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from agents.base import Budget, SearchResult
+from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from agents.registry import all_methods, make_searcher
 from experiments.common import (
     DEFAULT_MODEL,
@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated methods (README's method names), or 'all': every named schedule, "
                              "each with +dp, random, rl, rl+tuner and adaptis")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tuner and random search")
-    parser.add_argument("--budget", default="400", help="per search method: simulator calls (400) or seconds (30s)")
+    parser.add_argument("--budget", default=str(DEFAULT_CALLS),
+                        help=f"per search method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
     parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
     add_output_args(parser)
