@@ -50,11 +50,21 @@ def test_search_table_output(tmp_path, capsys) -> None:
 
 def test_no_plan_fits_is_a_clear_answer(tmp_path, capsys) -> None:
     code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--memory-gb", "1",
-                 "--method", "zb-h1,adaptis", "--budget", "40", "--out", str(tmp_path), "--json"])
+                 "--memory-reserve-gb", "0", "--method", "zb-h1,adaptis", "--budget", "40", "--out", str(tmp_path),
+                 "--json"])
     captured = capsys.readouterr()
     assert code == 3
     assert "no plan fits in memory" in captured.err and "smallest peak found is" in captured.err
     assert all(not r["feasible"] for r in _json_lines(captured.out))
+
+
+def test_memory_below_the_reserve_is_named(tmp_path, capsys) -> None:
+    # the cluster file reserves 4 GiB per device: 1 GiB of capacity leaves nothing
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--memory-gb", "1",
+                 "--method", "1f1b", "--budget", "10", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "memory_reserve_gb" in err and "--memory-reserve-gb" in err
 
 
 def test_bad_budget_and_method_are_named(tmp_path, capsys) -> None:
