@@ -11,6 +11,10 @@ has no input gradient; as in the runtime, its I is empty and W runs its whole ba
 ``act_bytes`` counts the distinct tensors autograd saves during the forward (via
 ``torch.autograd.graph.saved_tensors_hooks``; parameters excluded, the layer's input included)
 and ``out_bytes`` the bytes of the layer's output, i.e. what crosses a stage boundary.
+``w_act_bytes`` is the share of ``act_bytes`` that is still saved after I, until W
+(:class:`executor.memory.SavedTensorMeter`): PyTorch's ``stage_backward_input`` keeps the graph
+for W (``retain_graph=True``), so inside a block it frees almost nothing; the first layer keeps
+everything (its I is a no-op).
 
 On CUDA the same measurements run in bf16 (``ProfileConfig.dtype``): times come from CUDA events
 recorded around each pass after the warm-up runs (GPU time, not host time), and the caching
@@ -32,6 +36,7 @@ from typing import Any
 import torch
 from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
 
+from executor.memory import SavedTensorMeter
 from executor.model import StageModule, build_layers, make_batch
 from pipeline.arch import Architecture
 from pipeline.spec import LayerCost, ModelProfile
@@ -147,8 +152,8 @@ class _SavedBytes:
 
 def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: torch.Tensor, *,
                    config: ProfileConfig) -> list[dict[str, float]]:
-    """Per layer: ``f``, ``b``, ``w``, ``b_full`` (seconds, medians), ``act_bytes``, ``out_bytes``;
-    on CUDA also ``mem_retained_bytes`` and ``mem_peak_bytes`` (see the module docstring).
+    """Per layer: ``f``, ``b``, ``w``, ``b_full`` (seconds, medians), ``act_bytes``, ``out_bytes``,
+    ``w_act_bytes``; on CUDA also ``mem_retained_bytes`` and ``mem_peak_bytes`` (see the module docstring).
 
     Layers are timed one after another inside a whole forward / backward pass, as a stage runs
     them (so caches are as cold as in a pipeline, not warmed by repeating one layer): a forward
@@ -162,6 +167,9 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
     out_b = [0] * n
     retained = [0] * n
     peak = [0] * n
+    w_share = [1.0] * n  # of the saved bytes, the share still saved after I
+    meter = SavedTensorMeter([0] * n, exclude=[p for ps in params for p in ps])
+    saved_after_f = [0] * n
     mem = _CudaMemory(device)
 
     def note_peak(i: int, rep: int) -> None:
@@ -177,11 +185,15 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
             inp = x if i == 0 else x.detach().requires_grad_(True)
             counter = _SavedBytes({p.data_ptr() for p in params[i]})
             mem.begin()
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, _unpack):
+            pack, unpack = counter.pack, _unpack
+            if rep == 0:  # also meter what stays saved after I
+                pack, unpack = (lambda t, c=counter: meter._pack(c.pack(t))), meter._unpack
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack), meter.attribute(i):
                 t0 = _tic(device)
                 out = layer(inp, labels)
                 dt = _toc(device, t0)
             if rep == 0:
+                saved_after_f[i] = meter.level[i]
                 act[i] = counter.total + (0 if i == 0 else _tensor_bytes(inp))
                 out_b[i] = _tensor_bytes(out)
                 retained[i] = mem.retained()
@@ -206,6 +218,8 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
                 dt = _toc(device, t0)
                 note_peak(i, rep)
                 grad = gin[0]
+                if rep == 0 and saved_after_f[i]:
+                    w_share[i] = meter.level[i] / saved_after_f[i]
             if keep:
                 times["b"][i].append(dt)
         for i in reversed(range(n)):
@@ -244,7 +258,8 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
     med = statistics.median
     rows: list[dict[str, float]] = [
         {"f": med(times["f"][i]), "b": med(times["b"][i]), "w": med(times["w"][i]), "b_full": med(times["b_full"][i]),
-         "act_bytes": act[i], "out_bytes": out_b[i]} for i in range(n)]
+         "act_bytes": act[i], "out_bytes": out_b[i], "w_act_bytes": int(act[i] * min(1.0, w_share[i]))}
+        for i in range(n)]
     if mem.on:
         for i, row in enumerate(rows):
             row["mem_retained_bytes"] = retained[i]
@@ -274,7 +289,7 @@ def profile_architecture(arch: Architecture, *, device: torch.device | str = "cp
         costs.append(LayerCost(
             name=f"layer{i}.{label}" if spec.kind == "block" else spec.kind, kind=label,
             f=m["f"] * 1e3, b=m["b"] * 1e3, w=m["w"] * 1e3, params=sum(p.numel() for p in layers[i].parameters()),
-            act_bytes=int(m["act_bytes"]), out_bytes=int(m["out_bytes"]),
+            act_bytes=int(m["act_bytes"]), out_bytes=int(m["out_bytes"]), w_act_bytes=int(m["w_act_bytes"]),
             extra={"b_full": m["b_full"] * 1e3,
                    **{k: int(m[k]) for k in ("mem_retained_bytes", "mem_peak_bytes") if k in m}},
         ))
