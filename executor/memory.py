@@ -140,11 +140,16 @@ class MemoryReport:
     static_device: dict[int, int] = field(default_factory=dict)
     """CUDA only: bytes each device held before the step (its parameters)."""
     loss: float | None = None
+    process_allocated_peak: int = 0
+    """CUDA only: peak ``memory_allocated`` of the whole process (all devices' work on one GPU)."""
+    process_reserved_peak: int = 0
+    """CUDA only: peak ``memory_reserved``; less the allocated peak: the allocator's fragmentation."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"saved_peak_stage": self.saved_peak_stage, "saved_peak_device": self.saved_peak_device,
                 "allocated_peak_device": self.allocated_peak_device, "static_device": self.static_device,
-                "loss": self.loss}
+                "loss": self.loss, "process_allocated_peak": self.process_allocated_peak,
+                "process_reserved_peak": self.process_reserved_peak}
 
 
 def run_runtime_here(plan: Plan, order: Sequence[Action], arch: Any, tokens: torch.Tensor, labels: torch.Tensor, *,
@@ -196,6 +201,10 @@ class _Allocated:
         self.device = device
         self.level = [0] * devices
         self.peak = [0] * devices
+        self.max_allocated = 0
+        """Peak of the whole process's ``memory_allocated`` over every window."""
+        self.max_reserved = 0
+        """Peak of the caching allocator's ``memory_reserved`` over every window."""
 
     @contextmanager
     def on_device(self, d: int) -> Iterator[None]:
@@ -210,6 +219,8 @@ class _Allocated:
         after = torch.cuda.memory_allocated(self.device)
         high = torch.cuda.max_memory_allocated(self.device)
         self.peak[d] = max(self.peak[d], self.level[d] + high - before)
+        self.max_allocated = max(self.max_allocated, high)
+        self.max_reserved = max(self.max_reserved, torch.cuda.max_memory_reserved(self.device))
         self.level[d] += after - before
 
 
@@ -286,4 +297,5 @@ def run_plan_here(plan: Plan, order: Sequence[Action], stages: Sequence[torch.nn
     return MemoryReport(dict(meter.stage_peak), dict(meter.device_peak),
                         {d: alloc.peak[d] for d in range(P)} if alloc.on else {},
                         {d: static[d] for d in range(P)} if alloc.on else {},
-                        loss=sum(losses) if losses else None)
+                        loss=sum(losses) if losses else None, process_allocated_peak=alloc.max_allocated,
+                        process_reserved_peak=alloc.max_reserved)

@@ -200,8 +200,8 @@ def check_plan(arch: Architecture, *, device: torch.device, seq_len: int, microb
         free, total = torch.cuda.mem_get_info(device)
         out["reserve"] = {
             "context_gib": (total - free - torch.cuda.memory_reserved(device)) / GIB,
-            "fragmentation_gib": (torch.cuda.max_memory_reserved(device)
-                                  - torch.cuda.max_memory_allocated(device)) / GIB,
+            "fragmentation_gib": (report.process_reserved_peak - report.process_allocated_peak) / GIB,
+            "process_allocated_peak_gib": report.process_allocated_peak / GIB,
             "total_gib": total / GIB,
         }
     return out
