@@ -110,3 +110,22 @@ def test_every_command_has_help(command: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "experiments", command, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+@pytest.mark.parametrize("argv,capacity,reserve", [
+    (["--gpu", "h100"], 79.6, 4.0),  # nvidia-smi's 81559 MiB, less the default reserve
+    (["--gpu", "h200", "--memory-reserve-gb", "1.5"], 140.4, 1.5),
+    (["--gpu", "cpu"], 16.0, 0.0),
+    (["--cluster", CLUSTER, "--memory-gb", "40"], 40.0, 4.0),
+    (["--cluster", CLUSTER, "--memory-gb", "2", "--memory-reserve-gb", "0"], 2.0, 0.0),
+])
+def test_cluster_memory_flags_are_gib_less_the_reserve(argv, capacity, reserve) -> None:
+    import argparse
+
+    from experiments.common import add_cluster_args, resolve_cluster
+
+    parser = argparse.ArgumentParser()
+    add_cluster_args(parser)
+    cluster = resolve_cluster(parser.parse_args(argv))
+    assert (cluster.memory_gb, cluster.memory_reserve_gb) == (capacity, reserve)
+    assert cluster.memory_limits_bytes[0] == pytest.approx((capacity - reserve) * 2**30)
