@@ -14,8 +14,12 @@ Rules (the contract every other part relies on):
 * Memory of a device = static (parameters of every stage it holds x ``bytes_per_param``) +
   activations. ``F`` adds the stage's ``act_bytes``; ``I`` frees all but ``w_retained`` (the
   inputs of the weight matmuls, see ``LayerCost.w_retained``); ``W`` frees the rest; ``B``
-  frees all. Since a device's actions run in list order, its activation curve follows that
-  order exactly. Transfer buffers and the optimizer step are not modelled.
+  frees all. On the first stage, as PyTorch's runtime does (``I`` is a no-op there and ``W`` runs
+  the whole backward), ``I`` frees nothing and ``W`` frees all
+  (``TrainingConfig.first_stage_defers_backward``, on by default). Since a device's actions run
+  in list order, its activation curve follows that order exactly. The limit is each device's
+  capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step are not
+  modelled.
 * Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
   devices all wait on each other is reported as a deadlock naming the waiting actions.
 """
@@ -58,7 +62,10 @@ class StageCosts:
     i: tuple[float, ...]
     w: tuple[float, ...]
     act: tuple[float, ...]
+    """Activation bytes ``F`` adds, per stage."""
     w_keep: tuple[float, ...]
+    """Of ``act``, the bytes ``I`` leaves for ``W`` to free (all of them on a stage whose backward
+    runs entirely at ``W``: the first stage under ``TrainingConfig.first_stage_defers_backward``)."""
     comm: tuple[float, ...]
     """``comm[s]``: transfer time between stage ``s`` and ``s+1`` (0 on the same device)."""
     static_bytes: tuple[float, ...]
@@ -110,7 +117,11 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
     measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
-    autograd pass is cheaper than I then W) plus two overheads, like I + W."""
+    autograd pass is cheaper than I then W) plus two overheads, like I + W.
+
+    With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
+    (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
+    them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays)."""
     col = _columns(profile)
     over = profile.action_overhead
     measured_b = col.b_full is not None
@@ -129,7 +140,10 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         if col.b_full is not None:
             fused.append(sum(col.b_full[a:b]) / sp + 2 * over)
         act.append(scale * sum(col.act[a:b]))
-        keep.append(scale * sum(col.keep[a:b]))
+        if s == 0 and training.first_stage_defers_backward:
+            keep.append(act[-1])
+        else:
+            keep.append(scale * sum(col.keep[a:b]))
         static[d] += training.bytes_per_param * sum(col.params[a:b])
         if s + 1 < len(partition):
             comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)

@@ -29,6 +29,7 @@ SKIP: list[tuple[str, str]] = [
     (r"^(pip|\S*/pip) install\b", "installs packages (no network in tests)"),
     (r"^wandb\b", "`wandb sync`/`login` upload to a W&B server (no network in tests)"),
     (r"^export WANDB_(API_KEY|BASE_URL)=", "credentials for a W&B server"),
+    (r"^torchrun .*--backend nccl\b", "NCCL replay: needs GPUs"),
     (r"^torchrun --nnodes=", "multi-node launch: needs several machines"),
 ]
 #: (regex, replacement) applied to every command: small budgets, so all pages run in ~3 minutes.

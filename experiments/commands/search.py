@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     best = min(feasible, key=lambda r: r.iteration_time) if feasible else None
 
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
-              "memory_gb": cluster.memory_gb, "methods": methods, "budget": args.budget, "seed": args.seed}
+              "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
+              "budget": args.budget, "seed": args.seed}
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("search", rows)
         if best is not None:
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                 r["method"] += " (OOM)"
         print_table(rows, COLUMNS, title=f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, "
                     f"{args.microbatches} micro-batches, {cluster.memory_gb:g} GiB per device "
+                    f"({cluster.memory_reserve_gb:g} GiB reserved) "
                     f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
     if best is None:
         smallest = min((r for r in results if r.ok), key=lambda r: max(r.result.peak_memory), default=None)
@@ -159,8 +161,9 @@ def run(args: argparse.Namespace) -> int:
         if smallest is not None:
             peak = max(smallest.result.peak_memory) / GIB
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
-                    f"{cluster.memory_gb:g} GiB per device: add devices or memory, or use fewer micro-batches "
-                    "in flight")
+                    f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device ({cluster.memory_gb:g} "
+                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or use fewer "
+                    "micro-batches in flight")
         print(msg, file=sys.stderr)
         return 3
     if not args.json:

@@ -67,7 +67,8 @@ def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
     layer = LayerCost("a", "x", 1, 1, 1, params=10, act_bytes=1000, out_bytes=0, w_act_bytes=300)
     prof = ModelProfile("p", (layer,))
     cluster = Cluster(devices=1, p2p_gbps=1e12, latency_us=0)
-    training = TrainingConfig(bytes_per_param=2)
+    # the split rules, for a runtime that splits stage 0's backward like any other stage's
+    training = TrainingConfig(bytes_per_param=2, first_stage_defers_backward=False)
     plan = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0),
                                          Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
     r = simulate(plan, prof, cluster, training)
@@ -76,6 +77,9 @@ def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
     plan2 = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "I", 0), Action(0, "F", 1),
                                           Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
     assert simulate(plan2, prof, cluster, training).peak_memory == (20 + 1300,)
+    # PyTorch's runtime (the default): the first stage's I is a no-op, its W frees everything
+    torch_rt = TrainingConfig(bytes_per_param=2)
+    assert simulate(plan2, prof, cluster, torch_rt).peak_memory == (20 + 2000,)
     fused = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1),
                                           Action(0, "B", 1)]])
     assert simulate(fused, prof, cluster, training).peak_memory == (20 + 1000,)
