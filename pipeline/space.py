@@ -14,7 +14,6 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -207,7 +206,7 @@ class Evaluator:
     :meth:`result` is the search's hot path: with the compiled engine a ``list`` candidate is
     scheduled and simulated in one native call and no Python plan is built; :meth:`plan` builds
     the plan only when someone needs it (the best one, say). :meth:`results` evaluates a batch
-    (a phase's neighbours) with the native calls overlapped on :data:`BATCH_THREADS` threads.
+    (a phase's neighbours) in one native call that runs them on :data:`BATCH_THREADS` threads.
     Results are identical on either engine and with or without batching.
     """
 
@@ -263,11 +262,16 @@ class Evaluator:
     def results(self, candidates: Sequence[Candidate]) -> list[Result]:
         """:meth:`result` of each candidate; the new ones' native calls run side by side."""
         todo = list(dict.fromkeys(c for c in candidates if c not in self._cache))
-        if len(todo) > 1 and engine.native is not None and BATCH_THREADS > 1:
+        if len(todo) > 1 and engine.native is not None:
             jobs = [self._start(c) for c in todo]
-            with ThreadPoolExecutor(BATCH_THREADS) as pool:
-                done = list(pool.map(_run_job, jobs))
-            for c, job in zip(todo, done):
+            native = [job for job in jobs if job.args is not None]
+            outcomes = engine.native.schedule_and_simulate_batch([job.args for job in native], BATCH_THREADS)
+            for job, outcome in zip(native, outcomes):
+                if isinstance(outcome, str):
+                    job.error = outcome
+                else:
+                    job.outcome = outcome
+            for c, job in zip(todo, jobs):
                 self._finish(c, job)
         return [self.result(c) for c in candidates]
 
@@ -314,7 +318,7 @@ class Evaluator:
 
     def _finish(self, c: Candidate, job: _Job) -> Result:
         p = self.problem
-        if job.args is not None and job.outcome is None:
+        if job.args is not None and job.outcome is None and job.error is None:
             job = _run_job(job)
         if job.outcome is not None and not job.outcome[0]:
             # Never for the list scheduler's orders; the simulator names the deadlock if it happens.
@@ -340,7 +344,7 @@ class Evaluator:
         return res
 
 
-#: Threads :meth:`Evaluator.results` overlaps native calls on (the compiled engine releases the GIL).
+#: Threads the compiled engine spreads a batch of :meth:`Evaluator.results` over (it releases the GIL).
 BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 

@@ -235,3 +235,22 @@ def test_the_differential_tests_can_fail() -> None:
 def test_engine_choice_is_reported() -> None:
     assert engine.ENGINE in ("native", "python")
     assert (engine.native is not None) == (engine.ENGINE == "native")
+
+
+@pytest.mark.parametrize("model,devices,microbatches", [("gemma-small", 4, 16), ("nemotronh-small", 4, 8)])
+def test_the_tuner_finds_the_same_plan_on_either_engine(model: str, devices: int, microbatches: int) -> None:
+    """Batched native evaluation (several threads) ends where one-by-one Python evaluation ends."""
+    from agents.base import Budget
+    from agents.tuner import AdaptisTuner
+    from pipeline.hardware import build_cluster
+    from pipeline.space import Problem
+    from pipeline.zoo import zoo_profile
+
+    problem = Problem(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),
+                      microbatches)
+    native = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
+    with engine.python_reference():
+        reference = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
+    assert native.iteration_time == reference.iteration_time
+    assert native.history == reference.history
+    assert native.plan == reference.plan and native.sim_calls == reference.sim_calls == 150
