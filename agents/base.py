@@ -109,5 +109,5 @@ def finish(method: str, problem: Problem, plan: Plan | None, *, evaluator: Evalu
     if plan is not None:
         plan = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                     {**plan.meta, "method": method})
-        result = simulate(plan, problem.profile, problem.cluster, problem.training)
+        result = simulate(plan, problem.profile, problem.cluster, training=problem.training)
     return SearchResult(method, plan, result, evaluator.calls, evaluator.seconds, history, note)

@@ -39,12 +39,12 @@ class NamedSearcher:
                 placement = method_placement(self.method, p.devices)
                 sizes = balanced_sizes(p.profile, placement, p.cluster)
                 partition = tuple(_ranges(sizes))
-            plan = build_plan(self.method, p.profile, p.cluster, p.microbatches, partition=partition,
+            plan = build_plan(self.method, p.profile, p.cluster, microbatches=p.microbatches, partition=partition,
                               training=p.training)
         except PlanError as exc:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=str(exc))
         ev.calls += 1
-        result = simulate(plan, p.profile, p.cluster, p.training, validate=False, record_timeline=False)
+        result = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
         if on_improve is not None and result.valid:
             on_improve(plan, result)
         return finish(self.name, problem, plan, evaluator=ev, history=[(1, result.iteration_time)])

@@ -152,7 +152,7 @@ class MemoryReport:
                 "process_reserved_peak": self.process_reserved_peak}
 
 
-def run_runtime_here(plan: Plan, order: Sequence[Action], arch: Any, tokens: torch.Tensor, labels: torch.Tensor, *,
+def run_runtime_here(plan: Plan, order: Sequence[Action], arch: Any, *, tokens: torch.Tensor, labels: torch.Tensor,
                      device: torch.device | str = "cpu", seed: int = 0) -> MemoryReport:
     """One step of ``plan`` through PyTorch's ``_PipelineScheduleRuntime`` with every stage on
     this rank (a one-rank gloo group is started and ended here), saved tensors metered per stage.
@@ -224,8 +224,8 @@ class _Allocated:
         self.level[d] += after - before
 
 
-def run_plan_here(plan: Plan, order: Sequence[Action], stages: Sequence[torch.nn.Module], tokens: torch.Tensor,
-                  labels: torch.Tensor, *, device: torch.device | str = "cpu",
+def run_plan_here(plan: Plan, order: Sequence[Action], stages: Sequence[torch.nn.Module], *, tokens: torch.Tensor,
+                  labels: torch.Tensor, device: torch.device | str = "cpu",
                   build: Callable[[int], torch.nn.Module] | None = None) -> MemoryReport:
     """One step of ``plan`` in ``order`` (:func:`merged_order`) over its stage modules on this
     process, with PyTorch's runtime semantics, metering saved tensors per stage and (CUDA) the

@@ -112,7 +112,7 @@ def _columns(profile: ModelProfile) -> _Columns:
     return cached
 
 
-def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
+def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
                 placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
@@ -231,8 +231,8 @@ def _invalid(message: str, costs: StageCosts, tokens: int, profile: ModelProfile
                   profile.time_unit, devices=devices)
 
 
-def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: TrainingConfig = TrainingConfig(),
-             *, costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
+def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: TrainingConfig = TrainingConfig(),
+             costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
     """Simulate ``plan``; never raises for a bad plan: an invalid one gives ``Result.valid == False``.
 
     ``costs`` may be passed to reuse per-stage sums across schedules; ``validate=False`` skips the
@@ -255,7 +255,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                                tuple(float("inf") for _ in range(P)))
             return _invalid(str(exc), dummy, tokens, profile, P)
     if costs is None:
-        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
+        costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training)
     if arrays is None:
         ok, makespan, busy, peak, ran, timeline = _run_python(plan.schedule, costs, P, M, record_timeline)
     else:
@@ -381,7 +381,7 @@ def _run_python(schedule: Sequence[Sequence[Action]], costs: StageCosts, P: int,
     return done >= total, makespan, busy, peak, ptr, timeline
 
 
-def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int,
+def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int, *,
                    microbatches: int) -> tuple[float, tuple[float, ...]]:
     """Iteration time and peak activation bytes per device of an order from our own generators
     (valid by construction), without building a Plan or a Result."""
@@ -410,10 +410,10 @@ def _needs(a: Action, num_stages: int) -> str:
     return f"needs {s}F{m} and the gradient of {s + 1}I{m} or {s + 1}B{m}"
 
 
-def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster,
+def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster, *,
                      training: TrainingConfig = TrainingConfig(), **kw: Any) -> Result:
     """Like :func:`simulate` but raise PlanError for an invalid plan."""
-    result = simulate(plan, profile, cluster, training, **kw)
+    result = simulate(plan, profile, cluster, training=training, **kw)
     if not result.valid:
         raise PlanError(result.error or "invalid plan", field="schedule")
     return result

@@ -118,7 +118,7 @@ def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
     raise PlanError(f"unknown placement {kind!r}; use one of {PLACEMENT_KINDS}", field="placement")
 
 
-def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster,
+def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster, *,
                    weights: Sequence[float] | None = None) -> tuple[int, ...]:
     """Layers per stage minimising the heaviest stage's time (cost-aware dynamic program).
 
@@ -174,7 +174,7 @@ def _fixed_order(c: Candidate, devices: int, microbatches: int):
 
 def list_config(c: Candidate, costs: StageCosts, devices: int) -> ListSchedulerConfig:
     """The list scheduler's knobs for a ``list`` candidate (budgets turned into byte caps)."""
-    caps = None if c.budgets is None else budget_caps(costs, c.placement, devices, c.budgets)
+    caps = None if c.budgets is None else budget_caps(costs, c.placement, devices, microbatches_per_device=c.budgets)
     return ListSchedulerConfig(caps=caps, split_backward=c.split_backward, eager_w=c.eager_w,
                                depth_first=c.depth_first, max_pending_w=c.max_pending_w, cap_counts_w=c.cap_counts_w)
 
@@ -185,8 +185,9 @@ def materialize(c: Candidate, problem: Problem, *, costs: StageCosts | None = No
     partition = partition_from_sizes(c.sizes)
     if c.order == "list":
         if costs is None:
-            costs = stage_costs(problem.profile, problem.cluster, partition, c.placement, problem.training)
-        order = list_schedule(costs, c.placement, P, M, list_config(c, costs, P))
+            costs = stage_costs(problem.profile, problem.cluster, partition, placement=c.placement,
+                                training=problem.training)
+        order = list_schedule(costs, c.placement, P, microbatches=M, config=list_config(c, costs, P))
     else:
         order = _fixed_order(c, P, M)
     return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()})
@@ -240,8 +241,8 @@ class Evaluator:
             p = self.problem
             if len(self._costs) > 4096:
                 self._costs.clear()
-            hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement,
-                                                 p.training)
+            hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement=placement,
+                                                 training=p.training)
         return hit
 
     def balanced_sizes(self, placement: tuple[int, ...]) -> tuple[int, ...]:
@@ -324,11 +325,11 @@ class Evaluator:
             # Never for the list scheduler's orders; the simulator names the deadlock if it happens.
             job = _Job(costs=job.costs, plan=materialize(c, p, costs=job.costs))
         if job.error is not None:
-            res = simulate(_empty_plan(p), p.profile, p.cluster, p.training)
+            res = simulate(_empty_plan(p), p.profile, p.cluster, training=p.training)
             res.error = job.error
         elif job.plan is not None:
             self.calls += 1
-            res = simulate(job.plan, p.profile, p.cluster, p.training, costs=job.costs, validate=False,
+            res = simulate(job.plan, p.profile, p.cluster, training=p.training, costs=job.costs, validate=False,
                            record_timeline=False)
             self._plans[c] = job.plan
         else:

@@ -74,10 +74,10 @@ def _schedule_timings(profile: ModelProfile, cluster: Cluster, partition: tuple[
                       ) -> tuple[float, float, float]:
     """Median seconds of one list-schedule + simulation: reference, native search path, native public API."""
     P = cluster.devices
-    costs = stage_costs(profile, cluster, partition, placement)
+    costs = stage_costs(profile, cluster, partition, placement=placement)
 
     def reference() -> None:
-        order = list_schedule_python(costs, placement, P, M, config)
+        order = list_schedule_python(costs, placement, P, microbatches=M, config=config)
         with engine.python_reference():
             simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs, validate=False,
                      record_timeline=False)
@@ -86,7 +86,7 @@ def _schedule_timings(profile: ModelProfile, cluster: Cluster, partition: tuple[
         engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), P, M, *native_args(config))
 
     def native_api() -> None:
-        order = list_schedule(costs, placement, P, M, config)
+        order = list_schedule(costs, placement, P, microbatches=M, config=config)
         simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs, validate=False,
                  record_timeline=False)
 
@@ -101,8 +101,8 @@ def _schedule_rows(repeats: int) -> list[dict[str, Any]]:
         for name, (make_placement, knobs) in KNOBS.items():
             placement = make_placement(P)
             partition = even_partition(L, len(placement))
-            costs = stage_costs(profile, cluster, partition, placement)
-            caps = budget_caps(costs, placement, P, activation_budgets(name, P))
+            costs = stage_costs(profile, cluster, partition, placement=placement)
+            caps = budget_caps(costs, placement, P, microbatches_per_device=activation_budgets(name, P))
             config = ListSchedulerConfig(caps=caps, split_backward=knobs.split_backward,
                                          cap_counts_w=knobs.cap_counts_w,
                                          max_pending_w=P if name == "zb-h1" else None)
@@ -122,7 +122,7 @@ def _simulate_rows(repeats: int) -> list[dict[str, Any]]:
     for name, order, stages in (("1f1b", one_f_one_b_order(P, M), P), ("i1f1b-v2", interleaved_order(P, 2, M), 2 * P)):
         placement = tuple(s % P for s in range(stages))
         plan = Plan(P, M, even_partition(L, stages), placement, order)
-        costs = stage_costs(profile, cluster, plan.partition, placement)
+        costs = stage_costs(profile, cluster, plan.partition, placement=placement)
 
         def reference(plan: Plan = plan, costs: Any = costs) -> None:
             with engine.python_reference():

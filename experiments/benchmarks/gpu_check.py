@@ -163,13 +163,13 @@ def check_plan(arch: Architecture, *, device: torch.device, seq_len: int, microb
     """Part (b): one step of a ZB-H1 plan of ``arch`` here; per-device peaks, measured and predicted."""
     analytic = profile_from_architecture(arch, gpu=gpu, seq_len=seq_len)
     cluster = build_cluster(gpu, devices=stages, memory_reserve_gb=0.0)
-    plan = build_plan("zb-h1", analytic, cluster, microbatches)
+    plan = build_plan("zb-h1", analytic, cluster, microbatches=microbatches)
     training = TrainingConfig(bytes_per_param=CHECK_BYTES_PER_PARAM)
-    pred = simulate(plan, analytic, cluster, training)
-    pred_act = simulate(plan, analytic, cluster, replace(training, bytes_per_param=0)).peak_memory
+    pred = simulate(plan, analytic, cluster, training=training)
+    pred_act = simulate(plan, analytic, cluster, training=replace(training, bytes_per_param=0)).peak_memory
     kinds = _kind_profile(arch, measured_kinds, seq_len) if measured_kinds is not None else None
-    pred_kinds = simulate(plan, kinds, cluster, training).peak_memory if kinds else None
-    pred_kinds_act = simulate(plan, kinds, cluster, replace(training, bytes_per_param=0)).peak_memory \
+    pred_kinds = simulate(plan, kinds, cluster, training=training).peak_memory if kinds else None
+    pred_kinds_act = simulate(plan, kinds, cluster, training=replace(training, bytes_per_param=0)).peak_memory \
         if kinds else None
     tokens, labels = make_batch(arch, batch=microbatches, seq_len=seq_len, device=device)
 
@@ -181,7 +181,8 @@ def check_plan(arch: Architecture, *, device: torch.device, seq_len: int, microb
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    report = run_plan_here(plan, merged_order(plan, pred.timeline), (), tokens, labels, device=device, build=build)
+    report = run_plan_here(plan, merged_order(plan, pred.timeline), (), tokens=tokens, labels=labels, device=device,
+                           build=build)
     seconds = time.perf_counter() - t0
     out: dict[str, Any] = {"model": arch.name, "method": "zb-h1", "stages": stages, "microbatches": microbatches,
                            "partition": [list(p) for p in plan.partition], "seconds": seconds, "loss": report.loss,

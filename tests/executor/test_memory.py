@@ -38,11 +38,12 @@ def measured() -> dict:
     profile = profile_architecture(arch, config=ProfileConfig(seq_len=SEQ, warmup=0, repeats=1))
     plan = _deferred_w_plan()
     cluster = Cluster(devices=2)
-    torch_rt = simulate(plan, profile, cluster, TrainingConfig(bytes_per_param=0))
+    torch_rt = simulate(plan, profile, cluster, training=TrainingConfig(bytes_per_param=0))
     tokens, labels = make_batch(arch, batch=M, seq_len=SEQ)
     order = merged_order(plan, torch_rt.timeline)
-    runtime = run_runtime_here(plan, order, arch, tokens, labels)
-    driver = run_plan_here(plan, order, [build_stage(arch, a, b) for a, b in plan.partition], tokens, labels)
+    runtime = run_runtime_here(plan, order, arch, tokens=tokens, labels=labels)
+    driver = run_plan_here(plan, order, [build_stage(arch, a, b) for a, b in plan.partition], tokens=tokens,
+                           labels=labels)
     return {"arch": arch, "profile": profile, "plan": plan, "cluster": cluster, "predicted": torch_rt.peak_memory,
             "runtime": runtime, "driver": driver}
 
@@ -58,7 +59,8 @@ def test_deferred_w_peak_on_device_0_includes_what_the_runtime_keeps_until_w(mea
         assert predicted[d] == pytest.approx(kept[d], rel=0.10), (d, predicted[d], kept[d])
     # the model before: stage 0's I freed all but a quarter; it under-predicted device 0 by half
     quarter = replace(profile, layers=tuple(replace(x, w_act_bytes=None) for x in profile.layers))
-    old = simulate(plan, quarter, cluster, TrainingConfig(bytes_per_param=0, first_stage_defers_backward=False))
+    old = simulate(plan, quarter, cluster,
+                   training=TrainingConfig(bytes_per_param=0, first_stage_defers_backward=False))
     old = old.peak_memory
     assert old[0] < 0.6 * kept[0]
 

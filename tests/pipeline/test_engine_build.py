@@ -47,7 +47,7 @@ SIMULATE = ("from pipeline import engine; from pipeline.schedules import build_p
             "from pipeline.simulator import simulate; from pipeline.spec import Cluster, LayerCost, ModelProfile; "
             "p = ModelProfile('m', tuple(LayerCost(f'l{i}', 'attention+mlp', 1, 1, 1, 1, 1, 0) for i in range(8))); "
             "c = Cluster(devices=2); "
-            "print(engine.ENGINE, simulate(build_plan('zb-h1', p, c, 4), p, c).iteration_time)")
+            "print(engine.ENGINE, simulate(build_plan('zb-h1', p, c, microbatches=4), p, c).iteration_time)")
 
 
 def test_without_the_module_the_python_engine_runs(tree_without_engine: Path) -> None:

@@ -72,7 +72,7 @@ def random_config(devices: int, costs: StageCosts, placement: tuple[int, ...], r
     caps = None
     if rng.random() < 0.7:
         budgets = [rng.choice((1.0, 1.5, 2.0, float(devices), rng.uniform(1, 2 * devices))) for _ in range(devices)]
-        caps = budget_caps(costs, placement, devices, budgets)
+        caps = budget_caps(costs, placement, devices, microbatches_per_device=budgets)
     return ListSchedulerConfig(caps=caps, split_backward=rng.random() < 0.75, eager_w=rng.random() < 0.2,
                                depth_first=rng.random() < 0.6,
                                max_pending_w=rng.choice((None, None, 1, 2, devices)),
@@ -166,7 +166,7 @@ def test_broken_plans_fail_the_same_way(devices: int, chunks: int, M: int, kind:
     placement = placement_of(kind, devices, chunks, rng)
     costs = random_costs(len(placement), devices, rng, fused=rng.random() < 0.5)
     config = replace(random_config(devices, costs, placement, rng), caps=None)
-    order = [list(r) for r in list_schedule_python(costs, placement, devices, M, config)]
+    order = [list(r) for r in list_schedule_python(costs, placement, devices, microbatches=M, config=config)]
     if how != "none":
         _break(order, rng, how, len(placement), M)
     plan, profile = _order_plan(tuple(tuple(r) for r in order), costs, placement, devices, M)
@@ -206,7 +206,7 @@ def test_profiles_and_clusters_agree(devices: int, chunks: int, M: int, kind: st
     cuts = sorted(rng.sample(range(1, layers), S - 1))
     sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
     partition = partition_from_sizes(sizes)
-    costs = stage_costs(profile, cluster, partition, placement)
+    costs = stage_costs(profile, cluster, partition, placement=placement)
     config = random_config(devices, costs, placement, rng)
     reference, native = both_orders(costs, placement, devices, M, config)
     assert reference == native
@@ -223,7 +223,7 @@ def test_the_differential_tests_can_fail() -> None:
     rng = random.Random(1)
     placement = (0, 1, 1, 0)
     costs = random_costs(4, 2, rng, fused=False)
-    order = list_schedule(costs, placement, 2, 6)
+    order = list_schedule(costs, placement, 2, microbatches=6)
     plan, profile = _order_plan(order, costs, placement, 2, 6)
     nudged = replace(costs, f=(costs.f[0] * (1 + 2**-50),) + costs.f[1:])
     a = simulate(plan, profile, Cluster(devices=2), costs=costs)
