@@ -99,14 +99,14 @@ class AdaptisTuner:
                 if balanced:
                     placement = method_placement(method, problem.devices)
                     partition = partition_from_sizes(ev.balanced_sizes(placement))
-                plan = build_plan(method, problem.profile, problem.cluster, problem.microbatches,
+                plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
                                   partition=partition, training=problem.training)
             except PlanError:
                 continue
             if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
                 continue
             ev.calls += 1
-            result = simulate(plan, problem.profile, problem.cluster, problem.training, validate=False,
+            result = simulate(plan, problem.profile, problem.cluster, training=problem.training, validate=False,
                               record_timeline=False)
             state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.

@@ -213,10 +213,17 @@ class PlanComparison:
 
 
 def measured_cluster(devices: int, bench: dict[str, Any], *, memory_gb: float = 64.0,
-                     name: str = "local") -> Cluster:
-    """A cluster JSON from :func:`executor.replay.p2p_bench`'s latency and bandwidth."""
+                     memory_reserve_gb: float | None = None, name: str = "local") -> Cluster:
+    """A cluster JSON from :func:`executor.replay.p2p_bench`'s latency and bandwidth.
+
+    ``memory_reserve_gb`` (GiB) defaults to :data:`pipeline.spec.DEFAULT_MEMORY_RESERVE_GB` when the
+    link was measured with NCCL (GPUs: CUDA context, NCCL buffers) and to 0 with gloo (CPU ranks)."""
+    from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB
+
+    if memory_reserve_gb is None:
+        memory_reserve_gb = DEFAULT_MEMORY_RESERVE_GB if bench.get("backend") == "nccl" else 0.0
     return Cluster(devices=devices, memory_gb=memory_gb, p2p_gbps=max(bench["p2p_gbps"], 1e-6),
-                   latency_us=bench["latency_us"], name=name,
+                   latency_us=bench["latency_us"], name=name, memory_reserve_gb=memory_reserve_gb,
                    extra={"measured": True, "backend": bench.get("backend", "gloo")})
 
 

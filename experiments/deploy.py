@@ -129,7 +129,7 @@ def write_plan_trace(path: str | Path, plan: Plan, profile: ModelProfile, *, clu
         raise ConfigError("no timeline to write: the plan did not simulate", field="--trace")
     comm = None
     if predicted is not None:
-        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
+        costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training)
         comm = costs.comm
         unit = predicted.get("time_unit", profile.time_unit)
         if unit != profile.time_unit:  # predicted timelines converted to ms by replay: convert comm too

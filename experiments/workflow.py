@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget, SearchResult
+from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow_phases import (
     Costs,
@@ -71,7 +71,9 @@ class WorkflowConfig:
     """Pipeline devices (local ranks on this machine)."""
     gpus_per_node: int = 8
     memory_gb: float | None = None
-    """Memory per device in GiB (default: the GPU's, or 64 on this machine)."""
+    """Memory capacity per device in GiB (default: the GPU's, or 64 on this machine)."""
+    memory_reserve_gb: float | None = None
+    """GiB per device plans may not use (default: the GPU preset's or cluster file's; 0 on CPU ranks)."""
     seq_len: int | None = None
     microbatch_size: int = 1
     scale: float = 1.0
@@ -79,7 +81,7 @@ class WorkflowConfig:
     microbatches: int | None = None
     """Micro-batches per iteration (default 8 on this machine, 32 for a GPU cluster)."""
     methods: tuple[str, ...] = DEFAULT_METHODS
-    budget: str = "400"
+    budget: str = str(DEFAULT_CALLS)
     """Per search method: simulator calls (``400``) or seconds (``30s``)."""
     max_seconds: float = 60.0
     """Cap on each method's search time, whatever the budget."""
@@ -188,11 +190,11 @@ def _costs(cfg: WorkflowConfig, log: Log) -> Costs:
         return measure_here(model=cfg.model, devices=cfg.devices, seq_len=cfg.seq_len,
                             microbatch_size=cfg.microbatch_size, scale=cfg.scale, repeats=cfg.profile_repeats,
                             threads=cfg.threads, timeout=cfg.timeout, memory_gb=cfg.memory_gb,
-                            profile_path=cfg.profile_path, log=log)
+                            memory_reserve_gb=cfg.memory_reserve_gb, profile_path=cfg.profile_path, log=log)
     return analytic_costs(model=cfg.model, hf_config=cfg.hf_config, profile_path=cfg.profile_path,
                           cluster_path=cfg.cluster_path, gpu=cfg.gpu or "h100", devices=cfg.devices,
                           gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb, seq_len=cfg.seq_len,
-                          microbatch_size=cfg.microbatch_size)
+                          microbatch_size=cfg.microbatch_size, memory_reserve_gb=cfg.memory_reserve_gb)
 
 
 def _budget(cfg: WorkflowConfig) -> Budget:
@@ -309,8 +311,10 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     seconds["search"] = time.perf_counter() - t0
     if best is None:
         within = f" that {cfg.target} runs" if feasible else ""
-        raise ConfigError(f"no plan{within} fits in {cluster.memory_gb:g} GiB per device; add devices or memory "
-                          "(--memory-gb) or use fewer micro-batches", field="--memory-gb")
+        raise ConfigError(f"no plan{within} fits in {cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per "
+                          f"device ({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve); add "
+                          "devices or memory (--memory-gb, --memory-reserve-gb) or use fewer micro-batches",
+                          field="--memory-gb")
     best.plan.save(out / "plan.json")
     best.plan.save_csv(out / "plan.csv")
     targets = write_exports(out, searched, profile, best=pick,

@@ -58,10 +58,12 @@ class Costs:
 
 def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_size: int, scale: float,
                  repeats: int, threads: int, timeout: float, memory_gb: float | None,
-                 profile_path: str | None = None, log: Log = print) -> Costs:
+                 memory_reserve_gb: float | None = None, profile_path: str | None = None,
+                 log: Log = print) -> Costs:
     """Profile ``model`` (a zoo name the executor builds) and the p2p link on ``devices`` local ranks.
 
-    With ``profile_path`` only the link is measured. The cluster's memory is ``memory_gb`` or 64 GiB.
+    With ``profile_path`` only the link is measured. The cluster's memory is ``memory_gb`` or 64 GiB,
+    less ``memory_reserve_gb`` (default: 0 on gloo/CPU, the GPU default on NCCL).
     """
     from executor.fidelity import measured_cluster
     from executor.model import default_seq_len, resolve_architecture
@@ -88,7 +90,7 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
         bench, backend, device = result.get("p2p"), result.get("backend"), result.get("device")
     link = bench or {"latency_us": 0.0, "p2p_gbps": 1e6}
     cluster = measured_cluster(devices, {**link, "backend": backend or "gloo"}, memory_gb=memory_gb or 64.0,
-                               name=f"local-{device or 'cpu'}-{backend or 'gloo'}")
+                               memory_reserve_gb=memory_reserve_gb, name=f"local-{device or 'cpu'}-{backend or 'gloo'}")
     return Costs(profile, cluster, "file" if profile_path else "measured", True, bench, backend, device)
 
 
@@ -123,13 +125,13 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
 
 def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: str | None,
                    cluster_path: str | None, gpu: str, devices: int, gpus_per_node: int, memory_gb: float | None,
-                   seq_len: int | None, microbatch_size: int) -> Costs:
+                   seq_len: int | None, microbatch_size: int, memory_reserve_gb: float | None = None) -> Costs:
     """Analytic costs of a zoo model / HF config on ``gpu`` (or the given profile / cluster files)."""
     from experiments.common import resolve_problem
 
     ns = argparse.Namespace(model=model, hf_config=hf_config, profile=profile_path, cluster=cluster_path, gpu=gpu,
                             devices=devices, gpus_per_node=gpus_per_node, memory_gb=memory_gb, seq_len=seq_len,
-                            microbatch_size=microbatch_size)
+                            microbatch_size=microbatch_size, memory_reserve_gb=memory_reserve_gb)
     profile, cluster = resolve_problem(ns)
     return Costs(profile, cluster, "file" if profile_path else "analytic", False)
 

@@ -18,14 +18,16 @@ of ``(stage, op, micro-batch)`` rows, device after device, and ``devices + 1`` o
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import ModuleType
 
 import numpy as np
 
-from pipeline.plan import Action
+from pipeline.plan import Action, Schedule
 
-__all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "native", "schedule_arrays", "actions_from_arrays"]
+__all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "native", "python_reference", "schedule_arrays",
+           "actions_from_arrays"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
 OP_CODES = {"F": 0, "I": 1, "W": 2, "B": 3}
@@ -55,7 +57,10 @@ ENGINE = "native" if native is not None else "python"
 
 
 def schedule_arrays(schedule: Sequence[Sequence[Action]]) -> tuple[np.ndarray, list[int]]:
-    """``(rows, offsets)`` of per-device action lists (see the module docstring)."""
+    """``(rows, offsets)`` of per-device action lists (see the module docstring); a
+    :class:`~pipeline.plan.Schedule` the engine made gives back the arrays it carries."""
+    if isinstance(schedule, Schedule) and schedule.arrays is not None:
+        return schedule.arrays
     codes = OP_CODES
     flat = [(a[0], codes.get(a[1], -1), a[2]) for acts in schedule for a in acts]
     rows = np.array(flat, dtype=np.int32).reshape(-1, 3)
@@ -65,9 +70,25 @@ def schedule_arrays(schedule: Sequence[Sequence[Action]]) -> tuple[np.ndarray, l
     return rows, offsets
 
 
-def actions_from_arrays(rows: np.ndarray, offsets: Sequence[int]) -> tuple[tuple[Action, ...], ...]:
-    """Per-device tuples of :class:`~pipeline.plan.Action` from ``(rows, offsets)``."""
-    names = OP_NAMES
-    flat = rows.tolist()
-    return tuple(tuple(Action(s, names[o], m) for s, o, m in flat[offsets[d]:offsets[d + 1]])
-                 for d in range(len(offsets) - 1))
+_NAMES = np.array(OP_NAMES, dtype=object)
+
+
+def actions_from_arrays(rows: np.ndarray, offsets: Sequence[int]) -> Schedule:
+    """Per-device tuples of :class:`~pipeline.plan.Action` from ``(rows, offsets)``, carrying the arrays."""
+    acts = list(map(Action._make, zip(rows[:, 0].tolist(), _NAMES[rows[:, 1]].tolist(), rows[:, 2].tolist())))
+    out = Schedule(tuple(acts[offsets[d]:offsets[d + 1]]) for d in range(len(offsets) - 1))
+    out.arrays = (rows, list(offsets))
+    return out
+
+
+@contextmanager
+def python_reference() -> Iterator[None]:
+    """Run the Python reference inside the block (benchmarks and differential tests compare the two
+    in one process). Not thread-safe: it swaps the module-level engine."""
+    global native
+    saved = native
+    native = None
+    try:
+        yield
+    finally:
+        native = saved

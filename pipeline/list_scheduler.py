@@ -54,7 +54,7 @@ class ListSchedulerConfig:
     micro-batches whose I has not run (ZB-H1's rule: W may trail, memory grows by W's share)."""
 
 
-def list_schedule_python(costs: StageCosts, placement: Sequence[int], devices: int, microbatches: int,
+def list_schedule_python(costs: StageCosts, placement: Sequence[int], devices: int, *, microbatches: int,
                          config: ListSchedulerConfig = ListSchedulerConfig()) -> tuple[tuple[Action, ...], ...]:
     """The readable reference of :func:`list_schedule` (the compiled engine mirrors it line by line)."""
     S, M = len(placement), microbatches
@@ -222,7 +222,7 @@ def native_args(config: ListSchedulerConfig) -> tuple:
     return (caps, config.split_backward, config.eager_w, config.depth_first, mpw, config.cap_counts_w)
 
 
-def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, microbatches: int,
+def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, *, microbatches: int,
                   config: ListSchedulerConfig = ListSchedulerConfig()) -> tuple[tuple[Action, ...], ...]:
     """Build per-device orders by simulating time: the action that can start earliest runs next.
 
@@ -231,7 +231,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
     the earliest forward runs anyway, so the scheduler always finishes.
     """
     if engine.native is None:
-        return list_schedule_python(costs, placement, devices, microbatches, config)
+        return list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
     try:
         rows, offsets = engine.native.list_schedule(*costs.native_vectors(), list(placement), devices, microbatches,
                                                     *native_args(config))
@@ -240,7 +240,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, mic
     return engine.actions_from_arrays(rows, offsets)
 
 
-def budget_caps(costs: StageCosts, placement: Sequence[int], devices: int,
+def budget_caps(costs: StageCosts, placement: Sequence[int], devices: int, *,
                 microbatches_per_device: Sequence[float]) -> tuple[float, ...]:
     """Caps in bytes from budgets in micro-batches: one micro-batch on device ``d`` holds the
     activations of every stage ``d`` runs."""

@@ -19,6 +19,7 @@ from pipeline.errors import PlanError
 __all__ = [
     "Action",
     "Plan",
+    "Schedule",
     "parse_action",
     "parse_torch_cell",
     "even_partition",
@@ -123,6 +124,15 @@ def wave_placement(devices: int, chunks: int) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------- the plan
 
+class Schedule(tuple):
+    """Per-device tuples of actions that also carry the flat arrays the compiled engine reads
+    (``arrays``: rows and offsets, see :mod:`pipeline.engine`), so a schedule the engine made is
+    never converted back. Equal to, and usable as, the plain tuple of tuples."""
+
+    arrays: Any = None
+
+
+
 @dataclass(frozen=True)
 class Plan:
     """Partition + placement + schedule for ``devices`` devices and ``microbatches`` micro-batches."""
@@ -137,7 +147,8 @@ class Plan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition", tuple((int(a), int(b)) for a, b in self.partition))
         object.__setattr__(self, "placement", tuple(int(d) for d in self.placement))
-        object.__setattr__(self, "schedule", tuple(tuple(acts) for acts in self.schedule))
+        if type(self.schedule) is not Schedule:
+            object.__setattr__(self, "schedule", tuple(tuple(acts) for acts in self.schedule))
 
     @property
     def num_stages(self) -> int:

@@ -98,7 +98,7 @@ def _chunks_of(method: str) -> int:
     return v
 
 
-def build_plan(method: str, profile: ModelProfile, cluster: Cluster, microbatches: int, *,
+def build_plan(method: str, profile: ModelProfile, cluster: Cluster, *, microbatches: int,
                partition: Sequence[tuple[int, int]] | None = None,
                training: TrainingConfig = TrainingConfig()) -> Plan:
     """The plan of a named method. ``partition`` defaults to Megatron's even split for the
@@ -125,8 +125,8 @@ def build_plan(method: str, profile: ModelProfile, cluster: Cluster, microbatche
     elif method == "looped-bfs":
         order = looped_bfs_order(P, 2, microbatches)
     elif method in ACTIVATION_BUDGETS:
-        costs = stage_costs(profile, cluster, part, placement, training)
-        caps = budget_caps(costs, placement, P, activation_budgets(method, P))
+        costs = stage_costs(profile, cluster, part, placement=placement, training=training)
+        caps = budget_caps(costs, placement, P, microbatches_per_device=activation_budgets(method, P))
         order = _best_list_schedule(method, costs, placement, P, microbatches, caps)
     else:
         raise PlanError(f"unknown method {method!r}; use one of {', '.join(NAMED_METHODS)}", field="method")
@@ -148,12 +148,12 @@ def _best_list_schedule(method: str, costs: StageCosts, placement: Sequence[int]
     hand-built ZB-V order for ``zbv``); only the winner is turned into actions."""
     variants = [replace(variant, caps=caps) for variant in _list_variants(method, devices)]
     makers: list[Callable[[], tuple[tuple[Action, ...], ...]]] = [
-        lambda v=v: list_schedule(costs, placement, devices, microbatches, v) for v in variants]
+        lambda v=v: list_schedule(costs, placement, devices, microbatches=microbatches, config=v) for v in variants]
     scores = [_score_list(costs, placement, devices, microbatches, v) for v in variants]
     if method == "zbv" and microbatches >= 2 * devices - 1:
         order = zbv_order(devices, microbatches)
         makers.append(lambda: order)
-        scores.append(simulate_order(order, costs, devices, microbatches))
+        scores.append(simulate_order(order, costs, devices, microbatches=microbatches))
     best, best_key = 0, None
     for k, (t, peaks) in enumerate(scores):
         over = sum(max(0.0, pk - cap) for pk, cap in zip(peaks, caps))
@@ -167,8 +167,8 @@ def _score_list(costs: StageCosts, placement: Sequence[int], devices: int, micro
                 config: ListSchedulerConfig) -> tuple[float, tuple[float, ...]]:
     """(iteration time, peak activations per device) of a list-scheduled order."""
     if engine.native is None:
-        order = list_schedule(costs, placement, devices, microbatches, config)
-        return simulate_order(order, costs, devices, microbatches)
+        order = list_schedule(costs, placement, devices, microbatches=microbatches, config=config)
+        return simulate_order(order, costs, devices, microbatches=microbatches)
     try:
         _, t, _, peaks = engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), devices,
                                                              microbatches, *native_args(config))
@@ -183,9 +183,9 @@ def _megatron_plan(profile: ModelProfile, cluster: Cluster, microbatches: int,
     P = cluster.devices
     for v in megatron_chunk_counts(profile, P, microbatches):
         name = "1f1b" if v == 1 else f"i1f1b-v{v}"
-        plan = build_plan(name, profile, cluster, microbatches,
+        plan = build_plan(name, profile, cluster, microbatches=microbatches,
                           partition=megatron_partition(profile, P * v), training=training)
-        t = simulate(plan, profile, cluster, training, validate=False, record_timeline=False).iteration_time
+        t = simulate(plan, profile, cluster, training=training, validate=False, record_timeline=False).iteration_time
         if t < best_time:
             best_plan, best_time = plan, t
     assert best_plan is not None

@@ -14,8 +14,12 @@ Rules (the contract every other part relies on):
 * Memory of a device = static (parameters of every stage it holds x ``bytes_per_param``) +
   activations. ``F`` adds the stage's ``act_bytes``; ``I`` frees all but ``w_retained`` (the
   inputs of the weight matmuls, see ``LayerCost.w_retained``); ``W`` frees the rest; ``B``
-  frees all. Since a device's actions run in list order, its activation curve follows that
-  order exactly. Transfer buffers and the optimizer step are not modelled.
+  frees all. On the first stage, as PyTorch's runtime does (``I`` is a no-op there and ``W`` runs
+  the whole backward), ``I`` frees nothing and ``W`` frees all
+  (``TrainingConfig.first_stage_defers_backward``, on by default). Since a device's actions run
+  in list order, its activation curve follows that order exactly. The limit is each device's
+  capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step are not
+  modelled.
 * Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
   devices all wait on each other is reported as a deadlock naming the waiting actions.
 """
@@ -58,7 +62,10 @@ class StageCosts:
     i: tuple[float, ...]
     w: tuple[float, ...]
     act: tuple[float, ...]
+    """Activation bytes ``F`` adds, per stage."""
     w_keep: tuple[float, ...]
+    """Of ``act``, the bytes ``I`` leaves for ``W`` to free (all of them on a stage whose backward
+    runs entirely at ``W``: the first stage under ``TrainingConfig.first_stage_defers_backward``)."""
     comm: tuple[float, ...]
     """``comm[s]``: transfer time between stage ``s`` and ``s+1`` (0 on the same device)."""
     static_bytes: tuple[float, ...]
@@ -78,15 +85,46 @@ class StageCosts:
         return (self.f, self.i, self.w, self.act, self.w_keep, self.comm, self.backward)
 
 
-def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
+@dataclass(frozen=True)
+class _Columns:
+    """A profile's per-layer fields as lists, read once per profile (slices sum in C)."""
+
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    b_full: list[float] | None
+    act: list[int]
+    keep: list[int]
+    params: list[int]
+    out: list[int]
+
+
+def _columns(profile: ModelProfile) -> _Columns:
+    cached = profile.__dict__.get("_columns")
+    if cached is None:
+        layers = profile.layers
+        measured_b = all("b_full" in x.extra for x in layers)
+        cached = _Columns([x.f for x in layers], [x.b for x in layers], [x.w for x in layers],
+                          [float(x.extra["b_full"]) for x in layers] if measured_b else None,
+                          [x.act_bytes for x in layers], [x.w_retained for x in layers],
+                          [x.params for x in layers], [x.out_bytes for x in layers])
+        object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
+    return cached
+
+
+def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
                 placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
     measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
-    autograd pass is cheaper than I then W) plus two overheads, like I + W."""
-    layers = profile.layers
+    autograd pass is cheaper than I then W) plus two overheads, like I + W.
+
+    With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
+    (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
+    them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays)."""
+    col = _columns(profile)
     over = profile.action_overhead
-    measured_b = all("b_full" in x.extra for x in layers)
+    measured_b = col.b_full is not None
     fused: list[float] = []
     speeds = cluster.speeds
     unit = profile.seconds_per_unit
@@ -96,17 +134,19 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     for s, (a, b) in enumerate(partition):
         d = placement[s]
         sp = speeds[d]
-        chunk = layers[a:b]
-        f.append(sum(x.f for x in chunk) / sp + over)
-        i.append(sum(x.b for x in chunk) / sp + over)
-        w.append(sum(x.w for x in chunk) / sp + over)
-        if measured_b:
-            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over)
-        act.append(scale * sum(x.act_bytes for x in chunk))
-        keep.append(scale * sum(x.w_retained for x in chunk))
-        static[d] += training.bytes_per_param * sum(x.params for x in chunk)
+        f.append(sum(col.f[a:b]) / sp + over)
+        i.append(sum(col.b[a:b]) / sp + over)
+        w.append(sum(col.w[a:b]) / sp + over)
+        if col.b_full is not None:
+            fused.append(sum(col.b_full[a:b]) / sp + 2 * over)
+        act.append(scale * sum(col.act[a:b]))
+        if s == 0 and training.first_stage_defers_backward:
+            keep.append(act[-1])
+        else:
+            keep.append(scale * sum(col.keep[a:b]))
+        static[d] += training.bytes_per_param * sum(col.params[a:b])
         if s + 1 < len(partition):
-            comm.append(cluster.transfer_seconds(d, placement[s + 1], chunk[-1].out_bytes) / unit)
+            comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)
         else:
             comm.append(0.0)
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
@@ -191,8 +231,8 @@ def _invalid(message: str, costs: StageCosts, tokens: int, profile: ModelProfile
                   profile.time_unit, devices=devices)
 
 
-def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: TrainingConfig = TrainingConfig(),
-             *, costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
+def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: TrainingConfig = TrainingConfig(),
+             costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
     """Simulate ``plan``; never raises for a bad plan: an invalid one gives ``Result.valid == False``.
 
     ``costs`` may be passed to reuse per-stage sums across schedules; ``validate=False`` skips the
@@ -215,7 +255,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                                tuple(float("inf") for _ in range(P)))
             return _invalid(str(exc), dummy, tokens, profile, P)
     if costs is None:
-        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
+        costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training)
     if arrays is None:
         ok, makespan, busy, peak, ran, timeline = _run_python(plan.schedule, costs, P, M, record_timeline)
     else:
@@ -341,7 +381,7 @@ def _run_python(schedule: Sequence[Sequence[Action]], costs: StageCosts, P: int,
     return done >= total, makespan, busy, peak, ptr, timeline
 
 
-def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int,
+def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int, *,
                    microbatches: int) -> tuple[float, tuple[float, ...]]:
     """Iteration time and peak activation bytes per device of an order from our own generators
     (valid by construction), without building a Plan or a Result."""
@@ -370,10 +410,10 @@ def _needs(a: Action, num_stages: int) -> str:
     return f"needs {s}F{m} and the gradient of {s + 1}I{m} or {s + 1}B{m}"
 
 
-def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster,
+def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster, *,
                      training: TrainingConfig = TrainingConfig(), **kw: Any) -> Result:
     """Like :func:`simulate` but raise PlanError for an invalid plan."""
-    result = simulate(plan, profile, cluster, training, **kw)
+    result = simulate(plan, profile, cluster, training=training, **kw)
     if not result.valid:
         raise PlanError(result.error or "invalid plan", field="schedule")
     return result

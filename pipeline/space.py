@@ -14,7 +14,6 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,7 +118,7 @@ def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
     raise PlanError(f"unknown placement {kind!r}; use one of {PLACEMENT_KINDS}", field="placement")
 
 
-def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster,
+def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster, *,
                    weights: Sequence[float] | None = None) -> tuple[int, ...]:
     """Layers per stage minimising the heaviest stage's time (cost-aware dynamic program).
 
@@ -175,7 +174,7 @@ def _fixed_order(c: Candidate, devices: int, microbatches: int):
 
 def list_config(c: Candidate, costs: StageCosts, devices: int) -> ListSchedulerConfig:
     """The list scheduler's knobs for a ``list`` candidate (budgets turned into byte caps)."""
-    caps = None if c.budgets is None else budget_caps(costs, c.placement, devices, c.budgets)
+    caps = None if c.budgets is None else budget_caps(costs, c.placement, devices, microbatches_per_device=c.budgets)
     return ListSchedulerConfig(caps=caps, split_backward=c.split_backward, eager_w=c.eager_w,
                                depth_first=c.depth_first, max_pending_w=c.max_pending_w, cap_counts_w=c.cap_counts_w)
 
@@ -186,8 +185,9 @@ def materialize(c: Candidate, problem: Problem, *, costs: StageCosts | None = No
     partition = partition_from_sizes(c.sizes)
     if c.order == "list":
         if costs is None:
-            costs = stage_costs(problem.profile, problem.cluster, partition, c.placement, problem.training)
-        order = list_schedule(costs, c.placement, P, M, list_config(c, costs, P))
+            costs = stage_costs(problem.profile, problem.cluster, partition, placement=c.placement,
+                                training=problem.training)
+        order = list_schedule(costs, c.placement, P, microbatches=M, config=list_config(c, costs, P))
     else:
         order = _fixed_order(c, P, M)
     return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()})
@@ -207,7 +207,7 @@ class Evaluator:
     :meth:`result` is the search's hot path: with the compiled engine a ``list`` candidate is
     scheduled and simulated in one native call and no Python plan is built; :meth:`plan` builds
     the plan only when someone needs it (the best one, say). :meth:`results` evaluates a batch
-    (a phase's neighbours) with the native calls overlapped on :data:`BATCH_THREADS` threads.
+    (a phase's neighbours) in one native call that runs them on :data:`BATCH_THREADS` threads.
     Results are identical on either engine and with or without batching.
     """
 
@@ -241,8 +241,8 @@ class Evaluator:
             p = self.problem
             if len(self._costs) > 4096:
                 self._costs.clear()
-            hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement,
-                                                 p.training)
+            hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement=placement,
+                                                 training=p.training)
         return hit
 
     def balanced_sizes(self, placement: tuple[int, ...]) -> tuple[int, ...]:
@@ -263,11 +263,16 @@ class Evaluator:
     def results(self, candidates: Sequence[Candidate]) -> list[Result]:
         """:meth:`result` of each candidate; the new ones' native calls run side by side."""
         todo = list(dict.fromkeys(c for c in candidates if c not in self._cache))
-        if len(todo) > 1 and engine.native is not None and BATCH_THREADS > 1:
+        if len(todo) > 1 and engine.native is not None:
             jobs = [self._start(c) for c in todo]
-            with ThreadPoolExecutor(BATCH_THREADS) as pool:
-                done = list(pool.map(_run_job, jobs))
-            for c, job in zip(todo, done):
+            native = [job for job in jobs if job.args is not None]
+            outcomes = engine.native.schedule_and_simulate_batch([job.args for job in native], BATCH_THREADS)
+            for job, outcome in zip(native, outcomes):
+                if isinstance(outcome, str):
+                    job.error = outcome
+                else:
+                    job.outcome = outcome
+            for c, job in zip(todo, jobs):
                 self._finish(c, job)
         return [self.result(c) for c in candidates]
 
@@ -314,17 +319,17 @@ class Evaluator:
 
     def _finish(self, c: Candidate, job: _Job) -> Result:
         p = self.problem
-        if job.args is not None and job.outcome is None:
+        if job.args is not None and job.outcome is None and job.error is None:
             job = _run_job(job)
         if job.outcome is not None and not job.outcome[0]:
             # Never for the list scheduler's orders; the simulator names the deadlock if it happens.
             job = _Job(costs=job.costs, plan=materialize(c, p, costs=job.costs))
         if job.error is not None:
-            res = simulate(_empty_plan(p), p.profile, p.cluster, p.training)
+            res = simulate(_empty_plan(p), p.profile, p.cluster, training=p.training)
             res.error = job.error
         elif job.plan is not None:
             self.calls += 1
-            res = simulate(job.plan, p.profile, p.cluster, p.training, costs=job.costs, validate=False,
+            res = simulate(job.plan, p.profile, p.cluster, training=p.training, costs=job.costs, validate=False,
                            record_timeline=False)
             self._plans[c] = job.plan
         else:
@@ -340,7 +345,7 @@ class Evaluator:
         return res
 
 
-#: Threads :meth:`Evaluator.results` overlaps native calls on (the compiled engine releases the GIL).
+#: Threads the compiled engine spreads a batch of :meth:`Evaluator.results` over (it releases the GIL).
 BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 

@@ -71,7 +71,7 @@ def _fused_case_ratio() -> dict[str, Any]:
     ratios = {}
     for method in ("megatron", *NAMED_METHODS):
         try:
-            plan = build_plan(method, base, cluster, 64)
+            plan = build_plan(method, base, cluster, microbatches=64)
         except Exception:  # a method that needs more layers or devices than the case has
             continue
         ratios[method] = simulate(plan, base, cluster).iteration_time / bound

@@ -48,12 +48,12 @@ METHODS = ("1f1b", "i1f1b-v2", "zb-h1", "zbv")
 
 def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> list[tuple[str, Plan]]:
     """The named plans plus a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1)."""
-    plans = [(m, build_plan(m, profile, cluster, microbatches)) for m in METHODS]
+    plans = [(m, build_plan(m, profile, cluster, microbatches=microbatches)) for m in METHODS]
     partition = partition_from_sizes([3, 1, 2, 2]) if profile.num_layers == 8 else None
     if partition is not None:
         placement = (1, 0, 0, 1)
-        costs = stage_costs(profile, cluster, partition, placement)
-        order = list_schedule(costs, placement, 2, microbatches, ListSchedulerConfig())
+        costs = stage_costs(profile, cluster, partition, placement=placement)
+        order = list_schedule(costs, placement, 2, microbatches=microbatches, config=ListSchedulerConfig())
         plans.append(("uneven-custom", Plan(2, microbatches, partition, placement, order,
                                             {"method": "uneven-custom"})))
     return plans

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget
+from agents.base import DEFAULT_CALLS, Budget
 from agents.registry import make_searcher
 from experiments.common import positive_int
 from experiments.tracking_hooks import tracked_run
@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="h100", help="GPU preset for the analytic costs")
     parser.add_argument("--microbatches", type=positive_int, default=64)
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="methods besides the Megatron baseline")
-    parser.add_argument("--budget", default="400", help="tuner budget per case: simulator calls or seconds (30s)")
+    parser.add_argument("--budget", default=str(DEFAULT_CALLS),
+                        help=f"tuner budget per case: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="docs/results", help="folder for reproduce.md/.jsonl/.png")
     parser.add_argument("--wandb-project", default="adaptis")

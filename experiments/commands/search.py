@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from agents.base import Budget, SearchResult
+from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from agents.registry import all_methods, make_searcher
 from experiments.common import (
     DEFAULT_MODEL,
@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated methods (README's method names), or 'all': every named schedule, "
                              "each with +dp, random, rl, rl+tuner and adaptis")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tuner and random search")
-    parser.add_argument("--budget", default="400", help="per search method: simulator calls (400) or seconds (30s)")
+    parser.add_argument("--budget", default=str(DEFAULT_CALLS),
+                        help=f"per search method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
     parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
     add_target_arguments(parser)
@@ -143,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     best = next((r for r in results if pick is not None and r.ok and r.plan is pick.plan), None)
 
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
-              "memory_gb": cluster.memory_gb, "methods": methods, "budget": args.budget, "seed": args.seed}
+              "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
+              "budget": args.budget, "seed": args.seed}
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("search", rows)
         if best is not None:
@@ -182,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
                 r["method"] += " (OOM)"
         print_table(rows, COLUMNS, title=f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, "
                     f"{args.microbatches} micro-batches, {cluster.memory_gb:g} GiB per device "
+                    f"({cluster.memory_reserve_gb:g} GiB reserved) "
                     f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
     if not args.json:
         print_targets(targets, args.target, profile.time_unit)
@@ -195,8 +198,9 @@ def run(args: argparse.Namespace) -> int:
         if smallest is not None:
             peak = max(smallest.result.peak_memory) / GIB
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
-                    f"{cluster.memory_gb:g} GiB per device: add devices or memory, or use fewer micro-batches "
-                    "in flight")
+                    f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device ({cluster.memory_gb:g} "
+                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or use fewer "
+                    "micro-batches in flight")
         print(msg, file=sys.stderr)
         return 3
     if not args.json:

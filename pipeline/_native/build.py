@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "engine.cpp"
 #: -ffp-contract=off: no fused multiply-add, so every sum rounds exactly as in the Python reference.
-FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
+FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-ffp-contract=off"]
 
 
 def target_path() -> Path:

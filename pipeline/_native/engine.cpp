@@ -14,12 +14,14 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -161,30 +163,30 @@ Order list_schedule(const StageCosts& c, const std::vector<int>& placement, int 
 
   // The Python reference keeps a heap of (start, device, version) with stale entries skipped: it
   // picks the device with the earliest cached start, the lowest index on ties, among devices with
-  // work left. A tournament tree over the devices gives that same pick with O(log P) updates.
+  // work left. A scan of one contiguous array of those starts gives the same pick, and is faster
+  // than a heap or a tournament tree for the few dozen devices of a pipeline.
   std::vector<Choice> cache(devices, Choice{INF, 9, -1, -1});
-  int leaves = 1;
-  while (leaves < devices) leaves <<= 1;
-  std::vector<int> tree(2 * leaves, -1);  // device with the least (start, index) below each node; -1 none
-  auto better = [&](int a, int b) {
-    if (a < 0) return b;
-    if (b < 0) return a;
-    const double sa = cache[a].start, sb = cache[b].start;
-    return (sa < sb || (sa == sb && a < b)) ? a : b;
-  };
+  std::vector<double> key(devices, INF);  // cached start of each device with work left; INF otherwise
   auto update = [&](int d) {
-    int node = leaves + d;
-    tree[node] = remaining[d] ? d : -1;
-    for (node >>= 1; node >= 1; node >>= 1) tree[node] = better(tree[2 * node], tree[2 * node + 1]);
+    if (remaining[d]) {
+      cache[d] = best(d, false);
+      key[d] = cache[d].start;
+    } else {
+      key[d] = INF;
+    }
   };
-  for (int d = 0; d < devices; ++d) {
-    if (remaining[d]) cache[d] = best(d, false);
-    update(d);
-  }
+  for (int d = 0; d < devices; ++d) update(d);
   long long done = 0;
   Order out;
   while (done < total) {
-    int pick_d = tree[1];
+    int pick_d = -1;
+    double least = INF;
+    for (int d = 0; d < devices; ++d) {
+      if (key[d] < least) {
+        least = key[d];
+        pick_d = d;
+      }
+    }
     Choice pick = pick_d >= 0 ? cache[pick_d] : Choice{INF, 9, -1, -1};
     if (pick_d < 0 || pick.start == INF) {
       // Every device waits on its memory cap: let the earliest forward through.
@@ -256,7 +258,6 @@ Order list_schedule(const StageCosts& c, const std::vector<int>& placement, int 
     for (int k = 0; k < 2; ++k) {
       const int e = touched[k];
       if (e < 0 || (k == 1 && e == d)) continue;  // the Python reference uses a set {d, other}
-      if (remaining[e]) cache[e] = best(e, false);
       update(e);
     }
   }
@@ -532,6 +533,61 @@ PYBIND11_MODULE(_engine, mod) {
         return py::make_tuple(r.ok, r.makespan, r.busy, r.peak);
       },
       "List-schedule and simulate in one call: (ok, makespan, busy, peak activations); no order crosses back.");
+
+  mod.def(
+      "schedule_and_simulate_batch",
+      [](const py::list& jobs, int threads) {
+        // Each job is the argument tuple of schedule_and_simulate; the jobs run on `threads`
+        // threads without the GIL. A job that fails comes back as its error message.
+        struct Job {
+          StageCosts costs;
+          std::vector<int> placement;
+          int devices = 0, microbatches = 0;
+          ListConfig cfg;
+          Order order;
+          SimOut sim;
+        };
+        std::vector<Job> work(jobs.size());
+        for (size_t k = 0; k < work.size(); ++k) {
+          const py::tuple a = jobs[k].cast<py::tuple>();
+          if (a.size() != 16) throw std::invalid_argument("each job needs schedule_and_simulate's 16 arguments");
+          auto vec = [&](int i) { return a[i].cast<std::vector<double>>(); };
+          Job& j = work[k];
+          j.costs = costs_from(vec(0), vec(1), vec(2), vec(3), vec(4), vec(5), vec(6));
+          j.placement = a[7].cast<std::vector<int>>();
+          j.devices = a[8].cast<int>();
+          j.microbatches = a[9].cast<int>();
+          j.cfg = config_from(vec(10), a[11].cast<bool>(), a[12].cast<bool>(), a[13].cast<bool>(),
+                              a[14].cast<long long>(), a[15].cast<bool>());
+        }
+        {
+          py::gil_scoped_release nogil;
+          std::atomic<size_t> next{0};
+          auto worker = [&]() {
+            for (size_t k = next++; k < work.size(); k = next++) {
+              Job& j = work[k];
+              j.order = list_schedule(j.costs, j.placement, j.devices, j.microbatches, j.cfg);
+              if (j.order.error.empty())
+                j.sim = simulate(j.costs, j.devices, j.microbatches, j.order.rows.data(), j.order.offsets.data(),
+                                 false);
+            }
+          };
+          const int n = std::max(1, std::min<int>(threads, static_cast<int>(work.size())));
+          std::vector<std::thread> pool;
+          for (int t = 1; t < n; ++t) pool.emplace_back(worker);
+          worker();
+          for (auto& th : pool) th.join();
+        }
+        py::list out;
+        for (auto& j : work) {
+          if (!j.order.error.empty())
+            out.append(py::str(j.order.error));
+          else
+            out.append(py::make_tuple(j.sim.ok, j.sim.makespan, j.sim.busy, j.sim.peak));
+        }
+        return out;
+      },
+      "schedule_and_simulate over a list of argument tuples on several threads; an error comes back as its message.");
 
   mod.def(
       "check_schedule",

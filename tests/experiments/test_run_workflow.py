@@ -119,7 +119,7 @@ def test_rl_unavailable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch, cap
 def test_report_functions_on_a_known_plan() -> None:
     profile = uniform_profile(8)
     cluster = ideal_cluster(2)
-    plan = build_plan("1f1b", profile, cluster, 4)
+    plan = build_plan("1f1b", profile, cluster, microbatches=4)
     result = simulate(plan, profile, cluster)
     busy, span = timeline_busy(result.timeline_dict())
     assert span == pytest.approx(result.iteration_time)

@@ -50,11 +50,21 @@ def test_search_table_output(tmp_path, capsys) -> None:
 
 def test_no_plan_fits_is_a_clear_answer(tmp_path, capsys) -> None:
     code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--memory-gb", "1",
-                 "--method", "zb-h1,adaptis", "--budget", "40", "--out", str(tmp_path), "--json"])
+                 "--memory-reserve-gb", "0", "--method", "zb-h1,adaptis", "--budget", "40", "--out", str(tmp_path),
+                 "--json"])
     captured = capsys.readouterr()
     assert code == 3
     assert "no plan fits in memory" in captured.err and "smallest peak found is" in captured.err
     assert all(not r["feasible"] for r in _json_lines(captured.out))
+
+
+def test_memory_below_the_reserve_is_named(tmp_path, capsys) -> None:
+    # the cluster file reserves 4 GiB per device: 1 GiB of capacity leaves nothing
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--memory-gb", "1",
+                 "--method", "1f1b", "--budget", "10", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "memory_reserve_gb" in err and "--memory-reserve-gb" in err
 
 
 def test_bad_budget_and_method_are_named(tmp_path, capsys) -> None:
@@ -135,3 +145,22 @@ def test_more_devices_than_layers_in_a_cluster_file(tmp_path, capsys) -> None:
     assert main(["search", "--model", "tiny-hybrid", "--cluster", str(cluster), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert str(cluster) in err and "field 'devices'" in err and "set devices to 8 or fewer" in err
+
+
+@pytest.mark.parametrize("argv,capacity,reserve", [
+    (["--gpu", "h100"], 79.6, 4.0),  # nvidia-smi's 81559 MiB, less the default reserve
+    (["--gpu", "h200", "--memory-reserve-gb", "1.5"], 140.4, 1.5),
+    (["--gpu", "cpu"], 16.0, 0.0),
+    (["--cluster", CLUSTER, "--memory-gb", "40"], 40.0, 4.0),
+    (["--cluster", CLUSTER, "--memory-gb", "2", "--memory-reserve-gb", "0"], 2.0, 0.0),
+])
+def test_cluster_memory_flags_are_gib_less_the_reserve(argv, capacity, reserve) -> None:
+    import argparse
+
+    from experiments.common import add_cluster_args, resolve_cluster
+
+    parser = argparse.ArgumentParser()
+    add_cluster_args(parser)
+    cluster = resolve_cluster(parser.parse_args(argv))
+    assert (cluster.memory_gb, cluster.memory_reserve_gb) == (capacity, reserve)
+    assert cluster.memory_limits_bytes[0] == pytest.approx((capacity - reserve) * 2**30)

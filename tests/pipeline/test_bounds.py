@@ -91,7 +91,7 @@ def test_no_plan_beats_the_bound(case, seed: int) -> None:
     times = []
     for method in METHODS:
         try:
-            plan = build_plan(method, profile, cluster, M)
+            plan = build_plan(method, profile, cluster, microbatches=M)
         except PlanError:  # more stages than layers
             continue
         times.append(simulate(plan, profile, cluster, record_timeline=False))
@@ -108,7 +108,7 @@ def test_no_plan_beats_the_bound(case, seed: int) -> None:
 def test_a_measured_fused_backward_stays_above_the_bound(method: str) -> None:
     # The case: f=b=w=1 and a fused backward of 1 (below b + w = 2); 1F1B ran at 0.672x the bound.
     prof, cluster = _fused(uniform_profile(4), 1.0), ideal_cluster(2)
-    r = simulate(build_plan(method, prof, cluster, 64), prof, cluster)
+    r = simulate(build_plan(method, prof, cluster, microbatches=64), prof, cluster)
     lb = lower_bound(prof, cluster, 64)
     assert r.iteration_time >= lb.value - 1e-9
     assert lb.work == pytest.approx(64 * 4 * (1 + 1) / 2)  # F plus the fused backward, on two devices
@@ -129,7 +129,7 @@ def test_overhead_counts_three_times_per_micro_batch() -> None:
     lb = lower_bound(prof, cluster, m)
     assert lb.work == pytest.approx(m * 4 * p * 3 / p + 3 * o * m)
     assert lb.chain == pytest.approx(4 * p * 2 + 1 + 3 * o)
-    assert simulate(build_plan("1f1b", prof, cluster, m), prof, cluster).iteration_time >= lb.value
+    assert simulate(build_plan("1f1b", prof, cluster, microbatches=m), prof, cluster).iteration_time >= lb.value
 
 
 def test_the_rl_environment_sees_the_first_three_bounds_unchanged(hetero_profile, h100x4) -> None:
@@ -153,7 +153,7 @@ def test_critical_layer_by_hand() -> None:
 
 @pytest.mark.parametrize("method", ["1f1b", "zb-h1", "zbv", "gpipe", "i1f1b-v2"])
 def test_no_schedule_beats_the_bound(hetero_profile, h100x4, method: str) -> None:
-    r = simulate(build_plan(method, hetero_profile, h100x4, 8), hetero_profile, h100x4)
+    r = simulate(build_plan(method, hetero_profile, h100x4, microbatches=8), hetero_profile, h100x4)
     assert r.iteration_time >= lower_bound(hetero_profile, h100x4, 8).value - 1e-9
 
 

@@ -8,7 +8,7 @@ from pipeline.simulator import simulate
 
 
 def test_gantt_png_and_text(tmp_path, hetero_profile, h100x4) -> None:
-    r = simulate(build_plan("zb-h1", hetero_profile, h100x4, 4), hetero_profile, h100x4)
+    r = simulate(build_plan("zb-h1", hetero_profile, h100x4, microbatches=4), hetero_profile, h100x4)
     path = gantt_png(r.timeline_dict(), tmp_path / "g.png", title="zb-h1")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -37,17 +35,6 @@ SHARES = {"schedule": 0.45, "simulate": 0.35, "profile": 0.2}
 def examples(kind: str) -> settings:
     return settings(max_examples=max(10, int(TOTAL * SHARES[kind])), deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), database=None)
-
-
-@contextmanager
-def python_engine() -> Iterator[None]:
-    """Run the Python reference inside the block."""
-    saved = engine.native
-    engine.native = None
-    try:
-        yield
-    finally:
-        engine.native = saved
 
 
 def placement_of(kind: str, devices: int, chunks: int, rng: random.Random) -> tuple[int, ...]:
@@ -85,7 +72,7 @@ def random_config(devices: int, costs: StageCosts, placement: tuple[int, ...], r
     caps = None
     if rng.random() < 0.7:
         budgets = [rng.choice((1.0, 1.5, 2.0, float(devices), rng.uniform(1, 2 * devices))) for _ in range(devices)]
-        caps = budget_caps(costs, placement, devices, budgets)
+        caps = budget_caps(costs, placement, devices, microbatches_per_device=budgets)
     return ListSchedulerConfig(caps=caps, split_backward=rng.random() < 0.75, eager_w=rng.random() < 0.2,
                                depth_first=rng.random() < 0.6,
                                max_pending_w=rng.choice((None, None, 1, 2, devices)),
@@ -113,7 +100,7 @@ def same_result(a: Result, b: Result) -> None:
 
 def simulate_both(plan: Plan, profile: ModelProfile, cluster: Cluster, **kw: object) -> tuple[Result, Result]:
     native = simulate(plan, profile, cluster, **kw)
-    with python_engine():
+    with engine.python_reference():
         reference = simulate(plan, profile, cluster, **kw)
     return reference, native
 
@@ -179,7 +166,7 @@ def test_broken_plans_fail_the_same_way(devices: int, chunks: int, M: int, kind:
     placement = placement_of(kind, devices, chunks, rng)
     costs = random_costs(len(placement), devices, rng, fused=rng.random() < 0.5)
     config = replace(random_config(devices, costs, placement, rng), caps=None)
-    order = [list(r) for r in list_schedule_python(costs, placement, devices, M, config)]
+    order = [list(r) for r in list_schedule_python(costs, placement, devices, microbatches=M, config=config)]
     if how != "none":
         _break(order, rng, how, len(placement), M)
     plan, profile = _order_plan(tuple(tuple(r) for r in order), costs, placement, devices, M)
@@ -219,7 +206,7 @@ def test_profiles_and_clusters_agree(devices: int, chunks: int, M: int, kind: st
     cuts = sorted(rng.sample(range(1, layers), S - 1))
     sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
     partition = partition_from_sizes(sizes)
-    costs = stage_costs(profile, cluster, partition, placement)
+    costs = stage_costs(profile, cluster, partition, placement=placement)
     config = random_config(devices, costs, placement, rng)
     reference, native = both_orders(costs, placement, devices, M, config)
     assert reference == native
@@ -236,11 +223,11 @@ def test_the_differential_tests_can_fail() -> None:
     rng = random.Random(1)
     placement = (0, 1, 1, 0)
     costs = random_costs(4, 2, rng, fused=False)
-    order = list_schedule(costs, placement, 2, 6)
+    order = list_schedule(costs, placement, 2, microbatches=6)
     plan, profile = _order_plan(order, costs, placement, 2, 6)
     nudged = replace(costs, f=(costs.f[0] * (1 + 2**-50),) + costs.f[1:])
     a = simulate(plan, profile, Cluster(devices=2), costs=costs)
-    with python_engine():
+    with engine.python_reference():
         b = simulate(plan, profile, Cluster(devices=2), costs=nudged)
     assert a.iteration_time != b.iteration_time
 
@@ -248,3 +235,22 @@ def test_the_differential_tests_can_fail() -> None:
 def test_engine_choice_is_reported() -> None:
     assert engine.ENGINE in ("native", "python")
     assert (engine.native is not None) == (engine.ENGINE == "native")
+
+
+@pytest.mark.parametrize("model,devices,microbatches", [("gemma-small", 4, 16), ("nemotronh-small", 4, 8)])
+def test_the_tuner_finds_the_same_plan_on_either_engine(model: str, devices: int, microbatches: int) -> None:
+    """Batched native evaluation (several threads) ends where one-by-one Python evaluation ends."""
+    from agents.base import Budget
+    from agents.tuner import AdaptisTuner
+    from pipeline.hardware import build_cluster
+    from pipeline.space import Problem
+    from pipeline.zoo import zoo_profile
+
+    problem = Problem(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),
+                      microbatches)
+    native = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
+    with engine.python_reference():
+        reference = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
+    assert native.iteration_time == reference.iteration_time
+    assert native.history == reference.history
+    assert native.plan == reference.plan and native.sim_calls == reference.sim_calls == 150

@@ -46,7 +46,7 @@ def test_placements() -> None:
 @pytest.mark.parametrize("method", NAMED_METHODS)
 def test_json_round_trip(tmp_path, method: str) -> None:
     prof, cluster = uniform_profile(16), ideal_cluster(4)
-    plan = build_plan(method, prof, cluster, 8)
+    plan = build_plan(method, prof, cluster, microbatches=8)
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.load(path)
@@ -91,7 +91,7 @@ def test_csv_loads_the_way_pytorch_loads_it(tmp_path, method: str) -> None:
     ``_Action.from_str``, validate the order, and lower it with send/recv like the runtime does."""
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     prof, cluster = uniform_profile(16), ideal_cluster(4)
-    plan = build_plan(method, prof, cluster, 8)
+    plan = build_plan(method, prof, cluster, microbatches=8)
     path = tmp_path / "plan.csv"
     plan.save_csv(path)
     order = {}

@@ -67,18 +67,22 @@ def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
     layer = LayerCost("a", "x", 1, 1, 1, params=10, act_bytes=1000, out_bytes=0, w_act_bytes=300)
     prof = ModelProfile("p", (layer,))
     cluster = Cluster(devices=1, p2p_gbps=1e12, latency_us=0)
-    training = TrainingConfig(bytes_per_param=2)
+    # the split rules, for a runtime that splits stage 0's backward like any other stage's
+    training = TrainingConfig(bytes_per_param=2, first_stage_defers_backward=False)
     plan = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0),
                                          Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
-    r = simulate(plan, prof, cluster, training)
+    r = simulate(plan, prof, cluster, training=training)
     assert r.peak_memory == (20 + 2000,)
     # I keeps 300 per micro-batch: with W deferred, F after both I's would start from 600.
     plan2 = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "I", 0), Action(0, "F", 1),
                                           Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
-    assert simulate(plan2, prof, cluster, training).peak_memory == (20 + 1300,)
+    assert simulate(plan2, prof, cluster, training=training).peak_memory == (20 + 1300,)
+    # PyTorch's runtime (the default): the first stage's I is a no-op, its W frees everything
+    torch_rt = TrainingConfig(bytes_per_param=2)
+    assert simulate(plan2, prof, cluster, training=torch_rt).peak_memory == (20 + 2000,)
     fused = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1),
                                           Action(0, "B", 1)]])
-    assert simulate(fused, prof, cluster, training).peak_memory == (20 + 1000,)
+    assert simulate(fused, prof, cluster, training=training).peak_memory == (20 + 1000,)
 
 
 def test_default_w_share_is_a_quarter() -> None:
@@ -87,7 +91,7 @@ def test_default_w_share_is_a_quarter() -> None:
 
 def test_feasibility_against_memory_limit() -> None:
     prof = uniform_profile(8, act=GIB, params=0)
-    plan = build_plan("gpipe", prof, ideal_cluster(2), 8)
+    plan = build_plan("gpipe", prof, ideal_cluster(2), microbatches=8)
     assert simulate(plan, prof, ideal_cluster(2, memory_gb=1000)).feasible
     tight = simulate(plan, prof, ideal_cluster(2, memory_gb=10))
     assert tight.valid and not tight.feasible
@@ -125,7 +129,7 @@ def test_plan_for_another_cluster_or_model_is_refused() -> None:
 
 
 def test_same_plan_same_result(hetero_profile, h100x4) -> None:
-    plan = build_plan("zbv", hetero_profile, h100x4, 16)
+    plan = build_plan("zbv", hetero_profile, h100x4, microbatches=16)
     a = simulate(plan, hetero_profile, h100x4)
     b = simulate(plan, hetero_profile, h100x4)
     assert a.summary() == b.summary() and a.timeline == b.timeline
@@ -134,13 +138,13 @@ def test_same_plan_same_result(hetero_profile, h100x4) -> None:
 def test_free_communication_and_no_memory_limit() -> None:
     prof = uniform_profile(8, out=0)
     huge = Cluster(devices=4, memory_gb=1e12, p2p_gbps=1e15, latency_us=0)
-    r = simulate(build_plan("1f1b", prof, huge, 8), prof, huge)
+    r = simulate(build_plan("1f1b", prof, huge, microbatches=8), prof, huge)
     assert r.iteration_time == pytest.approx((8 + 3) * 6)
     assert r.feasible
 
 
 def test_throughput_counts_tokens(hetero_profile, h100x4) -> None:
-    r = simulate(build_plan("1f1b", hetero_profile, h100x4, 8), hetero_profile, h100x4)
+    r = simulate(build_plan("1f1b", hetero_profile, h100x4, microbatches=8), hetero_profile, h100x4)
     tokens = 8 * hetero_profile.seq_len * hetero_profile.microbatch_size
     assert r.throughput == pytest.approx(tokens / (r.iteration_time * 1e-3))
 

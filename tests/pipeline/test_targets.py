@@ -44,8 +44,8 @@ def tiny():
 
 def test_what_each_target_runs(tiny) -> None:
     profile, cluster, problem = tiny
-    zbv = build_plan("zbv", profile, cluster, 4)
-    i1f1b = build_plan("i1f1b-v2", profile, cluster, 4)
+    zbv = build_plan("zbv", profile, cluster, microbatches=4)
+    i1f1b = build_plan("i1f1b-v2", profile, cluster, microbatches=4)
     wave = materialize(Candidate((2, 1, 1, 2, 1, 1), wave_placement(2, 3), "list"), problem)
     listed = materialize(Candidate((2, 2, 2, 2), interleaved_placement(2, 2), "list", (2.0, 2.0)), problem)
     assert all(target_reason("executor", p, profile) is None for p in (zbv, i1f1b, wave, listed))
@@ -62,7 +62,7 @@ def test_what_each_target_runs(tiny) -> None:
 def test_models_a_target_cannot_express() -> None:
     profile = zoo.zoo_profile("tiny-hybrid")
     no_embed = type(profile)(profile.name, profile.layers[1:])
-    plan = build_plan("1f1b", no_embed, build_cluster("h100", devices=2), 2)
+    plan = build_plan("1f1b", no_embed, build_cluster("h100", devices=2), microbatches=2)
     assert "embedding" in target_reason("megatron", plan, no_embed)
     with pytest.raises(ConfigError, match="embedding"):
         torchtitan_fqns(plan, no_embed)
@@ -70,7 +70,7 @@ def test_models_a_target_cannot_express() -> None:
 
 def test_megatron_layout_language(tiny) -> None:
     profile, cluster, _ = tiny
-    plan = build_plan("i1f1b-v2", profile, cluster, 4, partition=((0, 3), (3, 4), (4, 6), (6, 8)))
+    plan = build_plan("i1f1b-v2", profile, cluster, microbatches=4, partition=((0, 3), (3, 4), (4, 6), (6, 8)))
     # stage s is layout entry s: virtual rank 0 of ranks 0 and 1, then virtual rank 1
     assert megatron_layout(plan, profile) == "Et*2|t|t*2|tL"
 
@@ -118,7 +118,7 @@ def test_torchtitan_builds_and_trains_our_plans(tiny, tmp_path: Path) -> None:
         plans["loop-list"] = materialize(Candidate(balanced_sizes(profile, pl, cluster), pl, "list", (2.0, 2.0)),
                                          problem)
     else:
-        plans["zbv"] = build_plan("zbv", profile, cluster, 4)
+        plans["zbv"] = build_plan("zbv", profile, cluster, microbatches=4)
     fragments = []
     for name, plan in plans.items():
         assert target_reason("torchtitan", plan, profile) is None

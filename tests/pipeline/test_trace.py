@@ -18,10 +18,10 @@ from pipeline.trace import SEND_TRACK, chrome_trace, validate_trace, write_trace
 def simulated():
     profile = zoo.zoo_profile("gemma-small")
     cluster = build_cluster("h100", devices=4)
-    plan = build_plan("zbv", profile, cluster, 8)
+    plan = build_plan("zbv", profile, cluster, microbatches=8)
     result = simulate(plan, profile, cluster)
     assert result.valid
-    return plan, result, stage_costs(profile, cluster, plan.partition, plan.placement).comm
+    return plan, result, stage_costs(profile, cluster, plan.partition, placement=plan.placement).comm
 
 
 def _slices(trace: dict, pid: int) -> list[dict]:
@@ -32,9 +32,9 @@ def _slices(trace: dict, pid: int) -> list[dict]:
 def test_one_complete_event_per_action_on_its_device(method: str, tmp_path) -> None:
     profile = zoo.zoo_profile("gemma-small")
     cluster = build_cluster("h100", devices=4)
-    plan = build_plan(method, profile, cluster, 8)
+    plan = build_plan(method, profile, cluster, microbatches=8)
     result = simulate(plan, profile, cluster)
-    comm = stage_costs(profile, cluster, plan.partition, plan.placement).comm
+    comm = stage_costs(profile, cluster, plan.partition, placement=plan.placement).comm
     path = write_trace(tmp_path / "t.json", chrome_trace(predicted=result.timeline_dict(), placement=plan.placement,
                                                          comm=comm))
     trace = json.loads(path.read_text())
