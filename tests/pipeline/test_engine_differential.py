@@ -83,7 +83,7 @@ def both_orders(costs: StageCosts, placement: tuple[int, ...], devices: int, M: 
                 config: ListSchedulerConfig) -> tuple[object, object]:
     def run(fn):
         try:
-            return fn(costs, placement, devices, M, config)
+            return fn(costs, placement, devices, microbatches=M, config=config)
         except PlanError as exc:
             return ("error", str(exc))
 
