@@ -220,6 +220,10 @@ class AdaptisTuner:
             for delta in (1.0, -1.0):
                 yield replace(base, budgets=tuple(max(1.0, b + delta) for b in budgets))
         yield replace(base, budgets=None)
+        if result.valid and base.recompute is None:  # memory binds: recompute the fullest device's stages
+            full = max(range(P), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
+            if result.peak_memory[full] > 0.9 * result.memory_limit[full]:
+                yield replace(base, recompute=tuple(d == full for d in base.placement))
         yield replace(base, split_backward=not base.split_backward)
         yield replace(base, eager_w=not base.eager_w)
         yield replace(base, depth_first=not base.depth_first)

@@ -16,6 +16,10 @@ Rules (the contract every other part relies on):
   inputs of the weight matmuls, see ``LayerCost.w_retained``); ``W`` frees the rest; ``B``
   frees all. Since a device's actions run in list order, its activation curve follows that
   order exactly. Transfer buffers and the optimizer step are not modelled.
+* Finer units (see :func:`stage_costs`): units of a ``shared_group`` (a head cut into shards)
+  hold one copy of their weights per device, and the all-reduce of their gradients across the
+  devices that hold them runs after the step (``StageCosts.post_step``, added to the makespan).
+  A recomputing stage keeps only its input from F; its I (or B) first re-runs F.
 * Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
   devices all wait on each other is reported as a deadlock naming the waiting actions.
 """
@@ -60,6 +64,9 @@ class StageCosts:
     """Per device, bytes."""
     fused: tuple[float, ...] | None = None
     """A fused backward B per stage; ``None``: ``i + w`` (see :func:`stage_costs`)."""
+    post_step: float = 0.0
+    """Time after the last action: the all-reduce of shared weights' gradients across devices
+    (head shards on several devices); added to the makespan."""
 
     @property
     def backward(self) -> tuple[float, ...]:
@@ -68,12 +75,23 @@ class StageCosts:
 
 
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
-                placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
+                placement: Sequence[int], training: TrainingConfig = TrainingConfig(),
+                recompute: Sequence[bool] | None = None) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
     measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
-    autograd pass is cheaper than I then W) plus two overheads, like I + W."""
+    autograd pass is cheaper than I then W) plus two overheads, like I + W.
+
+    Units that name a ``shared_group`` (head shards) count their parameters once per device and
+    add a ring all-reduce of ``grad_sync_bytes`` over the devices holding the group to
+    ``post_step``. ``recompute[s]`` (activation checkpointing of the whole stage): F keeps only
+    the stage's input, I and B re-run F first (``+ f``), the recomputed inputs of the weight
+    matmuls stay from I until W, and the device's static memory reserves one micro-batch of the
+    stage's full activations for the recomputation."""
     layers = profile.layers
+    if recompute is not None and len(recompute) != len(partition):
+        raise PlanError(f"has {len(recompute)} entries for {len(partition)} stages; give one per stage",
+                        field="recompute")
     over = profile.action_overhead
     measured_b = all("b_full" in x.extra for x in layers)
     fused: list[float] = []
@@ -81,25 +99,57 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     unit = profile.seconds_per_unit
     f, i, w, act, keep, comm = [], [], [], [], [], []
     static = [0.0] * cluster.devices
+    transient = [0.0] * cluster.devices
+    groups: dict[str, tuple[float, set[int]]] = {}
     scale = training.activation_scale
     for s, (a, b) in enumerate(partition):
         d = placement[s]
         sp = speeds[d]
         chunk = layers[a:b]
-        f.append(sum(x.f for x in chunk) / sp + over)
-        i.append(sum(x.b for x in chunk) / sp + over)
+        fwd = sum(x.f for x in chunk) / sp
+        redo = fwd if recompute is not None and recompute[s] else 0.0
+        f.append(fwd + over)
+        i.append(sum(x.b for x in chunk) / sp + over + redo)
         w.append(sum(x.w for x in chunk) / sp + over)
         if measured_b:
-            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over)
-        act.append(scale * sum(x.act_bytes for x in chunk))
-        keep.append(scale * sum(x.w_retained for x in chunk))
-        static[d] += training.bytes_per_param * sum(x.params for x in chunk)
+            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over + redo)
+        full = scale * sum(x.act_bytes for x in chunk)
+        kept = scale * sum(x.w_retained for x in chunk)
+        if recompute is not None and recompute[s]:
+            stage_input = layers[a - 1].out_bytes if a else 8 * profile.tokens_per_microbatch
+            act.append(float(stage_input))
+            keep.append(kept)
+            transient[d] = max(transient[d], full)
+        else:
+            act.append(full)
+            keep.append(kept)
+        for x in chunk:
+            group = x.extra.get("shared_group")
+            if group is None:
+                static[d] += training.bytes_per_param * x.params
+                continue
+            nbytes, holders = groups.setdefault(str(group), (float(x.extra.get("grad_sync_bytes", 0)), set()))
+            if d not in holders:
+                holders.add(d)
+                static[d] += training.bytes_per_param * x.params
         if s + 1 < len(partition):
             comm.append(cluster.transfer_seconds(d, placement[s + 1], chunk[-1].out_bytes) / unit)
         else:
             comm.append(0.0)
+    post = sum(_ring_all_reduce(cluster, sorted(holders), nbytes) for nbytes, holders in groups.values()) / unit
+    static = [x + y for x, y in zip(static, transient)]
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
-                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None)
+                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
+
+
+def _ring_all_reduce(cluster: Cluster, devices: Sequence[int], nbytes: float) -> float:
+    """Seconds of a ring all-reduce of ``nbytes`` over ``devices``: ``2(n-1)`` steps of ``nbytes/n``
+    over the ring's slowest link (0 for one device)."""
+    n = len(devices)
+    if n < 2:
+        return 0.0
+    step = max(cluster.transfer_seconds(devices[k], devices[(k + 1) % n], nbytes / n) for k in range(n))
+    return 2 * (n - 1) * step
 
 
 @dataclass
@@ -199,7 +249,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                                tuple(float("inf") for _ in range(P)))
             return _invalid(str(exc), dummy, tokens, profile, P)
     if costs is None:
-        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training)
+        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training, plan.recompute)
     F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
     BF = costs.backward
     last = S - 1
@@ -298,7 +348,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                 waiting.append(f"device {d} waits at {a} ({_needs(a, S)})")
         return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
                         ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
-    makespan = max(free) if free else 0.0
+    makespan = (max(free) if free else 0.0) + costs.post_step
     static = costs.static_bytes
     result = Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
                     costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)

@@ -87,6 +87,8 @@ class Candidate:
     depth_first: bool = True
     max_pending_w: int | None = None
     cap_counts_w: bool = True
+    recompute: tuple[bool, ...] | None = None
+    """Per stage: recompute its activations in the backward (see ``Plan.recompute``); None: none."""
 
     @property
     def num_stages(self) -> int:
@@ -98,6 +100,8 @@ class Candidate:
             b = "inf" if self.budgets is None else ",".join(f"{x:g}" for x in self.budgets)
             knobs = (f" budgets=[{b}] {'I/W' if self.split_backward else 'B'}"
                      f"{' eager-W' if self.eager_w else ''}{'' if self.depth_first else ' breadth'}")
+        if self.recompute is not None and any(self.recompute):
+            knobs += f" recompute={[s for s, r in enumerate(self.recompute) if r]}"
         return f"{self.order} sizes={list(self.sizes)} placement={list(self.placement)}{knobs}"
 
 
@@ -189,8 +193,11 @@ def materialize(c: Candidate, problem: Problem) -> Plan:
     """The plan a candidate describes."""
     P, M = problem.devices, problem.microbatches
     partition = partition_from_sizes(c.sizes)
+    if c.recompute is not None and len(c.recompute) != c.num_stages:
+        raise PlanError(f"has {len(c.recompute)} entries for {c.num_stages} stages", field="recompute")
     if c.order == "list":
-        costs = stage_costs(problem.profile, problem.cluster, partition, c.placement, problem.training)
+        costs = stage_costs(problem.profile, problem.cluster, partition, c.placement, problem.training,
+                            c.recompute)
         caps = None if c.budgets is None else budget_caps(costs, c.placement, P, c.budgets)
         config = ListSchedulerConfig(caps=caps, split_backward=c.split_backward, eager_w=c.eager_w,
                                      depth_first=c.depth_first, max_pending_w=c.max_pending_w,
@@ -198,7 +205,8 @@ def materialize(c: Candidate, problem: Problem) -> Plan:
         order = list_schedule(costs, c.placement, P, M, config)
     else:
         order = _fixed_order(c, P, M)
-    return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()})
+    return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()},
+                recompute=c.recompute)
 
 
 def objective_key(result: Result) -> tuple[int, float, float]:
