@@ -21,8 +21,8 @@ from pipeline.arch import Architecture
 from pipeline.errors import ConfigError
 
 __all__ = ["scale_architecture", "LayerModel", "StageModule", "build_layers", "build_model", "build_stage",
-           "make_batch", "check_architecture", "named_grads", "shared_origin", "canonical_name", "tiny_hybrid_architecture", "resolve_architecture",
-           "default_seq_len"]
+           "make_batch", "check_architecture", "named_grads", "shared_origin", "canonical_name",
+           "tiny_hybrid_architecture", "resolve_architecture", "default_seq_len"]
 
 
 def _scaled(value: int, factor: float, minimum: int) -> int:
