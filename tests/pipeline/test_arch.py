@@ -43,8 +43,8 @@ def test_head_shards_are_units_of_one_head() -> None:
     assert arch.layers[-1].kind == "head"
 
 
-@pytest.mark.parametrize("kwargs,field", [({"granularity": "block"}, "granularity"), ({"head_shards": 0}, "head_shards"),
-                                          ({"head_shards": True}, "head_shards")])
+@pytest.mark.parametrize("kwargs,field", [({"granularity": "block"}, "granularity"),
+                                          ({"head_shards": 0}, "head_shards"), ({"head_shards": True}, "head_shards")])
 def test_bad_refinement_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError) as exc:
         refine_architecture(load_zoo_architecture("tiny-hybrid"), **kwargs)

@@ -192,9 +192,7 @@ def test_head_shards_on_one_device_share_weights_and_need_no_all_reduce() -> Non
 
 def test_post_step_all_reduce_is_added_to_the_iteration() -> None:
     prof, cluster = _sharded_head_profile(), Cluster(devices=2, p2p_gbps=1.0, latency_us=0.0)
-    base = build_plan("1f1b", ModelProfile("x", prof.layers[:2] + (LayerCost("h", "head", 4.0, 4.0, 4.0, 1000, 100, 0),)),
-                      Cluster(devices=2), 4)
-    schedule = base.schedule
+    schedule = build_plan("1f1b", uniform_profile(2), Cluster(devices=2), 4).schedule
     apart = Plan(2, 4, ((0, 3), (3, 4)), (0, 1), schedule)
     together = Plan(2, 4, ((0, 2), (2, 4)), (0, 1), schedule)
     r_apart, r_together = simulate(apart, prof, cluster), simulate(together, prof, cluster)
