@@ -20,7 +20,8 @@ Finer units: a head cut into shards holds one copy of its weights per shard; aft
 copies' gradients are summed over every stage and rank (an all-reduce over the process group,
 as Megatron does for tied embeddings), so every copy holds the whole head's gradient and the
 copies stay equal under the optimizer. A stage marked in ``plan.recompute`` runs under
-``torch.utils.checkpoint``.
+``torch.utils.checkpoint`` and computes its weight gradients in its I (its W does nothing), as
+the performance model prices it.
 """
 
 from __future__ import annotations
@@ -74,17 +75,24 @@ class TimedStage(PipelineStage):
         self.records.append(ActionRecord(self.stage_index, "F", fwd_chunk_id, t0, self._now()))
         return out
 
+    @property
+    def _recomputes(self) -> bool:
+        return bool(getattr(self.submod, "recompute", False))
+
     def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
                            last_backward: bool = False) -> None:
         t0 = self._now()
-        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+        # A recomputing stage runs its whole backward in I: PyTorch's separate weight pass over
+        # checkpointed activations re-runs the forward once per parameter group (about 150x W).
+        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward or self._recomputes,
                                    last_backward=last_backward)
         op = "B" if full_backward else "I"
         self.records.append(ActionRecord(self.stage_index, op, bwd_chunk_id, t0, self._now()))
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
         t0 = self._now()
-        super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+        if not self._recomputes:  # else its I computed the weight gradients already
+            super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
         self.records.append(ActionRecord(self.stage_index, "W", bwd_chunk_id, t0, self._now()))
 
 

@@ -19,7 +19,8 @@ Rules (the contract every other part relies on):
 * Finer units (see :func:`stage_costs`): units of a ``shared_group`` (a head cut into shards)
   hold one copy of their weights per device, and the all-reduce of their gradients across the
   devices that hold them runs after the step (``StageCosts.post_step``, added to the makespan).
-  A recomputing stage keeps only its input from F; its I (or B) first re-runs F.
+  A recomputing stage keeps only its input from F; its I (or B) first re-runs F and then
+  computes the weight gradients too (its W is empty).
 * Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
   devices all wait on each other is reported as a deadlock naming the waiting actions.
 """
@@ -85,9 +86,10 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     Units that name a ``shared_group`` (head shards) count their parameters once per device and
     add a ring all-reduce of ``grad_sync_bytes`` over the devices holding the group to
     ``post_step``. ``recompute[s]`` (activation checkpointing of the whole stage): F keeps only
-    the stage's input, I and B re-run F first (``+ f``), the recomputed inputs of the weight
-    matmuls stay from I until W, and the device's static memory reserves one micro-batch of the
-    stage's full activations for the recomputation."""
+    the stage's input; I re-runs F, then runs the whole backward, weight gradients included, so
+    W is empty and nothing waits for it (a separate weight pass over checkpointed activations
+    would re-run the forward per parameter group); B costs ``f + b + w``; the device's static
+    memory reserves one micro-batch of the stage's full activations for the recomputation."""
     layers = profile.layers
     if recompute is not None and len(recompute) != len(partition):
         raise PlanError(f"has {len(recompute)} entries for {len(partition)} stages; give one per stage",
@@ -107,22 +109,26 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         sp = speeds[d]
         chunk = layers[a:b]
         fwd = sum(x.f for x in chunk) / sp
-        redo = fwd if recompute is not None and recompute[s] else 0.0
+        bwd_w = sum(x.w for x in chunk) / sp
+        redo = recompute is not None and bool(recompute[s])
         f.append(fwd + over)
-        i.append(sum(x.b for x in chunk) / sp + over + redo)
-        w.append(sum(x.w for x in chunk) / sp + over)
+        if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
+            i.append(fwd + sum(x.b for x in chunk) / sp + bwd_w + over)
+            w.append(over)
+        else:
+            i.append(sum(x.b for x in chunk) / sp + over)
+            w.append(bwd_w + over)
         if measured_b:
-            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over + redo)
+            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over + (fwd if redo else 0.0))
         full = scale * sum(x.act_bytes for x in chunk)
-        kept = scale * sum(x.w_retained for x in chunk)
-        if recompute is not None and recompute[s]:
+        if redo:
             stage_input = layers[a - 1].out_bytes if a else 8 * profile.tokens_per_microbatch
             act.append(float(stage_input))
-            keep.append(kept)
+            keep.append(0.0)
             transient[d] = max(transient[d], full)
         else:
             act.append(full)
-            keep.append(kept)
+            keep.append(scale * sum(x.w_retained for x in chunk))
         for x in chunk:
             group = x.extra.get("shared_group")
             if group is None:

@@ -213,10 +213,12 @@ def test_recompute_trades_memory_for_a_second_forward() -> None:
     part, place = ((0, 2), (2, 4)), (0, 1)
     keep = stage_costs(prof, cluster, part, place)
     redo = stage_costs(prof, cluster, part, place, recompute=(False, True))
-    assert redo.i[1] == pytest.approx(keep.i[1] + keep.f[1]) and redo.i[0] == keep.i[0]
-    assert redo.f == keep.f and redo.w == keep.w
+    # I re-runs F and computes the weight gradients too; W is empty
+    assert redo.i[1] == pytest.approx(keep.f[1] + keep.i[1] + keep.w[1]) and redo.w[1] == 0.0
+    assert redo.i[0] == keep.i[0] and redo.w[0] == keep.w[0] and redo.f == keep.f
+    assert redo.backward[1] == pytest.approx(keep.f[1] + keep.backward[1])
     assert redo.act[1] == prof.layers[1].out_bytes < keep.act[1]  # only the stage's input is kept
-    assert redo.w_keep[1] == keep.w_keep[1]  # the recomputed weight-matmul inputs wait for W
+    assert redo.w_keep[1] == 0.0  # nothing waits for W
     assert redo.static_bytes[1] == keep.static_bytes[1] + keep.act[1]  # one micro-batch re-run at a time
     first = stage_costs(prof, cluster, part, place, recompute=(True, False))
     assert first.act[0] == 8 * prof.tokens_per_microbatch  # the first stage keeps the token ids
