@@ -11,17 +11,22 @@ from pipeline.plan import Plan
 from pipeline.simulator import Result, simulate
 from pipeline.space import Evaluator, Problem
 
-__all__ = ["Budget", "SearchResult", "Searcher", "ImproveCallback", "BudgetClock", "finish"]
+__all__ = ["DEFAULT_CALLS", "Budget", "SearchResult", "Searcher", "ImproveCallback", "BudgetClock", "finish"]
 
 #: Called with (plan, result) whenever a search finds a better plan (e.g. to save it as it goes).
 ImproveCallback = Callable[[Plan, Result], None]
+
+
+#: The default search budget in simulator calls: with the compiled engine, 3,000 calls of the tuner take
+#: less wall time than 400 took on the Python engine (docs/engine.md), and find better plans.
+DEFAULT_CALLS = 3000
 
 
 @dataclass(frozen=True)
 class Budget:
     """How much a search may spend: simulator calls, seconds, or both (whichever ends first)."""
 
-    sim_calls: int | None = 400
+    sim_calls: int | None = DEFAULT_CALLS
     seconds: float | None = None
 
     @classmethod
@@ -45,6 +50,12 @@ class BudgetClock:
         self.evaluator = evaluator
         self.t0 = time.perf_counter()
 
+    def calls_left(self) -> int | None:
+        """Simulator calls left in the budget (``None`` when it counts seconds only)."""
+        if self.budget.sim_calls is None:
+            return None
+        return max(0, self.budget.sim_calls - self.evaluator.calls)
+
     def spent(self) -> bool:
         b = self.budget
         if b.sim_calls is not None and self.evaluator.calls >= b.sim_calls:
@@ -64,13 +75,21 @@ class SearchResult:
     history: list[tuple[int, float]] = field(default_factory=list)
     """(simulator calls so far, best iteration time) at each improvement."""
     note: str = ""
+    """Why there is no plan, or what the method wants to say about it."""
 
     @property
     def ok(self) -> bool:
+        """The plan is valid (it may still not fit in memory: see :attr:`feasible`)."""
         return self.result is not None and self.result.valid
 
     @property
+    def feasible(self) -> bool:
+        """A valid plan that fits in memory."""
+        return self.ok and self.result.feasible
+
+    @property
     def iteration_time(self) -> float:
+        """The predicted iteration time (the profile's time unit); ``inf`` without a valid plan."""
         return self.result.iteration_time if self.ok else float("inf")
 
 
@@ -83,12 +102,12 @@ class Searcher(Protocol):
                on_improve: ImproveCallback | None = None) -> SearchResult: ...
 
 
-def finish(method: str, problem: Problem, plan: Plan | None, evaluator: Evaluator,
+def finish(method: str, problem: Problem, plan: Plan | None, *, evaluator: Evaluator,
            history: list[tuple[int, float]], note: str = "") -> SearchResult:
     """Re-simulate the winner with validation and its timeline, and package the result."""
     result = None
     if plan is not None:
         plan = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                     {**plan.meta, "method": method}, recompute=plan.recompute)
-        result = simulate(plan, problem.profile, problem.cluster, problem.training)
+        result = simulate(plan, problem.profile, problem.cluster, training=problem.training)
     return SearchResult(method, plan, result, evaluator.calls, evaluator.seconds, history, note)

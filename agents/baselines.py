@@ -39,15 +39,15 @@ class NamedSearcher:
                 placement = method_placement(self.method, p.devices)
                 sizes = balanced_sizes(p.profile, placement, p.cluster)
                 partition = tuple(_ranges(sizes))
-            plan = build_plan(self.method, p.profile, p.cluster, p.microbatches, partition=partition,
+            plan = build_plan(self.method, p.profile, p.cluster, microbatches=p.microbatches, partition=partition,
                               training=p.training)
         except PlanError as exc:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=str(exc))
         ev.calls += 1
-        result = simulate(plan, p.profile, p.cluster, p.training, validate=False, record_timeline=False)
+        result = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
         if on_improve is not None and result.valid:
             on_improve(plan, result)
-        return finish(self.name, problem, plan, ev, [(1, result.iteration_time)])
+        return finish(self.name, problem, plan, evaluator=ev, history=[(1, result.iteration_time)])
 
 
 def _ranges(sizes):
@@ -57,13 +57,15 @@ def _ranges(sizes):
         start += n
 
 
-def random_candidate(problem: Problem, rng: random.Random) -> Candidate:
-    """A random point of the plan space: placement family, partition near balanced, list-scheduler knobs."""
+def random_candidate(problem: Problem, rng: random.Random, *, evaluator: Evaluator | None = None) -> Candidate:
+    """A random point of the plan space: placement family, partition near balanced, list-scheduler knobs
+    (``evaluator``: reuse its cached balanced splits)."""
     P, L = problem.devices, problem.profile.num_layers
     choices = [(k, c) for k, c in PLACEMENT_CHOICES if P * c <= L]
     kind, chunks = rng.choice(choices)
     placement = make_placement(kind, P, chunks)
-    sizes = list(balanced_sizes(problem.profile, placement, problem.cluster))
+    sizes = list(evaluator.balanced_sizes(placement) if evaluator is not None else
+                 balanced_sizes(problem.profile, placement, problem.cluster))
     for _ in range(rng.randint(0, 2 * len(sizes))):
         s = rng.randrange(len(sizes) - 1) if len(sizes) > 1 else 0
         if len(sizes) > 1:
@@ -92,12 +94,13 @@ class RandomSearcher:
         tries = 0
         while not clock.spent() and tries < 50 * (budget.sim_calls or 1000):
             tries += 1
-            c = random_candidate(problem, rng)
-            plan, result = ev.evaluate(c)
+            c = random_candidate(problem, rng, evaluator=ev)
+            result = ev.result(c)
             key = objective_key(result)
             if result.valid and (best_key is None or key < best_key):
-                best, best_key = plan, key
+                best, best_key = c, key
                 history.append((ev.calls, result.iteration_time))
                 if on_improve is not None:
-                    on_improve(plan, result)
-        return finish(self.name, problem, best, ev, history)
+                    on_improve(ev.plan(c), result)
+        return finish(self.name, problem, ev.plan(best) if best is not None else None, evaluator=ev,
+                      history=history)

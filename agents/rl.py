@@ -10,7 +10,7 @@ starts from the policy's best plans only (``start=..., own_seeds=False``), and k
 never worse than the tuner alone by construction, at most 80 extra simulator calls; whether the
 policy's seeds find better plans is measured by ``python -m experiments evaluate-agent``.
 
-Importing this module registers both names in :mod:`agents.registry`.
+Both are listed in :mod:`agents.registry`'s table of methods.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
-from agents.registry import register
 from pipeline.plan import Plan
 from pipeline.simulator import Result
 from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, objective_key
@@ -165,7 +164,7 @@ class RLSearcher:
                 seen.append(c)
         self.best_candidates = seen
         best_plan = found[0][2] if found and found[0][3].valid else None
-        return finish(self.name, problem, best_plan, ev, history,
+        return finish(self.name, problem, best_plan, evaluator=ev, history=history,
                       note=seen[0].describe() if seen else "")
 
 
@@ -217,6 +216,3 @@ def _renamed(plan: Plan | None, method: str) -> Plan | None:
     return Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                 {**plan.meta, "method": method}, recompute=plan.recompute)
 
-
-register("rl", RLSearcher)
-register("rl+tuner", RLTunerSearcher)

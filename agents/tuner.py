@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
 from pipeline.errors import PlanError
+from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan, partition_from_sizes
-from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition, method_placement
+from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
 from pipeline.simulator import Result, simulate
 from pipeline.space import (
     Candidate,
@@ -40,17 +41,19 @@ Key = tuple[int, float, float]
 MAX_IDLE_ROUNDS = 50
 
 
-def seed_candidates(problem: Problem) -> list[Candidate]:
+def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> list[Candidate]:
     """Starting points: every placement family with Megatron's and the DP-balanced split, under
     the activation budgets of the named schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited)."""
     P, L = problem.devices, problem.profile.num_layers
+    balance = evaluator.balanced_sizes if evaluator is not None else (
+        lambda placement: balanced_sizes(problem.profile, placement, problem.cluster))
     out: list[Candidate] = []
     for kind, chunks in PLACEMENT_CHOICES:
         S = P * chunks
         if S > L:
             continue
         placement = make_placement(kind, P, chunks)
-        splits = {balanced_sizes(problem.profile, placement, problem.cluster),
+        splits = {balance(placement),
                   tuple(b - a for a, b in megatron_partition(problem.profile, S))}
         for sizes in sorted(splits):
             for name in ("zb-h1", "zb-h2", "zbv", "v-half", None):
@@ -91,27 +94,24 @@ class AdaptisTuner:
                 partition = None
                 if balanced:
                     placement = method_placement(method, problem.devices)
-                    partition = partition_from_sizes(balanced_sizes(problem.profile, placement, problem.cluster))
-                plan = build_plan(method, problem.profile, problem.cluster, problem.microbatches,
+                    partition = partition_from_sizes(ev.balanced_sizes(placement))
+                plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
                                   partition=partition, training=problem.training)
             except PlanError:
                 continue
             ev.calls += 1
-            result = simulate(plan, problem.profile, problem.cluster, problem.training, validate=False,
+            result = simulate(plan, problem.profile, problem.cluster, training=problem.training, validate=False,
                               record_timeline=False)
             state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
-        seeds = list(start) + (seed_candidates(problem) if own_seeds else [])
+        seeds = list(start) + (seed_candidates(problem, ev) if own_seeds else [])
         current: Candidate | None = None
         current_key: Key | None = None
-        for c in seeds:
-            if clock.spent() and current is not None:
-                break
-            key = state.offer(c)
+        for c, key in state.offer_all(seeds, clock, at_least_one=True):
             if current_key is None or key < current_key:
                 current, current_key = c, key
         if current is None:
-            return finish(self.name, problem, state.best_plan, ev, history)
+            return finish(self.name, problem, state.best_plan, evaluator=ev, history=history)
         # 3. Phases until the budget is spent; perturb when a round finds nothing.
         stall = 0
         idle_rounds = 0
@@ -121,13 +121,10 @@ class AdaptisTuner:
             for phase in (self._partition_moves, self._placement_moves, self._schedule_moves):
                 if clock.spent():
                     break
-                _, result = ev.evaluate(current)
-                neighbours = list(phase(current, result, problem, rng))
+                result = ev.result(current)
+                neighbours = list(phase(current, result, problem, rng, ev))
                 best_n, best_k = None, current_key
-                for n in neighbours:
-                    if clock.spent():
-                        break
-                    k = state.offer(n)
+                for n, k in state.offer_all(neighbours, clock):
                     if k < best_k:
                         best_n, best_k = n, k
                 if best_n is not None:
@@ -145,12 +142,12 @@ class AdaptisTuner:
             # A small plan space can run out of new candidates (every one cached): stop then.
             idle_rounds = idle_rounds + 1 if ev.calls == calls_before else 0
         note = state.best_note
-        return finish(self.name, problem, state.best_plan, ev, history, note=note)
+        return finish(self.name, problem, state.best_plan, evaluator=ev, history=history, note=note)
 
     # ------------------------------------------------------------------ phases
 
     @staticmethod
-    def _partition_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
+    def _partition_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
         """Move boundary layers of the busiest device's stages (and into the idlest device's)."""
         if not result.valid:
             return
@@ -176,7 +173,7 @@ class AdaptisTuner:
             yield replace(c, sizes=tuple(new))
 
     @staticmethod
-    def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
+    def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
         """Other placement families (balanced split), and swapping two stages' devices."""
         P, L = problem.devices, problem.profile.num_layers
         order_knobs = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zbv", P))
@@ -186,8 +183,7 @@ class AdaptisTuner:
             placement = make_placement(kind, P, chunks)
             if placement == c.placement:
                 continue
-            sizes = balanced_sizes(problem.profile, placement, problem.cluster)
-            yield replace(order_knobs, sizes=sizes, placement=placement)
+            yield replace(order_knobs, sizes=ev.balanced_sizes(placement), placement=placement)
         if result.valid and P > 1:
             busy = result.busy
             hot = max(range(P), key=busy.__getitem__)
@@ -201,7 +197,7 @@ class AdaptisTuner:
                     yield replace(order_knobs, placement=tuple(pl))
 
     @staticmethod
-    def _schedule_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random):
+    def _schedule_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
         """Activation budgets per device (warm-up depth), W deferral, fused B, forward priority."""
         P = problem.devices
         base = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zb-h1", P),
@@ -266,28 +262,73 @@ class AdaptisTuner:
 
 
 class _State:
-    """The best plan so far, from named plans or candidates; reports improvements."""
+    """The best plan so far, from named plans or candidates; reports improvements. A candidate's
+    plan is built only when it is the best and someone needs it (``on_improve`` or the end)."""
 
     def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]]) -> None:
         self.ev = ev
         self.on_improve = on_improve
         self.history = history
         self.best_key: Key | None = None
-        self.best_plan: Plan | None = None
+        self._best_plan: Plan | None = None
         self.best_candidate: Candidate | None = None
+        self._best_is_candidate = False
         self.best_note = ""
 
-    def offer_plan(self, plan: Plan, result: Result, note: str, candidate: Candidate | None = None) -> Key:
+    @property
+    def best_plan(self) -> Plan | None:
+        if self._best_is_candidate and self.best_candidate is not None:
+            return self.ev.plan(self.best_candidate)
+        return self._best_plan
+
+    def offer_plan(self, plan: Plan, result: Result, note: str) -> Key:
         key = objective_key(result)
         if result.valid and (self.best_key is None or key < self.best_key):
-            self.best_key, self.best_plan, self.best_note = key, plan, note
-            if candidate is not None:
-                self.best_candidate = candidate
-            self.history.append((self.ev.calls, result.iteration_time))
-            if self.on_improve is not None:
-                self.on_improve(plan, result)
+            self.best_key, self._best_plan, self.best_note = key, plan, note
+            self._best_is_candidate = False
+            self._improved(plan, result)
         return key
 
     def offer(self, c: Candidate) -> Key:
-        plan, result = self.ev.evaluate(c)
-        return self.offer_plan(plan, result, note=c.describe(), candidate=c)
+        result = self.ev.result(c)
+        key = objective_key(result)
+        if result.valid and (self.best_key is None or key < self.best_key):
+            self.best_key, self.best_candidate, self.best_note = key, c, c.describe()
+            self._best_is_candidate = True
+            self._improved(self.ev.plan(c) if self.on_improve is not None else None, result, c)
+        return key
+
+    def offer_all(self, candidates: list[Candidate], clock: BudgetClock, *, at_least_one: bool = False):
+        """Offer candidates in order until the budget is spent, yielding (candidate, key); the new
+        ones are evaluated in batches, each no larger than the calls the budget has left, so the
+        outcome is the same as offering them one by one."""
+        i = 0
+        while i < len(candidates):
+            if clock.spent() and not (at_least_one and i == 0):
+                return
+            j = i + _batch_length(candidates, i, self.ev, clock.calls_left())
+            self.ev.results(candidates[i:j])
+            for c in candidates[i:j]:
+                yield c, self.offer(c)
+            i = j
+
+    def _improved(self, plan: Plan | None, result: Result, candidate: Candidate | None = None) -> None:
+        calls = self.ev.calls if candidate is None else self.ev.call_number(candidate)
+        self.history.append((calls, result.iteration_time))
+        if self.on_improve is not None and plan is not None:
+            self.on_improve(plan, result)
+
+
+def _batch_length(candidates: list[Candidate], start: int, ev: Evaluator, calls_left: int | None) -> int:
+    """How many candidates from ``start`` fit in ``calls_left`` new simulator calls (at least one)."""
+    if calls_left is None:
+        return len(candidates) - start
+    new: set[Candidate] = set()
+    n = 0
+    for c in candidates[start:]:
+        if len(new) >= calls_left:
+            break  # one by one, the budget would be spent here
+        n += 1
+        if not ev.known(c):
+            new.add(c)
+    return max(1, n)

@@ -272,11 +272,10 @@ class PlanEditor:
     def targets(self) -> list[Candidate | None]:
         """Candidate of each action (``None`` where masked), computed once per state."""
         if self._targets is None:
-            known = self.ev._cache  # evaluated already: its result is known and no better
             out: list[Candidate | None] = []
             for a in range(N_ACTIONS):
                 t = self.target(a)
-                if t is not None and (t == self.current or t in self.tried or t in known):
+                if t is not None and (t == self.current or t in self.tried or self.ev.known(t)):
                     t = None
                 out.append(t)
             self._targets = out

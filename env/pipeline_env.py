@@ -58,11 +58,11 @@ def observation_space() -> spaces.Dict:
 
 def megatron_time(problem: Problem) -> tuple[float, int]:
     """Iteration time of the Megatron baseline and the simulator calls it took (one per chunk count)."""
-    from pipeline.schedules import megatron_chunk_counts
+    from pipeline.megatron import megatron_chunk_counts
 
     p = problem
-    plan = build_plan("megatron", p.profile, p.cluster, p.microbatches, training=p.training)
-    res = simulate(plan, p.profile, p.cluster, p.training, validate=False, record_timeline=False)
+    plan = build_plan("megatron", p.profile, p.cluster, microbatches=p.microbatches, training=p.training)
+    res = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
     return res.iteration_time, len(megatron_chunk_counts(p.profile, p.devices, p.microbatches))
 
 
@@ -252,7 +252,7 @@ class PipelineEnv(gym.Env):
             return None
         ed = self._editor()
         p = ed.problem
-        res = simulate(ed.plan, p.profile, p.cluster, p.training)
+        res = simulate(ed.plan, p.profile, p.cluster, training=p.training)
         title = f"{p.profile.name}: {ed.current.describe()}"
         if self.render_mode == "ansi":
             from pipeline.render import gantt_text

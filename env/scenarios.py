@@ -114,6 +114,7 @@ def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioCo
     cluster = build_cluster(gpu, devices=P)
     if rng.random() < config.tight_memory_share:
         need = memory_estimate_gb(profile, P)
-        cluster = cluster.with_memory(float(max(1.0, need * rng.uniform(0.7, 1.6))))
+        # usable memory (capacity less the preset's reserve) near the need, as before the reserve existed
+        cluster = cluster.with_memory(float(max(1.0, need * rng.uniform(0.7, 1.6))) + cluster.memory_reserve_gb)
     M = P * int(_choice(rng, config.microbatch_factors))
     return Problem(profile, cluster, M)

@@ -100,7 +100,7 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
-def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
+def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                         runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None) -> float:
     """The per-action overhead (profile time unit) that makes the simulated iteration times of
     the replayed plans closest to the measured ones (least squared relative error; grid search,
@@ -129,12 +129,12 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
     return min(fine, key=loss)
 
 
-def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
+def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
               runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` from
     :func:`fit_action_overhead`."""
     scales = fit_runtime_scales(named_plans, profile, runs)
-    return scales | {"overhead": fit_action_overhead(named_plans, profile, cluster, runs, scales)}
+    return scales | {"overhead": fit_action_overhead(named_plans, profile, cluster, runs=runs, scales=scales)}
 
 
 def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *, count: int,
@@ -213,15 +213,22 @@ class PlanComparison:
 
 
 def measured_cluster(devices: int, bench: dict[str, Any], *, memory_gb: float = 64.0,
-                     name: str = "local") -> Cluster:
-    """A cluster JSON from :func:`executor.replay.p2p_bench`'s latency and bandwidth."""
+                     memory_reserve_gb: float | None = None, name: str = "local") -> Cluster:
+    """A cluster JSON from :func:`executor.replay.p2p_bench`'s latency and bandwidth.
+
+    ``memory_reserve_gb`` (GiB) defaults to :data:`pipeline.spec.DEFAULT_MEMORY_RESERVE_GB` when the
+    link was measured with NCCL (GPUs: CUDA context, NCCL buffers) and to 0 with gloo (CPU ranks)."""
+    from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB
+
+    if memory_reserve_gb is None:
+        memory_reserve_gb = DEFAULT_MEMORY_RESERVE_GB if bench.get("backend") == "nccl" else 0.0
     return Cluster(devices=devices, memory_gb=memory_gb, p2p_gbps=max(bench["p2p_gbps"], 1e-6),
-                   latency_us=bench["latency_us"], name=name,
+                   latency_us=bench["latency_us"], name=name, memory_reserve_gb=memory_reserve_gb,
                    extra={"measured": True, "backend": bench.get("backend", "gloo")})
 
 
-def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
-                  runs: Sequence[dict[str, Any]], *, scales: Mapping[str, float] | None = None) -> list[PlanComparison]:
+def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
+                  runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None) -> list[PlanComparison]:
     """Pair each plan's simulation with its measured run (same order as ``named_plans``)."""
     from pipeline.simulator import simulate
 
@@ -235,23 +242,23 @@ def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     return out
 
 
-def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster,
-                    runs: Sequence[dict[str, Any]], *,
+def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
+                    runs: Sequence[dict[str, Any]],
                     calibration: tuple[Sequence[tuple[str, Plan]], Sequence[dict[str, Any]]] | None = None,
                     ) -> list[PlanComparison]:
     """Predictions whose calibration never saw the predicted plan. With ``calibration`` (other
     plans and their runs), :func:`calibrate` fits on those and predicts every plan; without,
     leave one plan out (each plan predicted from the others; needs at least two plans)."""
     if calibration is not None:
-        scales = calibrate(calibration[0], profile, cluster, calibration[1])
-        return compare_plans(named_plans, profile, cluster, runs, scales=scales)
+        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1])
+        return compare_plans(named_plans, profile, cluster, runs=runs, scales=scales)
     if len(named_plans) < 2:
         raise ValueError("cross-validation needs at least two replayed plans")
     out = []
     for k, item in enumerate(named_plans):
         others = [j for j in range(len(named_plans)) if j != k]
-        scales = calibrate([named_plans[j] for j in others], profile, cluster, [runs[j] for j in others])
-        out += compare_plans([item], profile, cluster, [runs[k]], scales=scales)
+        scales = calibrate([named_plans[j] for j in others], profile, cluster, runs=[runs[j] for j in others])
+        out += compare_plans([item], profile, cluster, runs=[runs[k]], scales=scales)
     return out
 
 

@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds for set-up and every transfer")
     p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="stages' and profile's dtype (bfloat16 on GPUs; --check compares with an fp32 model)")
     p.add_argument("--out", default=None, help="result JSON written by rank 0")
     p.add_argument("--p2p-bench", action="store_true", help="measure p2p latency/bandwidth (ranks 0 and 1)")
     p.add_argument("--measure", action="store_true",
@@ -128,10 +130,12 @@ def _check(ex: Any, arch: Any, tokens: Any, labels: Any, *, seed: int, device: A
 
 
 def _prepare(plan: Any, arch: Any, args: argparse.Namespace, rank: int, device: Any) -> dict[str, Any]:
+    import torch
+
     from executor.model import make_batch
     from executor.runtime import PipelineExecutor
 
-    ex = PipelineExecutor(plan, arch, rank=rank, device=device, seed=args.seed)
+    ex = PipelineExecutor(plan, arch, rank=rank, device=device, seed=args.seed, dtype=getattr(torch, args.dtype))
     if args.inject_failure == rank:
         def boom(*_a: Any, **_k: Any) -> Any:
             raise RuntimeError(f"injected failure on rank {rank}")
@@ -193,7 +197,7 @@ def _profile_in_job(arch: Any, args: argparse.Namespace, rank: int, device: Any)
     from executor.profiler import ProfileConfig, profile_architecture
 
     config = ProfileConfig(seq_len=args.seq_len, microbatch_size=args.microbatch_size, seed=args.seed,
-                           repeats=args.profile_repeats)
+                           repeats=args.profile_repeats, dtype=args.dtype)  # the stages' dtype
     prof = profile_architecture(arch, device=device, config=config, name=args.model)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, prof.to_dict())

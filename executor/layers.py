@@ -120,7 +120,7 @@ def _rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 class Attention(nn.Module):
     """Causal grouped-query attention with RoPE; optional sliding window and MLA-style low-rank KV."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, window: int | None = None,
+    def __init__(self, hidden: int, heads: int, *, kv_heads: int, head_dim: int, window: int | None = None,
                  kv_rank: int | None = None) -> None:
         super().__init__()
         if heads % kv_heads:
@@ -173,7 +173,7 @@ class MLP(nn.Module):
 class MoE(nn.Module):
     """Softmax router, top-k routed SwiGLU experts (weights renormalised) and shared experts."""
 
-    def __init__(self, hidden: int, experts: int, top_k: int, inner: int, *, shared: int = 0,
+    def __init__(self, hidden: int, experts: int, *, top_k: int, inner: int, shared: int = 0,
                  shared_inner: int | None = None) -> None:
         super().__init__()
         if not 1 <= top_k <= experts:
@@ -232,7 +232,7 @@ def _decay_mix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: tor
 class Mamba2(nn.Module):
     """Mamba-2-style selective SSM: gated, causal depthwise conv, scalar-decay SSD per head."""
 
-    def __init__(self, hidden: int, heads: int, head_dim: int, state: int, *, conv: int = 4,
+    def __init__(self, hidden: int, heads: int, *, head_dim: int, state: int, conv: int = 4,
                  chunk: int = 64) -> None:
         super().__init__()
         self.heads, self.head_dim, self.state, self.chunk = heads, head_dim, state, chunk
@@ -266,7 +266,7 @@ class GatedLinearAttention(nn.Module):
     """Gated linear attention (a simpler stand-in for Gated DeltaNet): per-head data-dependent
     scalar decay, L2-normalised keys and queries, output gate and norm."""
 
-    def __init__(self, hidden: int, heads: int, key_dim: int, value_dim: int, *, chunk: int = 64) -> None:
+    def __init__(self, hidden: int, heads: int, *, key_dim: int, value_dim: int, chunk: int = 64) -> None:
         super().__init__()
         self.heads, self.key_dim, self.value_dim, self.chunk = heads, key_dim, value_dim, chunk
         self.qkv = nn.Linear(hidden, heads * (2 * key_dim + value_dim), bias=False)
@@ -307,15 +307,17 @@ class Block(nn.Module):
 def _mixer(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
     h = arch.hidden_size
     if spec.mixer in ("attention", "sliding_attention", "mla"):
-        return Attention(h, arch.num_attention_heads, max(1, arch.num_key_value_heads), arch.attn_head_dim,
+        return Attention(h, arch.num_attention_heads, kv_heads=max(1, arch.num_key_value_heads),
+                         head_dim=arch.attn_head_dim,
                          window=spec.window if spec.mixer == "sliding_attention" else None,
                          kv_rank=arch.kv_lora_rank if spec.mixer == "mla" else None)
     if spec.mixer == "mamba":
         heads = arch.mamba_num_heads or max(1, 2 * h // arch.mamba_head_dim)
-        return Mamba2(h, heads, arch.mamba_head_dim, arch.ssm_state_size, conv=arch.mamba_conv_kernel)
+        return Mamba2(h, heads, head_dim=arch.mamba_head_dim, state=arch.ssm_state_size,
+                      conv=arch.mamba_conv_kernel)
     if spec.mixer == "linear_attention":
-        return GatedLinearAttention(h, arch.linear_num_value_heads, arch.linear_key_head_dim,
-                                    arch.linear_value_head_dim)
+        return GatedLinearAttention(h, arch.linear_num_value_heads, key_dim=arch.linear_key_head_dim,
+                                    value_dim=arch.linear_value_head_dim)
     return None
 
 
@@ -326,7 +328,7 @@ def _ffn(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
     if spec.ffn == "moe":
         if arch.num_experts < 1:
             raise ConfigError("a MoE layer needs num_experts >= 1", source=arch.name, field="num_experts")
-        return MoE(h, arch.num_experts, max(1, arch.num_experts_per_tok), arch.moe_intermediate_size or h,
+        return MoE(h, arch.num_experts, top_k=max(1, arch.num_experts_per_tok), inner=arch.moe_intermediate_size or h,
                    shared=arch.num_shared_experts, shared_inner=arch.shared_expert_intermediate_size)
     return None
 

@@ -127,7 +127,7 @@ class PipelineExecutor:
     """
 
     def __init__(self, plan: Plan, arch: Architecture, *, rank: int, device: torch.device,
-                 seed: int = 0, group: dist.ProcessGroup | None = None) -> None:
+                 seed: int = 0, group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32) -> None:
         self.plan, self.arch, self.rank, self.device = plan, arch, rank, device
         self.records: list[ActionRecord] = []
         self.modules: list[nn.Module] = []
@@ -135,7 +135,7 @@ class PipelineExecutor:
         for s in plan.stages_of(rank):  # ascending: the order shape inference needs
             start, end = plan.partition[s]
             recompute = bool(plan.recompute[s]) if plan.recompute is not None else False
-            module = build_stage(arch, start, end, seed=seed, device=device, recompute=recompute)
+            module = build_stage(arch, start, end, seed=seed, recompute=recompute).to(dtype=dtype).to(device)
             self.modules.append(module)
             stages.append(TimedStage(module, s, plan.num_stages, device, group=group, records=self.records))
         if not stages:

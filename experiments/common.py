@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.spec import Cluster, ModelProfile
+from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile
 
 __all__ = [
     "CONFIG_DIR",
@@ -21,8 +21,11 @@ __all__ = [
     "add_output_args",
     "resolve_profile",
     "resolve_cluster",
+    "check_devices",
+    "resolve_problem",
     "positive_int",
     "positive_float",
+    "non_negative_float",
     "print_table",
     "print_json_lines",
 ]
@@ -51,6 +54,16 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
     return value
 
 
@@ -84,14 +97,19 @@ def _check_units(args: argparse.Namespace) -> None:
 
 
 def add_cluster_args(parser: argparse.ArgumentParser, *, default_devices: int = 4) -> None:
-    """``--gpu/--devices/--gpus-per-node | --cluster FILE`` plus ``--memory-gb``."""
+    """``--gpu/--devices/--gpus-per-node | --cluster FILE`` plus ``--memory-gb`` and ``--memory-reserve-gb``."""
     group = parser.add_argument_group("cluster")
     group.add_argument("--cluster", metavar="FILE", help="a cluster JSON (overrides --gpu/--devices)")
     group.add_argument("--gpu", default="h100", help="GPU preset for analytic costs and the cluster")
     group.add_argument("--devices", type=positive_int, default=default_devices, help="pipeline devices")
     group.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node")
     group.add_argument("--memory-gb", type=positive_float, default=None,
-                       help="memory limit per device in GiB (default: the GPU's or the cluster file's)")
+                       help="memory capacity per device in GiB, 2**30 bytes (default: the GPU's as nvidia-smi "
+                            "reports it, e.g. 79.6 for an '80GB' H100, or the cluster file's)")
+    group.add_argument("--memory-reserve-gb", type=non_negative_float, default=None,
+                       help="GiB per device that plans may not use: CUDA context, NCCL buffers, allocator "
+                            f"fragmentation (default: the cluster file's, else {DEFAULT_MEMORY_RESERVE_GB:g} "
+                            "for a GPU preset)")
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +146,8 @@ def resolve_profile(args: argparse.Namespace) -> ModelProfile:
 
 
 def resolve_cluster(args: argparse.Namespace) -> Cluster:
-    """The cluster that ``--cluster`` or ``--gpu/--devices`` name, with ``--memory-gb`` applied."""
+    """The cluster that ``--cluster`` or ``--gpu/--devices`` name, with ``--memory-gb`` and
+    ``--memory-reserve-gb`` applied."""
     if getattr(args, "cluster", None):
         cluster = Cluster.load(args.cluster)
     else:
@@ -138,9 +157,39 @@ def resolve_cluster(args: argparse.Namespace) -> Cluster:
             cluster = Cluster(devices=args.devices, gpus_per_node=args.gpus_per_node, name=f"{args.devices}-dev")
         else:
             cluster = build_cluster(args.gpu, devices=args.devices, gpus_per_node=args.gpus_per_node)
-    if getattr(args, "memory_gb", None):
-        cluster = cluster.with_memory(args.memory_gb)
+    memory = getattr(args, "memory_gb", None)
+    reserve = getattr(args, "memory_reserve_gb", None)
+    if memory is not None or reserve is not None:
+        bare = cluster.with_reserve(0.0)
+        if memory is not None:
+            bare = bare.with_memory(memory)
+        cluster = bare.with_reserve(cluster.memory_reserve_gb if reserve is None else reserve)
     return cluster
+
+
+def check_devices(devices: int, layers: int, *, model: str, cluster_file: str | None = None) -> None:
+    """Refuse more pipeline devices than the model has layers, naming the field and the fix.
+
+    Every stage holds at least one whole layer (the profile's units: the embedding and the head
+    count as layers), so a plan cannot use more devices than there are layers. Without this
+    check the search finds no plan at all and says so in terms of memory.
+    """
+    if devices <= layers:
+        return
+    why = (f"{devices} devices but {model} has only {layers} layers; every device needs a pipeline stage of at "
+           f"least one whole layer (the embedding and the head count as layers)")
+    if cluster_file:
+        raise ConfigError(f"{why}: set devices to {layers} or fewer in this cluster file, or pick a deeper model",
+                          source=cluster_file, field="devices")
+    raise ConfigError(f"{why}: use --devices {layers} or fewer, or a deeper model", field="--devices")
+
+
+def resolve_problem(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:
+    """:func:`resolve_profile` and :func:`resolve_cluster`, checked together (:func:`check_devices`)."""
+    profile = resolve_profile(args)
+    cluster = resolve_cluster(args)
+    check_devices(cluster.devices, profile.num_layers, model=profile.name, cluster_file=getattr(args, "cluster", None))
+    return profile, cluster
 
 
 def _fmt(value: Any) -> str:

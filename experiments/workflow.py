@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget
+from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from experiments.workflow_phases import (
     Costs,
     Log,
@@ -42,7 +42,7 @@ from experiments.workflow_phases import (
     search_methods,
     train_policy,
 )
-from experiments.workflow_report import MethodOutcome, device_rows, kind_rows, method_rows, op_share
+from experiments.workflow_report import Measurement, device_rows, kind_rows, method_rows, op_share
 from pipeline.errors import ConfigError
 from pipeline.space import Problem
 
@@ -70,7 +70,9 @@ class WorkflowConfig:
     """Pipeline devices (local ranks on this machine)."""
     gpus_per_node: int = 8
     memory_gb: float | None = None
-    """Memory per device in GiB (default: the GPU's, or 64 on this machine)."""
+    """Memory capacity per device in GiB (default: the GPU's, or 64 on this machine)."""
+    memory_reserve_gb: float | None = None
+    """GiB per device plans may not use (default: the GPU preset's or cluster file's; 0 on CPU ranks)."""
     seq_len: int | None = None
     microbatch_size: int = 1
     scale: float = 1.0
@@ -82,7 +84,7 @@ class WorkflowConfig:
     microbatches: int | None = None
     """Micro-batches per iteration (default 8 on this machine, 32 for a GPU cluster)."""
     methods: tuple[str, ...] = DEFAULT_METHODS
-    budget: str = "400"
+    budget: str = str(DEFAULT_CALLS)
     """Per search method: simulator calls (``400``) or seconds (``30s``)."""
     max_seconds: float = 60.0
     """Cap on each method's search time, whatever the budget."""
@@ -126,9 +128,9 @@ class WorkflowReport:
 
     config: WorkflowConfig
     costs: Costs
-    outcomes: list[MethodOutcome]
-    best: MethodOutcome | None
-    megatron: MethodOutcome | None
+    outcomes: list[SearchResult]
+    best: SearchResult | None
+    megatron: SearchResult | None
     rows: list[dict[str, Any]]
     devices: list[dict[str, Any]]
     kinds: list[dict[str, Any]]
@@ -139,6 +141,8 @@ class WorkflowReport:
     run_dirs: dict[str, str]
     seconds: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Measurement] = field(default_factory=dict)
+    """Method -> what its replay measured (the best plan and Megatron's, when replayed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "source": self.costs.source, "cluster": self.costs.cluster.to_dict(),
@@ -185,13 +189,13 @@ def _costs(cfg: WorkflowConfig, log: Log) -> Costs:
         return measure_here(model=cfg.model, devices=cfg.devices, seq_len=cfg.seq_len,
                             microbatch_size=cfg.microbatch_size, scale=cfg.scale, repeats=cfg.profile_repeats,
                             threads=cfg.threads, timeout=cfg.timeout, memory_gb=cfg.memory_gb,
-                            profile_path=cfg.profile_path, granularity=cfg.granularity,
-                            head_shards=cfg.head_shards, log=log)
+                            memory_reserve_gb=cfg.memory_reserve_gb, profile_path=cfg.profile_path,
+                            granularity=cfg.granularity, head_shards=cfg.head_shards, log=log)
     return analytic_costs(model=cfg.model, hf_config=cfg.hf_config, profile_path=cfg.profile_path,
                           cluster_path=cfg.cluster_path, gpu=cfg.gpu or "h100", devices=cfg.devices,
                           gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb, seq_len=cfg.seq_len,
-                          microbatch_size=cfg.microbatch_size, granularity=cfg.granularity,
-                          head_shards=cfg.head_shards)
+                          microbatch_size=cfg.microbatch_size, memory_reserve_gb=cfg.memory_reserve_gb,
+                          granularity=cfg.granularity, head_shards=cfg.head_shards)
 
 
 def _budget(cfg: WorkflowConfig) -> Budget:
@@ -225,7 +229,7 @@ def _log_profile(tracker: Any, costs: Costs, out: Path, slug: str) -> None:
     tracker.summary({"layers": profile.num_layers, "fbw_per_microbatch": total, "time_unit": profile.time_unit})
 
 
-def _gantts(outcomes: list[MethodOutcome], best: MethodOutcome, mega: MethodOutcome | None, out: Path,
+def _gantts(best: SearchResult, mega: SearchResult | None, measured: dict[str, Measurement], *, out: Path,
             label: str) -> dict[str, Path]:
     """Predicted Megatron vs best (one time axis); measured Megatron vs best; best measured vs predicted."""
     from pipeline.render import gantt_side_by_side
@@ -236,14 +240,14 @@ def _gantts(outcomes: list[MethodOutcome], best: MethodOutcome, mega: MethodOutc
     files["gantt/predicted"] = gantt_side_by_side(
         [o.result.timeline_dict() for o, _ in pairs], [f"{t} on {label} (predicted)" for _, t in pairs],
         out / "gantt_predicted.png")
-    measured = [(o, t) for o, t in pairs if o.measured_timeline]
-    if measured:
+    replayed = [(measured[o.method], t) for o, t in pairs if o.method in measured]
+    if replayed:
         files["gantt/measured"] = gantt_side_by_side(
-            [o.measured_timeline for o, _ in measured], [f"{t} (measured)" for _, t in measured],
+            [m.measured_timeline for m, _ in replayed], [f"{t} (measured)" for _, t in replayed],
             out / "gantt_measured.png")
-    if best.measured_timeline and best.predicted_timeline:
+    if best.method in measured:
         files["gantt/fidelity"] = gantt_side_by_side(
-            [best.measured_timeline, best.predicted_timeline],
+            [measured[best.method].measured_timeline, measured[best.method].predicted_timeline],
             [f"{best.method} measured", f"{best.method} predicted (performance model)"], out / "gantt_fidelity.png")
     return files
 
@@ -301,17 +305,20 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     outcomes = search_methods(problem, methods, budget=budget, seed=cfg.seed, settings=settings, policy=policy,
                               log=log)
     notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
-    feasible = [o for o in outcomes if o.ok]
-    mega = next((o for o in outcomes if o.method == "megatron" and o.result is not None and o.result.valid), None)
-    best = min(feasible, key=lambda o: o.predicted) if feasible else None
+    feasible = [o for o in outcomes if o.feasible]
+    mega = next((o for o in outcomes if o.method == "megatron" and o.ok), None)
+    best = min(feasible, key=lambda o: o.iteration_time) if feasible else None
     seconds["search"] = time.perf_counter() - t0
     if best is None:
-        raise ConfigError(f"no plan fits in {cluster.memory_gb:g} GiB per device; add devices or memory "
-                          "(--memory-gb) or use fewer micro-batches", field="--memory-gb")
+        raise ConfigError(f"no plan fits in {cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device "
+                          f"({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve); add devices "
+                          "or memory (--memory-gb, --memory-reserve-gb) or use fewer micro-batches",
+                          field="--memory-gb")
     best.plan.save(out / "plan.json")
     best.plan.save_csv(out / "plan.csv")
 
     # 4. replay ---------------------------------------------------------------------------------
+    measured: dict[str, Measurement] = {}
     if not cfg.local:
         notes.append(f"replay skipped: the cluster is {cluster.name} ({cluster.devices} devices), not this machine; "
                      "deploy plan.csv there (docs/deploy.md)")
@@ -320,37 +327,40 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     else:
         t0 = time.perf_counter()
         to_replay = [best] + ([mega] if mega is not None and mega is not best else [])
-        failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
-                        warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout,
-                        granularity=cfg.granularity, head_shards=cfg.head_shards, log=log)
+        measured, failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
+                                  warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout,
+                                  granularity=cfg.granularity, head_shards=cfg.head_shards, log=log)
         if failed:
             notes.append(failed)
         seconds["replay"] = time.perf_counter() - t0
 
     # 5. summary --------------------------------------------------------------------------------
-    rows = method_rows(outcomes, time_unit=profile.time_unit)
-    devices = device_rows(profile, best.plan, cluster, best.result, best.measured_timeline)
+    best_measured = measured.get(best.method)
+    rows = method_rows(outcomes, time_unit=profile.time_unit, measured=measured)
+    devices = device_rows(profile, best.plan, cluster, result=best.result,
+                          measured_timeline=best_measured.measured_timeline if best_measured else None)
     kinds = kind_rows(profile, best.plan)
-    ops = op_share(best.measured_timeline or best.result.timeline_dict())
-    gantts = _gantts(outcomes, best, mega, out, cfg.label)
-    summary = _summary(best, mega, profile.time_unit)
+    ops = op_share(best_measured.measured_timeline if best_measured else best.result.timeline_dict())
+    gantts = _gantts(best, mega, measured, out=out, label=cfg.label)
+    summary = _summary(best, mega, measured, unit=profile.time_unit)
     files = {"plan": str(out / "plan.json"), "plan_csv": str(out / "plan.csv"), "profile": str(out / "profile.json"),
              "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()}}
     with runs.phase("search", {"microbatches": microbatches, "methods": methods}) as tracker:
         for o in outcomes:
             if o.result is not None and o.result.valid:
-                tracker.log_metrics({f"{o.method}/predicted": o.predicted, f"{o.method}/bubble": o.result.mean_bubble,
+                tracker.log_metrics({f"{o.method}/predicted": o.iteration_time,
+                                     f"{o.method}/bubble": o.result.mean_bubble,
                                      f"{o.method}/peak_memory_gb": max(o.result.peak_memory_gb),
                                      f"{o.method}/sim_calls": o.sim_calls})
         tracker.log_table("methods", rows)
         tracker.log_image("gantt/predicted", gantts["gantt/predicted"])
         tracker.log_plan(best.plan, name=f"plan-{slug}", metadata=summary)
         tracker.summary(summary)
-    if best.measured_ms is not None:
+    if best_measured is not None:
         with runs.phase("replay") as tracker:
-            for o in (x for x in outcomes if x.measured_ms is not None):
-                tracker.log_metrics({f"{o.method}/measured_ms": o.measured_ms,
-                                     f"{o.method}/predicted_ms": o.predicted_runtime_ms})
+            for o in (x for x in outcomes if x.method in measured):
+                tracker.log_metrics({f"{o.method}/measured_ms": measured[o.method].measured_ms,
+                                     f"{o.method}/predicted_ms": measured[o.method].predicted_runtime_ms})
             for key in ("gantt/measured", "gantt/fidelity"):
                 if key in gantts:
                     tracker.log_image(key, gantts[key])
@@ -367,24 +377,27 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         tracker.log_plan(best.plan, name=f"plan-{slug}", metadata=summary)
         tracker.summary({**summary, "notes": "; ".join(notes)})
     report = WorkflowReport(cfg, costs, outcomes, best, mega, rows, devices, kinds, ops, notes, files, group,
-                            dict(runs.dirs), seconds, summary)
+                            dict(runs.dirs), seconds, summary, measured)
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str) + "\n")
     return report
 
 
-def _summary(best: MethodOutcome, mega: MethodOutcome | None, unit: str) -> dict[str, Any]:
+def _summary(best: SearchResult, mega: SearchResult | None, measured: dict[str, Measurement], *,
+             unit: str) -> dict[str, Any]:
     """The headline figures: best method, predicted and measured times and speedups over Megatron."""
-    out: dict[str, Any] = {"best_method": best.method, "predicted_time": best.predicted, "time_unit": unit,
+    out: dict[str, Any] = {"best_method": best.method, "predicted_time": best.iteration_time, "time_unit": unit,
                            "predicted_bubble": best.result.mean_bubble,
                            "peak_memory_gb": max(best.result.peak_memory_gb)}
     if mega is not None:
-        out.update({"megatron_predicted_time": mega.predicted,
-                    "predicted_speedup": mega.predicted / best.predicted,
+        out.update({"megatron_predicted_time": mega.iteration_time,
+                    "predicted_speedup": mega.iteration_time / best.iteration_time,
                     "megatron_predicted_bubble": mega.result.mean_bubble})
-    if best.measured_ms is not None:
-        out.update({"measured_ms": best.measured_ms, "predicted_runtime_ms": best.predicted_runtime_ms,
-                    "prediction_error_pct": 100 * (best.predicted_runtime_ms - best.measured_ms) / best.measured_ms})
-        if mega is not None and mega.measured_ms:
-            out.update({"megatron_measured_ms": mega.measured_ms,
-                        "measured_speedup": mega.measured_ms / best.measured_ms})
+    m = measured.get(best.method)
+    if m is not None:
+        out.update({"measured_ms": m.measured_ms, "predicted_runtime_ms": m.predicted_runtime_ms,
+                    "prediction_error_pct": 100 * (m.predicted_runtime_ms - m.measured_ms) / m.measured_ms})
+        mm = measured.get(mega.method) if mega is not None else None
+        if mm is not None and mm.measured_ms:
+            out.update({"megatron_measured_ms": mm.measured_ms,
+                        "measured_speedup": mm.measured_ms / m.measured_ms})
     return out

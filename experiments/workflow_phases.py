@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget
-from experiments.workflow_report import MethodOutcome
+from agents.base import Budget, SearchResult
+from experiments.workflow_report import Measurement
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.spec import Cluster, ModelProfile
 
@@ -58,11 +58,13 @@ class Costs:
 
 def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_size: int, scale: float,
                  repeats: int, threads: int, timeout: float, memory_gb: float | None,
-                 profile_path: str | None = None, granularity: str = "layer", head_shards: int = 1,
+                 memory_reserve_gb: float | None = None, profile_path: str | None = None,
+                 granularity: str = "layer", head_shards: int = 1,
                  log: Log = print) -> Costs:
     """Profile ``model`` (a zoo name the executor builds) and the p2p link on ``devices`` local ranks.
 
-    With ``profile_path`` only the link is measured. The cluster's memory is ``memory_gb`` or 64 GiB.
+    With ``profile_path`` only the link is measured. The cluster's memory is ``memory_gb`` or 64 GiB,
+    less ``memory_reserve_gb`` (default: 0 on gloo/CPU, the GPU default on NCCL).
     """
     from executor.fidelity import measured_cluster
     from executor.model import default_seq_len, resolve_architecture
@@ -70,12 +72,16 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
 
     arch = resolve_architecture(model, scale=scale, granularity=granularity, head_shards=head_shards)
     seq = seq_len or default_seq_len(arch)
+    from experiments.common import check_devices
+
     if profile_path:
         profile = ModelProfile.load(profile_path)
+        check_devices(devices, profile.num_layers, model=profile.name)
         log(f"measuring the link between 2 local ranks (profile from {profile_path})")
         bench = p2p_bench(timeout=timeout) if devices > 1 else None
         backend, device = (bench or {}).get("backend"), None
     else:
+        check_devices(devices, len(arch.layers), model=model)  # before starting one process per device
         log(f"profiling {model} ({len(arch.layers)} layers, {microbatch_size}x{seq} tokens) and the link on "
             f"{devices} local ranks ({repeats} repeats per layer) ...")
         options = ReplayOptions(model=model, scale=scale, seq_len=seq, microbatch_size=microbatch_size,
@@ -85,7 +91,7 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
         bench, backend, device = result.get("p2p"), result.get("backend"), result.get("device")
     link = bench or {"latency_us": 0.0, "p2p_gbps": 1e6}
     cluster = measured_cluster(devices, {**link, "backend": backend or "gloo"}, memory_gb=memory_gb or 64.0,
-                               name=f"local-{device or 'cpu'}-{backend or 'gloo'}")
+                               memory_reserve_gb=memory_reserve_gb, name=f"local-{device or 'cpu'}-{backend or 'gloo'}")
     return Costs(profile, cluster, "file" if profile_path else "measured", True, bench, backend, device)
 
 
@@ -113,7 +119,7 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
     except (LaunchError, AdaptisError) as exc:
         log(f"calibration skipped: {exc}")
         return costs
-    scales = calibrate(plans, profile, cluster, result["runs"])
+    scales = calibrate(plans, profile, cluster, runs=result["runs"])
     to_ms = profile.seconds_per_unit * 1e3
     log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items() if k != "overhead")
         + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms")
@@ -122,16 +128,16 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
 
 def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: str | None,
                    cluster_path: str | None, gpu: str, devices: int, gpus_per_node: int, memory_gb: float | None,
-                   seq_len: int | None, microbatch_size: int, granularity: str = "layer",
-                   head_shards: int = 1) -> Costs:
+                   seq_len: int | None, microbatch_size: int, memory_reserve_gb: float | None = None,
+                   granularity: str = "layer", head_shards: int = 1) -> Costs:
     """Analytic costs of a zoo model / HF config on ``gpu`` (or the given profile / cluster files)."""
-    from experiments.common import resolve_cluster, resolve_profile
+    from experiments.common import resolve_problem
 
     ns = argparse.Namespace(model=model, hf_config=hf_config, profile=profile_path, cluster=cluster_path, gpu=gpu,
                             devices=devices, gpus_per_node=gpus_per_node, memory_gb=memory_gb, seq_len=seq_len,
-                            microbatch_size=microbatch_size, granularity=granularity, head_shards=head_shards)
-    profile = resolve_profile(ns)
-    cluster = resolve_cluster(ns)
+                            microbatch_size=microbatch_size, memory_reserve_gb=memory_reserve_gb,
+                            granularity=granularity, head_shards=head_shards)
+    profile, cluster = resolve_problem(ns)
     return Costs(profile, cluster, "file" if profile_path else "analytic", False)
 
 
@@ -141,7 +147,7 @@ def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log
     SB3's metrics and the evaluation curve go to ``tracker`` (the workflow's ``train`` run).
     """
     from agents.rl_train import TrainConfig, train
-    from experiments.tracking import make_sb3_logger
+    from experiments.tracking_sb3 import make_sb3_logger
 
     n_steps = max(16, min(256, timesteps // 2))
     config = TrainConfig(timesteps=timesteps, seed=seed, n_envs=1, out=str(out), n_steps=n_steps,
@@ -164,7 +170,7 @@ def _configure(searcher: Any, settings: dict[str, Any]) -> None:
 
 def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed: int,
                    settings: dict[str, dict[str, Any]] | None = None, policy: str | None = None,
-                   log: Log = print) -> list[MethodOutcome]:
+                   log: Log = print) -> list[SearchResult]:
     """Run every method on ``problem``; a method that cannot run (e.g. no RL policy yet) gets a note.
 
     ``settings`` maps a method name to attributes of its searcher, e.g.
@@ -183,28 +189,29 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
         except ConfigError as exc:
             if not name.startswith("rl"):
                 raise
-            outcomes.append(MethodOutcome(name, None, None, note=f"skipped: {exc}"))
+            outcomes.append(SearchResult(name, None, None, note=f"skipped: {exc}"))
             log(f"  {name:<10} skipped: {exc}")
             continue
         except (ImportError, OSError, RuntimeError, ValueError) as exc:
             if not name.startswith("rl"):
                 raise
             note = f"skipped: the RL agent is not available ({type(exc).__name__}: {exc})"
-            outcomes.append(MethodOutcome(name, None, None, note=note))
+            outcomes.append(SearchResult(name, None, None, note=note))
             log(f"  {name:<10} {note}")
             continue
-        outcomes.append(MethodOutcome(name, res.plan, res.result, res.sim_calls, res.seconds, res.note))
+        outcomes.append(res)
         shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
         log(f"  {name:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
     return outcomes
 
 
-def replay(outcomes: Sequence[MethodOutcome], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
+def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
            threads: int, timeout: float, granularity: str = "layer", head_shards: int = 1,
-           log: Log = print) -> str | None:
-    """Run the plans of ``outcomes`` in one ``torchrun`` job and fill in their measured figures.
+           log: Log = print) -> tuple[dict[str, Measurement], str | None]:
+    """Run the plans of ``outcomes`` in one ``torchrun`` job and measure them.
 
-    Returns ``None`` on success, else a note saying why nothing was measured (the job failed).
+    Returns (method -> its :class:`Measurement`, ``None``) on success, else (``{}``, a note saying
+    why nothing was measured: the job failed).
     """
     from executor.fidelity import compare_plans
     from executor.replay import LaunchError, ReplayOptions, run_job
@@ -219,20 +226,19 @@ def replay(outcomes: Sequence[MethodOutcome], costs: Costs, *, model: str, scale
     try:
         result = run_job(plans, options, timeout=timeout)
     except (LaunchError, AdaptisError) as exc:
-        return f"replay failed: {exc}"
+        return {}, f"replay failed: {exc}"
     to_ms = profile.seconds_per_unit * 1e3
-    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, result["runs"],
+    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, runs=result["runs"],
                           scales=costs.scales)
+    measured: dict[str, Measurement] = {}
     for o, comp in zip(outcomes, comps):
-        o.measured_ms = comp.measured
-        o.predicted_runtime_ms = comp.predicted * to_ms
-        o.measured_timeline = comp.measured_timeline
         tl = dict(comp.predicted_timeline)
         if to_ms != 1.0:
             tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in tl["events"]]
             tl["time_unit"] = "ms"
-        o.predicted_timeline = tl
-        o.extra["loss"] = comp.run.get("loss")
-        o.extra["measured_iteration_times"] = comp.run.get("measured_iteration_times")
-        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {o.predicted_runtime_ms:.4g} ms")
-    return None
+        m = measured[o.method] = Measurement(
+            measured_ms=comp.measured, predicted_runtime_ms=comp.predicted * to_ms,
+            measured_timeline=comp.measured_timeline, predicted_timeline=tl, loss=comp.run.get("loss"),
+            measured_iteration_times=comp.run.get("measured_iteration_times"))
+        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {m.predicted_runtime_ms:.4g} ms")
+    return measured, None

@@ -3,8 +3,9 @@
 Pure functions over profiles, plans, simulator results and measured timelines (no torch, no
 W&B), so the summary can be tested and reused by other commands.
 
-* :func:`method_rows` — one row per searched method: predicted iteration time, speedup over the
-  Megatron baseline, bubble, peak memory and, for replayed plans, the measured figures.
+* :func:`method_rows` — one row per searched method (an :class:`agents.base.SearchResult`):
+  predicted iteration time, speedup over the Megatron baseline, bubble, peak memory and, for
+  replayed plans (a :class:`Measurement` each), the measured figures.
 * :func:`device_rows` — per device of a plan: predicted (and measured) busy time and bubble,
   peak memory against the limit, and the layer kind that takes most of its time.
 * :func:`kind_rows` — per layer kind: how many layers, their share of the compute, and on which
@@ -15,45 +16,32 @@ W&B), so the summary can be tested and reused by other commands.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from agents.base import SearchResult
 from pipeline.plan import Plan, parse_action
 from pipeline.simulator import Result
 from pipeline.spec import GIB, Cluster, ModelProfile
 
-__all__ = ["MethodOutcome", "timeline_busy", "method_rows", "device_rows", "kind_rows", "op_share",
+__all__ = ["Measurement", "timeline_busy", "method_rows", "device_rows", "kind_rows", "op_share",
            "format_ms"]
 
 
 @dataclass
-class MethodOutcome:
-    """One method's plan and what is known about it: the prediction, and a measurement if replayed."""
+class Measurement:
+    """What a replay of one method's plan measured, beside the prediction for that replay (ms)."""
 
-    method: str
-    plan: Plan | None
-    result: Result | None
-    """The simulator's prediction at search time (the profile's time unit)."""
-    sim_calls: int = 0
-    seconds: float = 0.0
-    note: str = ""
-    """Why the method has no plan (e.g. the RL policy is not available)."""
-    measured_ms: float | None = None
-    """Median measured iteration time of the replay (ms)."""
-    predicted_runtime_ms: float | None = None
-    """The prediction for the replay: same plan, the profile adapted to PyTorch's runtime (ms)."""
-    measured_timeline: dict[str, Any] | None = None
-    predicted_timeline: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """A valid plan that fits in memory."""
-        return self.result is not None and self.result.valid and self.result.feasible
-
-    @property
-    def predicted(self) -> float:
-        return self.result.iteration_time if self.result is not None and self.result.valid else float("inf")
+    measured_ms: float
+    """Median measured iteration time of the replay."""
+    predicted_runtime_ms: float
+    """The prediction for the replay: same plan, the profile adapted to PyTorch's runtime."""
+    measured_timeline: dict[str, Any]
+    predicted_timeline: dict[str, Any]
+    loss: float | None = None
+    """The replay's last loss."""
+    measured_iteration_times: list[float] | None = None
+    """Every timed iteration of the replay (ms)."""
 
 
 def timeline_busy(timeline: Mapping[str, Any]) -> tuple[list[float], float]:
@@ -73,14 +61,17 @@ def _bubble(busy: Sequence[float], makespan: float) -> list[float]:
     return [max(0.0, 1.0 - b / makespan) if makespan > 0 else 0.0 for b in busy]
 
 
-def method_rows(outcomes: Sequence[MethodOutcome], *, time_unit: str) -> list[dict[str, Any]]:
+def method_rows(outcomes: Sequence[SearchResult], *, time_unit: str,
+                measured: Mapping[str, Measurement] | None = None) -> list[dict[str, Any]]:
     """The comparison table, fastest predicted first; speedups are over the ``megatron`` outcome.
 
-    ``predicted`` is in ``time_unit`` (the search's prediction); the replay columns are in ms.
+    ``predicted`` is in ``time_unit`` (the search's prediction); the replay columns, for the
+    methods in ``measured`` (method -> its replay), are in ms.
     """
+    measured = measured or {}
     mega = next((o for o in outcomes if o.method == "megatron"), None)
-    ref = mega.predicted if mega is not None and mega.result is not None and mega.result.valid else None
-    ref_measured = mega.measured_ms if mega is not None else None
+    ref = mega.iteration_time if mega is not None and mega.ok else None
+    ref_measured = measured[mega.method].measured_ms if mega is not None and mega.method in measured else None
     rows = []
     for o in outcomes:
         row: dict[str, Any] = {"method": o.method, "sim_calls": o.sim_calls, "seconds": round(o.seconds, 3)}
@@ -95,14 +86,15 @@ def method_rows(outcomes: Sequence[MethodOutcome], *, time_unit: str) -> list[di
             "bubble_pct": 100 * r.mean_bubble, "peak_mem_gb": max(r.peak_memory_gb),
             "stages": o.plan.num_stages if o.plan else None, "note": o.note,
         })
-        if o.measured_ms is not None:
-            busy, span = timeline_busy(o.measured_timeline or {})
+        m = measured.get(o.method)
+        if m is not None:
+            busy, span = timeline_busy(m.measured_timeline)
             bubbles = _bubble(busy, span)
             row.update({
-                "predicted_ms": o.predicted_runtime_ms, "measured_ms": o.measured_ms,
-                "error_pct": 100 * (o.predicted_runtime_ms - o.measured_ms) / o.measured_ms
-                if o.predicted_runtime_ms else None,
-                "measured_speedup": ref_measured / o.measured_ms if ref_measured else None,
+                "predicted_ms": m.predicted_runtime_ms, "measured_ms": m.measured_ms,
+                "error_pct": 100 * (m.predicted_runtime_ms - m.measured_ms) / m.measured_ms
+                if m.predicted_runtime_ms else None,
+                "measured_speedup": ref_measured / m.measured_ms if ref_measured else None,
                 "measured_bubble_pct": 100 * sum(bubbles) / len(bubbles) if bubbles else None,
             })
         rows.append(row)
@@ -122,7 +114,7 @@ def _kinds_per_device(profile: ModelProfile, plan: Plan, cluster: Cluster) -> li
     return out
 
 
-def device_rows(profile: ModelProfile, plan: Plan, cluster: Cluster, result: Result,
+def device_rows(profile: ModelProfile, plan: Plan, cluster: Cluster, *, result: Result,
                 measured_timeline: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per device: stages, predicted busy and bubble, peak memory vs limit, the dominant layer kind,
     and with a measured timeline the measured busy time (ms) and bubble."""

@@ -11,6 +11,11 @@ Numbers are the vendors' data-sheet figures for the SXM parts (dense bf16, no sp
 ``nvlink_gbps`` and ``inter_node_gbps`` are GB/s in one direction per GPU, the unit of
 :attr:`pipeline.spec.Cluster.p2p_gbps`.
 
+Memory: ``memory_gb`` is the data sheet's figure in GB; clusters use ``memory_gib``, the capacity
+``nvidia-smi`` reports in MiB over 1024 (A100-SXM4-80GB 81920 MiB = 80.0 GiB; H100/H800 "80GB"
+81559 MiB = 79.6 GiB; H200 "141GB" 143771 MiB = 140.4 GiB), less ``memory_reserve_gb`` for the
+CUDA context, NCCL and fragmentation (:data:`pipeline.spec.DEFAULT_MEMORY_RESERVE_GB`).
+
 Efficiency factors (what share of the peak a well-shaped kernel reaches): large bf16 GEMMs reach
 about 75-80% of peak on A100 and 65-75% on H100/H200 in cuBLAS benchmarks, and streaming kernels about
 80-90% of HBM bandwidth. The presets use the conservative ends (0.75 / 0.65 / 0.8): they stand for the
@@ -22,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError
-from pipeline.spec import Cluster
+from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster
 
 __all__ = ["GPUSpec", "GPUS", "ALIASES", "get_gpu", "gpu_names", "build_cluster"]
 
@@ -40,7 +45,7 @@ class GPUSpec:
     hbm_tbps: float
     """HBM bandwidth, TB/s."""
     memory_gb: float
-    """Device memory, GB (used as the cluster's per-device memory in GiB, as nvidia-smi rounds it)."""
+    """Device memory on the data sheet, GB (10**9 bytes, as marketed); not used for limits."""
     nvlink_gbps: float
     """Intra-node GPU-to-GPU bandwidth, GB/s in one direction."""
     inter_node_gbps: float
@@ -55,6 +60,15 @@ class GPUSpec:
     """Fixed cost of one kernel (launch + tail), microseconds; dominates only for tiny layers."""
     nvlink_latency_us: float = 5.0
     inter_node_latency_us: float = 10.0
+    memory_gib: float | None = None
+    """Capacity the device reports, GiB (2**30 bytes): the cluster's ``memory_gb``. None: ``memory_gb``."""
+    memory_reserve_gb: float = DEFAULT_MEMORY_RESERVE_GB
+    """GiB per device a plan may not use (CUDA context, NCCL, fragmentation): the cluster's reserve."""
+
+    @property
+    def capacity_gib(self) -> float:
+        """Device memory in GiB, as ``nvidia-smi`` and ``torch.cuda`` count it."""
+        return self.memory_gib if self.memory_gib is not None else self.memory_gb
 
     @property
     def matmul_flops_per_s(self) -> float:
@@ -79,20 +93,21 @@ class GPUSpec:
 
 GPUS: dict[str, GPUSpec] = {
     "a100": GPUSpec("a100", "A100-SXM4-80GB", peak_bf16_tflops=312.0, hbm_tbps=2.039, memory_gb=80.0,
-                    nvlink_gbps=300.0, inter_node_gbps=25.0, vector_tflops=19.5, matmul_efficiency=0.75),
+                    nvlink_gbps=300.0, inter_node_gbps=25.0, vector_tflops=19.5, matmul_efficiency=0.75,
+                    memory_gib=80.0),
     "h100": GPUSpec("h100", "H100-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
-                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0),
+                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=79.6),
     "h200": GPUSpec("h200", "H200-SXM-141GB", peak_bf16_tflops=989.0, hbm_tbps=4.8, memory_gb=141.0,
-                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0),
+                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=140.4),
     "h800": GPUSpec("h800", "H800-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
-                    nvlink_gbps=200.0, inter_node_gbps=50.0, vector_tflops=67.0),
+                    nvlink_gbps=200.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=79.6),
     # One x86 core running fp32 torch, for comparing analytic costs with what the executor's profiler
     # measures on a CPU rank. Calibrated on the 2-core development machine (one thread): a 512^3
     # matmul ran at ~100 GFLOP/s, a streaming element-wise op at ~4 GB/s, an eager op cost ~3 us
     # (more with autograd bookkeeping, hence 10 us); gloo between two local ranks ~3 GB/s.
     "cpu": GPUSpec("cpu", "x86 core (fp32, 1 thread)", peak_bf16_tflops=0.1, hbm_tbps=0.005, memory_gb=16.0,
                    nvlink_gbps=3.0, inter_node_gbps=1.0, vector_tflops=0.005, matmul_efficiency=0.6,
-                   memory_efficiency=0.8, kernel_overhead_us=10.0),
+                   memory_efficiency=0.8, kernel_overhead_us=10.0, memory_reserve_gb=0.0),
 }
 
 #: Other spellings accepted by :func:`get_gpu` (compared lower-case, ``_`` and spaces as ``-``).
@@ -125,10 +140,13 @@ def get_gpu(gpu: str | GPUSpec) -> GPUSpec:
 
 
 def build_cluster(gpu: str | GPUSpec = "h100", *, devices: int, gpus_per_node: int | None = 8,
-                  memory_gb: float | None = None, name: str | None = None) -> Cluster:
+                  memory_gb: float | None = None, memory_reserve_gb: float | None = None,
+                  name: str | None = None) -> Cluster:
     """A homogeneous cluster of ``devices`` GPUs, ``gpus_per_node`` to a node (None: one node).
 
     Within a node stages talk over NVLink (``p2p_gbps``); across nodes over the GPU's NIC.
+    Memory per device: ``memory_gb`` GiB (default the preset's :attr:`GPUSpec.capacity_gib`), of
+    which ``memory_reserve_gb`` (default the preset's) is kept off-limits.
     """
     spec = get_gpu(gpu)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
@@ -138,7 +156,8 @@ def build_cluster(gpu: str | GPUSpec = "h100", *, devices: int, gpus_per_node: i
         raise ConfigError(f"must be a whole number >= 1, got {gpus_per_node!r}", field="gpus_per_node")
     return Cluster(
         devices=devices,
-        memory_gb=memory_gb if memory_gb is not None else spec.memory_gb,
+        memory_gb=memory_gb if memory_gb is not None else spec.capacity_gib,
+        memory_reserve_gb=memory_reserve_gb if memory_reserve_gb is not None else spec.memory_reserve_gb,
         p2p_gbps=spec.nvlink_gbps,
         latency_us=spec.nvlink_latency_us,
         gpus_per_node=gpus_per_node,

@@ -19,6 +19,7 @@ from pipeline.errors import PlanError
 __all__ = [
     "Action",
     "Plan",
+    "Schedule",
     "parse_action",
     "parse_torch_cell",
     "even_partition",
@@ -28,6 +29,9 @@ __all__ = [
     "v_placement",
     "wave_placement",
     "validate_plan",
+    "validate_layout",
+    "schedule_problem",
+    "raise_schedule_problem",
     "PLAN_VERSION",
 ]
 
@@ -121,6 +125,15 @@ def wave_placement(devices: int, chunks: int) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------- the plan
 
+class Schedule(tuple):
+    """Per-device tuples of actions that also carry the flat arrays the compiled engine reads
+    (``arrays``: rows and offsets, see :mod:`pipeline.engine`), so a schedule the engine made is
+    never converted back. Equal to, and usable as, the plain tuple of tuples."""
+
+    arrays: Any = None
+
+
+
 @dataclass(frozen=True)
 class Plan:
     """Partition + placement + schedule for ``devices`` devices and ``microbatches`` micro-batches."""
@@ -143,7 +156,8 @@ class Plan:
                 object.__setattr__(self, "recompute", tuple(bool(x) for x in self.recompute))
         object.__setattr__(self, "partition", tuple((int(a), int(b)) for a, b in self.partition))
         object.__setattr__(self, "placement", tuple(int(d) for d in self.placement))
-        object.__setattr__(self, "schedule", tuple(tuple(acts) for acts in self.schedule))
+        if type(self.schedule) is not Schedule:
+            object.__setattr__(self, "schedule", tuple(tuple(acts) for acts in self.schedule))
 
     @property
     def num_stages(self) -> int:
@@ -261,6 +275,16 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
     I and one W, each on the device that holds the stage. Ordering (deadlocks, a backward before
     its forward) is checked by the simulator, which names the actions it could not run.
     """
+    validate_layout(plan, num_layers=num_layers, devices=devices, source=source)
+    problem = schedule_problem(plan)
+    if problem is not None:
+        raise_schedule_problem(plan, problem, source=source)
+
+
+def validate_layout(plan: Plan, *, num_layers: int | None = None, devices: int | None = None,
+                    source: str = "plan") -> None:
+    """The checks of :func:`validate_plan` before the actions: devices, partition, placement, and
+    one schedule row per device."""
     if devices is not None and plan.devices != devices:
         raise PlanError(f"the plan is for {plan.devices} devices but the cluster has {devices}; "
                         "search again for this cluster", source=source, field="devices")
@@ -291,46 +315,84 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
     if len(plan.schedule) != plan.devices:
         raise PlanError(f"has {len(plan.schedule)} device rows for {plan.devices} devices; give one list "
                         "of actions per device", source=source, field="schedule")
+
+
+#: A structural problem of a schedule: (kind, data). Kinds and data: ``stage``, ``mb``, ``device``:
+#: (device, flat action index); ``twice``: (device, flat index, first device); ``both``: (stage,
+#: micro-batch, op code of the split half); ``missing``: flat (stage, op code, micro-batch) triples,
+#: at most 9 of them. Op codes: F=0, I=1, W=2, B=3. The compiled engine reports the same.
+ScheduleProblem = tuple[str, tuple[int, ...]]
+
+
+def schedule_problem(plan: Plan) -> ScheduleProblem | None:
+    """The first structural problem of ``plan.schedule`` (the readable reference of the check the
+    compiled engine runs): every action names an existing stage and micro-batch on the device that
+    holds the stage, no action twice, and every (stage, micro-batch) has F and either B or I and W."""
     seen: dict[tuple[int, str, int], int] = {}
+    k = 0
     for d, acts in enumerate(plan.schedule):
         for a in acts:
             if not 0 <= a.stage < plan.num_stages:
-                raise PlanError(f"action {a} on device {d} names stage {a.stage}, outside "
-                                f"0..{plan.num_stages - 1}", source=source, field="schedule")
+                return "stage", (d, k)
             if not 0 <= a.mb < plan.microbatches:
-                raise PlanError(f"action {a} on device {d} names micro-batch {a.mb}, outside "
-                                f"0..{plan.microbatches - 1}", source=source, field="schedule")
+                return "mb", (d, k)
             if plan.placement[a.stage] != d:
-                raise PlanError(f"action {a} is on device {d} but stage {a.stage} is placed on device "
-                                f"{plan.placement[a.stage]}; move it to that device's list",
-                                source=source, field="schedule")
+                return "device", (d, k)
             key = (a.stage, a.op, a.mb)
             if key in seen:
-                raise PlanError(f"action {a} appears twice (devices {seen[key]} and {d}); keep one",
-                                source=source, field="schedule")
+                return "twice", (d, k, seen[key])
             seen[key] = d
-    missing: list[str] = []
+            k += 1
+    missing: list[int] = []
     # Stop after a few: a typo like "microbatches": 1e9 must give an answer, not a billion-step loop.
     for s in range(plan.num_stages):
         for m in range(plan.microbatches):
-            if len(missing) > 8:
+            if len(missing) // 3 > 8:
                 break
             if (s, "F", m) not in seen:
-                missing.append(f"{s}F{m}")
+                missing += (s, 0, m)
             has_b = (s, "B", m) in seen
             has_i, has_w = (s, "I", m) in seen, (s, "W", m) in seen
             if has_b and (has_i or has_w):
-                raise PlanError(f"stage {s} micro-batch {m} has both a fused {s}B{m} and a split "
-                                f"{'I' if has_i else 'W'}; use B, or I and W", source=source, field="schedule")
+                return "both", (s, m, 1 if has_i else 2)
             if not has_b:
                 if not has_i:
-                    missing.append(f"{s}I{m}" if has_w else f"{s}B{m}")
+                    missing += (s, 1 if has_w else 3, m)
                 if has_i and not has_w:
-                    missing.append(f"{s}W{m}")
-        if len(missing) > 8:
+                    missing += (s, 2, m)
+        if len(missing) // 3 > 8:
             break
-    if missing:
-        shown = ", ".join(missing[:8]) + (" and more" if len(missing) > 8 else "")
-        raise PlanError(f"missing actions {shown}; every stage needs F and B (or I and W) for every "
-                        "micro-batch", source=source, field="schedule")
+    return ("missing", tuple(missing)) if missing else None
 
+
+def raise_schedule_problem(plan: Plan, problem: ScheduleProblem, *, source: str = "plan") -> None:
+    """Raise the PlanError that names a :data:`ScheduleProblem`, the actions and the fix."""
+    kind, data = problem
+
+    def action_at(device: int, flat: int) -> Action:
+        before = sum(len(acts) for acts in plan.schedule[:device])
+        return plan.schedule[device][flat - before]
+
+    if kind in ("stage", "mb", "device", "twice"):
+        d = data[0]
+        a = action_at(d, data[1])
+        if kind == "stage":
+            message = f"action {a} on device {d} names stage {a.stage}, outside 0..{plan.num_stages - 1}"
+        elif kind == "mb":
+            message = f"action {a} on device {d} names micro-batch {a.mb}, outside 0..{plan.microbatches - 1}"
+        elif kind == "device":
+            message = (f"action {a} is on device {d} but stage {a.stage} is placed on device "
+                       f"{plan.placement[a.stage]}; move it to that device's list")
+        else:
+            message = f"action {a} appears twice (devices {data[2]} and {d}); keep one"
+    elif kind == "both":
+        s, m, op = data
+        message = f"stage {s} micro-batch {m} has both a fused {s}B{m} and a split {OPS[op]}; use B, or I and W"
+    elif kind == "missing":
+        names = [f"{data[i]}{OPS[data[i + 1]]}{data[i + 2]}" for i in range(0, len(data), 3)]
+        shown = ", ".join(names[:8]) + (" and more" if len(names) > 8 else "")
+        message = (f"missing actions {shown}; every stage needs F and B (or I and W) for every "
+                   "micro-batch")
+    else:
+        raise ValueError(f"unknown schedule problem {kind!r}")
+    raise PlanError(message, source=source, field="schedule")

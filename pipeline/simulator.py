@@ -14,8 +14,12 @@ Rules (the contract every other part relies on):
 * Memory of a device = static (parameters of every stage it holds x ``bytes_per_param``) +
   activations. ``F`` adds the stage's ``act_bytes``; ``I`` frees all but ``w_retained`` (the
   inputs of the weight matmuls, see ``LayerCost.w_retained``); ``W`` frees the rest; ``B``
-  frees all. Since a device's actions run in list order, its activation curve follows that
-  order exactly. Transfer buffers and the optimizer step are not modelled.
+  frees all. On the first stage, as PyTorch's runtime does (``I`` is a no-op there and ``W`` runs
+  the whole backward), ``I`` frees nothing and ``W`` frees all
+  (``TrainingConfig.first_stage_defers_backward``, on by default). Since a device's actions run
+  in list order, its activation curve follows that order exactly. The limit is each device's
+  capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step are not
+  modelled.
 * Finer units (see :func:`stage_costs`): units of a ``shared_group`` (a head cut into shards)
   hold one copy of their weights per device, and the all-reduce of their gradients across the
   devices that hold them runs after the step (``StageCosts.post_step``, added to the makespan).
@@ -31,8 +35,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pipeline import engine
 from pipeline.errors import PlanError
-from pipeline.plan import Action, Plan, validate_plan
+from pipeline.plan import (
+    Action,
+    Plan,
+    raise_schedule_problem,
+    schedule_problem,
+    validate_layout,
+)
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
 _DUMMY_LAYER = LayerCost("stage", "stage", 0.0, 0.0, 0.0, 0, 0, 0)
@@ -56,7 +67,10 @@ class StageCosts:
     i: tuple[float, ...]
     w: tuple[float, ...]
     act: tuple[float, ...]
+    """Activation bytes ``F`` adds, per stage."""
     w_keep: tuple[float, ...]
+    """Of ``act``, the bytes ``I`` leaves for ``W`` to free (all of them on a stage whose backward
+    runs entirely at ``W``: the first stage under ``TrainingConfig.first_stage_defers_backward``)."""
     comm: tuple[float, ...]
     """``comm[s]``: transfer time between stage ``s`` and ``s+1`` (0 on the same device)."""
     static_bytes: tuple[float, ...]
@@ -74,14 +88,58 @@ class StageCosts:
         """Duration of each stage's fused backward B (read it once per simulation)."""
         return self.fused if self.fused is not None else tuple(a + b for a, b in zip(self.i, self.w))
 
+    def native_vectors(self) -> tuple[tuple[float, ...], ...]:
+        """``(f, i, w, act, w_keep, comm, backward)``: the compiled engine's per-stage arguments."""
+        return (self.f, self.i, self.w, self.act, self.w_keep, self.comm, self.backward)
 
-def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
+
+@dataclass(frozen=True)
+class _Columns:
+    """A profile's per-layer fields as lists, read once per profile (slices sum in C)."""
+
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    b_full: list[float] | None
+    act: list[int]
+    keep: list[int]
+    params: list[int]
+    out: list[int]
+    groups: list[tuple[str, float] | None] | None = None
+    """Per layer ``(shared_group, grad_sync_bytes)`` or None; ``None`` when no layer shares weights."""
+
+
+def _columns(profile: ModelProfile) -> _Columns:
+    cached = profile.__dict__.get("_columns")
+    if cached is None:
+        layers = profile.layers
+        measured_b = all("b_full" in x.extra for x in layers)
+        cached = _Columns([x.f for x in layers], [x.b for x in layers], [x.w for x in layers],
+                          [float(x.extra["b_full"]) for x in layers] if measured_b else None,
+                          [x.act_bytes for x in layers], [x.w_retained for x in layers],
+                          [x.params for x in layers], [x.out_bytes for x in layers],
+                          _shared_groups(layers))
+        object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
+    return cached
+
+
+def _shared_groups(layers: Sequence[LayerCost]) -> list[tuple[str, float] | None] | None:
+    groups = [(str(x.extra["shared_group"]), float(x.extra.get("grad_sync_bytes", 0)))
+              if x.extra.get("shared_group") is not None else None for x in layers]
+    return groups if any(g is not None for g in groups) else None
+
+
+def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
                 placement: Sequence[int], training: TrainingConfig = TrainingConfig(),
                 recompute: Sequence[bool] | None = None) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
     measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
     autograd pass is cheaper than I then W) plus two overheads, like I + W.
+
+    With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
+    (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
+    them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays).
 
     Units that name a ``shared_group`` (head shards) count their parameters once per device and
     add a ring all-reduce of ``grad_sync_bytes`` over the devices holding the group to
@@ -90,59 +148,62 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     W is empty and nothing waits for it (a separate weight pass over checkpointed activations
     would re-run the forward per parameter group); B costs ``f + b + w``; the device's static
     memory reserves one micro-batch of the stage's full activations for the recomputation."""
-    layers = profile.layers
     if recompute is not None and len(recompute) != len(partition):
         raise PlanError(f"has {len(recompute)} entries for {len(partition)} stages; give one per stage",
                         field="recompute")
+    col = _columns(profile)
     over = profile.action_overhead
-    measured_b = all("b_full" in x.extra for x in layers)
+    measured_b = col.b_full is not None
     fused: list[float] = []
     speeds = cluster.speeds
     unit = profile.seconds_per_unit
     f, i, w, act, keep, comm = [], [], [], [], [], []
     static = [0.0] * cluster.devices
-    transient = [0.0] * cluster.devices
-    groups: dict[str, tuple[float, set[int]]] = {}
     scale = training.activation_scale
+    transient = [0.0] * cluster.devices
+    holders: dict[str, tuple[float, set[int]]] = {}
     for s, (a, b) in enumerate(partition):
         d = placement[s]
         sp = speeds[d]
-        chunk = layers[a:b]
-        fwd = sum(x.f for x in chunk) / sp
-        bwd_w = sum(x.w for x in chunk) / sp
+        fwd, bwd_w = sum(col.f[a:b]) / sp, sum(col.w[a:b]) / sp
         redo = recompute is not None and bool(recompute[s])
         f.append(fwd + over)
         if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
-            i.append(fwd + sum(x.b for x in chunk) / sp + bwd_w + over)
+            i.append(fwd + sum(col.b[a:b]) / sp + bwd_w + over)
             w.append(over)
         else:
-            i.append(sum(x.b for x in chunk) / sp + over)
+            i.append(sum(col.b[a:b]) / sp + over)
             w.append(bwd_w + over)
-        if measured_b:
-            fused.append(sum(float(x.extra["b_full"]) for x in chunk) / sp + 2 * over + (fwd if redo else 0.0))
-        full = scale * sum(x.act_bytes for x in chunk)
+        if col.b_full is not None:
+            fused.append(sum(col.b_full[a:b]) / sp + 2 * over + (fwd if redo else 0.0))
+        full = scale * sum(col.act[a:b])
         if redo:
-            stage_input = layers[a - 1].out_bytes if a else 8 * profile.tokens_per_microbatch
-            act.append(float(stage_input))
+            act.append(float(col.out[a - 1] if a else 8 * profile.tokens_per_microbatch))
             keep.append(0.0)
             transient[d] = max(transient[d], full)
         else:
             act.append(full)
-            keep.append(scale * sum(x.w_retained for x in chunk))
-        for x in chunk:
-            group = x.extra.get("shared_group")
-            if group is None:
-                static[d] += training.bytes_per_param * x.params
-                continue
-            nbytes, holders = groups.setdefault(str(group), (float(x.extra.get("grad_sync_bytes", 0)), set()))
-            if d not in holders:
-                holders.add(d)
-                static[d] += training.bytes_per_param * x.params
+            if s == 0 and training.first_stage_defers_backward:
+                keep.append(act[-1])
+            else:
+                keep.append(scale * sum(col.keep[a:b]))
+        if col.groups is None:
+            static[d] += training.bytes_per_param * sum(col.params[a:b])
+        else:
+            for k in range(a, b):
+                group = col.groups[k]
+                if group is None:
+                    static[d] += training.bytes_per_param * col.params[k]
+                    continue
+                devices = holders.setdefault(group[0], (group[1], set()))[1]
+                if d not in devices:
+                    devices.add(d)
+                    static[d] += training.bytes_per_param * col.params[k]
         if s + 1 < len(partition):
-            comm.append(cluster.transfer_seconds(d, placement[s + 1], chunk[-1].out_bytes) / unit)
+            comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)
         else:
             comm.append(0.0)
-    post = sum(_ring_all_reduce(cluster, sorted(holders), nbytes) for nbytes, holders in groups.values()) / unit
+    post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
     static = [x + y for x, y in zip(static, transient)]
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
                       cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
@@ -156,6 +217,7 @@ def _ring_all_reduce(cluster: Cluster, devices: Sequence[int], nbytes: float) ->
         return 0.0
     step = max(cluster.transfer_seconds(devices[k], devices[(k + 1) % n], nbytes / n) for k in range(n))
     return 2 * (n - 1) * step
+
 
 
 @dataclass
@@ -236,33 +298,69 @@ def _invalid(message: str, costs: StageCosts, tokens: int, profile: ModelProfile
                   profile.time_unit, devices=devices)
 
 
-def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: TrainingConfig = TrainingConfig(),
-             *, costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
+def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: TrainingConfig = TrainingConfig(),
+             costs: StageCosts | None = None, validate: bool = True, record_timeline: bool = True) -> Result:
     """Simulate ``plan``; never raises for a bad plan: an invalid one gives ``Result.valid == False``.
 
     ``costs`` may be passed to reuse per-stage sums across schedules; ``validate=False`` skips the
     structural checks (use only for plans from our own generators); ``record_timeline=False``
-    keeps only the figures (faster, for search).
+    keeps only the figures (faster, for search). Runs on the engine :mod:`pipeline.engine` selects.
     """
     tokens = plan.microbatches * profile.tokens_per_microbatch
-    P, M, S = plan.devices, plan.microbatches, plan.num_stages
+    P, M = plan.devices, plan.microbatches
+    arrays = engine.schedule_arrays(plan.schedule) if engine.native is not None else None
     if validate:
         try:
-            validate_plan(plan, num_layers=profile.num_layers, devices=cluster.devices)
+            validate_layout(plan, num_layers=profile.num_layers, devices=cluster.devices)
+            problem = (schedule_problem(plan) if arrays is None else
+                       engine.native.check_schedule(P, M, list(plan.placement), *arrays))
+            if problem is not None and problem[0]:
+                raise_schedule_problem(plan, (problem[0], tuple(problem[1])))
         except PlanError as exc:
             dummy = StageCosts((), (), (), (), (), (), tuple(0.0 for _ in range(P)),
                                tuple(cluster.memory_limits_bytes[:P]) if cluster.devices >= P else
                                tuple(float("inf") for _ in range(P)))
             return _invalid(str(exc), dummy, tokens, profile, P)
     if costs is None:
-        costs = stage_costs(profile, cluster, plan.partition, plan.placement, training, plan.recompute)
+        costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training,
+                            recompute=plan.recompute)
+    if arrays is None:
+        ok, makespan, busy, peak, ran, timeline = _run_python(plan.schedule, costs, P, M, record_timeline)
+    else:
+        ok, makespan, busy, peak, ran, starts, ends = engine.native.simulate(
+            *costs.native_vectors(), P, M, arrays[0], arrays[1], record_timeline)
+        timeline = []
+        if ok and record_timeline:
+            starts, ends = starts.tolist(), ends.tolist()
+            k = 0
+            for d, acts in enumerate(plan.schedule):
+                for a in acts:
+                    timeline.append(TimelineEntry(d, a, starts[k], ends[k]))
+                    k += 1
+    if not ok:
+        S = plan.num_stages
+        waiting = [f"device {d} waits at {plan.schedule[d][ran[d]]} ({_needs(plan.schedule[d][ran[d]], S)})"
+                   for d in range(P) if ran[d] < len(plan.schedule[d])]
+        return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
+                        ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
+    static = costs.static_bytes
+    makespan += costs.post_step  # the shared weights' gradient all-reduce after the last action
+    return Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
+                  costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
+
+
+def _run_python(schedule: Sequence[Sequence[Action]], costs: StageCosts, P: int, M: int, record_timeline: bool
+                ) -> tuple[bool, float, list[float], list[float], list[int], list[TimelineEntry]]:
+    """The readable reference of the event simulation (the compiled engine mirrors it line by line):
+    (completed, makespan, busy per device, peak activations per device, actions run per device,
+    timeline sorted by device and start)."""
+    S = len(costs.f)
     F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
     BF = costs.backward
     last = S - 1
     n = S * M
     fend: list[float | None] = [None] * n
     iend: list[float | None] = [None] * n
-    schedule = plan.schedule
     ptr = [0] * P
     free = [0.0] * P
     busy = [0.0] * P
@@ -346,24 +444,13 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, training: Trai
                 peak[d] = pk
                 busy[d] = bz
                 progress = True
-    if done < total:
-        waiting = []
-        for d in range(P):
-            if ptr[d] < lens[d]:
-                a = schedule[d][ptr[d]]
-                waiting.append(f"device {d} waits at {a} ({_needs(a, S)})")
-        return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
-                        ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
-    makespan = (max(free) if free else 0.0) + costs.post_step
-    static = costs.static_bytes
-    result = Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
-                    costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
+    makespan = max(free) if free else 0.0
     if record_timeline:
         timeline.sort(key=lambda e: (e.device, e.start))
-    return result
+    return done >= total, makespan, busy, peak, ptr, timeline
 
 
-def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int,
+def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int, *,
                    microbatches: int) -> tuple[float, tuple[float, ...]]:
     """Iteration time and peak activation bytes per device of an order from our own generators
     (valid by construction), without building a Plan or a Result."""
@@ -392,10 +479,10 @@ def _needs(a: Action, num_stages: int) -> str:
     return f"needs {s}F{m} and the gradient of {s + 1}I{m} or {s + 1}B{m}"
 
 
-def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster,
+def simulate_checked(plan: Plan, profile: ModelProfile, cluster: Cluster, *,
                      training: TrainingConfig = TrainingConfig(), **kw: Any) -> Result:
     """Like :func:`simulate` but raise PlanError for an invalid plan."""
-    result = simulate(plan, profile, cluster, training, **kw)
+    result = simulate(plan, profile, cluster, training=training, **kw)
     if not result.valid:
         raise PlanError(result.error or "invalid plan", field="schedule")
     return result

@@ -11,13 +11,17 @@ candidates, counts simulator calls and caches repeats.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline import engine
 from pipeline.errors import PlanError
+from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule, native_args
+from pipeline.orders import gpipe_order, interleaved_order, looped_bfs_order, one_f_one_b_order, zbv_order
 from pipeline.plan import (
     Plan,
     interleaved_placement,
@@ -26,17 +30,8 @@ from pipeline.plan import (
     v_placement,
     wave_placement,
 )
-from pipeline.schedules import (
-    ListSchedulerConfig,
-    budget_caps,
-    gpipe_order,
-    interleaved_order,
-    list_schedule,
-    looped_bfs_order,
-    one_f_one_b_order,
-    zbv_order,
-)
-from pipeline.simulator import Result, simulate, stage_costs
+from pipeline.schedules import ACTIVATION_BUDGETS, activation_budgets
+from pipeline.simulator import Result, StageCosts, simulate, stage_costs
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
 __all__ = [
@@ -48,6 +43,7 @@ __all__ = [
     "make_placement",
     "balanced_sizes",
     "materialize",
+    "list_config",
     "objective_key",
     "preset_budgets",
 ]
@@ -106,18 +102,9 @@ class Candidate:
 
 
 def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:
-    """Per-device activation budgets (micro-batches) of a named schedule's memory: ``zb-h1`` /
-    ``1f1b``, ``zb-h2``, ``zbv``, ``v-half``, ``v-min``; ``None`` for any other name (unlimited)."""
-    P = devices
-    table = {
-        "zb-h1": [P - d for d in range(P)],
-        "1f1b": [P - d for d in range(P)],
-        "zb-h2": [2 * (P - d) - 1 for d in range(P)],
-        "zbv": [P] * P,
-        "v-half": [(P + 2) / 2] * P,
-        "v-min": [(P + 4) / 3] * P,
-    }
-    return None if name not in table else tuple(float(x) for x in table[name])
+    """Per-device activation budgets (micro-batches) of a named schedule's memory
+    (:data:`pipeline.schedules.ACTIVATION_BUDGETS`); ``None`` for any other name (unlimited)."""
+    return activation_budgets(name, devices) if name in ACTIVATION_BUDGETS else None
 
 
 def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
@@ -135,7 +122,7 @@ def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
     raise PlanError(f"unknown placement {kind!r}; use one of {PLACEMENT_KINDS}", field="placement")
 
 
-def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster,
+def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster, *,
                    weights: Sequence[float] | None = None) -> tuple[int, ...]:
     """Layers per stage minimising the heaviest stage's time (cost-aware dynamic program).
 
@@ -189,20 +176,24 @@ def _fixed_order(c: Candidate, devices: int, microbatches: int):
     raise PlanError(f"unknown order {c.order!r}; use one of {ORDERS}", field="order")
 
 
-def materialize(c: Candidate, problem: Problem) -> Plan:
-    """The plan a candidate describes."""
+def list_config(c: Candidate, costs: StageCosts, devices: int) -> ListSchedulerConfig:
+    """The list scheduler's knobs for a ``list`` candidate (budgets turned into byte caps)."""
+    caps = None if c.budgets is None else budget_caps(costs, c.placement, devices, microbatches_per_device=c.budgets)
+    return ListSchedulerConfig(caps=caps, split_backward=c.split_backward, eager_w=c.eager_w,
+                               depth_first=c.depth_first, max_pending_w=c.max_pending_w, cap_counts_w=c.cap_counts_w)
+
+
+def materialize(c: Candidate, problem: Problem, *, costs: StageCosts | None = None) -> Plan:
+    """The plan a candidate describes (``costs``: its stage costs, when already known)."""
     P, M = problem.devices, problem.microbatches
     partition = partition_from_sizes(c.sizes)
     if c.recompute is not None and len(c.recompute) != c.num_stages:
         raise PlanError(f"has {len(c.recompute)} entries for {c.num_stages} stages", field="recompute")
     if c.order == "list":
-        costs = stage_costs(problem.profile, problem.cluster, partition, c.placement, problem.training,
-                            c.recompute)
-        caps = None if c.budgets is None else budget_caps(costs, c.placement, P, c.budgets)
-        config = ListSchedulerConfig(caps=caps, split_backward=c.split_backward, eager_w=c.eager_w,
-                                     depth_first=c.depth_first, max_pending_w=c.max_pending_w,
-                                     cap_counts_w=c.cap_counts_w)
-        order = list_schedule(costs, c.placement, P, M, config)
+        if costs is None:
+            costs = stage_costs(problem.profile, problem.cluster, partition, placement=c.placement,
+                                training=problem.training, recompute=c.recompute)
+        order = list_schedule(costs, c.placement, P, microbatches=M, config=list_config(c, costs, P))
     else:
         order = _fixed_order(c, P, M)
     return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()},
@@ -218,37 +209,173 @@ def objective_key(result: Result) -> tuple[int, float, float]:
 
 
 class Evaluator:
-    """Simulates candidates for one problem; counts simulator calls and caches repeats."""
+    """Simulates candidates for one problem; counts simulator calls and caches repeats.
+
+    :meth:`result` is the search's hot path: with the compiled engine a ``list`` candidate is
+    scheduled and simulated in one native call and no Python plan is built; :meth:`plan` builds
+    the plan only when someone needs it (the best one, say). :meth:`results` evaluates a batch
+    (a phase's neighbours) in one native call that runs them on :data:`BATCH_THREADS` threads.
+    Results are identical on either engine and with or without batching.
+    """
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.calls = 0
         self.started = time.perf_counter()
-        self._cache: dict[Candidate, tuple[Plan, Result]] = {}
+        self._cache: dict[Candidate, Result] = {}
+        self._plans: dict[Candidate, Plan] = {}
+        self._costs: dict[tuple[tuple[int, ...], tuple[int, ...]], StageCosts] = {}
+        self._balanced: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._call_numbers: dict[Candidate, int] = {}
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.started
 
-    def evaluate(self, c: Candidate) -> tuple[Plan, Result]:
-        """(plan, result) of a candidate; an impossible candidate gives an invalid result."""
+    def known(self, c: Candidate) -> bool:
+        """Whether ``c`` was evaluated already (its result is free)."""
+        return c in self._cache
+
+    def call_number(self, c: Candidate) -> int:
+        """The call count right after ``c`` was evaluated (what a one-by-one search would have spent)."""
+        return self._call_numbers.get(c, self.calls)
+
+    def costs(self, sizes: tuple[int, ...], placement: tuple[int, ...],
+              recompute: tuple[bool, ...] | None = None) -> StageCosts:
+        """Stage costs of a partition and placement (cached: many candidates share them)."""
+        key = (sizes, placement, recompute)
+        hit = self._costs.get(key)
+        if hit is None:
+            p = self.problem
+            if len(self._costs) > 4096:
+                self._costs.clear()
+            hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement=placement,
+                                                 training=p.training, recompute=recompute)
+        return hit
+
+    def balanced_sizes(self, placement: tuple[int, ...]) -> tuple[int, ...]:
+        """:func:`balanced_sizes` of the problem for ``placement`` (cached)."""
+        hit = self._balanced.get(placement)
+        if hit is None:
+            p = self.problem
+            hit = self._balanced[placement] = balanced_sizes(p.profile, placement, p.cluster)
+        return hit
+
+    def result(self, c: Candidate) -> Result:
+        """The simulated result of a candidate; an impossible candidate gives an invalid result."""
         hit = self._cache.get(c)
+        if hit is None:
+            hit = self._finish(c, self._start(c))
+        return hit
+
+    def results(self, candidates: Sequence[Candidate]) -> list[Result]:
+        """:meth:`result` of each candidate; the new ones' native calls run side by side."""
+        todo = list(dict.fromkeys(c for c in candidates if c not in self._cache))
+        if len(todo) > 1 and engine.native is not None:
+            jobs = [self._start(c) for c in todo]
+            native = [job for job in jobs if job.args is not None]
+            outcomes = engine.native.schedule_and_simulate_batch([job.args for job in native], BATCH_THREADS)
+            for job, outcome in zip(native, outcomes):
+                if isinstance(outcome, str):
+                    job.error = outcome
+                else:
+                    job.outcome = outcome
+            for c, job in zip(todo, jobs):
+                self._finish(c, job)
+        return [self.result(c) for c in candidates]
+
+    def plan(self, c: Candidate) -> Plan:
+        """The plan of a candidate (built on demand and cached)."""
+        hit = self._plans.get(c)
         if hit is not None:
             return hit
+        self.result(c)  # a new candidate counts as a call once, as in evaluate()
         p = self.problem
         try:
-            plan = materialize(c, p)
-        except PlanError as exc:
-            dummy = Plan(p.devices, p.microbatches, ((0, p.profile.num_layers),), (0,), ((),) * p.devices)
-            res = simulate(dummy, p.profile, p.cluster, p.training)
-            res.error = str(exc)
-            self._cache[c] = (dummy, res)
-            return dummy, res
-        self.calls += 1
-        res = simulate(plan, p.profile, p.cluster, p.training, validate=False, record_timeline=False)
-        self._cache[c] = (plan, res)
-        return plan, res
+            costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
+            plan = materialize(c, p, costs=costs)
+        except PlanError:
+            plan = _empty_plan(p)
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[c] = plan
+        return plan
+
+    def evaluate(self, c: Candidate) -> tuple[Plan, Result]:
+        """(plan, result) of a candidate; an impossible candidate gives an invalid result."""
+        result = self.result(c)
+        return self.plan(c), result
 
     def key(self, c: Candidate) -> tuple[int, float, float]:
-        return objective_key(self.evaluate(c)[1])
+        return objective_key(self.result(c))
 
+    # ------------------------------------------------------------------ internals
+
+    def _start(self, c: Candidate) -> _Job:
+        """Everything up to the native call: costs, caps, arguments (or an error, or a plan)."""
+        p = self.problem
+        try:
+            if c.order == "list" and engine.native is not None:
+                costs = self.costs(c.sizes, c.placement, c.recompute)
+                config = list_config(c, costs, p.devices)
+                args = (*costs.native_vectors(), list(c.placement), p.devices, p.microbatches, *native_args(config))
+                return _Job(costs=costs, args=args)
+            costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
+            return _Job(costs=costs, plan=materialize(c, p, costs=costs))
+        except PlanError as exc:
+            return _Job(error=str(exc))
+
+    def _finish(self, c: Candidate, job: _Job) -> Result:
+        p = self.problem
+        if job.args is not None and job.outcome is None and job.error is None:
+            job = _run_job(job)
+        if job.outcome is not None and not job.outcome[0]:
+            # Never for the list scheduler's orders; the simulator names the deadlock if it happens.
+            job = _Job(costs=job.costs, plan=materialize(c, p, costs=job.costs))
+        if job.error is not None:
+            res = simulate(_empty_plan(p), p.profile, p.cluster, training=p.training)
+            res.error = job.error
+        elif job.plan is not None:
+            self.calls += 1
+            res = simulate(job.plan, p.profile, p.cluster, training=p.training, costs=job.costs, validate=False,
+                           record_timeline=False)
+            self._plans[c] = job.plan
+        else:
+            self.calls += 1
+            _, makespan, busy, peak = job.outcome
+            costs = job.costs
+            static = costs.static_bytes
+            res = Result(True, None, makespan + costs.post_step, tuple(busy),
+                         tuple(static[d] + peak[d] for d in range(p.devices)),
+                         costs.memory_limit, p.microbatches * p.profile.tokens_per_microbatch,
+                         p.profile.seconds_per_unit, p.profile.time_unit, [], devices=p.devices)
+        self._cache[c] = res
+        self._call_numbers[c] = self.calls
+        return res
+
+
+#: Threads the compiled engine spreads a batch of :meth:`Evaluator.results` over (it releases the GIL).
+BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
+@dataclass
+class _Job:
+    costs: StageCosts | None = None
+    args: tuple | None = None
+    outcome: tuple | None = None
+    plan: Plan | None = None
+    error: str | None = None
+
+
+def _run_job(job: _Job) -> _Job:
+    if job.args is None or job.outcome is not None:
+        return job
+    try:
+        job.outcome = engine.native.schedule_and_simulate(*job.args)
+    except RuntimeError as exc:
+        job.error = str(exc)
+    return job
+
+
+def _empty_plan(p: Problem) -> Plan:
+    return Plan(p.devices, p.microbatches, ((0, p.profile.num_layers),), (0,), ((),) * p.devices)

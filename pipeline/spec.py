@@ -2,7 +2,10 @@
 
 Units: times are in the profile's ``time_unit`` (``ms`` by default), bytes are
 bytes, bandwidths are gigabytes per second (``p2p_gbps = 450`` is H100 NVLink's
-450 GB/s one way), latencies are microseconds, memories are GiB (2**30 bytes).
+450 GB/s one way), latencies are microseconds, memories are GiB (2**30 bytes): every ``*_gb`` memory field
+(``memory_gb``, ``memory_reserve_gb``) counts 2**30 bytes, the unit ``nvidia-smi`` and
+``torch.cuda`` report in (an "80 GB" H100 shows 81559 MiB = 79.6 GiB). Data-sheet gigabytes
+(10**9 bytes) appear only as :attr:`pipeline.hardware.GPUSpec.memory_gb`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +28,21 @@ __all__ = [
     "TrainingConfig",
     "GIB",
     "TIME_UNITS",
+    "DEFAULT_MEMORY_RESERVE_GB",
 ]
 
 GIB = 2**30
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 PROFILE_VERSION = 1
-CLUSTER_VERSION = 1
+#: 2: ``memory_reserve_gb`` (absent in a version-1 file: the default below applies).
+CLUSTER_VERSION = 2
+#: GiB per GPU that a plan may not use: the CUDA context with cuBLAS/cuDNN workspaces (about
+#: 0.5-1 GiB with lazy module loading), NCCL's buffers and streams for the point-to-point
+#: transfers of a pipeline (about 0.5-1 GiB), and the caching allocator's fragmentation
+#: (reserved over allocated at peak, commonly a few percent of the peak). 4 GiB is 5% of an
+#: 80 GiB H100 and 3% of an H200; ``python -m experiments.benchmarks.gpu_check`` measures the
+#: context and fragmentation on a real GPU so it can be corrected.
+DEFAULT_MEMORY_RESERVE_GB = 4.0
 #: Share of a layer's activations that its W (weight-gradient) pass still needs
 #: after I has run, when a profile gives no ``w_act_bytes``: the inputs of the
 #: weight matmuls. For a Megatron transformer layer these are about 8 of the
@@ -244,7 +257,7 @@ class Device:
     speed: float = 1.0
     """Compute speed factor: a layer's time on this device is its profile time / speed."""
     memory_gb: float = 80.0
-    """Memory capacity in GiB."""
+    """Memory capacity in GiB (2**30 bytes), as ``torch.cuda`` reports it."""
 
 
 @dataclass(frozen=True)
@@ -253,10 +266,13 @@ class Cluster:
 
     Devices ``0..gpus_per_node-1`` share a node and talk over ``p2p_gbps``;
     across nodes the link is ``inter_node_gbps`` with ``inter_node_latency_us``.
+    A plan may use ``memory_gb - memory_reserve_gb`` GiB per device
+    (:attr:`memory_limits_bytes`).
     """
 
     devices: int
     memory_gb: float = 80.0
+    """Capacity per device, GiB (2**30 bytes)."""
     p2p_gbps: float = 450.0
     latency_us: float = 5.0
     gpus_per_node: int | None = None
@@ -264,6 +280,10 @@ class Cluster:
     inter_node_latency_us: float = 10.0
     device_list: tuple[Device, ...] | None = None
     name: str = "cluster"
+    memory_reserve_gb: float = 0.0
+    """GiB per device kept off-limits for the CUDA context, NCCL buffers and allocator
+    fragmentation. 0 here (an ideal device); GPU presets, the command line and cluster files
+    default to :data:`DEFAULT_MEMORY_RESERVE_GB`."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -274,24 +294,35 @@ class Cluster:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ClusterError(f"must be a positive number, got {value!r}", source=self.name, field=key)
+        reserve = self.memory_reserve_gb
+        if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not math.isfinite(reserve) \
+                or reserve < 0:
+            raise ClusterError(f"must be a number >= 0 (GiB), got {reserve!r}", source=self.name,
+                               field="memory_reserve_gb")
         if self.device_list is not None:
             object.__setattr__(self, "device_list", tuple(self.device_list))
             if len(self.device_list) != self.devices:
                 raise ClusterError(f"lists {len(self.device_list)} devices but 'devices' is {self.devices}; "
                                    "make them agree", source=self.name, field="device_list")
+        smallest = min(self.device(d).memory_gb for d in range(self.devices))
+        if reserve >= smallest:
+            raise ClusterError(f"{reserve:g} GiB leaves nothing of a {smallest:g} GiB device; lower "
+                               "memory_reserve_gb (--memory-reserve-gb) or raise memory_gb (--memory-gb)",
+                               source=self.name, field="memory_reserve_gb")
 
     def device(self, index: int) -> Device:
         if self.device_list is not None:
             return self.device_list[index]
         return Device(speed=1.0, memory_gb=self.memory_gb)
 
-    @property
+    @cached_property
     def speeds(self) -> tuple[float, ...]:
         return tuple(self.device(d).speed for d in range(self.devices))
 
     @property
     def memory_limits_bytes(self) -> tuple[float, ...]:
-        return tuple(self.device(d).memory_gb * GIB for d in range(self.devices))
+        """Bytes a plan may use per device: capacity less the reserve."""
+        return tuple((self.device(d).memory_gb - self.memory_reserve_gb) * GIB for d in range(self.devices))
 
     def same_node(self, a: int, b: int) -> bool:
         if self.gpus_per_node is None:
@@ -313,12 +344,17 @@ class Cluster:
             devs = tuple(replace(d, memory_gb=memory_gb) for d in self.device_list)
         return replace(self, memory_gb=memory_gb, device_list=devs)
 
+    def with_reserve(self, memory_reserve_gb: float) -> Cluster:
+        """The same cluster with ``memory_reserve_gb`` GiB per device kept off-limits."""
+        return replace(self, memory_reserve_gb=memory_reserve_gb)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "version": CLUSTER_VERSION,
             "name": self.name,
             "devices": self.devices,
             "memory_gb": self.memory_gb,
+            "memory_reserve_gb": self.memory_reserve_gb,
             "p2p_gbps": self.p2p_gbps,
             "latency_us": self.latency_us,
             "inter_node_gbps": self.inter_node_gbps,
@@ -361,8 +397,13 @@ class Cluster:
         gpn = raw.get("gpus_per_node")
         if gpn is not None:
             gpn = _number(raw, "gpus_per_node", minimum=1, integer=True, **num)
-        known = {"version", "name", "devices", "memory_gb", "p2p_gbps", "latency_us", "gpus_per_node",
-                 "inter_node_gbps", "inter_node_latency_us", "device_list"}
+        version = _number(raw, "version", minimum=1, default=1, integer=True, **num)
+        if version > CLUSTER_VERSION:
+            raise ClusterError(f"version {version} is newer than this toolkit reads ({CLUSTER_VERSION}); "
+                               "update the toolkit or write the file at an older version", source=source,
+                               field="version")
+        known = {"version", "name", "devices", "memory_gb", "memory_reserve_gb", "p2p_gbps", "latency_us",
+                 "gpus_per_node", "inter_node_gbps", "inter_node_latency_us", "device_list"}
         p2p = _number(raw, "p2p_gbps", minimum=1e-12, **num)
         return cls(
             devices=devices,
@@ -375,6 +416,7 @@ class Cluster:
                                           **num),
             device_list=tuple(device_list) if device_list is not None else None,
             name=str(raw.get("name", Path(source).stem)),
+            memory_reserve_gb=_number(raw, "memory_reserve_gb", default=DEFAULT_MEMORY_RESERVE_GB, **num),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -392,3 +434,10 @@ class TrainingConfig:
     weights and no sharded optimizer (Korthikanti et al. 2022 quote 16-18)."""
     activation_scale: float = 1.0
     """Multiplier on every layer's activation bytes (e.g. < 1 with selective recomputation)."""
+    first_stage_defers_backward: bool = True
+    """Memory as PyTorch's ``_PipelineScheduleRuntime`` (torch 2.13, the executor's runtime) spends
+    it: on the first stage, ``I`` does nothing (there is no input gradient to send) and ``W`` runs
+    the whole backward, so stage 0 keeps all its activations from ``F`` until ``W``
+    (``PipelineStage.backward_one_chunk`` skips ``is_first``; ``backward_weight_one_chunk`` runs
+    the "full" backward for stage 0). ``False``: a runtime that splits stage 0's backward like
+    every other stage's (its ``I`` frees all but ``w_act_bytes``). Fused ``B`` is unaffected."""

@@ -29,6 +29,7 @@ SKIP: list[tuple[str, str]] = [
     (r"^(pip|\S*/pip) install\b", "installs packages (no network in tests)"),
     (r"^wandb\b", "`wandb sync`/`login` upload to a W&B server (no network in tests)"),
     (r"^export WANDB_(API_KEY|BASE_URL)=", "credentials for a W&B server"),
+    (r"^torchrun .*--backend nccl\b", "NCCL replay: needs GPUs"),
     (r"^torchrun --nnodes=", "multi-node launch: needs several machines"),
 ]
 #: (regex, replacement) applied to every command: small budgets, so all pages run in ~3 minutes.
@@ -52,7 +53,7 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments sweep(?=\s|$)", "--budget 20 --max-trials 4"),
     (r"-m experiments train(?=\s|$)", "--timesteps 64 --eval-every 0"),
     (r"-m experiments reproduce(?=\s|$)", "--families gemma --sizes small --seq-lens 2048 --budget 20"),
-    (r"-m experiments\.benchmarks\.simulator_speed(?=\s|$)", "--repeats 1 --window 0.1"),
+    (r"-m experiments\.benchmarks\.engine_speed(?=\s|$)", "--repeats 1 --no-tuner"),
     (r"-m experiments\.benchmarks\.search_speed(?=\s|$)", "--cases small --budgets 20"),
     (r"-m experiments\.benchmarks\.env_speed(?=\s|$)", "--seconds 1"),
 ]

@@ -53,8 +53,8 @@ def _worker(args: argparse.Namespace) -> None:
 
     from executor.model import build_stage, make_batch, resolve_architecture
     from executor.runtime import PipelineExecutor, passthrough_loss
+    from pipeline.orders import one_f_one_b_order
     from pipeline.plan import Plan, even_partition, parse_action
-    from pipeline.schedules import one_f_one_b_order
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))

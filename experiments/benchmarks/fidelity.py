@@ -35,8 +35,9 @@ from executor.fidelity import (  # noqa: E402
 )
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
+from pipeline.list_scheduler import ListSchedulerConfig, list_schedule  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
-from pipeline.schedules import ListSchedulerConfig, build_plan, list_schedule  # noqa: E402
+from pipeline.schedules import build_plan  # noqa: E402
 from pipeline.simulator import stage_costs  # noqa: E402
 from pipeline.spec import Cluster, ModelProfile  # noqa: E402
 
@@ -47,12 +48,12 @@ METHODS = ("1f1b", "i1f1b-v2", "zb-h1", "zbv")
 
 def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> list[tuple[str, Plan]]:
     """The named plans plus a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1)."""
-    plans = [(m, build_plan(m, profile, cluster, microbatches)) for m in METHODS]
+    plans = [(m, build_plan(m, profile, cluster, microbatches=microbatches)) for m in METHODS]
     partition = partition_from_sizes([3, 1, 2, 2]) if profile.num_layers == 8 else None
     if partition is not None:
         placement = (1, 0, 0, 1)
-        costs = stage_costs(profile, cluster, partition, placement)
-        order = list_schedule(costs, placement, 2, microbatches, ListSchedulerConfig())
+        costs = stage_costs(profile, cluster, partition, placement=placement)
+        order = list_schedule(costs, placement, 2, microbatches=microbatches, config=ListSchedulerConfig())
         plans.append(("uneven-custom", Plan(2, microbatches, partition, placement, order,
                                             {"method": "uneven-custom"})))
     return plans
@@ -84,9 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])
     runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
-    comps = compare_plans(plans, profile, cluster, runs)
+    comps = compare_plans(plans, profile, cluster, runs=runs)
     summary = fidelity_summary(comps)
-    cv = cross_validated(plans, profile, cluster, runs, calibration=(calib, calib_runs))
+    cv = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs))
     cv_summary = fidelity_summary(cv)
     if args.json:
         print(json.dumps({"plans": [c.row() for c in comps], **summary,

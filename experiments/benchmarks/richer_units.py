@@ -51,8 +51,9 @@ def richer_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> 
             ("split-head", (6, 6, 1), (0, 1, 0), None),
             ("recompute", (7, 6), (0, 1), (True, True))):
         partition = partition_from_sizes(sizes)
-        costs = stage_costs(profile, cluster, partition, placement, recompute=recompute)
-        order = list_schedule(costs, placement, 2, microbatches, ListSchedulerConfig(split_backward=True))
+        costs = stage_costs(profile, cluster, partition, placement=placement, recompute=recompute)
+        order = list_schedule(costs, placement, 2, microbatches=microbatches,
+                              config=ListSchedulerConfig(split_backward=True))
         out.append((name, Plan(2, microbatches, partition, placement, order, {"method": name},
                                recompute=recompute)))
     return out
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = run_job([], quick, measure=True, profile_repeats=3)
     first_profile, first_cluster = ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"])
     plans = richer_plans(first_profile, first_cluster, args.microbatches)
-    plans.append(("1f1b", build_plan("1f1b", first_profile, first_cluster, args.microbatches)))
+    plans.append(("1f1b", build_plan("1f1b", first_profile, first_cluster, microbatches=args.microbatches)))
     calib = calibration_plans(first_profile, first_cluster, args.microbatches, count=args.calibration_plans,
                               seed=args.seed)
     options = ReplayOptions(model="tiny-hybrid", seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,

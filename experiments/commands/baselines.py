@@ -19,8 +19,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_cluster,
-    resolve_profile,
+    resolve_problem,
 )
 from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
@@ -45,8 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = resolve_profile(args)
-    cluster = resolve_cluster(args)
+    profile, cluster = resolve_problem(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "megatron" not in methods:
         methods.append("megatron")

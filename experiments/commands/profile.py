@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="parameters and activations (default: bfloat16 on CUDA, timed with CUDA events; "
+                             "float32 on the CPU)")
     parser.add_argument("--out", metavar="P.json", help="write the profile here")
     parser.add_argument("--cluster-out", metavar="C.json", help="also measure the p2p link and write a cluster JSON")
     parser.add_argument("--devices", type=positive_int, default=2, help="devices of the written cluster")
@@ -54,11 +57,12 @@ def run(args: argparse.Namespace) -> int:
                                 head_shards=args.head_shards)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = ProfileConfig(seq_len=args.seq_len or default_seq_len(arch), microbatch_size=args.microbatch_size,
-                           warmup=args.warmup, repeats=args.repeats)
+                           warmup=args.warmup, repeats=args.repeats, dtype=args.dtype)
     log = None if args.json else print
     if log:
         print(f"profiling {arch.name} ({len(arch.layers)} layers) on {device}, seq_len {config.seq_len}, "
-              f"micro-batch {config.microbatch_size}, {args.threads} thread(s)")
+              f"micro-batch {config.microbatch_size}, {config.torch_dtype(torch.device(device))}, "
+              f"{args.threads} thread(s)")
     profile = profile_architecture(arch, device=device, config=config, name=args.model, log=log)
     if args.out:
         profile.save(args.out)

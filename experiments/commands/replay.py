@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = Cluster.load(args.cluster)
     else:
         cluster = measured_cluster(plan.devices, result["p2p"] or {"latency_us": 0.0, "p2p_gbps": 1e6})
-    comp = compare_plans([(plan.method, plan)], profile, cluster, result["runs"])[0]
+    comp = compare_plans([(plan.method, plan)], profile, cluster, runs=result["runs"])[0]
     to_ms = profile.seconds_per_unit * 1e3
     predicted_ms = comp.predicted * to_ms
     pred_tl = dict(comp.predicted_timeline)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if given is None:
         profile.save(out_dir / "profile.json")
     cluster.save(out_dir / "cluster.json")
-    scales = calibrate([(plan.method, plan)], profile, cluster, result["runs"])
+    scales = calibrate([(plan.method, plan)], profile, cluster, runs=result["runs"])
     calibrated_profile(profile, scales).save(out_dir / "calibrated_profile.json")
     png = gantt_side_by_side([comp.measured_timeline, pred_tl],
                              [f"measured ({plan.method})", "predicted (performance model)"], out_dir / "gantt.png")

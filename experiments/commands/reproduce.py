@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.base import Budget
+from agents.base import DEFAULT_CALLS, Budget
 from agents.registry import make_searcher
 from experiments.common import positive_int
 from experiments.tracking_hooks import tracked_run
@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="h100", help="GPU preset for the analytic costs")
     parser.add_argument("--microbatches", type=positive_int, default=64)
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="methods besides the Megatron baseline")
-    parser.add_argument("--budget", default="400", help="tuner budget per case: simulator calls or seconds (30s)")
+    parser.add_argument("--budget", default=str(DEFAULT_CALLS),
+                        help=f"tuner budget per case: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granularity", choices=("layer", "sublayer"), default="layer",
                         help="also search plans over blocks cut between mixer and MLP/MoE (sublayer)")

@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from experiments.common import add_granularity_args, positive_float, positive_int, print_table
+from agents.base import DEFAULT_CALLS
+from experiments.common import add_granularity_args, non_negative_float, positive_float, positive_int, print_table
 from experiments.workflow import DEFAULT_METHODS, WorkflowConfig, WorkflowReport, run_workflow
 
 __all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report"]
@@ -50,12 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cl.add_argument("--devices", type=positive_int, default=2, help="pipeline devices (local ranks here)")
     cl.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node")
     cl.add_argument("--memory-gb", type=positive_float, default=None,
-                    help="memory per device in GiB (default: the GPU's; 64 here)")
+                    help="memory capacity per device in GiB, 2**30 bytes (default: the GPU's; 64 here)")
+    cl.add_argument("--memory-reserve-gb", type=non_negative_float, default=None,
+                    help="GiB per device plans may not use: CUDA context, NCCL, fragmentation (default: the "
+                         "GPU preset's or cluster file's; 0 on CPU ranks)")
     se = parser.add_argument_group("search")
     se.add_argument("--microbatches", type=positive_int, default=None, help="per iteration (default 8 here, 32 GPU)")
     se.add_argument("--method", default=",".join(DEFAULT_METHODS),
                     help="comma-separated methods; 'rl' is skipped with a note when no policy loads")
-    se.add_argument("--budget", default="400", help="per method: simulator calls (400) or seconds (30s)")
+    se.add_argument("--budget", default=str(DEFAULT_CALLS),
+                    help=f"per method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     se.add_argument("--max-seconds", type=positive_float, default=60.0, help="cap on each method's search time")
     se.add_argument("--seed", type=int, default=0)
     se.add_argument("--perturb-moves", type=positive_int, default=None, help="the tuner's perturbation strength")
@@ -88,7 +93,8 @@ def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
         label = Path(args.hf_config or args.profile).stem
     return WorkflowConfig(
         model=model, hf_config=args.hf_config, profile_path=args.profile, cluster_path=args.cluster, gpu=args.gpu,
-        devices=args.devices, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb, seq_len=args.seq_len,
+        devices=args.devices, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb,
+        memory_reserve_gb=args.memory_reserve_gb, seq_len=args.seq_len,
         microbatch_size=args.microbatch_size, scale=args.scale, granularity=args.granularity,
         head_shards=args.head_shards, microbatches=args.microbatches, methods=methods,
         budget=args.budget, max_seconds=args.max_seconds, seed=args.seed, perturb_moves=args.perturb_moves,
@@ -137,7 +143,7 @@ def print_report(report: WorkflowReport) -> None:
     print()
     print_table(report.kinds, list(report.kinds[0]), title="layer kinds by share of the compute (f/b/w per layer)")
     ops = ", ".join(f"{op} {pct:.0f}%" for op, pct in report.op_share.items())
-    print(f"\n{'measured' if report.best.measured_timeline else 'predicted'} busy time by action: {ops}")
+    print(f"\n{'measured' if report.best.method in report.measured else 'predicted'} busy time by action: {ops}")
     for note in report.notes:
         print(f"note: {note}")
     print(f"\nfiles: {cfg.out}/ (plan.json, plan.csv, profile.json, cluster.json, "

@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from agents.base import Budget, SearchResult
+from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from agents.registry import all_methods, make_searcher
 from experiments.common import (
     DEFAULT_MODEL,
@@ -30,8 +30,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_cluster,
-    resolve_profile,
+    resolve_problem,
 )
 from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
@@ -55,9 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser, default_devices=8)
     parser.add_argument("--microbatches", type=positive_int, default=32, help="micro-batches per iteration")
     parser.add_argument("--method", default=DEFAULT_METHODS,
-                        help="comma-separated methods, or 'all' (named, <named>+dp, random, adaptis, rl...)")
+                        help="comma-separated methods (README's method names), or 'all': every named schedule, "
+                             "each with +dp, random, rl, rl+tuner and adaptis")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tuner and random search")
-    parser.add_argument("--budget", default="400", help="per search method: simulator calls (400) or seconds (30s)")
+    parser.add_argument("--budget", default=str(DEFAULT_CALLS),
+                        help=f"per search method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
     parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
     add_output_args(parser)
@@ -80,8 +81,7 @@ class _BestPlanWriter:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = resolve_profile(args)
-    cluster = resolve_cluster(args)
+    profile, cluster = resolve_problem(args)
     try:
         budget = Budget.parse(args.budget)
     except ValueError as exc:
@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     best = min(feasible, key=lambda r: r.iteration_time) if feasible else None
 
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
-              "memory_gb": cluster.memory_gb, "methods": methods, "budget": args.budget, "seed": args.seed}
+              "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
+              "budget": args.budget, "seed": args.seed}
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("search", rows)
         if best is not None:
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                 r["method"] += " (OOM)"
         print_table(rows, COLUMNS, title=f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, "
                     f"{args.microbatches} micro-batches, {cluster.memory_gb:g} GiB per device "
+                    f"({cluster.memory_reserve_gb:g} GiB reserved) "
                     f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
     if best is None:
         smallest = min((r for r in results if r.ok), key=lambda r: max(r.result.peak_memory), default=None)
@@ -159,8 +161,9 @@ def run(args: argparse.Namespace) -> int:
         if smallest is not None:
             peak = max(smallest.result.peak_memory) / GIB
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
-                    f"{cluster.memory_gb:g} GiB per device: add devices or memory, or use fewer micro-batches "
-                    "in flight")
+                    f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device ({cluster.memory_gb:g} "
+                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or use fewer "
+                    "micro-batches in flight")
         print(msg, file=sys.stderr)
         return 3
     if not args.json:

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
               f"throughput {result.throughput:,.0f} tokens/s, mean bubble {100 * result.mean_bubble:.1f}%")
         for d in range(plan.devices):
             print(f"  device {d}: bubble {100 * result.bubble[d]:5.1f}%  peak memory "
-                  f"{result.peak_memory_gb[d]:7.2f} / {result.memory_limit[d] / 2**30:.0f} GiB")
+                  f"{result.peak_memory_gb[d]:7.2f} / {result.memory_limit[d] / 2**30:.1f} GiB usable "
+                  f"({cluster.memory_reserve_gb:g} GiB reserved)")
         print("feasible" if result.feasible else "INFEASIBLE: over the memory limit")
         if args.text:
             print(gantt_text(result.timeline_dict()))

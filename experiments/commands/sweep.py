@@ -33,8 +33,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_cluster,
-    resolve_profile,
+    resolve_problem,
 )
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
@@ -73,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.workflow_sweep import Trial, parse_params, run_sweep, save_trials
 
     params = parse_params(args.param or ["seed=0,1"])
-    profile = resolve_profile(args)
-    cluster = resolve_cluster(args)
+    profile, cluster = resolve_problem(args)
     label = args.model or (Path(args.profile).stem if args.profile else None) or \
         (Path(args.hf_config).stem if args.hf_config else DEFAULT_MODEL)
     group = args.group or f"sweep-{label}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agents.rl_train import TrainConfig, train
-    from experiments.tracking import make_sb3_logger
     from experiments.tracking_hooks import tracked_run
+    from experiments.tracking_sb3 import make_sb3_logger
 
     config = TrainConfig(algo=args.algo, timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs, vec=args.vec,
                          out=args.out, eval_every=args.eval_every, eval_scenarios=args.eval_scenarios,

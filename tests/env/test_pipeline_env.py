@@ -66,7 +66,7 @@ def test_masks_only_allow_valid_plans(seed):
             assert cand.num_stages <= MAX_STAGES and min(cand.sizes) >= 1
             plan = materialize(cand, p)
             validate_plan(plan, num_layers=p.profile.num_layers, devices=p.devices)
-            res = simulate(plan, p.profile, p.cluster, p.training)
+            res = simulate(plan, p.profile, p.cluster, training=p.training)
             assert res.valid, (ACTIONS[a], res.error)
             checked += 1
         _, reward, term, trunc, info = e.step(_random_allowed(e, rng))

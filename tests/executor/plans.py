@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from pipeline.list_scheduler import ListSchedulerConfig, list_schedule
 from pipeline.plan import Plan, partition_from_sizes
-from pipeline.schedules import ListSchedulerConfig, build_plan, list_schedule
+from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
 from pipeline.spec import Cluster, ModelProfile
 
@@ -24,15 +25,16 @@ def uneven_plan(profile: ModelProfile, microbatches: int, *, split: bool = True)
     cluster = Cluster(devices=2)
     partition = partition_from_sizes([3, 1, 2, 2])
     placement = (1, 0, 0, 1)
-    costs = stage_costs(profile, cluster, partition, placement)
-    order = list_schedule(costs, placement, 2, microbatches, ListSchedulerConfig(split_backward=split))
+    costs = stage_costs(profile, cluster, partition, placement=placement)
+    order = list_schedule(costs, placement, 2, microbatches=microbatches,
+                          config=ListSchedulerConfig(split_backward=split))
     return Plan(2, microbatches, partition, placement, order, {"method": "uneven-custom"})
 
 
 def named_plans(microbatches: int = 4) -> list[tuple[str, Plan]]:
     profile = tiny_profile()
     cluster = Cluster(devices=2)
-    plans = [(m, build_plan(m, profile, cluster, microbatches)) for m in NAMED_METHODS]
+    plans = [(m, build_plan(m, profile, cluster, microbatches=microbatches)) for m in NAMED_METHODS]
     plans.append(("uneven-custom", uneven_plan(profile, microbatches)))
     return plans
 

@@ -11,8 +11,8 @@ from executor.model import resolve_architecture
 from executor.replay import check_plan
 from experiments.cli import main
 from pipeline.errors import PlanError
+from pipeline.orders import one_f_one_b_order
 from pipeline.plan import Plan, even_partition
-from pipeline.schedules import one_f_one_b_order
 from tests.executor.plans import named_plans
 
 

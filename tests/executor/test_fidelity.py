@@ -64,26 +64,26 @@ def test_cross_validation_predicts_unseen_plans_and_the_raw_profile_does_not() -
     profile, cluster = _measured_profile(), Cluster(devices=2)
     plans = named_plans(4)
     runs = _runs_with(TRUE_SCALES, plans, profile, cluster)
-    raw = fidelity_summary(compare_plans(plans, profile, cluster, runs))
-    cv = fidelity_summary(cross_validated(plans, profile, cluster, runs))
+    raw = fidelity_summary(compare_plans(plans, profile, cluster, runs=runs))
+    cv = fidelity_summary(cross_validated(plans, profile, cluster, runs=runs))
     assert raw["median_abs_error_pct"] > 3
     assert cv["median_abs_error_pct"] < 1e-6 and cv["same_order"]
     with pytest.raises(ValueError, match="two"):
-        cross_validated(plans[:1], profile, cluster, runs[:1])
+        cross_validated(plans[:1], profile, cluster, runs=runs[:1])
 
 
 def test_calibrate_recovers_scales_and_overhead() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
     truth = TRUE_SCALES | {"overhead": 0.05}
     calib = calibration_plans(profile, cluster, 4, count=6, seed=1)
-    fitted = calibrate(calib, profile, cluster, _runs_with(truth, calib, profile, cluster))
+    fitted = calibrate(calib, profile, cluster, runs=_runs_with(truth, calib, profile, cluster))
     for key in ("F", "I", "W", "W0"):
         assert fitted[key] == pytest.approx(truth[key], rel=1e-6)
     assert fitted["overhead"] == pytest.approx(0.05, rel=0.1)
     # Plans the calibration never saw are predicted within a fraction of a percent.
     plans = named_plans(4)
     runs = _runs_with(truth, plans, profile, cluster)
-    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs, calibration=(
+    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=runs, calibration=(
         calib, _runs_with(truth, calib, profile, cluster))))
     assert held_out["max_abs_error_pct"] < 1.0 and held_out["same_order"]
 

@@ -50,11 +50,21 @@ def test_search_table_output(tmp_path, capsys) -> None:
 
 def test_no_plan_fits_is_a_clear_answer(tmp_path, capsys) -> None:
     code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--memory-gb", "1",
-                 "--method", "zb-h1,adaptis", "--budget", "40", "--out", str(tmp_path), "--json"])
+                 "--memory-reserve-gb", "0", "--method", "zb-h1,adaptis", "--budget", "40", "--out", str(tmp_path),
+                 "--json"])
     captured = capsys.readouterr()
     assert code == 3
     assert "no plan fits in memory" in captured.err and "smallest peak found is" in captured.err
     assert all(not r["feasible"] for r in _json_lines(captured.out))
+
+
+def test_memory_below_the_reserve_is_named(tmp_path, capsys) -> None:
+    # the cluster file reserves 4 GiB per device: 1 GiB of capacity leaves nothing
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--memory-gb", "1",
+                 "--method", "1f1b", "--budget", "10", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "memory_reserve_gb" in err and "--memory-reserve-gb" in err
 
 
 def test_bad_budget_and_method_are_named(tmp_path, capsys) -> None:
@@ -100,6 +110,60 @@ def test_every_command_has_help(command: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "experiments", command, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_method_all_runs_every_method_rl_included(tmp_path, capsys) -> None:
+    from agents.registry import all_methods
+
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--method", "all",
+                 "--budget", "20", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    rows = {r["method"]: r for r in _json_lines(capsys.readouterr().out)}
+    assert set(rows) == set(all_methods())
+    for name in ("rl", "rl+tuner", "adaptis", "random"):
+        assert rows[name]["valid"] and rows[name]["feasible"], rows[name]
+    assert rows["rl+tuner"]["iteration_time"] <= rows["adaptis"]["iteration_time"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["search", "--model", "tiny-hybrid", "--devices", "64"],
+    ["search", "--model", "tiny-hybrid", "--devices", "9", "--method", "adaptis"],
+    ["baselines", "--model", "tiny-hybrid", "--devices", "9"],
+    ["run", "--model", "tiny-hybrid", "--devices", "64"],  # refused before starting 64 local ranks
+    ["run", "--model", "tiny-hybrid", "--gpu", "h100", "--devices", "64"],
+], ids=lambda a: "-".join(a[:1] + a[-2:]))
+def test_more_devices_than_layers_names_the_cause_and_the_fix(argv, tmp_path, capsys) -> None:
+    assert main([*argv, *(["--out", str(tmp_path)] if argv[0] != "baselines" else [])]) == 2
+    err = capsys.readouterr().err
+    assert "field '--devices'" in err and "only 8 layers" in err and "use --devices 8 or fewer" in err
+    assert "memory" not in err
+
+
+def test_more_devices_than_layers_in_a_cluster_file(tmp_path, capsys) -> None:
+    cluster = tmp_path / "c16.json"
+    cluster.write_text(json.dumps({"devices": 16, "memory_gb": 80, "p2p_gbps": 450, "latency_us": 5}))
+    assert main(["search", "--model", "tiny-hybrid", "--cluster", str(cluster), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(cluster) in err and "field 'devices'" in err and "set devices to 8 or fewer" in err
+
+
+@pytest.mark.parametrize("argv,capacity,reserve", [
+    (["--gpu", "h100"], 79.6, 4.0),  # nvidia-smi's 81559 MiB, less the default reserve
+    (["--gpu", "h200", "--memory-reserve-gb", "1.5"], 140.4, 1.5),
+    (["--gpu", "cpu"], 16.0, 0.0),
+    (["--cluster", CLUSTER, "--memory-gb", "40"], 40.0, 4.0),
+    (["--cluster", CLUSTER, "--memory-gb", "2", "--memory-reserve-gb", "0"], 2.0, 0.0),
+])
+def test_cluster_memory_flags_are_gib_less_the_reserve(argv, capacity, reserve) -> None:
+    import argparse
+
+    from experiments.common import add_cluster_args, resolve_cluster
+
+    parser = argparse.ArgumentParser()
+    add_cluster_args(parser)
+    cluster = resolve_cluster(parser.parse_args(argv))
+    assert (cluster.memory_gb, cluster.memory_reserve_gb) == (capacity, reserve)
+    assert cluster.memory_limits_bytes[0] == pytest.approx((capacity - reserve) * 2**30)
 
 
 def test_reproduce_prints_the_richer_ceiling_beside_the_whole_layer_one(tmp_path, capsys) -> None:

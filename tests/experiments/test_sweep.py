@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.tracking import read_offline_run
+from experiments.tracking_offline import read_offline_run
 from experiments.workflow_sweep import check_params, grid, parse_params, run_sweep
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan

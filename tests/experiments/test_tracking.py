@@ -1,4 +1,4 @@
-"""experiments.tracking: offline W&B runs, read back from their transaction log."""
+"""experiments.tracking: offline W&B runs, read back from their transaction log (experiments.tracking_offline)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from experiments import tracking
-from experiments.tracking import OfflineRun, Tracker, make_sb3_logger, read_offline_run, resolve_mode, start_run
+from experiments.tracking import Tracker, resolve_mode, start_run
+from experiments.tracking_offline import OfflineRun, read_offline_run
+from experiments.tracking_sb3 import make_sb3_logger
 from pipeline.plan import Plan, parse_action, validate_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,33 +212,6 @@ def test_disabled_is_a_noop_that_accepts_every_call(tmp_path: Path, monkeypatch:
             tr.log_plan(make_plan(), "no/slash")
     assert tr.finished
     assert not (tmp_path / "runs").exists()
-
-
-class _Recorder:
-    """Stands in for a Tracker: records log_metrics calls."""
-
-    finished = False
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[dict[str, Any], int | None]] = []
-
-    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        self.calls.append((metrics, step))
-
-
-def test_sb3_writer_filters_and_keeps_stdout_clean(capsys: pytest.CaptureFixture[str]) -> None:
-    rec = _Recorder()
-    logger = make_sb3_logger(rec, formats=("stderr",), prefix="sb3/")  # type: ignore[arg-type]
-    logger.record("train/loss", np.float64(0.25))
-    logger.record("time/fps", 120)
-    logger.record("train/skip", 1.0, exclude=("wandb",))
-    logger.dump(step=2048)
-    assert rec.calls == [({"sb3/train/loss": 0.25, "sb3/time/fps": 120}, 2048)]
-    out, err = capsys.readouterr()
-    assert out == "" and "loss" in err and "fps" in err
-    assert isinstance(tracking.sb3_logger_output(rec), tracking.WandbKVWriter)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="folder"):
-        make_sb3_logger(rec, formats=("csv",))  # type: ignore[arg-type]
 
 
 def test_online_without_credentials_fails_instead_of_prompting(tmp_path: Path) -> None:

@@ -45,7 +45,11 @@ def test_unknown_gpu_lists_the_known_ones() -> None:
 
 def test_build_cluster_uses_the_presets_links() -> None:
     cluster = build_cluster("h100", devices=16, gpus_per_node=8)
-    assert cluster.devices == 16 and cluster.memory_gb == 80.0
+    # capacity in GiB as nvidia-smi reports an "80GB" H100 (81559 MiB), less the default reserve
+    assert cluster.devices == 16 and cluster.memory_gb == 79.6 and cluster.memory_reserve_gb == 4.0
+    assert cluster.memory_limits_bytes[0] == (79.6 - 4.0) * 2**30
+    assert build_cluster("cpu", devices=2).memory_reserve_gb == 0.0
+    assert build_cluster("h100", devices=2, memory_reserve_gb=1.5).memory_reserve_gb == 1.5
     assert cluster.p2p_gbps == 450.0 and cluster.inter_node_gbps == 50.0
     assert cluster.same_node(0, 7) and not cluster.same_node(7, 8)
     assert cluster.transfer_seconds(0, 1, 1e8) < cluster.transfer_seconds(7, 8, 1e8)

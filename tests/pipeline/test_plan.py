@@ -46,7 +46,7 @@ def test_placements() -> None:
 @pytest.mark.parametrize("method", NAMED_METHODS)
 def test_json_round_trip(tmp_path, method: str) -> None:
     prof, cluster = uniform_profile(16), ideal_cluster(4)
-    plan = build_plan(method, prof, cluster, 8)
+    plan = build_plan(method, prof, cluster, microbatches=8)
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.load(path)
@@ -91,7 +91,7 @@ def test_csv_loads_the_way_pytorch_loads_it(tmp_path, method: str) -> None:
     ``_Action.from_str``, validate the order, and lower it with send/recv like the runtime does."""
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     prof, cluster = uniform_profile(16), ideal_cluster(4)
-    plan = build_plan(method, prof, cluster, 8)
+    plan = build_plan(method, prof, cluster, microbatches=8)
     path = tmp_path / "plan.csv"
     plan.save_csv(path)
     order = {}
@@ -109,7 +109,7 @@ def test_csv_loads_the_way_pytorch_loads_it(tmp_path, method: str) -> None:
 # ------------------------------------------------------------------------ recompute (issue 15)
 
 def test_recompute_round_trips_as_version_2(tmp_path) -> None:
-    plan = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), 4)
+    plan = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4)
     redo = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                 recompute=(True, False))
     raw = redo.to_dict()
@@ -123,7 +123,7 @@ def test_recompute_round_trips_as_version_2(tmp_path) -> None:
 
 
 def test_all_false_recompute_is_no_recompute() -> None:
-    plan = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), 4)
+    plan = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4)
     same = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                 recompute=(False, False))
     assert same.recompute is None and same == plan
@@ -132,7 +132,7 @@ def test_all_false_recompute_is_no_recompute() -> None:
 @pytest.mark.parametrize("value,needle", [([True], "one per stage"), (["yes", False], "true/false"),
                                           ("all", "true/false")])
 def test_bad_recompute_names_the_field(value, needle) -> None:
-    raw = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), 4).to_dict()
+    raw = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4).to_dict()
     raw["recompute"] = value
     with pytest.raises(PlanError, match=needle) as exc:
         Plan.from_dict(raw)
@@ -140,7 +140,7 @@ def test_bad_recompute_names_the_field(value, needle) -> None:
 
 
 def test_newer_plan_version_is_refused() -> None:
-    raw = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), 4).to_dict()
+    raw = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4).to_dict()
     raw["version"] = 3
     with pytest.raises(PlanError, match="newer") as exc:
         Plan.from_dict(raw)

@@ -76,7 +76,8 @@ def test_ours_no_worse_than_pytorch(name: str, p: int, m: int, seed: int) -> Non
         assert theirs.valid, theirs.error
     if ours_method is None:
         return
-    ours = simulate(build_plan(ours_method, prof, cluster, m, partition=even_partition(layers, p * spr)), prof,
+    ours = simulate(build_plan(ours_method, prof, cluster, microbatches=m,
+                               partition=even_partition(layers, p * spr)), prof,
                     cluster)
     assert ours.valid, ours.error
     if theirs.valid:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.megatron import megatron_partition
 from pipeline.plan import validate_plan
-from pipeline.schedules import NAMED_METHODS, build_plan, megatron_partition
+from pipeline.schedules import NAMED_METHODS, build_plan
 from pipeline.simulator import simulate
 from tests.conftest import ideal_cluster, uniform_profile
 
@@ -19,7 +20,7 @@ B = I + W
 @pytest.mark.parametrize("method", ["gpipe", "1f1b"])
 def test_gpipe_and_1f1b_closed_form(p: int, m: int, method: str) -> None:
     prof, cluster = uniform_profile(4 * p), ideal_cluster(p)
-    result = simulate(build_plan(method, prof, cluster, m), prof, cluster)
+    result = simulate(build_plan(method, prof, cluster, microbatches=m), prof, cluster)
     assert result.valid, result.error
     assert result.iteration_time == pytest.approx((m + p - 1) * (F + B))
 
@@ -31,7 +32,7 @@ def test_interleaved_closed_form(p: int, m: int, v: int) -> None:
     # v chunks per device, each stage of L / (p v) layers.
     per_stage = prof.num_layers // (p * v)
     f, b = per_stage * 1.0, per_stage * 2.0
-    plan = build_plan(f"i1f1b-v{v}", prof, cluster, m)
+    plan = build_plan(f"i1f1b-v{v}", prof, cluster, microbatches=m)
     result = simulate(plan, prof, cluster)
     assert result.valid, result.error
     # Per-device times F + B are v chunks' worth: m(F+B) + (p-1)(F+B)/v with F+B per device.
@@ -43,7 +44,7 @@ def test_interleaved_closed_form(p: int, m: int, v: int) -> None:
 def test_zb_h1_closed_form(p: int, m: int) -> None:
     prof, cluster = uniform_profile(4 * p, w=0.5), ideal_cluster(p)
     f, i, w = 4.0, 4.0, 2.0
-    result = simulate(build_plan("zb-h1", prof, cluster, m), prof, cluster)
+    result = simulate(build_plan("zb-h1", prof, cluster, microbatches=m), prof, cluster)
     assert result.valid, result.error
     assert result.iteration_time == pytest.approx(m * (f + i + w) + (p - 1) * (f + i - w))
 
@@ -52,7 +53,7 @@ def test_zb_h1_closed_form(p: int, m: int) -> None:
 @pytest.mark.parametrize("method", NAMED_METHODS)
 def test_every_named_schedule_is_valid(p: int, m: int, method: str) -> None:
     prof, cluster = uniform_profile(8 * p), ideal_cluster(p)
-    plan = build_plan(method, prof, cluster, m)
+    plan = build_plan(method, prof, cluster, microbatches=m)
     validate_plan(plan, num_layers=prof.num_layers, devices=p)
     result = simulate(plan, prof, cluster)
     assert result.valid, result.error
@@ -62,7 +63,7 @@ def test_every_named_schedule_is_valid(p: int, m: int, method: str) -> None:
 
 def test_zero_bubble_family_beats_1f1b() -> None:
     prof, cluster = uniform_profile(32), ideal_cluster(4)
-    t = {m: simulate(build_plan(m, prof, cluster, 16), prof, cluster).iteration_time
+    t = {m: simulate(build_plan(m, prof, cluster, microbatches=16), prof, cluster).iteration_time
          for m in ("1f1b", "zb-h1", "zb-h2", "zbv")}
     assert t["zb-h1"] < t["1f1b"]
     assert t["zb-h2"] <= t["zb-h1"]
@@ -75,7 +76,7 @@ def test_memory_budgets_in_microbatches(p: int) -> None:
     m = 4 * p
     prof, cluster = uniform_profile(8 * p, params=0), ideal_cluster(p)
     per_mb = 8 * 1000  # activations of one micro-batch through one device's layers
-    peaks = {meth: simulate(build_plan(meth, prof, cluster, m), prof, cluster).peak_memory
+    peaks = {meth: simulate(build_plan(meth, prof, cluster, microbatches=m), prof, cluster).peak_memory
              for meth in ("gpipe", "1f1b", "zbv", "v-half", "v-min")}
     assert max(peaks["gpipe"]) == pytest.approx(m * per_mb)
     assert [pk / per_mb for pk in peaks["1f1b"]] == pytest.approx([p - d for d in range(p)])
@@ -94,8 +95,8 @@ def test_megatron_partition_puts_embedding_and_head_with_blocks(hetero_profile) 
 
 def test_megatron_picks_its_best_chunk_count() -> None:
     prof, cluster = uniform_profile(32), ideal_cluster(4)
-    mega = build_plan("megatron", prof, cluster, 16)
-    times = {v: simulate(build_plan(f"i1f1b-v{v}" if v > 1 else "1f1b", prof, cluster, 16), prof, cluster
+    mega = build_plan("megatron", prof, cluster, microbatches=16)
+    times = {v: simulate(build_plan(f"i1f1b-v{v}" if v > 1 else "1f1b", prof, cluster, microbatches=16), prof, cluster
                          ).iteration_time for v in (1, 2, 4, 8)}
     assert simulate(mega, prof, cluster).iteration_time == pytest.approx(min(times.values()))
     assert mega.meta["chunks"] == min(times, key=times.get)
@@ -106,7 +107,7 @@ def test_unknown_method_is_a_clear_error() -> None:
 
     prof, cluster = uniform_profile(8), ideal_cluster(2)
     with pytest.raises(PlanError, match="unknown method 'zb-h3'"):
-        build_plan("zb-h3", prof, cluster, 4)
+        build_plan("zb-h3", prof, cluster, microbatches=4)
 
 
 @pytest.mark.parametrize("p,m", CASES[:3])
@@ -116,7 +117,7 @@ def test_action_overhead_adds_to_every_action(p: int, m: int) -> None:
 
     o = 0.5
     prof, cluster = replace(uniform_profile(4 * p), action_overhead=o), ideal_cluster(p)
-    result = simulate(build_plan("1f1b", prof, cluster, m), prof, cluster)
+    result = simulate(build_plan("1f1b", prof, cluster, microbatches=m), prof, cluster)
     assert result.iteration_time == pytest.approx((m + p - 1) * (F + B + 3 * o))
 
 
@@ -128,8 +129,8 @@ def test_measured_fused_backward_prices_b(p: int, m: int) -> None:
     base = uniform_profile(4 * p)
     prof = replace(base, layers=tuple(replace(x, extra={"b_full": 1.5}) for x in base.layers))
     cluster = ideal_cluster(p)
-    result = simulate(build_plan("1f1b", prof, cluster, m), prof, cluster)
+    result = simulate(build_plan("1f1b", prof, cluster, microbatches=m), prof, cluster)
     assert result.iteration_time == pytest.approx((m + p - 1) * (F + 4 * 1.5))
-    split = simulate(build_plan("zb-h1", prof, cluster, m), prof, cluster)  # I and W keep b and w
-    assert split.iteration_time == pytest.approx(simulate(build_plan("zb-h1", base, cluster, m), base,
+    split = simulate(build_plan("zb-h1", prof, cluster, microbatches=m), prof, cluster)  # I and W keep b and w
+    assert split.iteration_time == pytest.approx(simulate(build_plan("zb-h1", base, cluster, microbatches=m), base,
                                                           cluster).iteration_time)

@@ -67,18 +67,22 @@ def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
     layer = LayerCost("a", "x", 1, 1, 1, params=10, act_bytes=1000, out_bytes=0, w_act_bytes=300)
     prof = ModelProfile("p", (layer,))
     cluster = Cluster(devices=1, p2p_gbps=1e12, latency_us=0)
-    training = TrainingConfig(bytes_per_param=2)
+    # the split rules, for a runtime that splits stage 0's backward like any other stage's
+    training = TrainingConfig(bytes_per_param=2, first_stage_defers_backward=False)
     plan = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0),
                                          Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
-    r = simulate(plan, prof, cluster, training)
+    r = simulate(plan, prof, cluster, training=training)
     assert r.peak_memory == (20 + 2000,)
     # I keeps 300 per micro-batch: with W deferred, F after both I's would start from 600.
     plan2 = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "I", 0), Action(0, "F", 1),
                                           Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
-    assert simulate(plan2, prof, cluster, training).peak_memory == (20 + 1300,)
+    assert simulate(plan2, prof, cluster, training=training).peak_memory == (20 + 1300,)
+    # PyTorch's runtime (the default): the first stage's I is a no-op, its W frees everything
+    torch_rt = TrainingConfig(bytes_per_param=2)
+    assert simulate(plan2, prof, cluster, training=torch_rt).peak_memory == (20 + 2000,)
     fused = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1),
                                           Action(0, "B", 1)]])
-    assert simulate(fused, prof, cluster, training).peak_memory == (20 + 1000,)
+    assert simulate(fused, prof, cluster, training=training).peak_memory == (20 + 1000,)
 
 
 def test_default_w_share_is_a_quarter() -> None:
@@ -87,7 +91,7 @@ def test_default_w_share_is_a_quarter() -> None:
 
 def test_feasibility_against_memory_limit() -> None:
     prof = uniform_profile(8, act=GIB, params=0)
-    plan = build_plan("gpipe", prof, ideal_cluster(2), 8)
+    plan = build_plan("gpipe", prof, ideal_cluster(2), microbatches=8)
     assert simulate(plan, prof, ideal_cluster(2, memory_gb=1000)).feasible
     tight = simulate(plan, prof, ideal_cluster(2, memory_gb=10))
     assert tight.valid and not tight.feasible
@@ -125,7 +129,7 @@ def test_plan_for_another_cluster_or_model_is_refused() -> None:
 
 
 def test_same_plan_same_result(hetero_profile, h100x4) -> None:
-    plan = build_plan("zbv", hetero_profile, h100x4, 16)
+    plan = build_plan("zbv", hetero_profile, h100x4, microbatches=16)
     a = simulate(plan, hetero_profile, h100x4)
     b = simulate(plan, hetero_profile, h100x4)
     assert a.summary() == b.summary() and a.timeline == b.timeline
@@ -134,13 +138,13 @@ def test_same_plan_same_result(hetero_profile, h100x4) -> None:
 def test_free_communication_and_no_memory_limit() -> None:
     prof = uniform_profile(8, out=0)
     huge = Cluster(devices=4, memory_gb=1e12, p2p_gbps=1e15, latency_us=0)
-    r = simulate(build_plan("1f1b", prof, huge, 8), prof, huge)
+    r = simulate(build_plan("1f1b", prof, huge, microbatches=8), prof, huge)
     assert r.iteration_time == pytest.approx((8 + 3) * 6)
     assert r.feasible
 
 
 def test_throughput_counts_tokens(hetero_profile, h100x4) -> None:
-    r = simulate(build_plan("1f1b", hetero_profile, h100x4, 8), hetero_profile, h100x4)
+    r = simulate(build_plan("1f1b", hetero_profile, h100x4, microbatches=8), hetero_profile, h100x4)
     tokens = 8 * hetero_profile.seq_len * hetero_profile.microbatch_size
     assert r.throughput == pytest.approx(tokens / (r.iteration_time * 1e-3))
 
@@ -182,9 +186,9 @@ def test_head_shards_on_one_device_share_weights_and_need_no_all_reduce() -> Non
 
     prof, cluster = _sharded_head_profile(), Cluster(devices=2, p2p_gbps=1.0, latency_us=0.0)
     tr = TrainingConfig(bytes_per_param=1.0)
-    together = stage_costs(prof, cluster, ((0, 2), (2, 3), (3, 4)), (0, 1, 1), tr)
+    together = stage_costs(prof, cluster, ((0, 2), (2, 3), (3, 4)), placement=(0, 1, 1), training=tr)
     assert together.static_bytes == (20.0, 1000.0) and together.post_step == 0.0
-    apart = stage_costs(prof, cluster, ((0, 2), (2, 3), (3, 4)), (0, 1, 0), tr)
+    apart = stage_costs(prof, cluster, ((0, 2), (2, 3), (3, 4)), placement=(0, 1, 0), training=tr)
     assert apart.static_bytes == (1020.0, 1000.0)
     # ring all-reduce over 2 devices: 2 steps of 2000 bytes at 1 GB/s, in ms
     assert apart.post_step == pytest.approx(2 * 2000 / 1e9 * 1e3)
@@ -192,13 +196,13 @@ def test_head_shards_on_one_device_share_weights_and_need_no_all_reduce() -> Non
 
 def test_post_step_all_reduce_is_added_to_the_iteration() -> None:
     prof, cluster = _sharded_head_profile(), Cluster(devices=2, p2p_gbps=1.0, latency_us=0.0)
-    schedule = build_plan("1f1b", uniform_profile(2), Cluster(devices=2), 4).schedule
+    schedule = build_plan("1f1b", uniform_profile(2), Cluster(devices=2), microbatches=4).schedule
     apart = Plan(2, 4, ((0, 3), (3, 4)), (0, 1), schedule)
     together = Plan(2, 4, ((0, 2), (2, 4)), (0, 1), schedule)
     r_apart, r_together = simulate(apart, prof, cluster), simulate(together, prof, cluster)
     from pipeline.simulator import stage_costs
 
-    post = stage_costs(prof, cluster, apart.partition, apart.placement).post_step
+    post = stage_costs(prof, cluster, apart.partition, placement=apart.placement).post_step
     assert post > 0
     last = max(e.end for e in r_apart.timeline)
     assert r_apart.iteration_time == pytest.approx(last + post)
@@ -211,8 +215,8 @@ def test_recompute_trades_memory_for_a_second_forward() -> None:
     prof = uniform_profile(4, f=1.0, b=1.0, w=1.0, act=1000, out=64)
     cluster = ideal_cluster(2)
     part, place = ((0, 2), (2, 4)), (0, 1)
-    keep = stage_costs(prof, cluster, part, place)
-    redo = stage_costs(prof, cluster, part, place, recompute=(False, True))
+    keep = stage_costs(prof, cluster, part, placement=place)
+    redo = stage_costs(prof, cluster, part, placement=place, recompute=(False, True))
     # I re-runs F and computes the weight gradients too; W is empty
     assert redo.i[1] == pytest.approx(keep.f[1] + keep.i[1] + keep.w[1]) and redo.w[1] == 0.0
     assert redo.i[0] == keep.i[0] and redo.w[0] == keep.w[0] and redo.f == keep.f
@@ -220,16 +224,16 @@ def test_recompute_trades_memory_for_a_second_forward() -> None:
     assert redo.act[1] == prof.layers[1].out_bytes < keep.act[1]  # only the stage's input is kept
     assert redo.w_keep[1] == 0.0  # nothing waits for W
     assert redo.static_bytes[1] == keep.static_bytes[1] + keep.act[1]  # one micro-batch re-run at a time
-    first = stage_costs(prof, cluster, part, place, recompute=(True, False))
+    first = stage_costs(prof, cluster, part, placement=place, recompute=(True, False))
     assert first.act[0] == 8 * prof.tokens_per_microbatch  # the first stage keeps the token ids
     with pytest.raises(PlanError, match="one per stage"):
-        stage_costs(prof, cluster, part, place, recompute=(True,))
+        stage_costs(prof, cluster, part, placement=place, recompute=(True,))
 
 
 def test_recomputing_plan_is_slower_and_lighter() -> None:
     prof = uniform_profile(4, f=1.0, b=1.0, w=1.0, act=10 * GIB, out=64)
     cluster = ideal_cluster(2)
-    plan = build_plan("1f1b", prof, cluster, 8)
+    plan = build_plan("1f1b", prof, cluster, microbatches=8)
     redo = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                 recompute=(True, True))
     a, b = simulate(plan, prof, cluster), simulate(redo, prof, cluster)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.errors import ClusterError, ProfileError
-from pipeline.spec import Cluster, ModelProfile
+from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile
 from tests.conftest import ROOT
 
 GOOD_LAYER = {"name": "l0", "kind": "attention", "f": 1.0, "b": 1.0, "w": 1.0, "params": 10, "act_bytes": 100,
@@ -65,6 +65,10 @@ def test_profile_needs_layers_and_a_known_unit() -> None:
     ({"p2p_gbps": 0}, "field 'p2p_gbps'"),
     ({"device_list": [{"speed": 1.0}]}, "lists 1 devices but 'devices' is 2"),
     ({"device_list": [{"speed": 0}, {"speed": 1}]}, "field 'speed'"),
+    ({"memory_reserve_gb": -1}, "field 'memory_reserve_gb'"),
+    ({"memory_reserve_gb": 80}, "leaves nothing of a 80 GiB device"),
+    ({"device_list": [{"memory_gb": 80}, {"memory_gb": 3}]}, "leaves nothing of a 3 GiB device"),
+    ({"version": 3}, "field 'version': version 3 is newer"),
 ])
 def test_bad_cluster_names_field(patch, needle) -> None:
     raw = {"devices": 2, "memory_gb": 80, "p2p_gbps": 450, "latency_us": 5}
@@ -90,7 +94,10 @@ def test_cluster_round_trip_with_mixed_hardware(tmp_path) -> None:
     path = tmp_path / "c.json"
     cluster.save(path)
     assert Cluster.load(path) == cluster
-    assert cluster.with_memory(10).memory_limits_bytes == (10 * 2**30, 10 * 2**30)
+    # a file without memory_reserve_gb gets the default reserve off every device's capacity
+    reserve = DEFAULT_MEMORY_RESERVE_GB
+    assert cluster.memory_reserve_gb == reserve
+    assert cluster.with_memory(10).memory_limits_bytes == ((10 - reserve) * 2**30, (10 - reserve) * 2**30)
 
 
 def test_action_overhead_is_validated_and_round_trips(tmp_path) -> None:
@@ -107,3 +114,16 @@ def test_action_overhead_is_validated_and_round_trips(tmp_path) -> None:
         ModelProfile.from_dict(raw)
     with pytest.raises(ProfileError, match="action_overhead"):
         replace(prof, action_overhead=float("nan"))
+
+
+def test_memory_reserve_comes_off_every_device_and_round_trips(tmp_path) -> None:
+    raw = {"version": 2, "devices": 2, "memory_gb": 80, "memory_reserve_gb": 2.5, "p2p_gbps": 450, "latency_us": 5,
+           "device_list": [{"memory_gb": 80}, {"memory_gb": 40}]}
+    cluster = Cluster.from_dict(raw)
+    assert cluster.memory_limits_bytes == (77.5 * 2**30, 37.5 * 2**30)
+    path = tmp_path / "c.json"
+    cluster.save(path)
+    saved = json.loads(path.read_text())
+    assert saved["version"] == 2 and saved["memory_reserve_gb"] == 2.5
+    assert Cluster.load(path) == cluster
+    assert Cluster(devices=1).memory_reserve_gb == 0.0  # built in code: an ideal device unless told

@@ -1,0 +1,1 @@
+"""Sources of the compiled planning engine (``engine.cpp``) and its build step (``build.py``)."""

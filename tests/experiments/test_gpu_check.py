@@ -1,0 +1,39 @@
+"""The prepared GPU check runs on the CPU at tiny widths, as CI runs it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments.benchmarks import gpu_check
+from pipeline.zoo import list_models, load_zoo_architecture
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_every_zoo_layer_kind_is_measured_and_compared(result) -> None:
+    zoo_kinds = {spec.label for name in list_models() for spec in load_zoo_architecture(name).layers}
+    rows = [r for r in result["kinds"] if "error" not in r]
+    assert len(rows) == len(result["kinds"])
+    assert zoo_kinds <= {r["kind"] for r in rows}
+    for r in rows:
+        for key in ("f_ratio", "act_ratio"):
+            assert r[key] is not None and math.isfinite(r[key]) and r[key] > 0, (r["model"], r["kind"], key)
+    assert result["tiny"] and result["preset"] == "cpu" and result["dtype"] == "float32"
+
+
+def test_plan_peaks_per_device_match_the_model_from_measured_kinds(result) -> None:
+    plan = result["plan"]
+    assert plan["method"] == "zb-h1" and len(plan["devices"]) == plan["stages"] == 4
+    for d in plan["devices"]:
+        # what autograd really saved on each device vs the simulator's peak from the measured kinds
+        assert d["saved_act_gib"] == pytest.approx(d["pred_kinds_act_gib"], rel=0.10), d
+    # device 0 holds the most micro-batches in flight under ZB-H1
+    assert plan["devices"][0]["pred_kinds_act_gib"] >= max(d["pred_kinds_act_gib"] for d in plan["devices"][1:-1])
