@@ -6,7 +6,8 @@ imports no agent at load time, so no agent module needs to import it back.
 
 * the named schedules (:data:`pipeline.schedules.NAMED_METHODS`, plus ``i1f1b-vN`` for any
   chunk count), each also with ``+dp`` (the cost-aware DP split instead of the even one);
-* :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner`` and ``adaptis``.
+* :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, the deployment targets' own searches
+  ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.targets`), and ``adaptis``.
 
 :func:`all_methods` is what ``--method all`` runs: every name above (``i1f1b-v2`` for the
 ``i1f1b-vN`` family).
@@ -42,6 +43,18 @@ def _rl_tuner() -> Searcher:
     return RLTunerSearcher()
 
 
+def _megatron_layout() -> Searcher:
+    from agents.targets import MegatronLayoutSearch
+
+    return MegatronLayoutSearch()
+
+
+def _adaptis_torchtitan() -> Searcher:
+    from agents.targets import torchtitan_tuner
+
+    return torchtitan_tuner()
+
+
 def _adaptis() -> Searcher:
     from agents.tuner import AdaptisTuner
 
@@ -53,6 +66,8 @@ SEARCHERS: Mapping[str, Callable[[], Searcher]] = MappingProxyType({
     "random": _random,
     "rl": _rl,
     "rl+tuner": _rl_tuner,
+    "megatron+layout": _megatron_layout,
+    "adaptis@torchtitan": _adaptis_torchtitan,
     "adaptis": _adaptis,
 })
 #: Named schedules with the cost-aware DP split (Megatron's baseline keeps its even split).

@@ -13,8 +13,9 @@ stall in the first local optimum. Deterministic for a given seed.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
@@ -72,6 +73,9 @@ class AdaptisTuner:
 
     name: str = "adaptis"
     perturb_moves: int = 3
+    allowed: Callable[[Candidate], bool] | None = None
+    """Only plans this accepts are kept (e.g. what a deployment target can run): filters the named
+    plans (as a candidate of their sizes and placement), the seeds, the neighbours and perturbations."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -82,7 +86,7 @@ class AdaptisTuner:
         ev = Evaluator(problem)
         clock = BudgetClock(budget, ev)
         history: list[tuple[int, float]] = []
-        state = _State(ev, on_improve, history)
+        state = _State(ev, on_improve, history, self.allowed)
 
         # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
         #    can only improve on the best of them.
@@ -98,6 +102,8 @@ class AdaptisTuner:
                 plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
                                   partition=partition, training=problem.training)
             except PlanError:
+                continue
+            if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
                 continue
             ev.calls += 1
             result = simulate(plan, problem.profile, problem.cluster, training=problem.training, validate=False,
@@ -265,8 +271,10 @@ class _State:
     """The best plan so far, from named plans or candidates; reports improvements. A candidate's
     plan is built only when it is the best and someone needs it (``on_improve`` or the end)."""
 
-    def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]]) -> None:
+    def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]],
+                 allowed: Callable[[Candidate], bool] | None = None) -> None:
         self.ev = ev
+        self.allowed = allowed
         self.on_improve = on_improve
         self.history = history
         self.best_key: Key | None = None
@@ -290,6 +298,8 @@ class _State:
         return key
 
     def offer(self, c: Candidate) -> Key:
+        if self.allowed is not None and not self.allowed(c):
+            return (2, math.inf, math.inf)
         result = self.ev.result(c)
         key = objective_key(result)
         if result.valid and (self.best_key is None or key < self.best_key):
@@ -301,7 +311,9 @@ class _State:
     def offer_all(self, candidates: list[Candidate], clock: BudgetClock, *, at_least_one: bool = False):
         """Offer candidates in order until the budget is spent, yielding (candidate, key); the new
         ones are evaluated in batches, each no larger than the calls the budget has left, so the
-        outcome is the same as offering them one by one."""
+        outcome is the same as offering them one by one. Candidates ``allowed`` refuses are skipped."""
+        if self.allowed is not None:
+            candidates = [c for c in candidates if self.allowed(c)]
         i = 0
         while i < len(candidates):
             if clock.spent() and not (at_least_one and i == 0):

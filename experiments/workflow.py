@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
+from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow_phases import (
     Costs,
     Log,
@@ -108,6 +109,10 @@ class WorkflowConfig:
     group: str | None = None
     """W&B group (default ``run-<model>-<time>``)."""
     project: str = "adaptis"
+    target: str = "executor"
+    """Runtime the plan must run in: ``executor``, ``torchtitan`` or ``megatron`` (experiments.deploy)."""
+    trace: str | None = None
+    """Write the best plan's predicted (and measured) timeline here, Chrome trace format."""
 
     @property
     def local(self) -> bool:
@@ -297,7 +302,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
 
     # 3. search ---------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    methods = list(dict.fromkeys(["megatron", *cfg.methods]))
+    methods = with_target_method(list(dict.fromkeys(["megatron", *cfg.methods])), cfg.target)
     log(f"searching {len(methods)} methods for {profile.name} on {cluster.devices} devices, {microbatches} "
         f"micro-batches (budget {cfg.budget}, at most {budget.seconds:g} s each)")
     problem = Problem(profile, cluster, microbatches)
@@ -307,15 +312,20 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
     feasible = [o for o in outcomes if o.feasible]
     mega = next((o for o in outcomes if o.method == "megatron" and o.ok), None)
-    best = min(feasible, key=lambda o: o.iteration_time) if feasible else None
+    searched = [Searched(o.method, o.plan, o.result) for o in feasible]
+    pick = best_for(cfg.target, searched, profile)
+    best = next((o for o in feasible if pick is not None and o.plan is pick.plan), None)
     seconds["search"] = time.perf_counter() - t0
     if best is None:
-        raise ConfigError(f"no plan fits in {cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device "
-                          f"({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve); add devices "
-                          "or memory (--memory-gb, --memory-reserve-gb) or use fewer micro-batches",
+        within = f" that {cfg.target} runs" if feasible else ""
+        raise ConfigError(f"no plan{within} fits in {cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per "
+                          f"device ({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve); add "
+                          "devices or memory (--memory-gb, --memory-reserve-gb) or use fewer micro-batches",
                           field="--memory-gb")
     best.plan.save(out / "plan.json")
     best.plan.save_csv(out / "plan.csv")
+    targets = write_exports(out, searched, profile, best=pick,
+                            reference=mega.iteration_time if mega is not None else None)
 
     # 4. replay ---------------------------------------------------------------------------------
     measured: dict[str, Measurement] = {}
@@ -344,7 +354,14 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     gantts = _gantts(best, mega, measured, out=out, label=cfg.label)
     summary = _summary(best, mega, measured, unit=profile.time_unit)
     files = {"plan": str(out / "plan.json"), "plan_csv": str(out / "plan.csv"), "profile": str(out / "profile.json"),
-             "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()}}
+             "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()},
+             **{r["target"]: str(out / r["file"]) for r in targets if r.get("file")}}
+    if cfg.trace:
+        files["trace"] = str(write_plan_trace(cfg.trace, best.plan, profile, cluster=cluster,
+                                              predicted=(best_measured.predicted_timeline if best_measured
+                                                         else best.result.timeline_dict()),
+                                              measured=best_measured.measured_timeline if best_measured else None,
+                                              title=f"{best.method} on {cfg.label}"))
     with runs.phase("search", {"microbatches": microbatches, "methods": methods}) as tracker:
         for o in outcomes:
             if o.result is not None and o.result.valid:
@@ -376,6 +393,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
             tracker.log_image(key, path)
         tracker.log_plan(best.plan, name=f"plan-{slug}", metadata=summary)
         tracker.summary({**summary, "notes": "; ".join(notes)})
+    summary["targets"] = targets
     report = WorkflowReport(cfg, costs, outcomes, best, mega, rows, devices, kinds, ops, notes, files, group,
                             dict(runs.dirs), seconds, summary, measured)
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str) + "\n")

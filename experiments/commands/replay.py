@@ -13,7 +13,8 @@ charts in one PNG to --out (default: next to the plan), and the measurements fed
 ``calibrated_profile.json``, the profile with each kind of operation (F, I, W, B) scaled by
 measured over predicted time on this replay and the runtime's per-action overhead fitted, for
 ``search --profile``. --check also compares the loss, every
-gradient and the weights after a few optimizer steps with the unpipelined model.
+gradient and the weights after a few optimizer steps with the unpipelined model. --trace FILE.json
+writes the measured and the predicted timeline in one Chrome trace (Perfetto, chrome://tracing).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds for process-group set-up and for each transfer")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     parser.add_argument("--out", metavar="DIR", help="where timelines and the Gantt PNG go")
+    parser.add_argument("--trace", metavar="FILE.json",
+                        help="write the measured and predicted timelines in the Chrome trace format")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--wandb-project", default="adaptis", help="W&B project (offline by default)")
 
@@ -89,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "measured_timeline.json").write_text(json.dumps(comp.measured_timeline) + "\n")
     (out_dir / "predicted_timeline.json").write_text(json.dumps(pred_tl) + "\n")
+    if args.trace:
+        from experiments.deploy import write_plan_trace
+
+        write_plan_trace(args.trace, plan, profile, cluster=cluster, predicted=pred_tl, measured=comp.measured_timeline,
+                         title=f"{plan.method} replay")
     if given is None:
         profile.save(out_dir / "profile.json")
     cluster.save(out_dir / "cluster.json")

@@ -12,12 +12,16 @@ by share of the compute; measured time by F/I/W/B). Writes to --out: plan.json, 
 profile.json, cluster.json, gantt_predicted.png, gantt_measured.png, gantt_fidelity.png and
 summary.json. Logs one W&B group (offline by default): runs profile, [train,] search, [replay,]
 summary; the summary run holds the metrics, tables, Gantt charts and the plan artifact.
+--target {executor,torchtitan,megatron} keeps the plan inside what that runtime runs and writes
+megatron_args.txt / torchtitan.toml (experiments/deploy.py); --trace FILE.json writes the best
+plan's predicted and measured timelines in the Chrome trace format.
 
 Examples:
   python -m experiments run                                     # tiny-hybrid on 2 local CPU ranks
   python -m experiments run --model tiny-hybrid --devices 2 --train-policy 2000
   python -m experiments run --model gemma-medium --gpu h100 --devices 8   # analytic, no replay
   python -m experiments run --hf-config config.json --gpu a100 --devices 4 --memory-gb 40
+  python -m experiments run --model gemma-small --gpu h100 --devices 4 --target megatron --trace t.json
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 
 from agents.base import DEFAULT_CALLS
 from experiments.common import add_granularity_args, non_negative_float, positive_float, positive_int, print_table
+from experiments.deploy import add_target_arguments, add_trace_argument, print_targets
 from experiments.workflow import DEFAULT_METHODS, WorkflowConfig, WorkflowReport, run_workflow
 
 __all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report"]
@@ -76,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="random plans replayed to calibrate the profile before the search (0: none)")
     rp.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     rp.add_argument("--timeout", type=positive_float, default=900.0, help="seconds for each torchrun job")
+    add_target_arguments(parser)
+    add_trace_argument(parser, "the best plan's predicted and measured timelines")
     parser.add_argument("--out", default=None, help="output folder (default runs/run-<model>)")
     parser.add_argument("--group", default=None, help="W&B group (default run-<model>-<time>)")
     parser.add_argument("--wandb-project", default="adaptis", help="W&B project (runs are offline by default)")
@@ -101,7 +108,8 @@ def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
         policy=args.policy, train_policy=args.train_policy, replay=not args.no_replay, steps=args.steps,
         warmup=args.warmup, profile_repeats=args.profile_repeats, calibration_plans=args.calibration_plans,
         threads=args.threads, timeout=args.timeout,
-        out=args.out or f"runs/run-{label}", group=args.group, project=args.wandb_project)
+        out=args.out or f"runs/run-{label}", group=args.group, project=args.wandb_project, target=args.target,
+        trace=args.trace)
 
 
 def print_report(report: WorkflowReport) -> None:
@@ -144,6 +152,8 @@ def print_report(report: WorkflowReport) -> None:
     print_table(report.kinds, list(report.kinds[0]), title="layer kinds by share of the compute (f/b/w per layer)")
     ops = ", ".join(f"{op} {pct:.0f}%" for op, pct in report.op_share.items())
     print(f"\n{'measured' if report.best.method in report.measured else 'predicted'} busy time by action: {ops}")
+    if s.get("targets"):
+        print_targets(s["targets"], cfg.target, unit)
     for note in report.notes:
         print(f"note: {note}")
     print(f"\nfiles: {cfg.out}/ (plan.json, plan.csv, profile.json, cluster.json, "

@@ -6,10 +6,17 @@ OUT/plan.json (the best feasible plan, rewritten as the search improves it), OUT
 torch.distributed.pipelining / torchtitan), OUT/gantt_best.png, OUT/gantt_megatron.png and
 OUT/results.jsonl. Logs everything to W&B (offline by default).
 
+--target {executor,torchtitan,megatron} keeps the best plan inside what that runtime runs (its own
+search method joins the others: megatron+layout, adaptis@torchtitan) and prints, per target, the
+fastest plan it can run and its speedup over the Megatron baseline; OUT/megatron_args.txt and
+OUT/torchtitan.toml carry those plans in Megatron-LM's and torchtitan's own terms (or a one-line
+reason). --trace FILE.json writes the best plan's predicted timeline for Perfetto.
+
 Examples:
   python -m experiments search                                  # default heterogeneous case
   python -m experiments search --model deepseek-medium --devices 8 --method adaptis,zbv,random
   python -m experiments search --profile P.json --cluster C.json --memory-gb 40 --json
+  python -m experiments search --model gemma-medium --target megatron --out runs/gemma-mega
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
@@ -32,6 +40,16 @@ from experiments.common import (
     print_table,
     resolve_problem,
 )
+from experiments.deploy import (
+    Searched,
+    add_target_arguments,
+    add_trace_argument,
+    best_for,
+    print_targets,
+    with_target_method,
+    write_exports,
+    write_plan_trace,
+)
 from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
@@ -41,10 +59,12 @@ from pipeline.render import gantt_side_by_side
 from pipeline.simulator import Result
 from pipeline.space import Problem, objective_key
 from pipeline.spec import GIB
+from pipeline.targets import model_reason, target_reason
 
 NAME = "search"
 HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
-DEFAULT_METHODS = "megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,rl,adaptis"
+DEFAULT_METHODS = ("megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,rl,megatron+layout,"
+                   "adaptis")
 COLUMNS = ("method", "iter_time", "tokens_per_s", "bubble_pct", "peak_mem_gb", "speedup", "vs_bound", "sim_calls",
            "seconds")
 
@@ -61,17 +81,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"per search method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
     parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
+    add_target_arguments(parser)
+    add_trace_argument(parser, "the best plan's predicted timeline")
     add_output_args(parser)
 
 
 class _BestPlanWriter:
     """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True) -> None:
         self.out = out
+        self.accept = accept
         self.key: tuple | None = None
 
     def __call__(self, plan: Plan, result: Result) -> None:
+        if not self.accept(plan):
+            return
         key = objective_key(result)
         if self.key is None or key < self.key:
             self.key = key
@@ -91,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         methods = all_methods()
     if "megatron" not in methods:
         methods.insert(0, "megatron")
+    methods = with_target_method(methods, args.target)
     searchers = [make_searcher(m) for m in methods]
     if args.policy:
         for s in searchers:
@@ -100,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     problem = Problem(profile, cluster, args.microbatches)
     bound = lower_bound(profile, cluster, args.microbatches)
-    writer = _BestPlanWriter(out)
+    writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None)
     results: list[SearchResult] = []
     from tqdm import tqdm
 
@@ -113,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
     reference = mega.iteration_time if mega else None
     rows = sort_rows([result_row(r, reference, bound.value) for r in results])
-    feasible = [r for r in results if r.ok and r.result.feasible]
-    best = min(feasible, key=lambda r: r.iteration_time) if feasible else None
+    searched = [Searched(r.method, r.plan, r.result) for r in results if r.ok]
+    pick = best_for(args.target, searched, profile)
+    best = next((r for r in results if pick is not None and r.ok and r.plan is pick.plan), None)
 
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
@@ -136,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
             tracker.summary({"best_method": best.method, "best_iteration_time": best.iteration_time,
                              "speedup_over_megatron": reference / best.iteration_time,
                              "vs_lower_bound": best.iteration_time / bound.value})
+    targets = write_exports(out, searched, profile, best=pick, reference=reference)
+    if args.trace and best is not None:
+        write_plan_trace(args.trace, best.plan, profile, cluster=cluster, predicted=best.result.timeline_dict(),
+                         title=f"{best.method} on {profile.name}")
     with open(out / "results.jsonl", "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
@@ -155,9 +186,15 @@ def run(args: argparse.Namespace) -> int:
                     f"{args.microbatches} micro-batches, {cluster.memory_gb:g} GiB per device "
                     f"({cluster.memory_reserve_gb:g} GiB reserved) "
                     f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
+    if not args.json:
+        print_targets(targets, args.target, profile.time_unit)
+    cannot = model_reason(args.target, profile)
+    if best is None and cannot:
+        print(f"no plan for --target {args.target}: {cannot}; use --target executor", file=sys.stderr)
+        return 3
     if best is None:
         smallest = min((r for r in results if r.ok), key=lambda r: max(r.result.peak_memory), default=None)
-        msg = "no plan fits in memory"
+        msg = "no plan fits in memory" + (f" among those {args.target} runs" if args.target != "executor" else "")
         if smallest is not None:
             peak = max(smallest.result.peak_memory) / GIB
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "

@@ -3,6 +3,8 @@
 Example:
   python -m experiments simulate --profile experiments/configs/profiles/hetero-head-16.json \
       --cluster experiments/configs/clusters/h100x4.json --plan plan.json --gantt plan.png
+
+--trace FILE.json writes the predicted timeline (actions and transfers) in the Chrome trace format.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import json
 
 from experiments.common import add_cluster_args, add_model_args, add_output_args, resolve_cluster, resolve_profile
+from experiments.deploy import add_trace_argument, write_plan_trace
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.plan import Plan
@@ -27,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser)
     parser.add_argument("--gantt", metavar="PNG", help="write the Gantt chart to this file")
     parser.add_argument("--text", action="store_true", help="print a text Gantt chart")
+    add_trace_argument(parser)
     add_output_args(parser)
 
 
@@ -46,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
             gantt_png(result.timeline_dict(), args.gantt, title=f"{plan.method} on {profile.name}")
             tracker.log_image("gantt", args.gantt)
         tracker.log_plan(plan, name=plan.method, metadata=row)
+    if args.trace and result.valid:
+        write_plan_trace(args.trace, plan, profile, cluster=cluster, predicted=result.timeline_dict(),
+                         title=f"{plan.method} on {profile.name}")
     if args.json:
         print(json.dumps(row))
     elif not result.valid:

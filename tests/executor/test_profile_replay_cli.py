@@ -12,6 +12,7 @@ from executor.model import resolve_architecture, scale_architecture
 from executor.profiler import ProfileConfig, profile_architecture
 from experiments.cli import main
 from pipeline.spec import ModelProfile
+from pipeline.trace import SEND_TRACK, validate_trace
 from tests.executor.plans import named_plans
 
 
@@ -58,7 +59,7 @@ def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     plan.save(tmp_path / "plan.json")
     code = main(["replay", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-hybrid", "--seq-len", "32",
                  "--steps", "2", "--warmup", "1", "--check", "--json", "--out", str(tmp_path / "r"),
-                 "--timeout", "240"])
+                 "--timeout", "240", "--trace", str(tmp_path / "trace.json")])
     assert code == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["measured_iteration_time"] > 0 and row["predicted_iteration_time"] > 0
@@ -70,3 +71,10 @@ def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert calibrated.extra["runtime_scales"]["F"] == pytest.approx(row["runtime_scales"]["F"], rel=1e-3)
     assert set(row["runtime_scales"]) == {"F", "I", "W", "W0", "overhead"}  # zbv splits every backward
     assert calibrated.action_overhead == pytest.approx(row["runtime_scales"]["overhead"], abs=1e-4)
+    # --trace: measured (pid 1) and predicted (pid 2) in one Chrome trace, one slice per action each
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    validate_trace(trace)
+    actions = sum(len(a) for a in plan.schedule)
+    for pid in (1, 2):
+        assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == pid
+                   and e["tid"] < SEND_TRACK) == actions

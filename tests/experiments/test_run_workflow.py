@@ -31,7 +31,7 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     out = tmp_path / "run"
     code = main(["run", "--model", "tiny-hybrid", "--devices", "2", "--seq-len", "64", "--microbatches", "6",
                  "--budget", "100", "--profile-repeats", "2", "--steps", "2", "--warmup", "1", "--out", str(out),
-                 "--group", "wf-test", "--timeout", "240"])
+                 "--group", "wf-test", "--timeout", "240", "--trace", str(tmp_path / "trace.json")])
     text = capsys.readouterr().out
     assert code == 0
     assert "where the time went" in text and "best:" in text and "measured" in text
@@ -53,6 +53,9 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     assert [d["device"] for d in summary["devices"]] == [0, 1]
     assert all("measured_bubble_pct" in d for d in summary["devices"])
     assert abs(sum(k["time_share_pct"] for k in summary["kinds"]) - 100) < 1e-6
+    trace = json.loads((tmp_path / "trace.json").read_text())  # --trace: measured and predicted, one file
+    assert {e["args"]["name"].split(":")[0] for e in trace["traceEvents"] if e["name"] == "process_name"} == \
+        {"measured", "predicted"}
 
     # The W&B group, read back from the offline run folders.
     assert set(summary["run_dirs"]) == {"profile", "search", "replay", "summary"}
