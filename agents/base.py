@@ -108,6 +108,6 @@ def finish(method: str, problem: Problem, plan: Plan | None, *, evaluator: Evalu
     result = None
     if plan is not None:
         plan = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
-                    {**plan.meta, "method": method})
+                    {**plan.meta, "method": method}, recompute=plan.recompute)
         result = simulate(plan, problem.profile, problem.cluster, training=problem.training)
     return SearchResult(method, plan, result, evaluator.calls, evaluator.seconds, history, note)

@@ -214,5 +214,5 @@ def _renamed(plan: Plan | None, method: str) -> Plan | None:
     if plan is None:
         return None
     return Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
-                {**plan.meta, "method": method})
+                {**plan.meta, "method": method}, recompute=plan.recompute)
 

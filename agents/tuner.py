@@ -222,6 +222,14 @@ class AdaptisTuner:
             for delta in (1.0, -1.0):
                 yield replace(base, budgets=tuple(max(1.0, b + delta) for b in budgets))
         yield replace(base, budgets=None)
+        if result.valid:  # memory binds: also recompute the fullest device's stages (as is, or with fused B,
+            # which frees the recomputed activations at once instead of keeping W's inputs)
+            full = max(range(P), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
+            old = base.recompute if base.recompute is not None else (False,) * base.num_stages
+            new = tuple(r or d == full for r, d in zip(old, base.placement))
+            if result.peak_memory[full] > 0.9 * result.memory_limit[full] and new != old:
+                for split in {base.split_backward, False}:
+                    yield replace(base, recompute=new, split_backward=split)
         yield replace(base, split_backward=not base.split_backward)
         yield replace(base, eager_w=not base.eager_w)
         yield replace(base, depth_first=not base.depth_first)

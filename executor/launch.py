@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="append", default=[], help="plan JSON (repeat to run several in one job)")
     p.add_argument("--model", default="tiny-hybrid", help="zoo model name")
     p.add_argument("--scale", type=float, default=1.0, help="width scale of the model (see scale_architecture)")
+    p.add_argument("--granularity", choices=("layer", "sublayer"), default="layer", help="plan units")
+    p.add_argument("--head-shards", type=int, default=1, help="head cut into this many units over the tokens")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--microbatch-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -79,7 +81,7 @@ def _reference(arch: Any, tokens: Any, labels: Any, *, microbatches: int, seed: 
     def one_step() -> float:
         losses = []
         for t, lab in zip(mb_tok, mb_lab):
-            loss = model(t, lab)
+            loss = model(t, labels=lab)
             (loss / microbatches).backward()
             losses.append(float(loss.detach()))
         return sum(losses) / len(losses)
@@ -107,8 +109,10 @@ def _check(ex: Any, arch: Any, tokens: Any, labels: Any, *, seed: int, device: A
                      opt_steps=opt_steps)
     ex.zero_grad()
     res = ex.step(tokens, labels)
+    from executor.model import canonical_name
+
     grads = named_grads(ex.modules)
-    grad_err = max((_rel_err(g, ref["grads"][n]) for n, g in grads.items()), default=0.0)
+    grad_err = max((_rel_err(g, ref["grads"][canonical_name(arch, n)]) for n, g in grads.items()), default=0.0)
     loss_err = abs(res.loss - ref["loss"]) / abs(ref["loss"]) if res.loss is not None else 0.0
     opt = torch.optim.SGD(list(ex.parameters()), lr=0.1, momentum=0.9)
     opt.step()
@@ -116,7 +120,7 @@ def _check(ex: Any, arch: Any, tokens: Any, labels: Any, *, seed: int, device: A
         ex.zero_grad()
         ex.step(tokens, labels)
         opt.step()
-    weight_err = max((_rel_err(p.detach(), ref["weights"][n])
+    weight_err = max((_rel_err(p.detach(), ref["weights"][canonical_name(arch, n)])
                       for m in ex.modules for n, p in m.named_parameters()), default=0.0)
     errs = torch.tensor([grad_err, loss_err, weight_err], dtype=torch.float64)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
@@ -256,7 +260,8 @@ def _worker(args: argparse.Namespace) -> int:
     plans = []
     arch = None
     if not args.p2p_bench:
-        arch = resolve_architecture(args.model, scale=args.scale)
+        arch = resolve_architecture(args.model, scale=args.scale, granularity=args.granularity,
+                                    head_shards=args.head_shards)
         for path in args.plan:
             plan = Plan.load(path)
             check_plan(plan, arch, world_size=world, source=path)

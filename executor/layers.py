@@ -32,6 +32,7 @@ __all__ = [
     "GatedLinearAttention",
     "Block",
     "Head",
+    "HeadShard",
     "build_layer",
 ]
 
@@ -72,6 +73,36 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.proj(self.norm(x))
         return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
+
+
+class HeadShard(Head):
+    """Shard ``shard`` of ``shards`` of the head, over the micro-batch's tokens (flattened rows).
+
+    Input: the hidden states of the rows not yet consumed (``(batch, seq, hidden)`` for the first
+    shard, ``(rows, hidden)`` after it) and, after the first shard, the carried loss. It computes
+    the cross-entropy of its rows ``pipeline.arch.head_shard_tokens`` (summed, over the micro-batch's
+    token count, so the shards' partial losses add up to the mean), adds it to the carried loss and
+    returns ``(remaining rows, carried loss)``, or the total loss if it is the last shard. Every
+    shard holds the head's weights (the executor sums their gradients after the step)."""
+
+    def __init__(self, vocab_size: int, hidden: int, *, shard: int, shards: int) -> None:
+        super().__init__(vocab_size, hidden)
+        self.shard, self.shards = shard, shards
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
+                carried: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        from pipeline.arch import head_shard_tokens
+
+        flat_labels = labels.flatten()
+        total = flat_labels.numel()
+        start, end = head_shard_tokens(total, self.shard, self.shards)
+        rows = x.reshape(-1, x.shape[-1])
+        own, rest = rows[:end - start], rows[end - start:]
+        logits = self.proj(self.norm(own))
+        part = F.cross_entropy(logits.float(), flat_labels[start:end], reduction="sum") / total
+        loss = part if carried is None else carried + part
+        # a copy: the pipeline runtime detaches stage outputs in place, which a view forbids
+        return loss if self.shard == self.shards - 1 else (rest.clone(), loss)
 
 
 def _rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -308,6 +339,8 @@ def build_layer(arch: Architecture, spec: LayerSpec) -> nn.Module:
     if spec.kind == "embedding":
         return Embedding(arch.vocab_size, arch.hidden_size)
     if spec.kind == "head":
+        if spec.shards > 1:
+            return HeadShard(arch.vocab_size, arch.hidden_size, shard=spec.shard, shards=spec.shards)
         return Head(arch.vocab_size, arch.hidden_size)
     if spec.kind in ("mtp", "vision"):
         spec = LayerSpec(kind="block", mixer="attention", ffn="mlp")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,8 +21,8 @@ from pipeline.arch import Architecture
 from pipeline.errors import ConfigError
 
 __all__ = ["scale_architecture", "LayerModel", "StageModule", "build_layers", "build_model", "build_stage",
-           "make_batch", "check_architecture", "named_grads", "tiny_hybrid_architecture", "resolve_architecture",
-           "default_seq_len"]
+           "make_batch", "check_architecture", "named_grads", "shared_origin", "canonical_name",
+           "tiny_hybrid_architecture", "resolve_architecture", "default_seq_len"]
 
 
 def _scaled(value: int, factor: float, minimum: int) -> int:
@@ -68,46 +69,87 @@ def scale_architecture(arch: Architecture, scale: float) -> Architecture:
 
 def check_architecture(arch: Architecture) -> None:
     """The executor needs the embedding first and the head last (it returns the loss)."""
-    kinds = [layer.kind for layer in arch.layers]
-    if kinds[0] != "embedding" or kinds[-1] != "head" or kinds.count("head") != 1:
+    kinds = [layer.kind for layer in arch.layers if layer.kind != "head" or layer.shard == 0]
+    if kinds[0] != "embedding" or arch.layers[-1].kind != "head" or kinds.count("head") != 1:
         raise ConfigError(f"the executor needs an embedding first and one head last; got {kinds[0]!r} ... "
                           f"{kinds[-1]!r}", source=arch.name, field="layers")
 
 
+def shared_origin(arch: Architecture, index: int) -> int:
+    """The unit whose weights unit ``index`` holds: the first shard for a head shard, else itself."""
+    spec = arch.layers[index]
+    return index - spec.shard if spec.kind == "head" and spec.shards > 1 else index
+
+
+def canonical_name(arch: Architecture, name: str) -> str:
+    """``layers.{i}.…`` with ``i`` replaced by :func:`shared_origin` (one name per shared weight)."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+        parts[1] = str(shared_origin(arch, int(parts[1])))
+    return ".".join(parts)
+
+
 def build_layers(arch: Architecture, indices: Iterable[int], *, seed: int = 0) -> dict[int, nn.Module]:
-    """Layers ``indices`` of ``arch``, each initialised from ``(seed, index)`` alone."""
+    """Layers ``indices`` of ``arch``, each initialised from ``(seed, index)`` alone (head shards
+    from their first shard's index: they hold the same weights)."""
     out: dict[int, nn.Module] = {}
     for i in indices:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed * 1_000_003 + i)
+            torch.manual_seed(seed * 1_000_003 + shared_origin(arch, i))
             out[i] = build_layer(arch, arch.layers[i])
     return out
 
 
 class StageModule(nn.Module):
     """Consecutive layers ``[start, end)``. ``forward(x, labels=None)`` returns hidden states, or
-    the loss if the stage holds the head (every stage receives ``labels``; only the head uses them)."""
+    the loss if the stage holds the head (every stage receives ``labels``; only the head uses them).
+    After a head shard that is not the last, the stage passes ``(hidden rows, carried loss)``, so a
+    stage may receive two tensors: ``forward(x, carried, labels=...)``. With ``recompute`` the
+    stage keeps only its inputs from the forward and re-runs it in the backward
+    (``torch.utils.checkpoint``)."""
 
-    def __init__(self, layers: dict[int, nn.Module], *, start: int, end: int) -> None:
+    def __init__(self, layers: dict[int, nn.Module], *, start: int, end: int, recompute: bool = False) -> None:
         super().__init__()
-        self.start, self.end = start, end
+        self.start, self.end, self.recompute = start, end, recompute
         self.layers = nn.ModuleDict({str(i): layers[i] for i in range(start, end)})
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        from executor.layers import Head
+    def forward(self, x: torch.Tensor, *more: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        if len(more) == 1 and labels is None and not more[0].is_floating_point():
+            labels, more = more[0], ()  # the positional form forward(tokens, labels)
+        if self.recompute and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
 
+            return checkpoint(self._run, x, *more, labels=labels, use_reentrant=False)
+        return self._run(x, *more, labels=labels)
+
+    def _run(self, x: torch.Tensor, *more: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        from executor.layers import Head, HeadShard
+
+        carried = more[0] if more else None
         for layer in self.layers.values():
-            x = layer(x, labels) if isinstance(layer, Head) else layer(x)
-        return x
+            if isinstance(layer, HeadShard):
+                out = layer(x, labels, carried)
+                x, carried = out if isinstance(out, tuple) else (out, None)
+            elif isinstance(layer, Head):
+                x = layer(x, labels)
+            else:
+                x = layer(x)
+        return x if carried is None else (x, carried)
 
 
 class LayerModel(StageModule):
-    """The whole model: ``forward(tokens, labels) -> loss``."""
+    """The whole model: ``forward(tokens, labels) -> loss``. Head shards share one set of weights
+    (the first shard's modules), as the unpipelined model has one head."""
 
     def __init__(self, arch: Architecture, *, seed: int = 0) -> None:
         check_architecture(arch)
         n = len(arch.layers)
-        super().__init__(build_layers(arch, range(n), seed=seed), start=0, end=n)
+        layers = build_layers(arch, range(n), seed=seed)
+        for i in range(n):
+            origin = shared_origin(arch, i)
+            if origin != i:
+                layers[i].norm, layers[i].proj = layers[origin].norm, layers[origin].proj
+        super().__init__(layers, start=0, end=n)
         self.arch = arch
 
 
@@ -117,13 +159,14 @@ def build_model(arch: Architecture, *, seed: int = 0, device: torch.device | str
 
 
 def build_stage(arch: Architecture, start: int, end: int, *, seed: int = 0,
-                device: torch.device | str = "cpu") -> StageModule:
+                device: torch.device | str = "cpu", recompute: bool = False) -> StageModule:
     """Layers ``[start, end)`` of ``arch`` with the weights the whole model would have."""
     check_architecture(arch)
     if not 0 <= start < end <= len(arch.layers):
         raise ConfigError(f"stage [{start}, {end}) is outside the model's {len(arch.layers)} layers",
                           source=arch.name, field="partition")
-    return StageModule(build_layers(arch, range(start, end), seed=seed), start=start, end=end).to(device)
+    return StageModule(build_layers(arch, range(start, end), seed=seed), start=start, end=end,
+                       recompute=recompute).to(device)
 
 
 def make_batch(arch: Architecture, *, batch: int, seq_len: int, seed: int = 0,
@@ -167,9 +210,11 @@ def tiny_hybrid_architecture() -> Architecture:
     )
 
 
-def resolve_architecture(name: str, *, scale: float = 1.0) -> Architecture:
-    """The zoo's architecture ``name`` (``pipeline.zoo``), narrowed by ``scale``; ``tiny-hybrid``
-    falls back to :func:`tiny_hybrid_architecture` when the zoo is not installed."""
+def resolve_architecture(name: str, *, scale: float = 1.0, granularity: str = "layer",
+                         head_shards: int = 1) -> Architecture:
+    """The zoo's architecture ``name`` (``pipeline.zoo``), narrowed by ``scale`` and cut into units
+    (:func:`pipeline.arch.refine_architecture`); ``tiny-hybrid`` falls back to
+    :func:`tiny_hybrid_architecture` when the zoo is not installed."""
     try:
         from pipeline.zoo import load_zoo_architecture
     except ImportError:
@@ -181,7 +226,9 @@ def resolve_architecture(name: str, *, scale: float = 1.0) -> Architecture:
     else:
         raise ConfigError(f"unknown model {name!r} (the zoo is not installed; only 'tiny-hybrid' is built in)",
                           field="--model")
-    return scale_architecture(arch, scale)
+    from pipeline.arch import refine_architecture
+
+    return refine_architecture(scale_architecture(arch, scale), granularity=granularity, head_shards=head_shards)
 
 
 def default_seq_len(arch: Architecture, fallback: int = 128) -> int:

@@ -126,10 +126,15 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _full_backward(out: torch.Tensor, grad: torch.Tensor | None, inp: torch.Tensor) -> Any:
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """A layer's output or input as a list (a head shard passes ``(hidden rows, carried loss)``)."""
+    return list(x) if isinstance(x, tuple) else [x]
+
+
+def _full_backward(out: Any, grad: list[torch.Tensor] | None, inp: list[torch.Tensor]) -> Any:
     if grad is None:  # the loss
-        return stage_backward(out, None, [inp])
-    return stage_backward((out,), (grad,), [inp])
+        return stage_backward(out, None, inp)
+    return stage_backward(tuple(_tensors(out)), tuple(grad), inp)
 
 
 class _SavedBytes:
@@ -182,7 +187,7 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
         ins, outs = [], []
         x = tokens
         for i, layer in enumerate(layers):
-            inp = x if i == 0 else x.detach().requires_grad_(True)
+            inp = [x] if i == 0 else [t.detach().requires_grad_(True) for t in _tensors(x)]
             counter = _SavedBytes({p.data_ptr() for p in params[i]})
             mem.begin()
             pack, unpack = counter.pack, _unpack
@@ -190,12 +195,12 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
                 pack, unpack = (lambda t, c=counter: meter._pack(c.pack(t))), meter._unpack
             with torch.autograd.graph.saved_tensors_hooks(pack, unpack), meter.attribute(i):
                 t0 = _tic(device)
-                out = layer(inp, labels)
+                out = layer(*inp, labels=labels)
                 dt = _toc(device, t0)
             if rep == 0:
                 saved_after_f[i] = meter.level[i]
-                act[i] = counter.total + (0 if i == 0 else _tensor_bytes(inp))
-                out_b[i] = _tensor_bytes(out)
+                act[i] = counter.total + (0 if i == 0 else sum(_tensor_bytes(t) for t in inp))
+                out_b[i] = sum(_tensor_bytes(t) for t in _tensors(out))
                 retained[i] = mem.retained()
             note_peak(i, rep)
             if keep:
@@ -205,19 +210,18 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
             x = out
         # I in reverse (the first layer has no input gradient: its whole backward runs as W)
         groups: list[Any] = [None] * n
-        grad: torch.Tensor | None = None
-        grads_out: list[torch.Tensor | None] = [None] * n
+        grad: list[torch.Tensor] | None = None
+        grads_out: list[list[torch.Tensor] | None] = [None] * n
         for i in reversed(range(n)):
             grads_out[i] = grad
             dt = 0.0
             if i:
                 mem.begin()
                 t0 = _tic(device)
-                gin, groups[i] = stage_backward_input([outs[i]], None if grad is None else [grad], [ins[i]],
-                                                      iter(params[i]))
+                gin, groups[i] = stage_backward_input(_tensors(outs[i]), grad, ins[i], iter(params[i]))
                 dt = _toc(device, t0)
                 note_peak(i, rep)
-                grad = gin[0]
+                grad = list(gin)
                 if rep == 0 and saved_after_f[i]:
                     w_share[i] = meter.level[i] / saved_after_f[i]
             if keep:
@@ -237,8 +241,8 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
         ins, outs = [], []
         x = tokens
         for i, layer in enumerate(layers):
-            inp = x if i == 0 else x.detach().requires_grad_(True)
-            out = layer(inp, labels)
+            inp = [x] if i == 0 else [t.detach().requires_grad_(True) for t in _tensors(x)]
+            out = layer(*inp, labels=labels)
             ins.append(inp)
             outs.append(out)
             x = out
@@ -249,7 +253,7 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
             gin = _full_backward(outs[i], grad, ins[i])
             dt = _toc(device, t0)
             note_peak(i, rep)
-            grad = gin[0] if i else None
+            grad = list(gin) if i else None
             if keep:
                 times["b_full"][i].append(dt)
         for ps in params:
@@ -286,11 +290,16 @@ def profile_architecture(arch: Architecture, *, device: torch.device | str = "cp
     costs: list[LayerCost] = []
     for i, (spec, m) in enumerate(zip(arch.layers, measured)):
         label = spec.label
+        unit = ({"block": f"layer{spec.block}", "part": spec.part} if spec.part is not None else
+                {"block": "head", "shard": spec.shard, "shards": spec.shards, "shared_group": "head",
+                 "grad_sync_bytes": 4 * sum(p.numel() for p in layers[i].parameters())}
+                if spec.kind == "head" and spec.shards > 1 else {})
         costs.append(LayerCost(
-            name=f"layer{i}.{label}" if spec.kind == "block" else spec.kind, kind=label,
+            name=(f"layer{i}.{label}" if spec.kind == "block" else spec.kind if spec.shards == 1
+                  else f"head.{spec.shard}"), kind=label,
             f=m["f"] * 1e3, b=m["b"] * 1e3, w=m["w"] * 1e3, params=sum(p.numel() for p in layers[i].parameters()),
             act_bytes=int(m["act_bytes"]), out_bytes=int(m["out_bytes"]), w_act_bytes=int(m["w_act_bytes"]),
-            extra={"b_full": m["b_full"] * 1e3,
+            extra={"b_full": m["b_full"] * 1e3, **unit,
                    **{k: int(m[k]) for k in ("mem_retained_bytes", "mem_peak_bytes") if k in m}},
         ))
         if log is not None:

@@ -69,6 +69,10 @@ class ReplayOptions:
     """Zoo model name."""
     scale: float = 1.0
     """Width scale of the model."""
+    granularity: str = "layer"
+    """Plan units: ``layer`` or ``sublayer`` (see ``pipeline.arch.refine_architecture``)."""
+    head_shards: int = 1
+    """Head cut into this many units over the tokens."""
     seq_len: int = 128
     """Tokens per sequence."""
     microbatch_size: int = 1
@@ -89,7 +93,8 @@ class ReplayOptions:
     """Weights and data seed."""
 
     def worker_args(self) -> list[str]:
-        args = ["--model", self.model, "--scale", str(self.scale), "--seq-len", str(self.seq_len),
+        args = ["--model", self.model, "--scale", str(self.scale), "--granularity", self.granularity,
+                "--head-shards", str(self.head_shards), "--seq-len", str(self.seq_len),
                 "--microbatch-size", str(self.microbatch_size), "--steps", str(self.steps),
                 "--warmup", str(self.warmup), "--threads", str(self.threads),
                 "--timeout", str(self.transfer_timeout), "--seed", str(self.seed)]

@@ -15,6 +15,13 @@ What comes from PyTorch and what is ours:
 Loss convention: the head returns the mean cross-entropy over a micro-batch's tokens; the
 step's loss is the mean over micro-batches, and gradients are those of that mean
 (``scale_grads=True`` divides the summed micro-batch gradients by their number).
+
+Finer units: a head cut into shards holds one copy of its weights per shard; after the step the
+copies' gradients are summed over every stage and rank (an all-reduce over the process group,
+as Megatron does for tied embeddings), so every copy holds the whole head's gradient and the
+copies stay equal under the optimizer. A stage marked in ``plan.recompute`` runs under
+``torch.utils.checkpoint`` and computes its weight gradients in its I (its W does nothing), as
+the performance model prices it.
 """
 
 from __future__ import annotations
@@ -68,17 +75,24 @@ class TimedStage(PipelineStage):
         self.records.append(ActionRecord(self.stage_index, "F", fwd_chunk_id, t0, self._now()))
         return out
 
+    @property
+    def _recomputes(self) -> bool:
+        return bool(getattr(self.submod, "recompute", False))
+
     def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
                            last_backward: bool = False) -> None:
         t0 = self._now()
-        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+        # A recomputing stage runs its whole backward in I: PyTorch's separate weight pass over
+        # checkpointed activations re-runs the forward once per parameter group (about 150x W).
+        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward or self._recomputes,
                                    last_backward=last_backward)
         op = "B" if full_backward else "I"
         self.records.append(ActionRecord(self.stage_index, op, bwd_chunk_id, t0, self._now()))
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
         t0 = self._now()
-        super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+        if not self._recomputes:  # else its I computed the weight gradients already
+            super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
         self.records.append(ActionRecord(self.stage_index, "W", bwd_chunk_id, t0, self._now()))
 
 
@@ -120,7 +134,8 @@ class PipelineExecutor:
         stages: list[PipelineStage] = []
         for s in plan.stages_of(rank):  # ascending: the order shape inference needs
             start, end = plan.partition[s]
-            module = build_stage(arch, start, end, seed=seed).to(dtype=dtype).to(device)
+            recompute = bool(plan.recompute[s]) if plan.recompute is not None else False
+            module = build_stage(arch, start, end, seed=seed, recompute=recompute).to(dtype=dtype).to(device)
             self.modules.append(module)
             stages.append(TimedStage(module, s, plan.num_stages, device, group=group, records=self.records))
         if not stages:
@@ -144,6 +159,30 @@ class PipelineExecutor:
         for p in self.parameters():
             p.grad = None
 
+    def _sum_shared_grads(self) -> None:
+        """Sum the gradients of the head shards' weight copies over stages and ranks (every rank
+        takes part in the all-reduce, with zeros where it holds no shard)."""
+        from executor.layers import HeadShard
+
+        first = next((spec for spec in self.arch.layers if spec.kind == "head" and spec.shards > 1), None)
+        if first is None:
+            return
+        with torch.device("meta"):
+            shapes = [(n, p.shape) for n, p in
+                      HeadShard(self.arch.vocab_size, self.arch.hidden_size, shard=0, shards=first.shards)
+                      .named_parameters()]
+        copies = [m for module in self.modules for m in module.modules() if isinstance(m, HeadShard)]
+        for name, shape in shapes:
+            params = [m.get_parameter(name) for m in copies]
+            total = torch.zeros(shape, device=self.device)
+            for p in params:
+                if p.grad is not None:
+                    total += p.grad
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(total)
+            for p in params:
+                p.grad = total.clone()
+
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, *, align: bool = True) -> StepResult:
         """One step; with ``align``, a barrier first so that every rank's clock starts together."""
         self.records.clear()
@@ -152,6 +191,7 @@ class PipelineExecutor:
         start = time.perf_counter()
         losses: list[torch.Tensor] = []
         self.schedule.step(tokens, labels=labels, target=labels, losses=losses, return_outputs=False)
+        self._sum_shared_grads()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()

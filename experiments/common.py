@@ -16,6 +16,7 @@ __all__ = [
     "CONFIG_DIR",
     "DEFAULT_MODEL",
     "add_model_args",
+    "add_granularity_args",
     "add_cluster_args",
     "add_output_args",
     "resolve_profile",
@@ -77,6 +78,22 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seq-len", type=positive_int, default=None,
                        help="sequence length (default: the model's, or 4096)")
     group.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
+    add_granularity_args(group)
+
+
+def add_granularity_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--granularity {layer,sublayer}`` and ``--head-shards K``: the units a model is cut into
+    (see ``pipeline.arch.refine_architecture``)."""
+    parser.add_argument("--granularity", choices=("layer", "sublayer"), default="layer",
+                        help="plan units: whole layers, or each block cut between its mixer and its MLP/MoE")
+    parser.add_argument("--head-shards", type=positive_int, default=1, metavar="K",
+                        help="cut the LM head + loss into K units over the tokens (shared weights; default 1)")
+
+
+def _check_units(args: argparse.Namespace) -> None:
+    if getattr(args, "granularity", "layer") != "layer" or getattr(args, "head_shards", 1) != 1:
+        raise ConfigError("a profile's units are fixed when it is written; give --model or --hf-config to cut "
+                          "finer, or drop --granularity/--head-shards", field="--granularity")
 
 
 def add_cluster_args(parser: argparse.ArgumentParser, *, default_devices: int = 4) -> None:
@@ -103,7 +120,9 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
 def resolve_profile(args: argparse.Namespace) -> ModelProfile:
     """The profile that ``--model/--hf-config/--profile`` name."""
     if getattr(args, "profile", None):
+        _check_units(args)
         return ModelProfile.load(args.profile)
+    units = {"granularity": getattr(args, "granularity", "layer"), "head_shards": getattr(args, "head_shards", 1)}
     seq_len = getattr(args, "seq_len", None)
     mbs = getattr(args, "microbatch_size", 1)
     gpu = getattr(args, "gpu", "h100")
@@ -111,7 +130,7 @@ def resolve_profile(args: argparse.Namespace) -> ModelProfile:
         from pipeline.costs import profile_from_architecture
         from pipeline.hf import load_hf_config
 
-        arch = load_hf_config(args.hf_config)
+        arch = load_hf_config(args.hf_config, **units)
         return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len or 4096, microbatch_size=mbs)
     name = getattr(args, "model", None)
     try:
@@ -121,8 +140,9 @@ def resolve_profile(args: argparse.Namespace) -> ModelProfile:
     if zoo is None:
         if name:
             raise ConfigError("the model zoo is not installed; pass --profile FILE", field="--model")
+        _check_units(args)
         return ModelProfile.load(FALLBACK_PROFILE)
-    return zoo.zoo_profile(name or DEFAULT_MODEL, gpu=gpu, seq_len=seq_len, microbatch_size=mbs)
+    return zoo.zoo_profile(name or DEFAULT_MODEL, gpu=gpu, seq_len=seq_len, microbatch_size=mbs, **units)
 
 
 def resolve_cluster(args: argparse.Namespace) -> Cluster:

@@ -78,6 +78,10 @@ class WorkflowConfig:
     microbatch_size: int = 1
     scale: float = 1.0
     """Width scale of the locally built model."""
+    granularity: str = "layer"
+    """Plan units: ``layer`` or ``sublayer`` (blocks cut between mixer and MLP/MoE)."""
+    head_shards: int = 1
+    """The head cut into this many units over the tokens."""
     microbatches: int | None = None
     """Micro-batches per iteration (default 8 on this machine, 32 for a GPU cluster)."""
     methods: tuple[str, ...] = DEFAULT_METHODS
@@ -190,11 +194,13 @@ def _costs(cfg: WorkflowConfig, log: Log) -> Costs:
         return measure_here(model=cfg.model, devices=cfg.devices, seq_len=cfg.seq_len,
                             microbatch_size=cfg.microbatch_size, scale=cfg.scale, repeats=cfg.profile_repeats,
                             threads=cfg.threads, timeout=cfg.timeout, memory_gb=cfg.memory_gb,
-                            memory_reserve_gb=cfg.memory_reserve_gb, profile_path=cfg.profile_path, log=log)
+                            memory_reserve_gb=cfg.memory_reserve_gb, profile_path=cfg.profile_path,
+                            granularity=cfg.granularity, head_shards=cfg.head_shards, log=log)
     return analytic_costs(model=cfg.model, hf_config=cfg.hf_config, profile_path=cfg.profile_path,
                           cluster_path=cfg.cluster_path, gpu=cfg.gpu or "h100", devices=cfg.devices,
                           gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb, seq_len=cfg.seq_len,
-                          microbatch_size=cfg.microbatch_size, memory_reserve_gb=cfg.memory_reserve_gb)
+                          microbatch_size=cfg.microbatch_size, memory_reserve_gb=cfg.memory_reserve_gb,
+                          granularity=cfg.granularity, head_shards=cfg.head_shards)
 
 
 def _budget(cfg: WorkflowConfig) -> Budget:
@@ -270,7 +276,8 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     if cfg.local and cfg.replay and cfg.calibration_plans > 0 and cfg.model and costs.cluster.devices > 1:
         costs = calibrate_here(costs, model=cfg.model, scale=cfg.scale, microbatches=microbatches,
                                count=cfg.calibration_plans, seed=cfg.seed, steps=cfg.steps, warmup=cfg.warmup,
-                               threads=cfg.threads, timeout=cfg.timeout, log=log)
+                               threads=cfg.threads, timeout=cfg.timeout, granularity=cfg.granularity,
+                               head_shards=cfg.head_shards, log=log)
     seconds["costs"] = time.perf_counter() - t0
     cluster = costs.cluster
     profile = costs.search_profile
@@ -331,7 +338,8 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         t0 = time.perf_counter()
         to_replay = [best] + ([mega] if mega is not None and mega is not best else [])
         measured, failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
-                        warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout, log=log)
+                                  warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout,
+                                  granularity=cfg.granularity, head_shards=cfg.head_shards, log=log)
         if failed:
             notes.append(failed)
         seconds["replay"] = time.perf_counter() - t0

@@ -59,6 +59,7 @@ class Costs:
 def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_size: int, scale: float,
                  repeats: int, threads: int, timeout: float, memory_gb: float | None,
                  memory_reserve_gb: float | None = None, profile_path: str | None = None,
+                 granularity: str = "layer", head_shards: int = 1,
                  log: Log = print) -> Costs:
     """Profile ``model`` (a zoo name the executor builds) and the p2p link on ``devices`` local ranks.
 
@@ -69,7 +70,7 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
     from executor.model import default_seq_len, resolve_architecture
     from executor.replay import ReplayOptions, p2p_bench, run_job
 
-    arch = resolve_architecture(model, scale=scale)
+    arch = resolve_architecture(model, scale=scale, granularity=granularity, head_shards=head_shards)
     seq = seq_len or default_seq_len(arch)
     from experiments.common import check_devices
 
@@ -84,7 +85,7 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
         log(f"profiling {model} ({len(arch.layers)} layers, {microbatch_size}x{seq} tokens) and the link on "
             f"{devices} local ranks ({repeats} repeats per layer) ...")
         options = ReplayOptions(model=model, scale=scale, seq_len=seq, microbatch_size=microbatch_size,
-                                threads=threads)
+                                threads=threads, granularity=granularity, head_shards=head_shards)
         result = run_job([], options, measure=True, nproc=devices, timeout=timeout, profile_repeats=repeats)
         profile = ModelProfile.from_dict(result["profile"], source="measured profile")
         bench, backend, device = result.get("p2p"), result.get("backend"), result.get("device")
@@ -95,7 +96,8 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
 
 
 def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int, count: int, seed: int,
-                   steps: int, warmup: int, threads: int, timeout: float, log: Log = print) -> Costs:
+                   steps: int, warmup: int, threads: int, timeout: float, granularity: str = "layer",
+                   head_shards: int = 1, log: Log = print) -> Costs:
     """Replay ``count`` random plans (:func:`executor.fidelity.calibration_plans`) on this machine
     and return ``costs`` with the fitted runtime scales and per-action overhead. If the job fails,
     ``costs`` come back unchanged with no scales (the search then uses the per-layer profile)."""
@@ -110,7 +112,8 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
         return costs
     log(f"calibrating: replaying {len(plans)} random plans ({warmup} warm-up + {steps} timed steps each) ...")
     options = ReplayOptions(model=model, scale=scale, seq_len=profile.seq_len, microbatch_size=profile.microbatch_size,
-                            steps=steps, warmup=warmup, threads=threads)
+                            steps=steps, warmup=warmup, threads=threads, granularity=granularity,
+                            head_shards=head_shards)
     try:
         result = run_job([p for _, p in plans], options, timeout=timeout)
     except (LaunchError, AdaptisError) as exc:
@@ -125,13 +128,15 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
 
 def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: str | None,
                    cluster_path: str | None, gpu: str, devices: int, gpus_per_node: int, memory_gb: float | None,
-                   seq_len: int | None, microbatch_size: int, memory_reserve_gb: float | None = None) -> Costs:
+                   seq_len: int | None, microbatch_size: int, memory_reserve_gb: float | None = None,
+                   granularity: str = "layer", head_shards: int = 1) -> Costs:
     """Analytic costs of a zoo model / HF config on ``gpu`` (or the given profile / cluster files)."""
     from experiments.common import resolve_problem
 
     ns = argparse.Namespace(model=model, hf_config=hf_config, profile=profile_path, cluster=cluster_path, gpu=gpu,
                             devices=devices, gpus_per_node=gpus_per_node, memory_gb=memory_gb, seq_len=seq_len,
-                            microbatch_size=microbatch_size, memory_reserve_gb=memory_reserve_gb)
+                            microbatch_size=microbatch_size, memory_reserve_gb=memory_reserve_gb,
+                            granularity=granularity, head_shards=head_shards)
     profile, cluster = resolve_problem(ns)
     return Costs(profile, cluster, "file" if profile_path else "analytic", False)
 
@@ -201,7 +206,8 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
 
 
 def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
-           threads: int, timeout: float, log: Log = print) -> tuple[dict[str, Measurement], str | None]:
+           threads: int, timeout: float, granularity: str = "layer", head_shards: int = 1,
+           log: Log = print) -> tuple[dict[str, Measurement], str | None]:
     """Run the plans of ``outcomes`` in one ``torchrun`` job and measure them.
 
     Returns (method -> its :class:`Measurement`, ``None``) on success, else (``{}``, a note saying
@@ -213,7 +219,8 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
     plans = [o.plan for o in outcomes if o.plan is not None]
     profile = costs.profile
     options = ReplayOptions(model=model, scale=scale, seq_len=profile.seq_len,
-                            microbatch_size=profile.microbatch_size, steps=steps, warmup=warmup, threads=threads)
+                            microbatch_size=profile.microbatch_size, steps=steps, warmup=warmup, threads=threads,
+                            granularity=granularity, head_shards=head_shards)
     log(f"replaying {', '.join(o.method for o in outcomes)} on {plans[0].devices} local ranks "
         f"({warmup} warm-up + {steps} timed steps) ...")
     try:

@@ -6,6 +6,19 @@ An :class:`Architecture` is what ``pipeline.hf`` builds from a Hugging Face
 pipeline-partitionable layer: a token mixer (attention, Mamba, ...) followed by a
 feed-forward block (dense MLP or MoE), or a special layer (embedding, head, MTP,
 vision block).
+
+:func:`refine_architecture` makes the units finer (see docs/cost-model.md, "Granularity"):
+
+* ``granularity="sublayer"`` cuts every block that has both a mixer and an FFN into two units,
+  the mixer (``x + mixer(norm(x))``) and the FFN (``x + ffn(norm(x))``). In a pre-norm block the
+  residual stream *is* the hidden state after the first residual add, so only that one tensor
+  crosses the cut: the mixer unit sends exactly what a whole block sends. (A parallel block,
+  GPT-J style, would need both x and the mixer output; no model of ours has one.)
+* ``head_shards=k`` cuts the head (final norm + LM head + cross-entropy) into ``k`` units over
+  the micro-batch's tokens: shard ``j`` computes the loss of its share of the tokens, passes the
+  hidden states of the remaining tokens and the carried partial loss on; every shard holds the
+  head's weights, and their gradients are summed across shards after the step, as for tied
+  embeddings.
 """
 
 from __future__ import annotations
@@ -15,7 +28,8 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 
-__all__ = ["MIXERS", "FFNS", "SPECIAL_KINDS", "LayerSpec", "Architecture"]
+__all__ = ["MIXERS", "FFNS", "SPECIAL_KINDS", "GRANULARITIES", "LayerSpec", "Architecture", "refine_architecture",
+           "head_shard_tokens"]
 
 #: Token mixers of a layer.
 MIXERS = ("attention", "sliding_attention", "mla", "mamba", "linear_attention", "none")
@@ -24,6 +38,8 @@ FFNS = ("mlp", "moe", "none")
 #: Layers that are neither mixer nor FFN: ``embedding`` (token embedding), ``head`` (final norm +
 #: LM head + cross-entropy), ``mtp`` (multi-token-prediction module), ``vision`` (ViT block).
 SPECIAL_KINDS = ("embedding", "head", "mtp", "vision")
+#: Unit sizes a model can be cut into: whole layers, or blocks cut between mixer and FFN.
+GRANULARITIES = ("layer", "sublayer")
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,14 @@ class LayerSpec:
     ffn: str = "mlp"
     window: int | None = None
     """Sliding-window length for ``sliding_attention``."""
+    block: int | None = None
+    """For a unit cut from a block (``part`` set): the index of that block among the blocks."""
+    part: str | None = None
+    """``"mixer"`` or ``"ffn"`` for a unit cut from a block; ``None`` for a whole layer."""
+    shard: int = 0
+    """For a head cut over tokens: which shard this is (0-based)."""
+    shards: int = 1
+    """For a head: how many shards it is cut into (1: the whole head)."""
 
     def __post_init__(self) -> None:
         if self.kind != "block" and self.kind not in SPECIAL_KINDS:
@@ -44,6 +68,11 @@ class LayerSpec:
             raise ConfigError(f"unknown mixer {self.mixer!r}; use one of {MIXERS}", field="mixer")
         if self.ffn not in FFNS:
             raise ConfigError(f"unknown ffn {self.ffn!r}; use one of {FFNS}", field="ffn")
+        if self.part not in (None, "mixer", "ffn"):
+            raise ConfigError(f"unknown part {self.part!r}; use 'mixer', 'ffn' or None", field="part")
+        if not 0 <= self.shard < self.shards or (self.shards > 1 and self.kind != "head"):
+            raise ConfigError(f"shard {self.shard} of {self.shards}: only a head is cut into shards, "
+                              "0 <= shard < shards", field="shards")
 
     @property
     def label(self) -> str:
@@ -137,3 +166,38 @@ class Architecture:
 
     def with_layers(self, layers: tuple[LayerSpec, ...]) -> Architecture:
         return replace(self, layers=tuple(layers))
+
+
+def head_shard_tokens(tokens: int, shard: int, shards: int) -> tuple[int, int]:
+    """Rows ``[start, end)`` of a micro-batch's ``tokens`` (flattened) that head shard ``shard``
+    of ``shards`` computes the loss of: near-equal contiguous shares."""
+    return tokens * shard // shards, tokens * (shard + 1) // shards
+
+
+def refine_architecture(arch: Architecture, *, granularity: str = "layer", head_shards: int = 1) -> Architecture:
+    """``arch`` cut into finer units (see the module docstring); ``("layer", 1)`` returns it unchanged."""
+    if granularity not in GRANULARITIES:
+        raise ConfigError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}", field="granularity")
+    if isinstance(head_shards, bool) or not isinstance(head_shards, int) or head_shards < 1:
+        raise ConfigError(f"must be a whole number >= 1, got {head_shards!r}", field="head_shards")
+    if granularity == "layer" and head_shards == 1:
+        return arch
+    units: list[LayerSpec] = []
+    block = 0
+    for spec in arch.layers:
+        if spec.part is not None or spec.shards > 1:
+            raise ConfigError("the architecture is already refined; refine the original", source=arch.name,
+                              field="layers")
+        if spec.kind == "block":
+            if granularity == "sublayer" and spec.mixer != "none" and spec.ffn != "none":
+                units.append(replace(spec, ffn="none", block=block, part="mixer"))
+                units.append(replace(spec, mixer="none", window=None, block=block, part="ffn"))
+            else:
+                units.append(spec)
+            block += 1
+        elif spec.kind == "head" and head_shards > 1:
+            units.extend(replace(spec, shard=j, shards=head_shards) for j in range(head_shards))
+        else:
+            units.append(spec)
+    return replace(arch, layers=tuple(units),
+                   extra={**arch.extra, "granularity": granularity, "head_shards": head_shards})

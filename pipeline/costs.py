@@ -1,5 +1,8 @@
 """Analytic per-layer costs: FLOPs, bytes, parameters and activations -> a :class:`ModelProfile`.
 
+Over 600 lines: one table of kernels per layer kind (mixers, FFNs, special layers) that reads
+best in one place; the layer-kind builders share the private ``_Builder``.
+
 For a micro-batch of ``b`` sequences of ``s`` tokens (``T = b*s``) every layer of an
 :class:`~pipeline.arch.Architecture` is broken into kernels (ops) for each of the three passes
 F (forward), I (backward for inputs) and W (backward for weights). A matmul ``[T, n] @ [n, m]``
@@ -22,7 +25,12 @@ Attention, SSD and delta-rule cores have no weights: all of their backward is I.
 * linear attention: Gated DeltaNet (Yang et al. 2024, arXiv 2412.06464), chunkwise WY/UT form
   (``C*(3*dk + 2*dv) + 3*dk*dv`` multiply-adds per token and value head);
 * head: final norm, ``h x V`` projection, cross-entropy that reads the logits in F and writes
-  their gradient in I (a fused, vocabulary-parallel loss as in Megatron-LM).
+  their gradient in I (a fused, vocabulary-parallel loss as in Megatron-LM). A head shard
+  (:func:`pipeline.arch.refine_architecture`) does the same over its share of the tokens, holds
+  the whole head's weights (a shared copy after the first shard), reads them in each pass and
+  sends the remaining tokens' hidden states plus the fp32 partial loss on;
+* sub-block units (``part`` mixer / ffn) are the two halves of :func:`_block`, each with its own
+  norm and residual add; the mixer unit sends the hidden state after its residual add.
 
 Time of one pass = the sum over its ops of a roofline ``max(FLOPs / rate, bytes / bandwidth)``,
 matmul-class ops at the GPU's achievable tensor-core rate, element-wise ops at its vector rate,
@@ -35,8 +43,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
-from pipeline.arch import Architecture, LayerSpec
+from pipeline.arch import Architecture, LayerSpec, head_shard_tokens
 from pipeline.errors import ConfigError
 from pipeline.hardware import GPUSpec, get_gpu
 from pipeline.spec import LayerCost, ModelProfile
@@ -141,6 +150,8 @@ class LayerWork:
     w_act_bytes: float = 0.0
     out_bytes: float = 0.0
     tp: int = 1
+    unit: dict[str, Any] = field(default_factory=dict)
+    """Optional profile fields naming where a finer unit comes from (see :func:`layer_work`)."""
 
     @property
     def params(self) -> int:
@@ -482,12 +493,13 @@ def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None
         bld.linear(arch.vision_hidden_size, h, tokens=vision_tokens)
 
 
-def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool) -> None:
-    """Final norm + ``h x V`` projection + fused cross-entropy."""
-    h, V, T = arch.hidden_size, arch.vocab_size, bld.T
-    bld.norm(h)
+def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool, tokens: int | None = None) -> None:
+    """Final norm + ``h x V`` projection + fused cross-entropy (over ``tokens``, default all)."""
+    h, V = arch.hidden_size, arch.vocab_size
+    T = bld.T if tokens is None else tokens
+    bld.norm(h, tokens=T)
     bld.save(BF16 * T * h, for_w=True, shard=False)
-    bld.linear(h, V, shared=shared)
+    bld.linear(h, V, tokens=T, shared=shared)
     bld.vector("f", BF16 * T * V + FP32 * T, 4.0 * T * V)  # read logits: max, log-sum-exp, target
     bld.vector("i", 2 * BF16 * T * V, 4.0 * T * V)  # read logits, write softmax - one_hot
     bld.save(BF16 * T * V)  # logits kept for the loss backward
@@ -495,8 +507,19 @@ def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool) -> None:
     bld.all_reduce("i", BF16 * T * h)
 
 
-def _head(bld: _Builder, arch: Architecture) -> None:
-    _lm_head(bld, arch, shared=arch.tie_word_embeddings)
+def _head(bld: _Builder, arch: Architecture, spec: LayerSpec) -> int:
+    """The head, or one shard of it over its tokens; returns the bytes it sends on."""
+    if spec.shards == 1:
+        _lm_head(bld, arch, shared=arch.tie_word_embeddings)
+        return 0
+    start, end = head_shard_tokens(bld.T, spec.shard, spec.shards)
+    _lm_head(bld, arch, shared=arch.tie_word_embeddings or spec.shard > 0, tokens=end - start)
+    if spec.shard > 0:  # a copy of the first shard's weights (norm included)
+        bld.work.shared_params = bld.work.sharded_params + bld.work.replicated_params
+    bld.vector("f", FP32 * 3, 1.0, shard=False)  # add the partial loss to the carried one
+    if spec.shard == spec.shards - 1:
+        return 0
+    return BF16 * (bld.T - end) * arch.hidden_size + FP32  # remaining tokens' hidden states + loss
 
 
 def _dominant_mixer(arch: Architecture) -> str:
@@ -550,6 +573,15 @@ def _vision(bld: _Builder, arch: Architecture, *, batch: int, vision_tokens: int
 def _layer_names(arch: Architecture) -> list[str]:
     names, counts = [], Counter()
     for layer in arch.layers:
+        if layer.part is not None:  # a unit cut from block ``layer.block``
+            names.append(f"layer{layer.block}.{layer.part}")
+            counts["block"] = (layer.block or 0) + 1
+            continue
+        if layer.kind == "head" and layer.shards > 1:
+            base = "head" if counts["head"] == 0 else f"head{counts['head']}"
+            names.append(f"{base}.{layer.shard}")
+            counts["head"] += layer.shard == layer.shards - 1
+            continue
         if layer.kind == "block":
             names.append(f"layer{counts['block']}")
         elif layer.kind == "embedding":
@@ -579,8 +611,11 @@ def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN
         _embedding(bld, arch, vision_tokens=vision_tokens)
         work.out_bytes = BF16 * T * arch.hidden_size
     elif spec.kind == "head":
-        _head(bld, arch)
-        work.out_bytes = 0
+        work.out_bytes = _head(bld, arch, spec)
+        if spec.shards > 1:
+            # every shard holds the head's weights; their gradients are summed after the step
+            work.unit = {"block": work.name.rsplit(".", 1)[0], "shard": spec.shard, "shards": spec.shards,
+                         "shared_group": work.name.rsplit(".", 1)[0], "grad_sync_bytes": FP32 * work.params}
     elif spec.kind == "mtp":
         _mtp(bld, arch, batch=microbatch_size, s=seq_len)
         work.out_bytes = BF16 * T * arch.hidden_size
@@ -589,7 +624,9 @@ def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN
         work.out_bytes = BF16 * vision_tokens * arch.vision_hidden_size
     else:
         _block(bld, arch, spec, batch=microbatch_size, s=seq_len)
-        work.out_bytes = BF16 * T * arch.hidden_size
+        work.out_bytes = BF16 * T * arch.hidden_size  # pre-norm: the residual stream is the output
+        if spec.part is not None:
+            work.unit = {"block": f"layer{spec.block}", "part": spec.part}
     return work
 
 
@@ -615,6 +652,7 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
     }
     if work.unique_params != work.params:
         extra["unique_params"] = work.unique_params
+    extra.update(work.unit)
     act = int(round(work.act_bytes))
     return LayerCost(
         name=work.name,
@@ -645,5 +683,6 @@ def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100"
         seq_len=s,
         microbatch_size=microbatch_size,
         extra={"model_type": arch.model_type, "gpu": spec.name, "tp": tp, "source": "analytic",
-               "params_total": sum(work.unique_params for work in works)},
+               "params_total": sum(work.unique_params for work in works),
+               "granularity": arch.extra.get("granularity", "layer"), "head_shards": arch.extra.get("head_shards", 1)},
     )

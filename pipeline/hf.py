@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.arch import FFNS, MIXERS, SPECIAL_KINDS, Architecture, LayerSpec
+from pipeline.arch import FFNS, MIXERS, SPECIAL_KINDS, Architecture, LayerSpec, refine_architecture
 from pipeline.errors import ConfigError
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "architecture_from_config", "parse_layer"]
@@ -404,14 +404,25 @@ _BUILDERS: dict[str, Callable[[_Config, str, str], Architecture]] = {
 SUPPORTED_MODEL_TYPES = tuple(sorted(_BUILDERS))
 
 
-def architecture_from_config(raw: dict[str, Any], *, source: str = "config", name: str | None = None) -> Architecture:
-    """Build the architecture a parsed ``config.json`` describes."""
+def architecture_from_config(raw: dict[str, Any], *, source: str = "config", name: str | None = None,
+                             granularity: str = "layer", head_shards: int = 1) -> Architecture:
+    """Build the architecture a parsed ``config.json`` describes, cut into units of ``granularity``
+    (``sublayer``: each block as its mixer and its FFN) with the head in ``head_shards`` shards
+    (see :func:`pipeline.arch.refine_architecture`)."""
+    arch = _architecture(raw, source=source, name=name)
+    try:
+        return refine_architecture(arch, granularity=granularity, head_shards=head_shards)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), source=source, field=exc.field) from None
+
+
+def _architecture(raw: dict[str, Any], *, source: str, name: str | None) -> Architecture:
     if not isinstance(raw, dict):
         raise ConfigError("the top level must be a JSON object", source=source)
     cfg = _Config(raw, source)
     model_type = cfg.str("model_type")
     if model_type not in _BUILDERS and isinstance(raw.get("text_config"), dict):
-        return architecture_from_config(raw["text_config"], source=f"{source} text_config", name=name)
+        return _architecture(raw["text_config"], source=f"{source} text_config", name=name)
     if model_type not in _BUILDERS:
         raise cfg.error("model_type", f"unsupported model_type {model_type!r}; supported: "
                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -431,8 +442,10 @@ def _name_from_source(source: str) -> str:
     return path.stem or "model"
 
 
-def load_hf_config(path: str | Path, *, name: str | None = None) -> Architecture:
-    """Read a local ``config.json`` (or a folder holding one) and build its :class:`Architecture`."""
+def load_hf_config(path: str | Path, *, name: str | None = None, granularity: str = "layer",
+                   head_shards: int = 1) -> Architecture:
+    """Read a local ``config.json`` (or a folder holding one) and build its :class:`Architecture`
+    (units as :func:`architecture_from_config` cuts them)."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -446,4 +459,5 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> Architecture
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
                           source=str(path)) from None
-    return architecture_from_config(raw, source=str(path), name=name)
+    return architecture_from_config(raw, source=str(path), name=name, granularity=granularity,
+                                    head_shards=head_shards)

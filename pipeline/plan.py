@@ -35,7 +35,8 @@ __all__ = [
     "PLAN_VERSION",
 ]
 
-PLAN_VERSION = 1
+#: Version 2 adds the optional per-stage ``recompute``; a plan without it is written as version 1.
+PLAN_VERSION = 2
 OPS = ("F", "I", "W", "B")
 _ACTION_RE = re.compile(r"^\s*(\d+)\s*([FIWB])\s*(\d+)\s*$")
 
@@ -143,8 +144,16 @@ class Plan:
     placement: tuple[int, ...]
     schedule: tuple[tuple[Action, ...], ...]
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    recompute: tuple[bool, ...] | None = None
+    """Per stage: re-run its forward in the backward instead of keeping its activations
+    (activation checkpointing); ``None``: no stage recomputes."""
 
     def __post_init__(self) -> None:
+        if self.recompute is not None:
+            if not any(self.recompute):
+                object.__setattr__(self, "recompute", None)
+            else:
+                object.__setattr__(self, "recompute", tuple(bool(x) for x in self.recompute))
         object.__setattr__(self, "partition", tuple((int(a), int(b)) for a, b in self.partition))
         object.__setattr__(self, "placement", tuple(int(d) for d in self.placement))
         if type(self.schedule) is not Schedule:
@@ -170,8 +179,8 @@ class Plan:
         return str(self.meta.get("method", "custom"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": PLAN_VERSION,
+        out: dict[str, Any] = {
+            "version": PLAN_VERSION if self.recompute is not None else 1,
             "devices": self.devices,
             "microbatches": self.microbatches,
             "partition": [list(r) for r in self.partition],
@@ -179,6 +188,9 @@ class Plan:
             "schedule": [[str(a) for a in acts] for acts in self.schedule],
             "meta": self.meta,
         }
+        if self.recompute is not None:
+            out["recompute"] = list(self.recompute)
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -223,6 +235,15 @@ class Plan:
         meta = raw.get("meta", {})
         if not isinstance(meta, dict):
             raise PlanError("must be a JSON object", source=source, field="meta")
+        version = raw.get("version", 1)
+        if version not in (1, 2):
+            raise PlanError(f"version {version!r} is newer than this reader (1 or 2); update the toolkit",
+                            source=source, field="version")
+        recompute = raw.get("recompute")
+        if recompute is not None and (not isinstance(recompute, list) or len(recompute) != len(part)
+                                      or not all(isinstance(x, bool) for x in recompute)):
+            raise PlanError(f"must be a list of true/false, one per stage ({len(part)}), e.g. "
+                            f"{[False] * min(len(part), 3)}", source=source, field="recompute")
         return cls(
             devices=raw["devices"],
             microbatches=raw["microbatches"],
@@ -230,6 +251,7 @@ class Plan:
             placement=tuple(place),
             schedule=tuple(tuple(parse_action(a, source=source) for a in row) for row in sched),
             meta=meta,
+            recompute=tuple(recompute) if recompute is not None else None,
         )
 
     @classmethod
@@ -283,6 +305,9 @@ def validate_layout(plan: Plan, *, num_layers: int | None = None, devices: int |
     if len(plan.placement) != plan.num_stages:
         raise PlanError(f"has {len(plan.placement)} entries for {plan.num_stages} stages; give one device "
                         "per stage", source=source, field="placement")
+    if plan.recompute is not None and len(plan.recompute) != plan.num_stages:
+        raise PlanError(f"has {len(plan.recompute)} entries for {plan.num_stages} stages; give one true/false "
+                        "per stage", source=source, field="recompute")
     for s, d in enumerate(plan.placement):
         if not 0 <= d < plan.devices:
             raise PlanError(f"stage {s} is on device {d}, outside 0..{plan.devices - 1}", source=source,

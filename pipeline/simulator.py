@@ -20,6 +20,11 @@ Rules (the contract every other part relies on):
   in list order, its activation curve follows that order exactly. The limit is each device's
   capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step are not
   modelled.
+* Finer units (see :func:`stage_costs`): units of a ``shared_group`` (a head cut into shards)
+  hold one copy of their weights per device, and the all-reduce of their gradients across the
+  devices that hold them runs after the step (``StageCosts.post_step``, added to the makespan).
+  A recomputing stage keeps only its input from F; its I (or B) first re-runs F and then
+  computes the weight gradients too (its W is empty).
 * Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
   devices all wait on each other is reported as a deadlock naming the waiting actions.
 """
@@ -74,6 +79,9 @@ class StageCosts:
     """Per device, bytes."""
     fused: tuple[float, ...] | None = None
     """A fused backward B per stage; ``None``: ``i + w`` (see :func:`stage_costs`)."""
+    post_step: float = 0.0
+    """Time after the last action: the all-reduce of shared weights' gradients across devices
+    (head shards on several devices); added to the makespan."""
 
     @property
     def backward(self) -> tuple[float, ...]:
@@ -97,6 +105,8 @@ class _Columns:
     keep: list[int]
     params: list[int]
     out: list[int]
+    groups: list[tuple[str, float] | None] | None = None
+    """Per layer ``(shared_group, grad_sync_bytes)`` or None; ``None`` when no layer shares weights."""
 
 
 def _columns(profile: ModelProfile) -> _Columns:
@@ -107,13 +117,21 @@ def _columns(profile: ModelProfile) -> _Columns:
         cached = _Columns([x.f for x in layers], [x.b for x in layers], [x.w for x in layers],
                           [float(x.extra["b_full"]) for x in layers] if measured_b else None,
                           [x.act_bytes for x in layers], [x.w_retained for x in layers],
-                          [x.params for x in layers], [x.out_bytes for x in layers])
+                          [x.params for x in layers], [x.out_bytes for x in layers],
+                          _shared_groups(layers))
         object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
     return cached
 
 
+def _shared_groups(layers: Sequence[LayerCost]) -> list[tuple[str, float] | None] | None:
+    groups = [(str(x.extra["shared_group"]), float(x.extra.get("grad_sync_bytes", 0)))
+              if x.extra.get("shared_group") is not None else None for x in layers]
+    return groups if any(g is not None for g in groups) else None
+
+
 def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
-                placement: Sequence[int], training: TrainingConfig = TrainingConfig()) -> StageCosts:
+                placement: Sequence[int], training: TrainingConfig = TrainingConfig(),
+                recompute: Sequence[bool] | None = None) -> StageCosts:
     """Sum layer costs per stage, scale by device speed, add the profile's per-action overhead, and
     price the links between stages. A fused B costs ``i + w``, unless every layer carries a
     measured fused-backward time (``b_full``, measured profiles): then B costs their sum (one
@@ -121,7 +139,18 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
 
     With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
     (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
-    them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays)."""
+    them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays).
+
+    Units that name a ``shared_group`` (head shards) count their parameters once per device and
+    add a ring all-reduce of ``grad_sync_bytes`` over the devices holding the group to
+    ``post_step``. ``recompute[s]`` (activation checkpointing of the whole stage): F keeps only
+    the stage's input; I re-runs F, then runs the whole backward, weight gradients included, so
+    W is empty and nothing waits for it (a separate weight pass over checkpointed activations
+    would re-run the forward per parameter group); B costs ``f + b + w``; the device's static
+    memory reserves one micro-batch of the stage's full activations for the recomputation."""
+    if recompute is not None and len(recompute) != len(partition):
+        raise PlanError(f"has {len(recompute)} entries for {len(partition)} stages; give one per stage",
+                        field="recompute")
     col = _columns(profile)
     over = profile.action_overhead
     measured_b = col.b_full is not None
@@ -131,26 +160,64 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     f, i, w, act, keep, comm = [], [], [], [], [], []
     static = [0.0] * cluster.devices
     scale = training.activation_scale
+    transient = [0.0] * cluster.devices
+    holders: dict[str, tuple[float, set[int]]] = {}
     for s, (a, b) in enumerate(partition):
         d = placement[s]
         sp = speeds[d]
-        f.append(sum(col.f[a:b]) / sp + over)
-        i.append(sum(col.b[a:b]) / sp + over)
-        w.append(sum(col.w[a:b]) / sp + over)
-        if col.b_full is not None:
-            fused.append(sum(col.b_full[a:b]) / sp + 2 * over)
-        act.append(scale * sum(col.act[a:b]))
-        if s == 0 and training.first_stage_defers_backward:
-            keep.append(act[-1])
+        fwd, bwd_w = sum(col.f[a:b]) / sp, sum(col.w[a:b]) / sp
+        redo = recompute is not None and bool(recompute[s])
+        f.append(fwd + over)
+        if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
+            i.append(fwd + sum(col.b[a:b]) / sp + bwd_w + over)
+            w.append(over)
         else:
-            keep.append(scale * sum(col.keep[a:b]))
-        static[d] += training.bytes_per_param * sum(col.params[a:b])
+            i.append(sum(col.b[a:b]) / sp + over)
+            w.append(bwd_w + over)
+        if col.b_full is not None:
+            fused.append(sum(col.b_full[a:b]) / sp + 2 * over + (fwd if redo else 0.0))
+        full = scale * sum(col.act[a:b])
+        if redo:
+            act.append(float(col.out[a - 1] if a else 8 * profile.tokens_per_microbatch))
+            keep.append(0.0)
+            transient[d] = max(transient[d], full)
+        else:
+            act.append(full)
+            if s == 0 and training.first_stage_defers_backward:
+                keep.append(act[-1])
+            else:
+                keep.append(scale * sum(col.keep[a:b]))
+        if col.groups is None:
+            static[d] += training.bytes_per_param * sum(col.params[a:b])
+        else:
+            for k in range(a, b):
+                group = col.groups[k]
+                if group is None:
+                    static[d] += training.bytes_per_param * col.params[k]
+                    continue
+                devices = holders.setdefault(group[0], (group[1], set()))[1]
+                if d not in devices:
+                    devices.add(d)
+                    static[d] += training.bytes_per_param * col.params[k]
         if s + 1 < len(partition):
             comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)
         else:
             comm.append(0.0)
+    post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
+    static = [x + y for x, y in zip(static, transient)]
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
-                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None)
+                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
+
+
+def _ring_all_reduce(cluster: Cluster, devices: Sequence[int], nbytes: float) -> float:
+    """Seconds of a ring all-reduce of ``nbytes`` over ``devices``: ``2(n-1)`` steps of ``nbytes/n``
+    over the ring's slowest link (0 for one device)."""
+    n = len(devices)
+    if n < 2:
+        return 0.0
+    step = max(cluster.transfer_seconds(devices[k], devices[(k + 1) % n], nbytes / n) for k in range(n))
+    return 2 * (n - 1) * step
+
 
 
 @dataclass
@@ -255,7 +322,8 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
                                tuple(float("inf") for _ in range(P)))
             return _invalid(str(exc), dummy, tokens, profile, P)
     if costs is None:
-        costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training)
+        costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training,
+                            recompute=plan.recompute)
     if arrays is None:
         ok, makespan, busy, peak, ran, timeline = _run_python(plan.schedule, costs, P, M, record_timeline)
     else:
@@ -276,6 +344,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
         return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
                         ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
     static = costs.static_bytes
+    makespan += costs.post_step  # the shared weights' gradient all-reduce after the last action
     return Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
                   costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
 

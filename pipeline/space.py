@@ -83,6 +83,8 @@ class Candidate:
     depth_first: bool = True
     max_pending_w: int | None = None
     cap_counts_w: bool = True
+    recompute: tuple[bool, ...] | None = None
+    """Per stage: recompute its activations in the backward (see ``Plan.recompute``); None: none."""
 
     @property
     def num_stages(self) -> int:
@@ -94,6 +96,8 @@ class Candidate:
             b = "inf" if self.budgets is None else ",".join(f"{x:g}" for x in self.budgets)
             knobs = (f" budgets=[{b}] {'I/W' if self.split_backward else 'B'}"
                      f"{' eager-W' if self.eager_w else ''}{'' if self.depth_first else ' breadth'}")
+        if self.recompute is not None and any(self.recompute):
+            knobs += f" recompute={[s for s, r in enumerate(self.recompute) if r]}"
         return f"{self.order} sizes={list(self.sizes)} placement={list(self.placement)}{knobs}"
 
 
@@ -183,14 +187,17 @@ def materialize(c: Candidate, problem: Problem, *, costs: StageCosts | None = No
     """The plan a candidate describes (``costs``: its stage costs, when already known)."""
     P, M = problem.devices, problem.microbatches
     partition = partition_from_sizes(c.sizes)
+    if c.recompute is not None and len(c.recompute) != c.num_stages:
+        raise PlanError(f"has {len(c.recompute)} entries for {c.num_stages} stages", field="recompute")
     if c.order == "list":
         if costs is None:
             costs = stage_costs(problem.profile, problem.cluster, partition, placement=c.placement,
-                                training=problem.training)
+                                training=problem.training, recompute=c.recompute)
         order = list_schedule(costs, c.placement, P, microbatches=M, config=list_config(c, costs, P))
     else:
         order = _fixed_order(c, P, M)
-    return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()})
+    return Plan(P, M, partition, c.placement, order, {"method": "candidate", "candidate": c.describe()},
+                recompute=c.recompute)
 
 
 def objective_key(result: Result) -> tuple[int, float, float]:
@@ -233,16 +240,17 @@ class Evaluator:
         """The call count right after ``c`` was evaluated (what a one-by-one search would have spent)."""
         return self._call_numbers.get(c, self.calls)
 
-    def costs(self, sizes: tuple[int, ...], placement: tuple[int, ...]) -> StageCosts:
+    def costs(self, sizes: tuple[int, ...], placement: tuple[int, ...],
+              recompute: tuple[bool, ...] | None = None) -> StageCosts:
         """Stage costs of a partition and placement (cached: many candidates share them)."""
-        key = (sizes, placement)
+        key = (sizes, placement, recompute)
         hit = self._costs.get(key)
         if hit is None:
             p = self.problem
             if len(self._costs) > 4096:
                 self._costs.clear()
             hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement=placement,
-                                                 training=p.training)
+                                                 training=p.training, recompute=recompute)
         return hit
 
     def balanced_sizes(self, placement: tuple[int, ...]) -> tuple[int, ...]:
@@ -284,7 +292,7 @@ class Evaluator:
         self.result(c)  # a new candidate counts as a call once, as in evaluate()
         p = self.problem
         try:
-            costs = self.costs(c.sizes, c.placement) if c.order == "list" else None
+            costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
             plan = materialize(c, p, costs=costs)
         except PlanError:
             plan = _empty_plan(p)
@@ -308,11 +316,11 @@ class Evaluator:
         p = self.problem
         try:
             if c.order == "list" and engine.native is not None:
-                costs = self.costs(c.sizes, c.placement)
+                costs = self.costs(c.sizes, c.placement, c.recompute)
                 config = list_config(c, costs, p.devices)
                 args = (*costs.native_vectors(), list(c.placement), p.devices, p.microbatches, *native_args(config))
                 return _Job(costs=costs, args=args)
-            costs = self.costs(c.sizes, c.placement) if c.order == "list" else None
+            costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
             return _Job(costs=costs, plan=materialize(c, p, costs=costs))
         except PlanError as exc:
             return _Job(error=str(exc))
@@ -337,7 +345,8 @@ class Evaluator:
             _, makespan, busy, peak = job.outcome
             costs = job.costs
             static = costs.static_bytes
-            res = Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(p.devices)),
+            res = Result(True, None, makespan + costs.post_step, tuple(busy),
+                         tuple(static[d] + peak[d] for d in range(p.devices)),
                          costs.memory_limit, p.microbatches * p.profile.tokens_per_microbatch,
                          p.profile.seconds_per_unit, p.profile.time_unit, [], devices=p.devices)
         self._cache[c] = res

@@ -37,13 +37,13 @@ def zoo_config_path(name: str) -> Path:
     return path
 
 
-def load_zoo_architecture(name: str) -> Architecture:
-    """The :class:`Architecture` of zoo model ``name``."""
-    return load_hf_config(zoo_config_path(name), name=name)
+def load_zoo_architecture(name: str, *, granularity: str = "layer", head_shards: int = 1) -> Architecture:
+    """The :class:`Architecture` of zoo model ``name`` (units: see :func:`pipeline.arch.refine_architecture`)."""
+    return load_hf_config(zoo_config_path(name), name=name, granularity=granularity, head_shards=head_shards)
 
 
 def zoo_profile(name: str, *, gpu: str | GPUSpec = "h100", seq_len: int | None = None, microbatch_size: int = 1,
-                tp: int = 1) -> ModelProfile:
+                tp: int = 1, granularity: str = "layer", head_shards: int = 1) -> ModelProfile:
     """Analytic profile of zoo model ``name`` on ``gpu`` (sequence length: given, else the model's, else 4096)."""
-    arch = load_zoo_architecture(name)
+    arch = load_zoo_architecture(name, granularity=granularity, head_shards=head_shards)
     return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp)

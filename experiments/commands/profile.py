@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from experiments.common import positive_int
+from experiments.common import add_granularity_args, positive_int
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
@@ -28,6 +28,7 @@ HELP = "measure every layer's F/I/W time and memory on this device (and the p2p 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-hybrid", help="zoo model (default tiny-hybrid)")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the model's widths by this factor (0, 1]")
+    add_granularity_args(parser)
     parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
     parser.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
     parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per layer (median kept)")
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from executor.replay import p2p_bench
 
     torch.set_num_threads(args.threads)
-    arch = resolve_architecture(args.model, scale=args.scale)
+    arch = resolve_architecture(args.model, scale=args.scale, granularity=args.granularity,
+                                head_shards=args.head_shards)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = ProfileConfig(seq_len=args.seq_len or default_seq_len(arch), microbatch_size=args.microbatch_size,
                            warmup=args.warmup, repeats=args.repeats, dtype=args.dtype)

@@ -23,7 +23,7 @@ import argparse
 import json
 from pathlib import Path
 
-from experiments.common import positive_float, positive_int
+from experiments.common import add_granularity_args, positive_float, positive_int
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan JSON")
     parser.add_argument("--model", default="tiny-hybrid", help="zoo model the plan was made for")
     parser.add_argument("--scale", type=positive_float, default=1.0, help="shrink the model's widths (0, 1]")
+    add_granularity_args(parser)
     parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence")
     parser.add_argument("--microbatch-size", type=positive_int, default=None, help="sequences per micro-batch")
     parser.add_argument("--profile", metavar="P.json", help="predict with this profile instead of measuring one")
@@ -64,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.spec import Cluster, ModelProfile
 
     plan = Plan.load(args.plan)
-    arch = resolve_architecture(args.model, scale=args.scale)
+    arch = resolve_architecture(args.model, scale=args.scale, granularity=args.granularity,
+                                head_shards=args.head_shards)
     check_plan(plan, arch, world_size=args.nproc or plan.devices, source=args.plan)  # before any process starts
     given = ModelProfile.load(args.profile) if args.profile else None
     seq_len = args.seq_len or (given.seq_len if given else default_seq_len(arch))
     mbs = args.microbatch_size or (given.microbatch_size if given else 1)
-    options = ReplayOptions(model=args.model, scale=args.scale, seq_len=seq_len, microbatch_size=mbs,
+    options = ReplayOptions(model=args.model, scale=args.scale, granularity=args.granularity,
+                            head_shards=args.head_shards, seq_len=seq_len, microbatch_size=mbs,
                             steps=args.steps, warmup=args.warmup, check=args.check, threads=args.threads,
                             transfer_timeout=args.transfer_timeout, backend=args.backend)
     result = run_job([plan], options, measure=given is None or not args.cluster, timeout=args.timeout)

@@ -30,7 +30,7 @@ import argparse
 import json
 
 from agents.base import DEFAULT_CALLS
-from experiments.common import non_negative_float, positive_float, positive_int, print_table
+from experiments.common import add_granularity_args, non_negative_float, positive_float, positive_int, print_table
 from experiments.deploy import add_target_arguments, add_trace_argument, print_targets
 from experiments.workflow import DEFAULT_METHODS, WorkflowConfig, WorkflowReport, run_workflow
 
@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
     model.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
     model.add_argument("--scale", type=positive_float, default=1.0, help="shrink the local model's widths (0, 1]")
+    add_granularity_args(model)
     cl = parser.add_argument_group("cluster (default: this machine)")
     cl.add_argument("--gpu", default=None, help="GPU preset (h100, a100, ...): analytic costs, no replay")
     cl.add_argument("--cluster", metavar="FILE", help="a cluster JSON (not this machine: no replay)")
@@ -101,7 +102,8 @@ def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
         model=model, hf_config=args.hf_config, profile_path=args.profile, cluster_path=args.cluster, gpu=args.gpu,
         devices=args.devices, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb,
         memory_reserve_gb=args.memory_reserve_gb, seq_len=args.seq_len,
-        microbatch_size=args.microbatch_size, scale=args.scale, microbatches=args.microbatches, methods=methods,
+        microbatch_size=args.microbatch_size, scale=args.scale, granularity=args.granularity,
+        head_shards=args.head_shards, microbatches=args.microbatches, methods=methods,
         budget=args.budget, max_seconds=args.max_seconds, seed=args.seed, perturb_moves=args.perturb_moves,
         policy=args.policy, train_policy=args.train_policy, replay=not args.no_replay, steps=args.steps,
         warmup=args.warmup, profile_repeats=args.profile_repeats, calibration_plans=args.calibration_plans,

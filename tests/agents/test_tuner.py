@@ -123,3 +123,18 @@ def test_evaluator_caches_and_counts(hetero_profile, h100x4) -> None:
     bad = Candidate((4, 4, 4, 4), (0, 1, 2, 3), order="zbv")
     _, res = ev.evaluate(bad)
     assert not res.valid and "V placement" in res.error
+
+
+def test_tuner_recomputes_where_memory_binds() -> None:
+    """One micro-batch's activations (4 x 6 GiB) fit on no pair of 10 GiB devices: only plans that
+    recompute fit, and the tuner finds one."""
+    from pipeline.spec import GIB
+
+    profile = uniform_profile(4, act=6 * GIB, out=1 << 20)
+    cluster = Cluster(devices=2, memory_gb=10, p2p_gbps=1e12, latency_us=0.0)
+    problem = Problem(profile, cluster, 8)
+    r = AdaptisTuner().search(problem, budget=Budget(sim_calls=200), seed=0)
+    assert r.ok and r.result.feasible
+    assert r.plan.recompute is not None and any(r.plan.recompute)
+    kept = Candidate(tuple(b - a for a, b in r.plan.partition), r.plan.placement)
+    assert not Evaluator(problem).evaluate(kept)[1].feasible  # the same split without recompute does not fit

@@ -151,3 +151,21 @@ def test_subproc_vec_env():
     obs, rewards, dones, infos = vec.step(np.array(acts))
     assert rewards.shape == (2,) and "action_mask" in infos[0]
     vec.close()
+
+
+def test_env_edits_plans_over_finer_units():
+    from pipeline.zoo import zoo_profile
+
+    fine = zoo_profile("tiny-hybrid", granularity="sublayer", head_shards=2)
+    problem = Problem(fine, ideal_cluster(2), 4)
+    env = _small_env()
+    obs, info = env.reset(seed=0, options={"problem": problem})
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        obs, reward, terminated, truncated, info = env.step(_random_allowed(env, rng))
+        assert env.observation_space.contains(obs) and np.isfinite(reward)
+        if terminated or truncated:
+            break
+    plan = env.editor.plan
+    validate_plan(plan, num_layers=fine.num_layers, devices=2)
+    assert plan.num_layers == 13

@@ -8,7 +8,7 @@ from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
 from pipeline.spec import Cluster, ModelProfile
 
-__all__ = ["NAMED_METHODS", "named_plans", "uneven_plan", "tiny_profile"]
+__all__ = ["NAMED_METHODS", "named_plans", "richer_plans", "uneven_plan", "tiny_profile"]
 
 NAMED_METHODS = ("gpipe", "1f1b", "i1f1b-v2", "zb-h1", "zbv")
 
@@ -37,3 +37,12 @@ def named_plans(microbatches: int = 4) -> list[tuple[str, Plan]]:
     plans = [(m, build_plan(m, profile, cluster, microbatches=microbatches)) for m in NAMED_METHODS]
     plans.append(("uneven-custom", uneven_plan(profile, microbatches)))
     return plans
+
+
+def richer_plans(microbatches: int = 4) -> list[tuple[str, Plan]]:
+    """The benchmark's plans over tiny-hybrid's finer units (experiments.benchmarks.richer_units)."""
+    from experiments.benchmarks.richer_units import UNITS
+    from experiments.benchmarks.richer_units import richer_plans as build
+    from pipeline.zoo import zoo_profile
+
+    return build(zoo_profile("tiny-hybrid", **UNITS), Cluster(devices=2), microbatches)

@@ -85,3 +85,22 @@ def test_failing_rank_ends_the_job_quickly(tmp_path: Path) -> None:
     assert "injected failure on rank 1" in proc.stdout
     assert elapsed < 30, f"the job took {elapsed:.1f} s to exit"
     print(f"failing job exited with code {proc.returncode} after {elapsed:.1f} s")
+
+
+def test_finer_units_match_one_process() -> None:
+    """Issue 15: a plan cutting inside blocks, one with the head's shards on both ranks (gradients
+    all-reduced after the step) and one recomputing every stage, each under the I/W split."""
+    from experiments.benchmarks.richer_units import UNITS
+    from tests.executor.plans import richer_plans
+
+    plans = richer_plans(microbatches=4)
+    options = ReplayOptions(model="tiny-hybrid", seq_len=32, steps=1, warmup=0, check=True, transfer_timeout=60,
+                            **UNITS)
+    runs = run_job([p for _, p in plans], options, timeout=240)["runs"]
+    for (name, _), run in zip(plans, runs):
+        assert run["max_grad_error"] <= TOL, (name, run["max_grad_error"])
+        assert run["loss_error"] <= TOL and run["max_weight_error"] <= TOL, name
+        assert {e["action"].rstrip("0123456789")[-1] for e in run["timeline"]["events"]} >= {"I", "W"}
+    split = dict(plans)["split-head"]
+    assert split.placement[split.num_stages - 1] != split.placement[split.num_stages - 2]  # shards apart
+    assert dict(plans)["recompute"].recompute == (True, True)

@@ -83,3 +83,44 @@ def test_scale_shrinks_a_zoo_model() -> None:
     model = build_model(small)
     tokens, labels = make_batch(small, batch=1, seq_len=8)
     assert torch.isfinite(model(tokens, labels))
+
+
+def test_head_shards_compute_the_whole_heads_loss_and_gradients() -> None:
+    from executor.model import build_model, named_grads, resolve_architecture
+
+    whole, split = resolve_architecture("tiny-hybrid"), resolve_architecture("tiny-hybrid", head_shards=3)
+    tokens, labels = make_batch(whole, batch=2, seq_len=16)
+    a, b = build_model(whole), build_model(split)
+    la, lb = a(tokens, labels), b(tokens, labels=labels)
+    assert torch.allclose(la, lb, rtol=1e-6)
+    la.backward()
+    lb.backward()
+    ga, gb = named_grads([a]), named_grads([b])
+    n = len(whole.layers) - 1
+    assert set(gb) == set(ga)  # the shards share the head's parameters (one name each)
+    head = f"layers.{n}.proj.weight"
+    assert torch.allclose(ga[head], gb[head], rtol=1e-5, atol=1e-8)
+
+
+def test_recomputing_stage_saves_only_its_inputs_and_gives_the_same_gradients() -> None:
+    from executor.model import build_stage, named_grads, resolve_architecture
+
+    arch = resolve_architecture("tiny-hybrid", granularity="sublayer")
+    tokens, labels = make_batch(arch, batch=1, seq_len=16)
+    saved: dict[bool, int] = {}
+    grads = {}
+    for recompute in (False, True):
+        first = build_stage(arch, 0, 4)
+        stage = build_stage(arch, 4, 9, recompute=recompute)
+        last = build_stage(arch, 9, len(arch.layers))
+        h = first(tokens).detach().requires_grad_(True)
+        sizes: list[int] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, sizes=sizes: sizes.append(t.numel()) or t,
+                                                      lambda t: t):
+            out = stage(h)
+        saved[recompute] = sum(sizes)
+        last(out, labels=labels).backward()
+        grads[recompute] = named_grads([stage])
+    assert saved[True] < saved[False] / 5
+    for name, g in grads[False].items():
+        assert torch.allclose(g, grads[True][name], rtol=1e-5, atol=1e-7), name

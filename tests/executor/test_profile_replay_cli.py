@@ -40,11 +40,18 @@ def test_runtime_profile_follows_pytorch_runtime() -> None:
     assert fused.layers[-1].extra["b_full"] == pytest.approx(2.0 * last.extra["b_full"])  # B is priced by b_full
 
 
-def test_profile_command_writes_a_profile(tmp_path: Path) -> None:
+@pytest.mark.parametrize("units,count", [([], 8), (["--granularity", "sublayer", "--head-shards", "2"], 13)])
+def test_profile_command_writes_a_profile(tmp_path: Path, units: list[str], count: int) -> None:
     out = tmp_path / "p.json"
     assert main(["profile", "--model", "tiny-hybrid", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
-                 "--out", str(out)]) == 0
-    assert ModelProfile.load(out).num_layers == 8
+                 *units, "--out", str(out)]) == 0
+    prof = ModelProfile.load(out)
+    assert prof.num_layers == count
+    if units:  # one entry per unit, naming the block or head it comes from
+        assert [x.extra["part"] for x in prof.layers if "part" in x.extra] == ["mixer", "ffn"] * 4
+        heads = prof.layers[-2:]
+        assert [x.extra["shard"] for x in heads] == [0, 1] and heads[0].out_bytes > heads[1].out_bytes == 4
+        assert all(x.f > 0 and x.b > 0 and x.w > 0 for x in heads)
 
 
 def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -164,3 +164,29 @@ def test_cluster_memory_flags_are_gib_less_the_reserve(argv, capacity, reserve) 
     cluster = resolve_cluster(parser.parse_args(argv))
     assert (cluster.memory_gb, cluster.memory_reserve_gb) == (capacity, reserve)
     assert cluster.memory_limits_bytes[0] == pytest.approx((capacity - reserve) * 2**30)
+
+
+def test_reproduce_prints_the_richer_ceiling_beside_the_whole_layer_one(tmp_path, capsys) -> None:
+    code = main(["reproduce", "--families", "nemotronh", "--sizes", "small", "--seq-lens", "2048", "--budget", "30",
+                 "--methods", "megatron", "--microbatches", "16", "--granularity", "sublayer", "--head-shards",
+                 "auto", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "richer plan space" in out and "| whole-layer ceiling | richer | richer ceiling" in out
+    rich = next(r for r in _json_lines((tmp_path / "reproduce.jsonl").read_text()) if r["method"] == "adaptis-richer")
+    assert rich["head_shards"] > 1 and rich["vs_lower_bound"] >= 1.0 - 1e-9
+    assert rich["speedup"] > 1.0
+
+
+def test_search_over_finer_units_writes_a_plan_over_them(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code = main(["search", "--model", "tiny-hybrid", "--granularity", "sublayer", "--head-shards", "2", "--devices",
+                 "2", "--microbatches", "4", "--method", "adaptis", "--budget", "30", "--out", str(out), "--json"])
+    assert code == 0
+    validate_plan(Plan.load(out / "plan.json"), num_layers=13, devices=2)
+
+
+def test_granularity_with_a_profile_file_is_refused(capsys) -> None:
+    code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--granularity", "sublayer"])
+    assert code != 0
+    assert "--granularity" in capsys.readouterr().err

@@ -230,3 +230,22 @@ def test_no_searched_plan_beats_the_packing_bound(hetero_profile, h100x4) -> Non
     lb = lower_bound(hetero_profile, h100x4, 8)
     r = AdaptisTuner().search(Problem(hetero_profile, h100x4, 8), budget=Budget(sim_calls=60), seed=0)
     assert lb.packing > 0 and r.iteration_time >= lb.value - 1e-9
+
+
+@pytest.mark.parametrize("granularity,shards", [("sublayer", 1), ("layer", 3), ("sublayer", 4)])
+def test_bounds_hold_over_finer_units(granularity: str, shards: int) -> None:
+    """Units are plain layers to the bounds: no plan over them beats the bound of their profile,
+    and cutting blocks only lowers the ceiling's bound (the costs add up)."""
+    from agents.base import Budget
+    from agents.tuner import AdaptisTuner
+    from pipeline.hardware import build_cluster
+    from pipeline.space import Problem
+    from pipeline.zoo import zoo_profile
+
+    cluster = build_cluster("h100", devices=4)
+    fine = zoo_profile("gemma-small", seq_len=2048, granularity=granularity, head_shards=shards)
+    lb = lower_bound(fine, cluster, 16)
+    r = AdaptisTuner().search(Problem(fine, cluster, 16), budget=Budget(sim_calls=40), seed=0)
+    assert r.iteration_time >= lb.value - 1e-9
+    if shards == 1:
+        assert lb.value <= lower_bound(zoo_profile("gemma-small", seq_len=2048), cluster, 16).value + 1e-9

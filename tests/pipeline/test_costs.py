@@ -266,3 +266,63 @@ def test_sequence_length_default_and_errors() -> None:
                           layers=(EMBED, LayerSpec(mixer="none", ffn="moe"), HEAD))
     with pytest.raises(ConfigError, match="num_experts"):
         architecture_work(broken, seq_len=16)
+
+
+# ------------------------------------------------------------------------ finer units (issue 15)
+
+@pytest.mark.parametrize("model", ["gemma-small", "deepseek-small", "nemotronh-small", "tiny-hybrid"])
+def test_sublayer_units_add_up_to_their_blocks(model: str) -> None:
+    from pipeline.zoo import zoo_profile
+
+    whole = zoo_profile(model, seq_len=2048)
+    fine = zoo_profile(model, seq_len=2048, granularity="sublayer")
+    by_block: dict[str, list] = {}
+    for x in fine.layers:
+        by_block.setdefault(x.extra.get("block", x.name), []).append(x)
+    assert list(by_block) == [x.name for x in whole.layers]
+    for layer in whole.layers:
+        parts = by_block[layer.name]
+        for key in ("f", "b", "w"):
+            assert sum(getattr(p, key) for p in parts) == pytest.approx(getattr(layer, key), rel=1e-9)
+        assert sum(p.params for p in parts) == layer.params
+        assert sum(p.act_bytes for p in parts) == pytest.approx(layer.act_bytes, abs=len(parts))
+        # pre-norm blocks: only the hidden state crosses the cut, as between whole blocks
+        assert all(p.out_bytes == layer.out_bytes for p in parts)
+        if len(parts) == 2:
+            assert [p.extra["part"] for p in parts] == ["mixer", "ffn"]
+    assert fine.extra["params_total"] == whole.extra["params_total"]
+
+
+@pytest.mark.parametrize("shards", [2, 4, 7])
+def test_head_shards_split_the_tokens_and_share_the_weights(shards: int) -> None:
+    from pipeline.zoo import zoo_profile
+
+    whole = zoo_profile("gemma-small", seq_len=4096)
+    fine = zoo_profile("gemma-small", seq_len=4096, head_shards=shards)
+    head = whole.layers[-1]
+    parts = fine.layers[-shards:]
+    assert [p.name for p in parts] == [f"head.{j}" for j in range(shards)]
+    assert all(p.params == head.params for p in parts)  # every shard holds the whole head
+    assert fine.extra["params_total"] == whole.extra["params_total"]  # ... counted once
+    assert sum(p.extra["flops_f"] for p in parts) == pytest.approx(head.extra["flops_f"])
+    # each shard re-reads the weights: never cheaper than the whole head, a little dearer
+    total = sum(p.f + p.b + p.w for p in parts)
+    assert head.f + head.b + head.w <= total <= 1.2 * (head.f + head.b + head.w)
+    hidden = load_zoo_architecture("gemma-small").hidden_size
+    outs = [p.out_bytes for p in parts]
+    assert outs[-1] == 0
+    for j, out in enumerate(outs[:-1]):  # the remaining tokens' bf16 hidden rows + the fp32 carried loss
+        assert out == 2 * hidden * (4096 - 4096 * (j + 1) // shards) + 4
+    assert {p.extra["shared_group"] for p in parts} == {"head"}
+    assert all(p.extra["grad_sync_bytes"] == 4 * head.params for p in parts)
+
+
+def test_finer_profile_round_trips_through_json(tmp_path) -> None:
+    from pipeline.zoo import zoo_profile
+
+    fine = zoo_profile("tiny-hybrid", granularity="sublayer", head_shards=2)
+    fine.save(tmp_path / "p.json")
+    back = ModelProfile.load(tmp_path / "p.json")
+    assert [x.name for x in back.layers] == [x.name for x in fine.layers]
+    assert [x.extra.get("block") for x in back.layers] == [x.extra.get("block") for x in fine.layers]
+    assert back.layers[-1].extra["shared_group"] == "head"

@@ -104,3 +104,44 @@ def test_csv_loads_the_way_pytorch_loads_it(tmp_path, method: str) -> None:
     lowered = schedules._add_send_recv(order, stage_to_rank=lambda s: plan.placement[s],
                                        num_stages=plan.num_stages)
     assert sum(len(v) for v in lowered.values()) > sum(len(v) for v in order.values())
+
+
+# ------------------------------------------------------------------------ recompute (issue 15)
+
+def test_recompute_round_trips_as_version_2(tmp_path) -> None:
+    plan = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4)
+    redo = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
+                recompute=(True, False))
+    raw = redo.to_dict()
+    assert raw["version"] == 2 and raw["recompute"] == [True, False]
+    assert plan.to_dict()["version"] == 1 and "recompute" not in plan.to_dict()  # old readers unaffected
+    redo.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json").recompute == (True, False)
+    redo.save_csv(tmp_path / "a.csv")
+    plan.save_csv(tmp_path / "b.csv")
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()  # the CSV is the schedule only
+
+
+def test_all_false_recompute_is_no_recompute() -> None:
+    plan = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4)
+    same = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
+                recompute=(False, False))
+    assert same.recompute is None and same == plan
+
+
+@pytest.mark.parametrize("value,needle", [([True], "one per stage"), (["yes", False], "true/false"),
+                                          ("all", "true/false")])
+def test_bad_recompute_names_the_field(value, needle) -> None:
+    raw = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4).to_dict()
+    raw["recompute"] = value
+    with pytest.raises(PlanError, match=needle) as exc:
+        Plan.from_dict(raw)
+    assert exc.value.field == "recompute"
+
+
+def test_newer_plan_version_is_refused() -> None:
+    raw = build_plan("1f1b", uniform_profile(4), ideal_cluster(2), microbatches=4).to_dict()
+    raw["version"] = 3
+    with pytest.raises(PlanError, match="newer") as exc:
+        Plan.from_dict(raw)
+    assert exc.value.field == "version"

@@ -169,3 +169,73 @@ def test_huge_layer_count_in_a_config_is_refused() -> None:
            "num_attention_heads": 4, "intermediate_size": 128}
     with pytest.raises(ConfigError, match="num_hidden_layers"):
         architecture_from_config(raw, source="typo.json")
+
+
+# ------------------------------------------------------------------------ finer units (issue 15)
+
+def _sharded_head_profile() -> ModelProfile:
+    """Two blocks and a head in two shards (one weight copy each, 1000 params, 4000 grad bytes)."""
+    block = LayerCost("l", "block", 1.0, 1.0, 1.0, 10, 100, 8)
+    shard = [LayerCost(f"head.{j}", "head", 2.0, 2.0, 2.0, 1000, 50, 4 if j == 0 else 0,
+                       extra={"shared_group": "head", "grad_sync_bytes": 4000}) for j in range(2)]
+    return ModelProfile("sharded", (block, block, *shard))
+
+
+def test_head_shards_on_one_device_share_weights_and_need_no_all_reduce() -> None:
+    from pipeline.simulator import stage_costs
+
+    prof, cluster = _sharded_head_profile(), Cluster(devices=2, p2p_gbps=1.0, latency_us=0.0)
+    tr = TrainingConfig(bytes_per_param=1.0)
+    together = stage_costs(prof, cluster, ((0, 2), (2, 3), (3, 4)), placement=(0, 1, 1), training=tr)
+    assert together.static_bytes == (20.0, 1000.0) and together.post_step == 0.0
+    apart = stage_costs(prof, cluster, ((0, 2), (2, 3), (3, 4)), placement=(0, 1, 0), training=tr)
+    assert apart.static_bytes == (1020.0, 1000.0)
+    # ring all-reduce over 2 devices: 2 steps of 2000 bytes at 1 GB/s, in ms
+    assert apart.post_step == pytest.approx(2 * 2000 / 1e9 * 1e3)
+
+
+def test_post_step_all_reduce_is_added_to_the_iteration() -> None:
+    prof, cluster = _sharded_head_profile(), Cluster(devices=2, p2p_gbps=1.0, latency_us=0.0)
+    schedule = build_plan("1f1b", uniform_profile(2), Cluster(devices=2), microbatches=4).schedule
+    apart = Plan(2, 4, ((0, 3), (3, 4)), (0, 1), schedule)
+    together = Plan(2, 4, ((0, 2), (2, 4)), (0, 1), schedule)
+    r_apart, r_together = simulate(apart, prof, cluster), simulate(together, prof, cluster)
+    from pipeline.simulator import stage_costs
+
+    post = stage_costs(prof, cluster, apart.partition, placement=apart.placement).post_step
+    assert post > 0
+    last = max(e.end for e in r_apart.timeline)
+    assert r_apart.iteration_time == pytest.approx(last + post)
+    assert r_together.iteration_time == pytest.approx(max(e.end for e in r_together.timeline))
+
+
+def test_recompute_trades_memory_for_a_second_forward() -> None:
+    from pipeline.simulator import stage_costs
+
+    prof = uniform_profile(4, f=1.0, b=1.0, w=1.0, act=1000, out=64)
+    cluster = ideal_cluster(2)
+    part, place = ((0, 2), (2, 4)), (0, 1)
+    keep = stage_costs(prof, cluster, part, placement=place)
+    redo = stage_costs(prof, cluster, part, placement=place, recompute=(False, True))
+    # I re-runs F and computes the weight gradients too; W is empty
+    assert redo.i[1] == pytest.approx(keep.f[1] + keep.i[1] + keep.w[1]) and redo.w[1] == 0.0
+    assert redo.i[0] == keep.i[0] and redo.w[0] == keep.w[0] and redo.f == keep.f
+    assert redo.backward[1] == pytest.approx(keep.f[1] + keep.backward[1])
+    assert redo.act[1] == prof.layers[1].out_bytes < keep.act[1]  # only the stage's input is kept
+    assert redo.w_keep[1] == 0.0  # nothing waits for W
+    assert redo.static_bytes[1] == keep.static_bytes[1] + keep.act[1]  # one micro-batch re-run at a time
+    first = stage_costs(prof, cluster, part, placement=place, recompute=(True, False))
+    assert first.act[0] == 8 * prof.tokens_per_microbatch  # the first stage keeps the token ids
+    with pytest.raises(PlanError, match="one per stage"):
+        stage_costs(prof, cluster, part, placement=place, recompute=(True,))
+
+
+def test_recomputing_plan_is_slower_and_lighter() -> None:
+    prof = uniform_profile(4, f=1.0, b=1.0, w=1.0, act=10 * GIB, out=64)
+    cluster = ideal_cluster(2)
+    plan = build_plan("1f1b", prof, cluster, microbatches=8)
+    redo = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
+                recompute=(True, True))
+    a, b = simulate(plan, prof, cluster), simulate(redo, prof, cluster)
+    assert b.iteration_time > a.iteration_time
+    assert max(b.peak_memory) < max(a.peak_memory)
