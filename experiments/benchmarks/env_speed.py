@@ -41,7 +41,7 @@ def _make(case: str):
 
         return Fixed
 
-    from agents.rl_train import TRAIN_SCENARIO
+    from env.scenarios import TRAIN_SCENARIO
 
     return lambda: PipelineEnv(scenario=TRAIN_SCENARIO, max_calls=40)
 
@@ -57,9 +57,8 @@ def measure(case: str = "small", *, n_envs: int = 1, seconds: float = 5.0, seed:
         env.reset(seed=seed)
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            mask = env.action_masks()
-            allowed = np.flatnonzero(mask[1:]) + 1
-            a = int(rng.choice(allowed)) if len(allowed) else 0
+            allowed = np.flatnonzero(env.action_masks()[1:])
+            a = int(allowed[rng.integers(len(allowed))]) + 1 if len(allowed) else 0
             _, _, term, trunc, _ = env.step(a)
             n += 1
             if term or trunc:
