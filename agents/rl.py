@@ -4,17 +4,20 @@
 (best-of-K) while simulator calls are left, all sharing one
 :class:`~pipeline.space.Evaluator`, so repeated plans are free and every call is counted. It
 spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget).
+``RLSearcher(zero_shot=True)`` is zero-shot planning: one greedy rollout from one start plan
+(:func:`env.scenarios.single_start`), at most 5 simulator calls.
 
-``rl+tuner`` runs the tuner alone with its whole budget, the policy, and a short tuner run that
-starts from the policy's best plans only (``start=..., own_seeds=False``), and keeps the best:
-never worse than the tuner alone by construction, at most 80 extra simulator calls; whether the
-policy's seeds find better plans is measured by ``python -m experiments evaluate-agent``.
+``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
+``max_calls``), then the tuner with what is left of the budget (calls and seconds), seeded with
+the policy's best plans besides its own (``start=..., own_seeds=True``). It is not better than
+the tuner by construction: ``python -m experiments evaluate-agent`` measures where it wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +45,12 @@ def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
 
 def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, max_calls: int,
             deterministic: bool, rng: np.random.Generator | None = None,
-            start: list[Candidate] | None = None) -> tuple[Candidate, Plan, Result]:
-    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result)."""
+            start: list[Candidate] | str | None = None, deadline: float | None = None
+            ) -> tuple[Candidate, Plan, Result]:
+    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result).
+    ``deadline`` (a ``time.perf_counter()`` value) ends the episode early."""
+    import time
+
     import torch as th
 
     options: dict[str, Any] = {"problem": problem, "evaluator": evaluator, "max_calls": max_calls,
@@ -52,7 +59,7 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
         options["start"] = start
     obs, info = env.reset(options=options)
     done = False
-    while not done:
+    while not done and (deadline is None or time.perf_counter() < deadline):
         mask = env.action_masks()
         if deterministic or rng is None:
             action, _ = _predict(policy, obs, mask, deterministic=True)
@@ -126,6 +133,8 @@ class RLSearcher:
     """Most simulator calls one search spends (also capped by the budget)."""
     max_steps: int = 24
     """Edits per rollout."""
+    zero_shot: bool = False
+    """One greedy rollout from :func:`env.scenarios.single_start`, at most 5 calls (no samples)."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
 
@@ -135,19 +144,21 @@ class RLSearcher:
 
         policy, _ = _policy(self.policy_path)
         ev = Evaluator(problem)
-        cap = self.max_calls if budget.sim_calls is None else min(self.max_calls, budget.sim_calls)
+        max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
+        cap = max_calls if budget.sim_calls is None else min(max_calls, budget.sim_calls)
         env = PipelineEnv(max_steps=self.max_steps)
         rng = np.random.default_rng(seed)
         found: list[tuple[tuple, Candidate, Plan, Result]] = []
         history: list[tuple[int, float]] = []
         best_key = None
-        starts = start_candidates(problem)
-        for k in range(1 + self.samples):
-            if k and ev.calls >= cap:
+        starts: list[Candidate] | str = "single" if self.zero_shot else start_candidates(problem)
+        deadline = None if budget.seconds is None else time.perf_counter() + budget.seconds
+        for k in range(1 + samples):
+            if k and (ev.calls >= cap or (deadline is not None and time.perf_counter() >= deadline)):
                 break
             calls_before = ev.calls
             c, plan, res = rollout(policy, env, problem=problem, evaluator=ev, max_calls=cap,
-                                   deterministic=k == 0, rng=rng, start=starts)
+                                   deterministic=k == 0, rng=rng, start=starts, deadline=deadline)
             key = objective_key(res)
             found.append((key, c, plan, res))
             if res.valid and (best_key is None or key < best_key):
@@ -170,44 +181,43 @@ class RLSearcher:
 
 @dataclass
 class RLTunerSearcher:
-    """The AdaPtis tuner with its whole budget, plus the policy's plans refined by a short tuner run.
+    """The policy proposes, the tuner refines, within the tuner's own budget.
 
-    Three parts, all counted in ``sim_calls``: the tuner alone (exactly as ``adaptis`` with the
-    same budget and seed), ``rl`` (at most ``max_calls``), and a local search of ``refine_calls``
-    calls that starts from the policy's best plans only. The best of the three is returned, so
-    ``rl+tuner`` is never worse than the tuner alone; it costs at most ``max_calls +
-    refine_calls`` extra simulator calls.
+    ``rl`` runs first (at most ``max_calls`` simulator calls); the AdaPtis tuner then gets what
+    is left of ``budget`` (calls and seconds) and starts from the policy's ``seeds`` best
+    distinct plans besides its own seeds. The better of the two plans is returned.
     """
 
     name: str = "rl+tuner"
     policy_path: str | None = None
     samples: int = 4
     max_calls: int = 40
-    refine_calls: int = 40
     seeds: int = 3
-    """How many of the policy's best distinct plans seed the refinement."""
+    """How many of the policy's best distinct plans seed the tuner."""
+    rl_share: float = 0.25
+    """Most of a budget in seconds the policy may use (the tuner gets the rest)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from agents.tuner import AdaptisTuner
 
-        alone = AdaptisTuner().search(problem, budget=budget, seed=seed, on_improve=on_improve)
+        t0 = time.perf_counter()
         rl = RLSearcher(policy_path=self.policy_path, samples=self.samples, max_calls=self.max_calls)
-        first = rl.search(problem, budget=budget, seed=seed, on_improve=on_improve)
-        parts = [alone, first]
-        if rl.best_candidates:
-            parts.append(AdaptisTuner().search(problem, budget=Budget(sim_calls=self.refine_calls), seed=seed,
-                                               on_improve=on_improve, start=rl.best_candidates[:self.seeds],
-                                               own_seeds=False))
+        _policy(self.policy_path)  # loading the policy file is not search time
+        t0 = time.perf_counter()
+        first = rl.search(problem, budget=Budget(budget.sim_calls, None if budget.seconds is None
+                                                 else self.rl_share * budget.seconds), seed=seed, on_improve=on_improve)
+        used = time.perf_counter() - t0
+        rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - first.sim_calls),
+                      seconds=None if budget.seconds is None else max(0.0, budget.seconds - used))
+        tuned = AdaptisTuner().search(problem, budget=rest, seed=seed, on_improve=on_improve,
+                                      start=rl.best_candidates[:self.seeds], own_seeds=True)
+        parts = [first, tuned]
         ok = [p for p in parts if p.result is not None and p.result.valid]
-        best = min(ok, key=lambda p: objective_key(p.result)) if ok else alone
-        calls = sum(p.sim_calls for p in parts)
-        history, offset = [], 0
-        for p in parts:
-            history += [(offset + n, t) for n, t in p.history]
-            offset += p.sim_calls
-        return SearchResult(self.name, _renamed(best.plan, self.name), best.result, calls,
-                            sum(p.seconds for p in parts), history, note=best.note)
+        best = min(ok, key=lambda p: objective_key(p.result)) if ok else tuned
+        history = first.history + [(first.sim_calls + n, t) for n, t in tuned.history]
+        return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
+                            time.perf_counter() - t0, history, note=best.note)
 
 
 def _renamed(plan: Plan | None, method: str) -> Plan | None:

@@ -53,6 +53,7 @@ __all__ = [
     "PlanEditor",
     "SharedEvaluator",
     "family_of",
+    "fit_memory",
     "preset_budgets",
     "portfolio",
     "score",
@@ -76,7 +77,7 @@ class Edit:
     kind: str
     """``stop``, ``grow-left``, ``grow-right``, ``family``, ``rebalance``, ``budget-up``,
     ``budget-down``, ``all-up``, ``all-down``, ``preset``, ``toggle``, ``pending-w``,
-    ``relieve-hot``, ``feed-cold``."""
+    ``relieve-hot``, ``feed-cold``, ``fit-memory``."""
     arg: int | str | None = None
 
     def __str__(self) -> str:
@@ -95,7 +96,7 @@ def _action_table() -> tuple[Edit, ...]:
     acts += [Edit("preset", name) for name in BUDGET_PRESETS]
     acts += [Edit("toggle", knob) for knob in _KNOBS]
     acts += [Edit("pending-w", k) for k in range(len(_MPW))]
-    acts += [Edit("relieve-hot"), Edit("feed-cold")]
+    acts += [Edit("relieve-hot"), Edit("feed-cold"), Edit("fit-memory")]
     return tuple(acts)
 
 
@@ -114,9 +115,10 @@ _PRESET = _ALL_UP + 2
 _TOGGLE = _PRESET + len(BUDGET_PRESETS)
 _PENDING = _TOGGLE + len(_KNOBS)
 _HOT = _PENDING + len(_MPW)
+_FIT = _HOT + 2
 #: Indices of the actions tied to no boundary and no device (stop, families, presets, knobs...).
 GLOBAL_ACTIONS: tuple[int, ...] = (0, *range(_FAMILY, BUDGET_UP), *range(_ALL_UP, N_ACTIONS))
-assert _HOT + 2 == N_ACTIONS and all(ACTIONS[GROW_RIGHT + i] == Edit("grow-right", i) for i in range(3))
+assert _FIT + 1 == N_ACTIONS and all(ACTIONS[GROW_RIGHT + i] == Edit("grow-right", i) for i in range(3))
 
 _new = object.__new__
 
@@ -239,6 +241,8 @@ class PlanEditor:
         self.ev = evaluator if evaluator is not None else Evaluator(problem)
         self.max_calls = max_calls
         self.reference = reference
+        self.repair_starts = 2
+        """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
         if prefix is None:
             prefix = np.concatenate([[0.0], np.cumsum([x.f + x.b + x.w for x in problem.profile.layers])])
         self.prefix = prefix
@@ -283,12 +287,24 @@ class PlanEditor:
         if not cands:
             raise PlanError("no starting candidate fits this problem", field="start")
         best_c, best_k = None, None
+        over: list[tuple[float, Candidate]] = []
         for c in cands:
             if best_c is not None and not self.budget_left():
                 break
-            k = objective_key(self.ev.result(c))
+            res = self.ev.result(c)
+            k = objective_key(res)
+            if res.valid and not res.feasible:
+                over.append((res.iteration_time, c))
             if best_k is None or k < best_k:
                 best_c, best_k = c, k
+        # Tight memory: the fastest plans that do not fit, with their budgets cut to fit.
+        for _, c in sorted(over, key=lambda x: x[0])[:self.repair_starts]:
+            fixed = fit_memory(c, self.ev.result(c), self.ev)
+            if fixed is None or not self.budget_left():
+                continue
+            k = objective_key(self.ev.result(fixed))
+            if k < best_k:
+                best_c, best_k = fixed, k
         assert best_c is not None
         self._set_current(best_c)
         self.best, self.best_result = self.current, self.result
@@ -348,6 +364,8 @@ class PlanEditor:
             return _with(c, max_pending_w=P if v == "P" else v)
         if k in ("relieve-hot", "feed-cold"):
             return self._bottleneck_move(hot=k == "relieve-hot")
+        if k == "fit-memory":
+            return fit_memory(c, self.result, self.ev)
         raise AssertionError(k)
 
     def _bottleneck_move(self, *, hot: bool) -> Candidate | None:
@@ -426,6 +444,7 @@ class PlanEditor:
                 out[_PENDING + i] = _with(c, max_pending_w=P if v == "P" else v)
             out[_HOT] = self._bottleneck_move(hot=True)
             out[_HOT + 1] = self._bottleneck_move(hot=False)
+            out[_FIT] = fit_memory(c, self.result, self.ev)
             tried, known = self.tried, self.ev.known
             index: dict[Candidate, list[int]] = {}
             allowed = np.zeros(N_ACTIONS, dtype=bool)
@@ -474,6 +493,30 @@ class PlanEditor:
             allowed[i] = False
         self._allowed = allowed
         return False, res
+
+
+def fit_memory(c: Candidate, result: Result, ev: Evaluator) -> Candidate | None:
+    """``c`` with each device's activation budget cut to what its memory holds after the static
+    share (list scheduler: a budget of ``k`` micro-batches caps activations at ``k`` times the
+    device's per-micro-batch activations); ``None`` when ``c`` fits already, is not a list
+    order, or static memory alone overflows."""
+    if c.order != "list" or not result.valid or result.feasible:
+        return None
+    P = len(result.peak_memory)
+    costs = ev.costs(c.sizes, c.placement)
+    per_mb = [0.0] * P
+    for s, d in enumerate(c.placement):
+        per_mb[d] += costs.act[s]
+    cur = c.budgets if c.budgets is not None else (float(ev.problem.microbatches),) * P
+    out = []
+    for d in range(P):
+        room = result.memory_limit[d] - costs.static_bytes[d]
+        if room <= 0:
+            return None
+        fit = float(int(room / per_mb[d])) if per_mb[d] > 0 else cur[d]
+        out.append(max(1.0, min(cur[d], fit)))
+    budgets = tuple(out)
+    return None if budgets == c.budgets else _with(c, budgets=budgets, cap_counts_w=True)
 
 
 def _move(c: Candidate, src: int, dst: int) -> Candidate | None:

@@ -166,7 +166,7 @@ class PipelineEnv(gym.Env):
 
     ## Action Space
 
-    ``Discrete(343)``; :data:`env.editor.ACTIONS` names each index:
+    ``Discrete(344)``; :data:`env.editor.ACTIONS` names each index:
 
     | index   | edit                                                                          |
     |---------|-------------------------------------------------------------------------------|
@@ -183,6 +183,7 @@ class PipelineEnv(gym.Env):
     | 338-340 | deferred-W limit: none, 2, number of devices                                  |
     | 341     | relieve-hot: one boundary layer off the busiest device's heaviest stage       |
     | 342     | feed-cold: one layer onto the idlest device's lightest stage                  |
+    | 343     | fit-memory: cut every device's budget to what its memory holds                |
 
     The boundary actions belong to a pair of stage rows of the observation and the budget
     actions to a device row, so a policy can score them row by row and serve any size
@@ -249,7 +250,8 @@ class PipelineEnv(gym.Env):
     ## Version History
 
     * v0, observation ``pipeline-v1.0``: per-stage and per-device rows up to 128 stages and 32
-      devices, 343 actions, lower-bound reference; steps run one native call and build no plan.
+      devices, 344 actions, lower-bound reference, memory repair of the starting plans; steps
+      run one native call and build no plan.
     * v0, observation ``pipeline-v0.1``: flat padded vectors, 16 devices, 183 actions.
     """
 

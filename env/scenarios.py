@@ -186,7 +186,7 @@ def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioCo
         M = max(P, int(_choice(rng, config.microbatches)))
     else:
         M = P * int(_choice(rng, config.microbatch_factors))
-    while M > P and P * M > config.max_work:
+    while M > P and config.max_work < P * M:
         M = max(P, M // 2)
     return Problem(profile, cluster, M)
 
