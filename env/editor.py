@@ -197,20 +197,20 @@ def portfolio(problem: Problem, sizes_of=None) -> list[Candidate]:
 
 class SharedEvaluator(Evaluator):
     """An :class:`Evaluator` for one episode that shares the scenario's pure caches with earlier
-    episodes (``share``): DP splits, stage costs and simulated results. A result found in the
+    episodes (``share``): DP splits, stage costs and (``results=True``) simulated results. A result found in the
     shared memo still counts as one simulator call of this episode, so call budgets, masks
     (:meth:`known`) and ``sim_calls`` mean exactly what they mean with a fresh evaluator."""
 
     MEMO_LIMIT = 100_000
 
-    def __init__(self, problem: Problem, *, share: SharedEvaluator | None = None) -> None:
+    def __init__(self, problem: Problem, *, share: SharedEvaluator | None = None, results: bool = True) -> None:
         super().__init__(problem)
+        self._memo: dict[Candidate, Result] = {}
         if share is not None and share.problem is problem:
             self._balanced = share._balanced
             self._costs = share._costs
-            self._memo: dict[Candidate, Result] = share._memo
-        else:
-            self._memo = {}
+            if results:
+                self._memo = share._memo
 
     def result(self, c: Candidate) -> Result:
         hit = self._cache.get(c)

@@ -245,7 +245,10 @@ class PipelineEnv(gym.Env):
     ## Arguments
 
     ``gymnasium.make("adaptis/Pipeline-v0", max_steps=24, step_cost=0.002, max_calls=None,
-    scenario=ScenarioConfig(), single_start_share=0.0, repeat_scenario=1, render_mode=None)``.
+    scenario=ScenarioConfig(), single_start_share=0.0, repeat_scenario=1, share_results=True,
+    render_mode=None)``. ``share_results``: the episodes of one scenario share its simulated results
+    (a result another episode found still counts as a call of this one); ``False`` simulates
+    every step afresh (what the benchmark's ``small-fresh`` case measures).
 
     ## Version History
 
@@ -259,7 +262,7 @@ class PipelineEnv(gym.Env):
 
     def __init__(self, *, max_steps: int = 24, step_cost: float = 0.002, max_calls: int | None = None,
                  scenario: ScenarioConfig | None = None, single_start_share: float = 0.0, repeat_scenario: int = 1,
-                 render_mode: str | None = None) -> None:
+                 share_results: bool = True, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         if not 0.0 <= single_start_share <= 1.0:
@@ -272,6 +275,7 @@ class PipelineEnv(gym.Env):
         self.scenario = scenario or ScenarioConfig()
         self.single_start_share = float(single_start_share)
         self.repeat_scenario = int(repeat_scenario)
+        self.share_results = bool(share_results)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(N_ACTIONS)
         self.observation_space = observation_space()
@@ -305,7 +309,7 @@ class PipelineEnv(gym.Env):
         self._prep = prep
         self.reference = prep.reference(options.get("reference", "bound"))
         if evaluator is None:
-            evaluator = SharedEvaluator(problem, share=prep.evaluator)
+            evaluator = SharedEvaluator(problem, share=prep.evaluator, results=self.share_results)
         max_calls = options.get("max_calls", self.max_calls)
         self.editor = PlanEditor(problem, evaluator=evaluator, reference=self.reference, max_calls=max_calls,
                                  prefix=prep.prefix)
