@@ -142,11 +142,11 @@ class RLSearcher:
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
-        policy, _ = _policy(self.policy_path)
+        policy, meta = _policy(self.policy_path)
         ev = Evaluator(problem)
         max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
         cap = max_calls if budget.sim_calls is None else min(max_calls, budget.sim_calls)
-        env = PipelineEnv(max_steps=self.max_steps)
+        env = PipelineEnv(max_steps=self.max_steps, allow_stop=bool(meta.get("config", {}).get("allow_stop", True)))
         rng = np.random.default_rng(seed)
         found: list[tuple[tuple, Candidate, Plan, Result]] = []
         history: list[tuple[int, float]] = []

@@ -58,6 +58,9 @@ class TrainConfig:
     """Episodes per drawn scenario (its preparation is paid once)."""
     single_start_share: float = 0.3
     """Share of episodes that start from one plan (zero-shot practice) instead of the portfolio."""
+    allow_stop: bool = False
+    """Whether the policy may stop an episode early (off: every episode spends its budget, so the
+    policy cannot learn to give up; the searchers read this from the policy's metadata)."""
     torch_threads: int = 1
     """Torch threads of the learner (more threads only contend with the environment processes)."""
     out: str = "runs/train"
@@ -78,7 +81,7 @@ class TrainConfig:
     """PPO rollout length per environment."""
     batch_size: int = 256
     n_epochs: int = 3
-    learning_rate: float = 3e-4
+    learning_rate: float = 5e-4
     gamma: float = 0.95
     ent_coef: float = 0.01
     net_arch: list[int] = field(default_factory=lambda: [64, 64])
@@ -99,7 +102,8 @@ def _make_env(config: TrainConfig, rank: int) -> Callable[[], Any]:
         from env.pipeline_env import PipelineEnv
 
         env = PipelineEnv(max_steps=config.max_steps, max_calls=config.max_calls, scenario=TRAIN_SCENARIO,
-                          repeat_scenario=config.repeat_scenario, single_start_share=config.single_start_share)
+                          repeat_scenario=config.repeat_scenario, single_start_share=config.single_start_share,
+                          allow_stop=config.allow_stop)
         env.reset(seed=config.seed * 1000 + rank)
         return env
 
@@ -119,7 +123,7 @@ def tuner_times(problems: list, *, calls: int, seed: int = 0) -> list[float]:
 
 
 def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24,
-                       tuner: list[float] | None = None) -> dict[str, float]:
+                       tuner: list[float] | None = None, allow_stop: bool = True) -> dict[str, float]:
     """Deterministic rollouts on ``problems``: mean gain over the starting portfolio, and, given the
     tuner's times, the geometric-mean quality (tuner time / policy time) at ``max_calls`` calls and
     zero-shot (one start plan, at most 5 calls)."""
@@ -127,7 +131,7 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
     from env.pipeline_env import PipelineEnv
     from pipeline.space import Evaluator
 
-    env = PipelineEnv(max_steps=max_steps)
+    env = PipelineEnv(max_steps=max_steps, allow_stop=allow_stop)
     gains, calls, quality, zero = [], [], [], []
     for i, p in enumerate(problems):
         ev = Evaluator(p)
@@ -181,7 +185,7 @@ def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, boo
 
         def evaluate(self) -> None:
             metrics = evaluate_policy_on(self.model.policy, problems, max_calls=config.max_calls,
-                                         max_steps=config.max_steps, tuner=tuner)
+                                         max_steps=config.max_steps, tuner=tuner, allow_stop=config.allow_stop)
             elapsed = time.perf_counter() - t0
             steps = self.model.num_timesteps - self.first_step
             metrics["train/steps_per_s"] = steps / max(elapsed - self.eval_seconds, 1e-9)

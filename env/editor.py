@@ -243,6 +243,9 @@ class PlanEditor:
         self.reference = reference
         self.repair_starts = 2
         """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
+        self.allow_stop = True
+        """``False``: stop is masked while an edit is left (the episode runs to its step or call budget)."""
+        """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
         if prefix is None:
             prefix = np.concatenate([[0.0], np.cumsum([x.f + x.b + x.w for x in problem.profile.layers])])
         self.prefix = prefix
@@ -456,7 +459,7 @@ class PlanEditor:
                     continue
                 index.setdefault(t, []).append(a)
                 allowed[a] = True
-            allowed[0] = True
+            allowed[0] = self.allow_stop or not allowed.any()
             self._targets, self._allowed, self._index = out, allowed, index
         return self._targets
 
@@ -491,6 +494,8 @@ class PlanEditor:
         for i in self._index.pop(t, ()):
             self._targets[i] = None
             allowed[i] = False
+        if not allowed[1:].any():
+            allowed[0] = True
         self._allowed = allowed
         return False, res
 

@@ -191,7 +191,8 @@ class PipelineEnv(gym.Env):
     step and gives ``-step_cost``. Illegal actions (boundaries past the last stage, devices past
     the cluster, a stage that would be empty, more stages than layers, budgets when they are
     unlimited, edits whose result is known) are masked: ``action_masks()`` (sb3-contrib's
-    MaskablePPO) and ``info["action_mask"]`` (a ``np.int8`` array). Stop is always allowed.
+    MaskablePPO) and ``info["action_mask"]`` (a ``np.int8`` array). Stop is allowed unless
+    ``allow_stop=False`` and an edit is left.
 
     ## Observation Space
 
@@ -262,7 +263,7 @@ class PipelineEnv(gym.Env):
 
     def __init__(self, *, max_steps: int = 24, step_cost: float = 0.002, max_calls: int | None = None,
                  scenario: ScenarioConfig | None = None, single_start_share: float = 0.0, repeat_scenario: int = 1,
-                 share_results: bool = True, render_mode: str | None = None) -> None:
+                 share_results: bool = True, allow_stop: bool = True, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         if not 0.0 <= single_start_share <= 1.0:
@@ -276,6 +277,7 @@ class PipelineEnv(gym.Env):
         self.single_start_share = float(single_start_share)
         self.repeat_scenario = int(repeat_scenario)
         self.share_results = bool(share_results)
+        self.allow_stop = bool(allow_stop)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(N_ACTIONS)
         self.observation_space = observation_space()
@@ -313,6 +315,7 @@ class PipelineEnv(gym.Env):
         max_calls = options.get("max_calls", self.max_calls)
         self.editor = PlanEditor(problem, evaluator=evaluator, reference=self.reference, max_calls=max_calls,
                                  prefix=prep.prefix)
+        self.editor.allow_stop = self.allow_stop
         start = options.get("start")
         if start is None and self.single_start_share > 0 and self.np_random.random() < self.single_start_share:
             start = "single"
@@ -338,7 +341,7 @@ class PipelineEnv(gym.Env):
         a = int(action)
         if not 0 <= a < N_ACTIONS:
             raise ValueError(f"action {action!r} is outside Discrete({N_ACTIONS})")
-        if a == 0:
+        if a == 0 and ed.mask()[0]:
             return self._obs(), 0.0, True, False, self._info(kept=False, edit="stop")
         if not ed.mask()[a]:
             # A masked edit changes nothing and costs no simulator call; it still uses a step.

@@ -232,3 +232,31 @@ def test_train_and_heldout_scenarios_are_disjoint():
     assert any(p.cluster.gpus_per_node and p.devices > p.cluster.gpus_per_node for p in draws)
     assert any(len(set(p.cluster.speeds)) > 1 for p in draws)
     assert max(p.devices for p in draws) > 8
+
+
+def test_stop_masked_while_edits_are_left():
+    e = _small_env(allow_stop=False)
+    _, info = e.reset(seed=2)
+    mask = e.action_masks()
+    assert mask[1:].any() and not mask[0]
+    calls = info["sim_calls"]
+    _, reward, term, trunc, info = e.step(0)
+    assert info["edit"] == "masked" and not term and info["sim_calls"] == calls
+
+
+def test_fit_memory_repairs_a_plan_that_overflows():
+    from env.editor import fit_memory
+    from pipeline.space import Evaluator
+
+    problem = Problem(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
+    ev = Evaluator(problem)
+    free = Candidate((3, 3, 3, 3), (0, 1, 2, 3), "list", None)
+    res = ev.result(free)
+    need = max(res.peak_memory)
+    tight = Problem(problem.profile, problem.cluster.with_memory(0.6 * need / 2**30), 16)
+    ev = Evaluator(tight)
+    res = ev.result(free)
+    assert res.valid and not res.feasible
+    fixed = fit_memory(free, res, ev)
+    assert fixed is not None and fixed.budgets is not None and ev.result(fixed).feasible
+    assert fit_memory(fixed, ev.result(fixed), ev) is None  # fits already: nothing to do
