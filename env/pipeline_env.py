@@ -320,7 +320,7 @@ class PipelineEnv(gym.Env):
         if start is None and self.single_start_share > 0 and self.np_random.random() < self.single_start_share:
             start = "single"
         if start == "single":
-            start = [single_start(problem, self.editor.balanced)]
+            start = [single_start(problem, evaluator)]
         elif start is None or start == "portfolio":
             if prep.portfolio is None:
                 prep.portfolio = portfolio(problem, prep.evaluator.balanced_sizes)

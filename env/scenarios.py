@@ -191,13 +191,33 @@ def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioCo
     return Problem(profile, cluster, M)
 
 
-def single_start(problem: Problem, sizes_of) -> Candidate:
-    """The one plan a zero-shot episode starts from: the V placement under ZB-V budgets at the
-    DP-balanced split (one stage per device under ZB-H1 budgets when V does not fit)."""
+def single_start(problem: Problem, evaluator) -> Candidate:
+    """The one plan a zero-shot episode starts from, chosen without a simulator call: the first of
+    V (ZB-V budgets), one stage per device (ZB-H1 budgets) and interleaved (2 chunks) at the
+    DP-balanced split whose static memory fits every device, with each device's activation budget
+    cut to what its memory holds (``evaluator``: an :class:`~pipeline.space.Evaluator` of
+    ``problem``, for its DP splits and stage costs)."""
     P, L = problem.devices, problem.profile.num_layers
-    if P >= 2 and 2 * P <= L:
-        placement = make_placement("v", P, 2)
-        return Candidate(sizes_of(placement), placement, "list", preset_budgets("zbv", P))
-    placement = make_placement("sequential", P, 1)
-    return Candidate(sizes_of(placement), placement, "list", preset_budgets("zb-h1", P), cap_counts_w=False,
-                     max_pending_w=P)
+    options = [("v", 2, "zbv"), ("sequential", 1, "zb-h1"), ("interleaved", 2, "zbv")]
+    first = None
+    for kind, chunks, preset in options:
+        if P * chunks > L or (chunks > 1 and P < 2):
+            continue
+        placement = make_placement(kind, P, chunks)
+        sizes = evaluator.balanced_sizes(placement)
+        budgets = preset_budgets(preset, P)
+        cand = Candidate(sizes, placement, "list", budgets, cap_counts_w=preset != "zb-h1",
+                         max_pending_w=P if preset == "zb-h1" else None)
+        first = first or cand
+        costs = evaluator.costs(sizes, placement)
+        per_mb = [0.0] * P
+        for st, d in enumerate(placement):
+            per_mb[d] += costs.act[st]
+        rooms = [lim - static for lim, static in zip(costs.memory_limit, costs.static_bytes)]
+        fits = [room / m if m > 0 else float("inf") for room, m in zip(rooms, per_mb)]
+        if min(fits) < 1.0:
+            continue
+        cut = tuple(max(1.0, min(b, float(int(f)))) for b, f in zip(budgets, fits))
+        return cand if cut == budgets else Candidate(sizes, placement, "list", cut, max_pending_w=None)
+    assert first is not None
+    return first
