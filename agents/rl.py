@@ -27,7 +27,7 @@ import numpy as np
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, objective_key
+from pipeline.space import Candidate, Evaluator, Problem, objective_key
 
 __all__ = ["RLSearcher", "RLTunerSearcher", "rollout", "start_candidates"]
 
@@ -39,6 +39,11 @@ def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
 
     key = str(Path(path).resolve()) if path else str(DEFAULT_POLICY)
     if key not in _POLICIES:
+        import torch as th
+
+        # The policy's batch-1 forward passes are tiny: more threads only contend (10-100x slower
+        # on a busy machine).
+        th.set_num_threads(1)
         _POLICIES[key] = load_policy(key)
     return _POLICIES[key]
 
@@ -96,27 +101,30 @@ def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -
 
 
 def start_candidates(problem: Problem) -> list[Candidate]:
-    """Where the policy's rollouts start: the environment's portfolio (list-scheduled families),
-    the hand-built orders of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved
-    placements of 2-4 chunks under even budgets, all at the DP-balanced split."""
+    """Where the policy's rollouts start: the zero-shot start (:func:`env.scenarios.single_start`,
+    memory-aware), the environment's portfolio (list-scheduled families), the hand-built orders
+    of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved placements of 2-4
+    chunks under even budgets, all at the DP-balanced split."""
     from env.editor import MAX_STAGES, portfolio
+    from env.scenarios import single_start
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
     from pipeline.space import preset_budgets
 
     P, L = problem.devices, problem.profile.num_layers
-    out = portfolio(problem)
+    ev = Evaluator(problem)
+    out = [single_start(problem, ev)]
+    out += [c for c in portfolio(problem, ev.balanced_sizes) if c != out[0]]
     named: list[tuple[str, tuple[int, ...]]] = [("1f1b", sequential_placement(P))]
     if P >= 2 and 2 * P <= L:
         named += [("zbv", v_placement(P)), ("interleaved", interleaved_placement(P, 2))]
     for order, placement in named:
-        out.append(Candidate(balanced_sizes(problem.profile, placement, problem.cluster), placement, order))
+        out.append(Candidate(ev.balanced_sizes(placement), placement, order))
     # Interleaved placements under an even per-device budget (the portfolio's 1F1B-style
     # decreasing budgets starve the last devices of a multi-chunk placement).
     for chunks in (2, 3, 4):
         if P >= 2 and P * chunks <= min(L, MAX_STAGES):
             placement = interleaved_placement(P, chunks)
-            out.append(Candidate(balanced_sizes(problem.profile, placement, problem.cluster), placement, "list",
-                                 preset_budgets("zbv", P)))
+            out.append(Candidate(ev.balanced_sizes(placement), placement, "list", preset_budgets("zbv", P)))
     return out
 
 
