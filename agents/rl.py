@@ -8,7 +8,7 @@ spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget)
 (:func:`env.scenarios.single_start`), at most 5 simulator calls.
 
 ``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
-``max_calls``), then the tuner with what is left of the budget (calls and seconds), seeded with
+``max_calls`` and a quarter of the budget), then the tuner with what is left of the budget (calls and seconds), seeded with
 the policy's best plans besides its own (``start=..., own_seeds=True``). It is not better than
 the tuner by construction: ``python -m experiments evaluate-agent`` measures where it wins.
 
@@ -203,7 +203,7 @@ class RLTunerSearcher:
     seeds: int = 3
     """How many of the policy's best distinct plans seed the tuner."""
     rl_share: float = 0.25
-    """Most of a budget in seconds the policy may use (the tuner gets the rest)."""
+    """Most of the budget (calls, at least 5, and seconds) the policy may use; the tuner gets the rest."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
@@ -213,8 +213,9 @@ class RLTunerSearcher:
         rl = RLSearcher(policy_path=self.policy_path, samples=self.samples, max_calls=self.max_calls)
         _policy(self.policy_path)  # loading the policy file is not search time
         t0 = time.perf_counter()
-        first = rl.search(problem, budget=Budget(budget.sim_calls, None if budget.seconds is None
-                                                 else self.rl_share * budget.seconds), seed=seed, on_improve=on_improve)
+        share = Budget(None if budget.sim_calls is None else max(5, int(self.rl_share * budget.sim_calls)),
+                       None if budget.seconds is None else self.rl_share * budget.seconds)
+        first = rl.search(problem, budget=share, seed=seed, on_improve=on_improve)
         used = time.perf_counter() - t0
         rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - first.sim_calls),
                       seconds=None if budget.seconds is None else max(0.0, budget.seconds - used))
