@@ -5,12 +5,12 @@
 :class:`~pipeline.space.Evaluator`, so repeated plans are free and every call is counted. It
 spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget).
 ``RLSearcher(zero_shot=True)`` is zero-shot planning: one greedy rollout from one start plan
-(:func:`env.scenarios.single_start`), at most 5 simulator calls.
+(:func:`env.scenarios.zero_shot_starts`), at most 5 simulator calls.
 
 ``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
-``max_calls`` and a quarter of the budget), then the tuner with what is left of the budget (calls and seconds), seeded with
-the policy's best plans besides its own (``start=..., own_seeds=True``). It is not better than
-the tuner by construction: ``python -m experiments evaluate-agent`` measures where it wins.
+``max_calls`` and a quarter of the budget), then the tuner with what is left of the budget
+(calls and seconds), seeded with the policy's best plans besides its own
+(``start=..., own_seeds=True``). It is not better than the tuner by construction: ``python -m experiments evaluate-agent`` measures where it wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
 """
@@ -101,19 +101,19 @@ def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -
 
 
 def start_candidates(problem: Problem) -> list[Candidate]:
-    """Where the policy's rollouts start: the zero-shot start (:func:`env.scenarios.single_start`,
+    """Where the policy's rollouts start: the zero-shot starts (:func:`env.scenarios.zero_shot_starts`,
     memory-aware), the environment's portfolio (list-scheduled families), the hand-built orders
     of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved placements of 2-4
     chunks under even budgets, all at the DP-balanced split."""
     from env.editor import MAX_STAGES, portfolio
-    from env.scenarios import single_start
+    from env.scenarios import zero_shot_starts
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
     from pipeline.space import preset_budgets
 
     P, L = problem.devices, problem.profile.num_layers
     ev = Evaluator(problem)
-    out = [single_start(problem, ev)]
-    out += [c for c in portfolio(problem, ev.balanced_sizes) if c != out[0]]
+    out = zero_shot_starts(problem, ev)
+    out += [c for c in portfolio(problem, ev.balanced_sizes) if c not in out]
     named: list[tuple[str, tuple[int, ...]]] = [("1f1b", sequential_placement(P))]
     if P >= 2 and 2 * P <= L:
         named += [("zbv", v_placement(P)), ("interleaved", interleaved_placement(P, 2))]
@@ -142,7 +142,7 @@ class RLSearcher:
     max_steps: int = 24
     """Edits per rollout."""
     zero_shot: bool = False
-    """One greedy rollout from :func:`env.scenarios.single_start`, at most 5 calls (no samples)."""
+    """One greedy rollout from :func:`env.scenarios.zero_shot_starts`, at most 5 calls (no samples)."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
 

@@ -21,7 +21,7 @@ from env.editor import (
     portfolio,
     score,
 )
-from env.scenarios import ScenarioConfig, sample_problem, single_start
+from env.scenarios import ScenarioConfig, sample_problem, zero_shot_starts
 from pipeline.bounds import lower_bound
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan
@@ -158,11 +158,12 @@ class PipelineEnv(gym.Env):
     small portfolio of cheap plans (placement families with the DP-balanced split under the
     activation budgets of the named schedules, up to 10 simulator calls; see
     :func:`env.editor.portfolio`) or, with ``options["start"] = "single"`` (and in a share
-    ``single_start_share`` of the episodes), from one plan (:func:`env.scenarios.single_start`,
-    one call). Each step tries one edit: the performance model simulates the edited plan (one
-    simulator call); the edit is kept when the plan gets better (feasible first, then less
-    memory overflow, then faster) and rolled back otherwise, as the AdaPtis tuner does. An edit
-    whose outcome is already known is masked, so no step repeats a call.
+    ``single_start_share`` of the episodes), from the better of one or two plans chosen without
+    a simulator call (:func:`env.scenarios.zero_shot_starts`, one or two calls). Each step tries
+    one edit: the performance model simulates the edited plan (one simulator call); the edit is
+    kept when the plan gets better (feasible first, then less memory overflow, then faster) and
+    rolled back otherwise, as the AdaPtis tuner does. An edit whose outcome is already known is
+    masked, so no step repeats a call.
 
     ## Action Space
 
@@ -320,7 +321,7 @@ class PipelineEnv(gym.Env):
         if start is None and self.single_start_share > 0 and self.np_random.random() < self.single_start_share:
             start = "single"
         if start == "single":
-            start = [single_start(problem, evaluator)]
+            start = zero_shot_starts(problem, evaluator)
         elif start is None or start == "portfolio":
             if prep.portfolio is None:
                 prep.portfolio = portfolio(problem, prep.evaluator.balanced_sizes)

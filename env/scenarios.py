@@ -29,7 +29,7 @@ from pipeline.space import Candidate, Problem, make_placement, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
 __all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
-           "sample_architecture", "sample_problem", "memory_estimate_gb", "single_start", "zoo_family"]
+           "sample_architecture", "sample_problem", "memory_estimate_gb", "zero_shot_starts", "zoo_family"]
 
 #: Synthetic model families the generator draws from.
 FAMILIES = ("dense", "sliding", "moe", "hybrid-mamba", "linear-hybrid")
@@ -191,24 +191,25 @@ def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioCo
     return Problem(profile, cluster, M)
 
 
-def single_start(problem: Problem, evaluator) -> Candidate:
-    """The one plan a zero-shot episode starts from, chosen without a simulator call: the first of
-    V (ZB-V budgets), one stage per device (ZB-H1 budgets) and interleaved (2 chunks) at the
-    DP-balanced split whose static memory fits every device, with each device's activation budget
-    cut to what its memory holds (``evaluator``: an :class:`~pipeline.space.Evaluator` of
-    ``problem``, for its DP splits and stage costs)."""
+def zero_shot_starts(problem: Problem, evaluator) -> list[Candidate]:
+    """The one or two plans a zero-shot episode starts from, chosen without a simulator call: one
+    stage per device (ZB-H1 budgets) and the better of V and interleaved (ZB-V budgets), each at
+    the DP-balanced split, with each device's activation budget cut to what its memory holds
+    after the static share; a layout whose static memory leaves no room for one micro-batch is
+    skipped, and V/interleaved only when cutting keeps at least a quarter of their budgets
+    (``evaluator``: an :class:`~pipeline.space.Evaluator` of ``problem``, for its DP splits and
+    stage costs)."""
     P, L = problem.devices, problem.profile.num_layers
-    options = [("v", 2, "zbv"), ("sequential", 1, "zb-h1"), ("interleaved", 2, "zbv")]
-    first = None
-    for kind, chunks, preset in options:
+    found: list[tuple[float, Candidate]] = []
+    fallback = None
+    for kind, chunks, preset in (("sequential", 1, "zb-h1"), ("v", 2, "zbv"), ("interleaved", 2, "zbv")):
         if P * chunks > L or (chunks > 1 and P < 2):
             continue
         placement = make_placement(kind, P, chunks)
         sizes = evaluator.balanced_sizes(placement)
         budgets = preset_budgets(preset, P)
-        cand = Candidate(sizes, placement, "list", budgets, cap_counts_w=preset != "zb-h1",
-                         max_pending_w=P if preset == "zb-h1" else None)
-        first = first or cand
+        knobs = {"cap_counts_w": False, "max_pending_w": P} if preset == "zb-h1" else {}
+        fallback = fallback or Candidate(sizes, placement, "list", budgets, **knobs)
         costs = evaluator.costs(sizes, placement)
         per_mb = [0.0] * P
         for st, d in enumerate(placement):
@@ -218,6 +219,14 @@ def single_start(problem: Problem, evaluator) -> Candidate:
         if min(fits) < 1.0:
             continue
         cut = tuple(max(1.0, min(b, float(int(f)))) for b, f in zip(budgets, fits))
-        return cand if cut == budgets else Candidate(sizes, placement, "list", cut, max_pending_w=None)
-    assert first is not None
-    return first
+        kept = min(c / b for c, b in zip(cut, budgets))
+        if cut != budgets:
+            knobs = {}  # W counted against the cut cap: the cap is what memory holds
+        found.append((kept, Candidate(sizes, placement, "list", cut, **knobs)))
+    seq = [c for k, c in found if c.num_stages == P]
+    multi = sorted(((k, c) for k, c in found if c.num_stages != P and k >= 0.25), key=lambda x: -x[0])
+    out = seq[:1] + [c for _, c in multi[:1]]
+    if not out:
+        out = [c for _, c in found[:1]] or [fallback]
+    assert out[0] is not None
+    return out

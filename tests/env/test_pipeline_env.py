@@ -207,7 +207,7 @@ def test_one_layout_serves_2_to_32_devices(devices):
     problem = sample_problem(np.random.default_rng(0), cfg)
     e = PipelineEnv(max_calls=14)
     obs, info = e.reset(options={"problem": problem, "start": "single"})
-    assert info["sim_calls"] == 1 and observation_space().contains(obs)
+    assert info["sim_calls"] <= 2 and observation_space().contains(obs)
     S = e.editor.current.num_stages
     assert obs["stages"][:, 0].sum() == S and obs["devices"][:, 0].sum() == devices
     assert not obs["stages"][S:].any() and not obs["devices"][devices:].any()
