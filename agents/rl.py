@@ -10,7 +10,8 @@ spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget)
 ``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
 ``max_calls`` and a quarter of the budget), then the tuner with what is left of the budget
 (calls and seconds), seeded with the policy's best plans besides its own
-(``start=..., own_seeds=True``). It is not better than the tuner by construction: ``python -m experiments evaluate-agent`` measures where it wins.
+(``start=..., own_seeds=True``). It is not better than the tuner by construction:
+``python -m experiments evaluate-agent`` measures where it wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
 """
