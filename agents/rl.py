@@ -54,6 +54,7 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
             start: list[Candidate] | str | None = None, deadline: float | None = None
             ) -> tuple[Candidate, Plan, Result]:
     """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result).
+    ``policy=None`` picks uniformly among the allowed edits (the baseline a policy must beat).
     ``deadline`` (a ``time.perf_counter()`` value) ends the episode early."""
     import time
 
@@ -67,7 +68,11 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
     done = False
     while not done and (deadline is None or time.perf_counter() < deadline):
         mask = env.action_masks()
-        if deterministic or rng is None:
+        if policy is None:
+            rng = rng if rng is not None else np.random.default_rng(0)
+            allowed = np.flatnonzero(mask[1:]) + 1
+            action = int(rng.choice(allowed)) if len(allowed) else 0
+        elif deterministic or rng is None:
             action, _ = _predict(policy, obs, mask, deterministic=True)
         else:
             with th.no_grad():
@@ -144,6 +149,9 @@ class RLSearcher:
     """Edits per rollout."""
     zero_shot: bool = False
     """One greedy rollout from :func:`env.scenarios.zero_shot_starts`, at most 5 calls (no samples)."""
+    random_edits: bool = False
+    """No policy: uniformly random allowed edits from the same starts with the same budget (the
+    baseline ``evaluate-agent`` calls ``rl-random``)."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
 
@@ -151,7 +159,7 @@ class RLSearcher:
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
-        policy, meta = _policy(self.policy_path)
+        policy, meta = (None, {"config": {"allow_stop": False}}) if self.random_edits else _policy(self.policy_path)
         ev = Evaluator(problem)
         max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
         cap = max_calls if budget.sim_calls is None else min(max_calls, budget.sim_calls)

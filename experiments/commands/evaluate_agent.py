@@ -6,8 +6,9 @@ deepseek-large, deeper than any training model) on --devices, plus --heldout N s
 scenarios drawn from env.scenarios.HELDOUT_SCENARIO (the hybrid-mamba family at 56-96 blocks,
 2-32 devices, 8-256 micro-batches, tight memory, multi-node links, mixed speeds).
 
-Methods: rl (the policy, at most 40 calls), rl-zero (zero-shot: one greedy rollout from one plan,
-at most 5 calls), rl+tuner (the policy proposes and the tuner refines, run with the tuner's own
+Methods: rl (the policy, at most 40 calls), rl-random (random allowed edits from the same starts
+with the same calls: what the policy must beat), rl-zero (zero-shot: one greedy rollout from
+one or two plans, at most 5 calls), rl+tuner (the policy proposes and the tuner refines, run with the tuner's own
 wall time as its budget when adaptis runs too) and adaptis (the tuner, --budget calls), random.
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 Writes OUT/results.jsonl, OUT/summary.json, OUT/quality.png and, given --train-dir,
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
-    parser.add_argument("--methods", default="rl,rl-zero,adaptis,rl+tuner")
+    parser.add_argument("--methods", default="rl,rl-random,rl-zero,adaptis,rl+tuner")
     parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-dir", default=None, help="a training run's folder: plot its learning curve")
@@ -91,10 +92,15 @@ def _searcher(method: str, args: argparse.Namespace):
     from agents.registry import make_searcher
     from agents.rl import RLSearcher
 
-    searcher = RLSearcher(name="rl-zero", zero_shot=True) if method == "rl-zero" else make_searcher(method)
+    if method == "rl-zero":
+        searcher = RLSearcher(name="rl-zero", zero_shot=True)
+    elif method == "rl-random":
+        searcher = RLSearcher(name="rl-random", random_edits=True)
+    else:
+        searcher = make_searcher(method)
     if hasattr(searcher, "policy_path") and args.policy:
         searcher.policy_path = args.policy
-    if hasattr(searcher, "samples") and method != "rl-zero":
+    if hasattr(searcher, "samples") and method not in ("rl-zero", "rl-random"):
         searcher.samples = args.samples
     return searcher
 
