@@ -127,7 +127,8 @@ def test_commands_with_tiny_budgets(tmp_path, capsys):
     assert rows and rows[-1]["timesteps"] == 256
     ea = tmp_path / "ea"
     assert main(["evaluate-agent", "--policy", str(out / "policy.pth"), "--models", "deepseek-small",
-                 "--devices", "2", "--heldout", "1", "--budget", "30", "--methods", "rl+tuner,rl,rl-zero,rl-random,adaptis",
+                 "--devices", "2", "--heldout", "1", "--budget", "30",
+                 "--methods", "rl+tuner,rl,rl-zero,rl-random,adaptis",
                  "--samples", "1", "--train-dir", str(out), "--out", str(ea), "--json"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert {r["method"] for r in lines} == {"rl", "rl-zero", "rl-random", "adaptis", "rl+tuner"}
