@@ -80,7 +80,7 @@ class TrainConfig:
     n_steps: int = 128
     """PPO rollout length per environment."""
     batch_size: int = 256
-    n_epochs: int = 3
+    n_epochs: int = 2
     learning_rate: float = 5e-4
     gamma: float = 0.95
     ent_coef: float = 0.01
