@@ -207,11 +207,12 @@ class RLTunerSearcher:
 
     name: str = "rl+tuner"
     policy_path: str | None = None
-    samples: int = 4
+    samples: int = 0
+    """Sampled rollouts after the greedy one (0: the greedy rollout only; the tuner gets the time)."""
     max_calls: int = 40
     seeds: int = 3
     """How many of the policy's best distinct plans seed the tuner."""
-    rl_share: float = 0.25
+    rl_share: float = 0.1
     """Most of the budget (calls, at least 5, and seconds) the policy may use; the tuner gets the rest."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,

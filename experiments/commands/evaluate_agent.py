@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
     parser.add_argument("--methods", default="rl,rl-random,rl-zero,adaptis,rl+tuner")
-    parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy")
+    parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy (method rl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-dir", default=None, help="a training run's folder: plot its learning curve")
     parser.add_argument("--out", default="runs/evaluate-agent")
@@ -100,7 +100,7 @@ def _searcher(method: str, args: argparse.Namespace):
         searcher = make_searcher(method)
     if hasattr(searcher, "policy_path") and args.policy:
         searcher.policy_path = args.policy
-    if hasattr(searcher, "samples") and method not in ("rl-zero", "rl-random"):
+    if hasattr(searcher, "samples") and method == "rl":
         searcher.samples = args.samples
     return searcher
 
