@@ -206,7 +206,7 @@ class PipelineEnv(gym.Env):
       busy share and memory, whether the link to the next stage crosses nodes);
     * ``devices`` (32 x 11): one row per device, columns :data:`DEVICE_FEATURES` (busy share,
       peak memory over limit, activation budget, speed, node...);
-    * ``plan`` (37): scenario and plan features, :data:`GLOBAL_FEATURES` (sizes, placement
+    * ``plan`` (33): scenario and plan features, :data:`GLOBAL_FEATURES` (sizes, placement
       family, scheduler knobs, log iteration time over the lower bound, feasibility, steps and
       calls left...).
 
