@@ -8,7 +8,7 @@ spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget)
 (:func:`env.scenarios.zero_shot_starts`), at most 5 simulator calls.
 
 ``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
-``max_calls`` and a quarter of the budget), then the tuner with what is left of the budget
+``max_calls`` and a tenth of the budget; one greedy rollout), then the tuner with what is left of the budget
 (calls and seconds), seeded with the policy's best plans besides its own
 (``start=..., own_seeds=True``). It is not better than the tuner by construction:
 ``python -m experiments evaluate-agent`` measures where it wins.
