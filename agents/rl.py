@@ -4,17 +4,21 @@
 (best-of-K) while simulator calls are left, all sharing one
 :class:`~pipeline.space.Evaluator`, so repeated plans are free and every call is counted. It
 spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget).
+``RLSearcher(zero_shot=True)`` is zero-shot planning: one greedy rollout from one start plan
+(:func:`env.scenarios.zero_shot_starts`), at most 5 simulator calls.
 
-``rl+tuner`` runs the tuner alone with its whole budget, the policy, and a short tuner run that
-starts from the policy's best plans only (``start=..., own_seeds=False``), and keeps the best:
-never worse than the tuner alone by construction, at most 80 extra simulator calls; whether the
-policy's seeds find better plans is measured by ``python -m experiments evaluate-agent``.
+``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
+``max_calls`` and a tenth of the budget; one greedy rollout), then the tuner with what is left of the budget
+(calls and seconds), seeded with the policy's best plans besides its own
+(``start=..., own_seeds=True``). It is not better than the tuner by construction:
+``python -m experiments evaluate-agent`` measures where it wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ import numpy as np
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, objective_key
+from pipeline.space import Candidate, Evaluator, Problem, objective_key
 
 __all__ = ["RLSearcher", "RLTunerSearcher", "rollout", "start_candidates"]
 
@@ -36,14 +40,24 @@ def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
 
     key = str(Path(path).resolve()) if path else str(DEFAULT_POLICY)
     if key not in _POLICIES:
+        import torch as th
+
+        # The policy's batch-1 forward passes are tiny: more threads only contend (10-100x slower
+        # on a busy machine).
+        th.set_num_threads(1)
         _POLICIES[key] = load_policy(key)
     return _POLICIES[key]
 
 
 def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, max_calls: int,
             deterministic: bool, rng: np.random.Generator | None = None,
-            start: list[Candidate] | None = None) -> tuple[Candidate, Plan, Result]:
-    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result)."""
+            start: list[Candidate] | str | None = None, deadline: float | None = None
+            ) -> tuple[Candidate, Plan, Result]:
+    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result).
+    ``policy=None`` picks uniformly among the allowed edits (the baseline a policy must beat).
+    ``deadline`` (a ``time.perf_counter()`` value) ends the episode early."""
+    import time
+
     import torch as th
 
     options: dict[str, Any] = {"problem": problem, "evaluator": evaluator, "max_calls": max_calls,
@@ -52,9 +66,13 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
         options["start"] = start
     obs, info = env.reset(options=options)
     done = False
-    while not done:
+    while not done and (deadline is None or time.perf_counter() < deadline):
         mask = env.action_masks()
-        if deterministic or rng is None:
+        if policy is None:
+            rng = rng if rng is not None else np.random.default_rng(0)
+            allowed = np.flatnonzero(mask[1:]) + 1
+            action = int(rng.choice(allowed)) if len(allowed) else 0
+        elif deterministic or rng is None:
             action, _ = _predict(policy, obs, mask, deterministic=True)
         else:
             with th.no_grad():
@@ -89,27 +107,30 @@ def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -
 
 
 def start_candidates(problem: Problem) -> list[Candidate]:
-    """Where the policy's rollouts start: the environment's portfolio (list-scheduled families),
-    the hand-built orders of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved
-    placements of 2-4 chunks under even budgets, all at the DP-balanced split."""
+    """Where the policy's rollouts start: the zero-shot starts (:func:`env.scenarios.zero_shot_starts`,
+    memory-aware), the environment's portfolio (list-scheduled families), the hand-built orders
+    of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved placements of 2-4
+    chunks under even budgets, all at the DP-balanced split."""
     from env.editor import MAX_STAGES, portfolio
+    from env.scenarios import zero_shot_starts
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
     from pipeline.space import preset_budgets
 
     P, L = problem.devices, problem.profile.num_layers
-    out = portfolio(problem)
+    ev = Evaluator(problem)
+    out = zero_shot_starts(problem, ev)
+    out += [c for c in portfolio(problem, ev.balanced_sizes) if c not in out]
     named: list[tuple[str, tuple[int, ...]]] = [("1f1b", sequential_placement(P))]
     if P >= 2 and 2 * P <= L:
         named += [("zbv", v_placement(P)), ("interleaved", interleaved_placement(P, 2))]
     for order, placement in named:
-        out.append(Candidate(balanced_sizes(problem.profile, placement, problem.cluster), placement, order))
+        out.append(Candidate(ev.balanced_sizes(placement), placement, order))
     # Interleaved placements under an even per-device budget (the portfolio's 1F1B-style
     # decreasing budgets starve the last devices of a multi-chunk placement).
     for chunks in (2, 3, 4):
         if P >= 2 and P * chunks <= min(L, MAX_STAGES):
             placement = interleaved_placement(P, chunks)
-            out.append(Candidate(balanced_sizes(problem.profile, placement, problem.cluster), placement, "list",
-                                 preset_budgets("zbv", P)))
+            out.append(Candidate(ev.balanced_sizes(placement), placement, "list", preset_budgets("zbv", P)))
     return out
 
 
@@ -126,6 +147,11 @@ class RLSearcher:
     """Most simulator calls one search spends (also capped by the budget)."""
     max_steps: int = 24
     """Edits per rollout."""
+    zero_shot: bool = False
+    """One greedy rollout from :func:`env.scenarios.zero_shot_starts`, at most 5 calls (no samples)."""
+    random_edits: bool = False
+    """No policy: uniformly random allowed edits from the same starts with the same budget (the
+    baseline ``evaluate-agent`` calls ``rl-random``)."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
 
@@ -133,21 +159,23 @@ class RLSearcher:
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
-        policy, _ = _policy(self.policy_path)
+        policy, meta = (None, {"config": {"allow_stop": False}}) if self.random_edits else _policy(self.policy_path)
         ev = Evaluator(problem)
-        cap = self.max_calls if budget.sim_calls is None else min(self.max_calls, budget.sim_calls)
-        env = PipelineEnv(max_steps=self.max_steps)
+        max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
+        cap = max_calls if budget.sim_calls is None else min(max_calls, budget.sim_calls)
+        env = PipelineEnv(max_steps=self.max_steps, allow_stop=bool(meta.get("config", {}).get("allow_stop", True)))
         rng = np.random.default_rng(seed)
         found: list[tuple[tuple, Candidate, Plan, Result]] = []
         history: list[tuple[int, float]] = []
         best_key = None
-        starts = start_candidates(problem)
-        for k in range(1 + self.samples):
-            if k and ev.calls >= cap:
+        starts: list[Candidate] | str = "single" if self.zero_shot else start_candidates(problem)
+        deadline = None if budget.seconds is None else time.perf_counter() + budget.seconds
+        for k in range(1 + samples):
+            if k and (ev.calls >= cap or (deadline is not None and time.perf_counter() >= deadline)):
                 break
             calls_before = ev.calls
             c, plan, res = rollout(policy, env, problem=problem, evaluator=ev, max_calls=cap,
-                                   deterministic=k == 0, rng=rng, start=starts)
+                                   deterministic=k == 0, rng=rng, start=starts, deadline=deadline)
             key = objective_key(res)
             found.append((key, c, plan, res))
             if res.valid and (best_key is None or key < best_key):
@@ -170,44 +198,45 @@ class RLSearcher:
 
 @dataclass
 class RLTunerSearcher:
-    """The AdaPtis tuner with its whole budget, plus the policy's plans refined by a short tuner run.
+    """The policy proposes, the tuner refines, within the tuner's own budget.
 
-    Three parts, all counted in ``sim_calls``: the tuner alone (exactly as ``adaptis`` with the
-    same budget and seed), ``rl`` (at most ``max_calls``), and a local search of ``refine_calls``
-    calls that starts from the policy's best plans only. The best of the three is returned, so
-    ``rl+tuner`` is never worse than the tuner alone; it costs at most ``max_calls +
-    refine_calls`` extra simulator calls.
+    ``rl`` runs first (at most ``max_calls`` simulator calls); the AdaPtis tuner then gets what
+    is left of ``budget`` (calls and seconds) and starts from the policy's ``seeds`` best
+    distinct plans besides its own seeds. The better of the two plans is returned.
     """
 
     name: str = "rl+tuner"
     policy_path: str | None = None
-    samples: int = 4
+    samples: int = 0
+    """Sampled rollouts after the greedy one (0: the greedy rollout only; the tuner gets the time)."""
     max_calls: int = 40
-    refine_calls: int = 40
     seeds: int = 3
-    """How many of the policy's best distinct plans seed the refinement."""
+    """How many of the policy's best distinct plans seed the tuner."""
+    rl_share: float = 0.1
+    """Most of the budget (calls, at least 5, and seconds) the policy may use; the tuner gets the rest."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from agents.tuner import AdaptisTuner
 
-        alone = AdaptisTuner().search(problem, budget=budget, seed=seed, on_improve=on_improve)
+        t0 = time.perf_counter()
         rl = RLSearcher(policy_path=self.policy_path, samples=self.samples, max_calls=self.max_calls)
-        first = rl.search(problem, budget=budget, seed=seed, on_improve=on_improve)
-        parts = [alone, first]
-        if rl.best_candidates:
-            parts.append(AdaptisTuner().search(problem, budget=Budget(sim_calls=self.refine_calls), seed=seed,
-                                               on_improve=on_improve, start=rl.best_candidates[:self.seeds],
-                                               own_seeds=False))
+        _policy(self.policy_path)  # loading the policy file is not search time
+        t0 = time.perf_counter()
+        share = Budget(None if budget.sim_calls is None else max(5, int(self.rl_share * budget.sim_calls)),
+                       None if budget.seconds is None else self.rl_share * budget.seconds)
+        first = rl.search(problem, budget=share, seed=seed, on_improve=on_improve)
+        used = time.perf_counter() - t0
+        rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - first.sim_calls),
+                      seconds=None if budget.seconds is None else max(0.0, budget.seconds - used))
+        tuned = AdaptisTuner().search(problem, budget=rest, seed=seed, on_improve=on_improve,
+                                      start=rl.best_candidates[:self.seeds], own_seeds=True)
+        parts = [first, tuned]
         ok = [p for p in parts if p.result is not None and p.result.valid]
-        best = min(ok, key=lambda p: objective_key(p.result)) if ok else alone
-        calls = sum(p.sim_calls for p in parts)
-        history, offset = [], 0
-        for p in parts:
-            history += [(offset + n, t) for n, t in p.history]
-            offset += p.sim_calls
-        return SearchResult(self.name, _renamed(best.plan, self.name), best.result, calls,
-                            sum(p.seconds for p in parts), history, note=best.note)
+        best = min(ok, key=lambda p: objective_key(p.result)) if ok else tuned
+        history = first.history + [(first.sim_calls + n, t) for n, t in tuned.history]
+        return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
+                            time.perf_counter() - t0, history, note=best.note)
 
 
 def _renamed(plan: Plan | None, method: str) -> Plan | None:

@@ -1,8 +1,9 @@
 """Saving and loading RL policies with a metadata file that is checked before the policy is used.
 
 A policy is two files: ``NAME.pth`` (the SB3 policy: a **pickle** — load only files from a
-trusted source, as unpickling runs code) and ``NAME.json`` (metadata: algorithm, observation
-version, action count, observation shapes, training command and seed). :func:`load_policy`
+trusted source, as unpickling runs code) and ``NAME.json`` (metadata: algorithm, network
+(``entity``: :class:`agents.rl_net.EntityPolicy`, or ``mlp``), observation version, action
+count, observation shapes, training command and seed). :func:`load_policy`
 reads the JSON first and refuses a policy whose spaces do not match this version of the
 environment. A full SB3 model zip (``model.zip`` of a training run, also a pickle) loads too
 when a ``.json`` sits beside it.
@@ -35,10 +36,13 @@ def space_signature() -> dict[str, Any]:
 
 def save_policy(model: Any, path: str | Path, *, algo: str, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model.policy`` to ``path`` (``.pth``) and its metadata to ``path`` with ``.json``."""
+    from agents.rl_net import EntityPolicy
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model.policy.save(str(path))
-    meta = {"format": "adaptis-rl-policy/1", "algo": algo, **space_signature(),
+    network = "entity" if isinstance(model.policy, EntityPolicy) else "mlp"
+    meta = {"format": "adaptis-rl-policy/1", "algo": algo, "network": network, **space_signature(),
             "num_timesteps": int(getattr(model, "num_timesteps", 0)), **(extra or {})}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return path
@@ -81,7 +85,9 @@ def load_policy(path: str | Path | None = None) -> tuple[Any, dict[str, Any]]:
         model_cls = getattr(importlib.import_module(module), cls_name)
         policy = model_cls.load(str(path), device="cpu").policy
     else:
-        if algo == "maskable-ppo":
+        if meta.get("network", "mlp") == "entity":
+            from agents.rl_net import EntityPolicy as policy_cls
+        elif algo == "maskable-ppo":
             from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy as policy_cls
         else:
             from stable_baselines3.common.policies import MultiInputActorCriticPolicy as policy_cls

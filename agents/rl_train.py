@@ -1,9 +1,12 @@
 """Training of plan-editing policies (MaskablePPO or PPO) with checkpoints, evaluation and resume.
 
-Reads top to bottom: a :class:`TrainConfig`, vectorised environments, the model, callbacks
-(periodic checkpoint, stop-and-save on SIGINT/SIGTERM, periodic evaluation on held-out
-scenarios written to ``OUT/eval.jsonl`` and to W&B), ``learn``, and the final policy saved as
-``OUT/policy.pth`` + ``OUT/policy.json``.
+Reads top to bottom: a :class:`TrainConfig`, vectorised environments (one process each with
+``vec="subproc"``, so both cores step environments), the model (MaskablePPO with the
+size-independent :class:`agents.rl_net.EntityPolicy` by default), callbacks (periodic
+checkpoint, stop-and-save on SIGINT/SIGTERM, periodic evaluation on held-out scenarios
+(:data:`env.scenarios.HELDOUT_SCENARIO`: families and sizes training never sees) against the
+tuner, written to ``OUT/eval.jsonl`` and to W&B with the training steps/s), ``learn``, and the
+final policy saved as ``OUT/policy.pth`` + ``OUT/policy.json``.
 
 Resume (``resume=True``) loads the latest ``OUT/checkpoints/model_<steps>.zip`` and trains to
 the same total. What SB3 restores: weights, optimizer state, ``num_timesteps`` and the
@@ -25,12 +28,10 @@ from typing import Any
 import numpy as np
 
 from agents.rl_policy import ALGOS, save_policy
-from env.scenarios import ScenarioConfig, sample_problem
+from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_problem
 
-__all__ = ["TrainConfig", "TRAIN_SCENARIO", "train", "evaluate_policy_on", "latest_checkpoint"]
-
-#: Scenario ranges used for training (smaller than the env default, so a step stays cheap).
-TRAIN_SCENARIO = ScenarioConfig(max_devices=6, max_blocks=28, microbatch_factors=(1, 2))
+__all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "train", "evaluate_policy_on", "latest_checkpoint",
+           "tuner_times"]
 
 
 @dataclass
@@ -44,27 +45,43 @@ class TrainConfig:
     """Environment steps in total (a resumed run trains up to the same total)."""
     seed: int = 0
     """Seed of the model, the environments and the scenario draws."""
-    n_envs: int = 2
-    """Parallel environments."""
-    vec: str = "dummy"
-    """``dummy`` (one process) or ``subproc`` (one process per environment)."""
+    n_envs: int = 8
+    """Parallel environments (their steps are batched through the network)."""
+    vec: str = "subproc"
+    """``dummy`` (one process) or ``subproc`` (one process per environment: every core steps)."""
+    network: str = "entity"
+    """``entity`` (:class:`agents.rl_net.EntityPolicy`, any size; MaskablePPO only) or ``mlp``
+    (SB3's MLP over the flattened, padded observation)."""
+    hidden: int = 64
+    """Units per token of the entity network."""
+    repeat_scenario: int = 4
+    """Episodes per drawn scenario (its preparation is paid once)."""
+    single_start_share: float = 0.3
+    """Share of episodes that start from one plan (zero-shot practice) instead of the portfolio."""
+    allow_stop: bool = False
+    """Whether the policy may stop an episode early (off: every episode spends its budget, so the
+    policy cannot learn to give up; the searchers read this from the policy's metadata)."""
+    torch_threads: int = 1
+    """Torch threads of the learner (more threads only contend with the environment processes)."""
     out: str = "runs/train"
     """Output folder: checkpoints/, eval.jsonl, policy.pth/json, learning_curve.png."""
     eval_every: int = 5_000
     """Evaluate every this many steps (0: never)."""
     eval_scenarios: int = 6
-    """Held-out scenarios per evaluation (seeds 10_000 + i, never drawn in training)."""
+    """Held-out scenarios per evaluation (:data:`HELDOUT_SCENARIO`, seeds 10_000 + i)."""
+    eval_tuner_calls: int = 200
+    """Simulator calls of the tuner that held-out quality is measured against."""
     checkpoint_every: int = 10_000
     """Checkpoint every this many steps."""
     max_steps: int = 24
     """Edits per episode."""
     max_calls: int = 40
     """Simulator calls per episode (portfolio included), as the RL searcher spends."""
-    n_steps: int = 256
+    n_steps: int = 128
     """PPO rollout length per environment."""
-    batch_size: int = 128
-    n_epochs: int = 4
-    learning_rate: float = 3e-4
+    batch_size: int = 256
+    n_epochs: int = 2
+    learning_rate: float = 5e-4
     gamma: float = 0.95
     ent_coef: float = 0.01
     net_arch: list[int] = field(default_factory=lambda: [64, 64])
@@ -84,39 +101,66 @@ def _make_env(config: TrainConfig, rank: int) -> Callable[[], Any]:
     def thunk():
         from env.pipeline_env import PipelineEnv
 
-        env = PipelineEnv(max_steps=config.max_steps, max_calls=config.max_calls, scenario=TRAIN_SCENARIO)
+        env = PipelineEnv(max_steps=config.max_steps, max_calls=config.max_calls, scenario=TRAIN_SCENARIO,
+                          repeat_scenario=config.repeat_scenario, single_start_share=config.single_start_share,
+                          allow_stop=config.allow_stop)
         env.reset(seed=config.seed * 1000 + rank)
         return env
 
     return thunk
 
 
-def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24) -> dict[str, float]:
-    """Deterministic rollouts on ``problems``: mean gain over the starting portfolio, mean
-    throughput relative to Megatron, and mean simulator calls."""
+def tuner_times(problems: list, *, calls: int, seed: int = 0) -> list[float]:
+    """Iteration time of the AdaPtis tuner's plan for each problem (``inf`` when none fits)."""
+    from agents.base import Budget
+    from agents.tuner import AdaptisTuner
+
+    out = []
+    for p in problems:
+        r = AdaptisTuner().search(p, budget=Budget(calls), seed=seed)
+        out.append(r.iteration_time if r.feasible else float("inf"))
+    return out
+
+
+def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24,
+                       tuner: list[float] | None = None, allow_stop: bool = True) -> dict[str, float]:
+    """Deterministic rollouts on ``problems``: mean gain over the starting portfolio, and, given the
+    tuner's times, the geometric-mean quality (tuner time / policy time) at ``max_calls`` calls and
+    zero-shot (one start plan, at most 5 calls)."""
     from agents.rl import rollout
-    from env.pipeline_env import PipelineEnv, megatron_time
+    from env.pipeline_env import PipelineEnv
     from pipeline.space import Evaluator
 
-    env = PipelineEnv(max_steps=max_steps)
-    gains, rel, calls = [], [], []
-    for p in problems:
+    env = PipelineEnv(max_steps=max_steps, allow_stop=allow_stop)
+    gains, calls, quality, zero = [], [], [], []
+    for i, p in enumerate(problems):
         ev = Evaluator(p)
-        env.reset(options={"problem": p, "evaluator": ev, "max_calls": max_calls, "reference": "bound"})
+        env.reset(options={"problem": p, "evaluator": ev, "max_calls": max_calls})
         start = env.editor.result
         _, _, res = rollout(policy, env, problem=p, evaluator=ev, max_calls=max_calls, deterministic=True)
         ok = res.feasible and start.feasible
         gains.append(start.iteration_time / res.iteration_time if ok else float(res.feasible))
-        rel.append(megatron_time(p)[0] / res.iteration_time if res.feasible else 0.0)
         calls.append(ev.calls)
-    return {"eval/gain_over_start": float(np.mean(gains)), "eval/speedup_over_megatron": float(np.mean(rel)),
-            "eval/sim_calls": float(np.mean(calls))}
+        if tuner is not None and np.isfinite(tuner[i]):
+            quality.append(tuner[i] / res.iteration_time if res.feasible else 1e-3)
+            ev0 = Evaluator(p)
+            _, _, res0 = rollout(policy, env, problem=p, evaluator=ev0, max_calls=5, deterministic=True,
+                                 start="single")
+            zero.append(tuner[i] / res0.iteration_time if res0.feasible else 1e-3)
+    out = {"eval/gain_over_start": float(np.mean(gains)), "eval/sim_calls": float(np.mean(calls))}
+    if quality:
+        out["eval/quality_vs_tuner"] = float(np.exp(np.mean(np.log(quality))))
+        out["eval/min_quality_vs_tuner"] = float(np.min(quality))
+        out["eval/zero_shot_quality"] = float(np.exp(np.mean(np.log(zero))))
+    return out
 
 
 def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, bool]):
     from stable_baselines3.common.callbacks import BaseCallback
 
-    problems = [sample_problem(np.random.default_rng(10_000 + i), TRAIN_SCENARIO) for i in range(config.eval_scenarios)]
+    problems = [sample_problem(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
+                for i in range(config.eval_scenarios)] if config.eval_every else []
+    tuner = tuner_times(problems, calls=config.eval_tuner_calls) if problems else None
 
     class Periodic(BaseCallback):
         """Checkpoints, evaluation and the stop flag set by SIGINT/SIGTERM."""
@@ -125,9 +169,11 @@ def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, boo
             super().__init__()
             self.next_ckpt = 0
             self.next_eval = 0
+            self.first_step = 0
+            self.eval_seconds = 0.0
 
         def _on_training_start(self) -> None:
-            n = self.model.num_timesteps
+            n = self.first_step = self.model.num_timesteps
             self.next_ckpt = n + config.checkpoint_every
             self.next_eval = n if n == 0 else n + config.eval_every
 
@@ -139,14 +185,19 @@ def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, boo
 
         def evaluate(self) -> None:
             metrics = evaluate_policy_on(self.model.policy, problems, max_calls=config.max_calls,
-                                         max_steps=config.max_steps)
-            row = {"timesteps": int(self.model.num_timesteps), "time_s": round(time.perf_counter() - t0, 2), **metrics}
+                                         max_steps=config.max_steps, tuner=tuner, allow_stop=config.allow_stop)
+            elapsed = time.perf_counter() - t0
+            steps = self.model.num_timesteps - self.first_step
+            metrics["train/steps_per_s"] = steps / max(elapsed - self.eval_seconds, 1e-9)
+            t_eval = time.perf_counter()
+            row = {"timesteps": int(self.model.num_timesteps), "time_s": round(elapsed, 2), **metrics}
             with open(out / "eval.jsonl", "a") as fh:
                 fh.write(json.dumps(row) + "\n")
             for k, v in metrics.items():
                 self.logger.record(k, v)
             if tracker is not None:
                 tracker.log_metrics(metrics, step=int(self.model.num_timesteps))
+            self.eval_seconds += time.perf_counter() - t_eval
 
         def _on_step(self) -> bool:
             n = self.model.num_timesteps
@@ -173,16 +224,23 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     """
     import importlib
 
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    import torch as th
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor
 
     if config.algo not in ALGOS:
         raise ValueError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}")
+    if config.network not in ("entity", "mlp"):
+        raise ValueError(f"unknown network {config.network!r}; use entity or mlp")
+    if config.network == "entity" and config.algo != "maskable-ppo":
+        raise ValueError("the entity network needs --algo maskable-ppo (it scores only allowed actions)")
+    th.set_num_threads(max(1, config.torch_threads))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     module, cls_name = ALGOS[config.algo]
     algo_cls = getattr(importlib.import_module(module), cls_name)
     fns = [_make_env(config, i) if env_fn is None else (lambda i=i: env_fn(i)) for i in range(config.n_envs)]
     vec = SubprocVecEnv(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
+    vec = VecMonitor(vec)
     vec.seed(config.seed)
     ckpt = latest_checkpoint(out) if config.resume else None
     if ckpt is not None:
@@ -192,10 +250,16 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
             print(f"no checkpoint in {out / 'checkpoints'}; starting from scratch")
         if not config.resume and (out / "eval.jsonl").exists():
             (out / "eval.jsonl").unlink()
-        model = algo_cls("MultiInputPolicy", vec, seed=config.seed, device="cpu", n_steps=config.n_steps,
-                         batch_size=config.batch_size, n_epochs=config.n_epochs, learning_rate=config.learning_rate,
-                         gamma=config.gamma, ent_coef=config.ent_coef, verbose=0,
-                         policy_kwargs={"net_arch": list(config.net_arch)})
+        if config.network == "entity":
+            from agents.rl_net import EntityPolicy
+
+            policy, policy_kwargs = EntityPolicy, {"hidden": config.hidden}
+        else:
+            policy, policy_kwargs = "MultiInputPolicy", {"net_arch": list(config.net_arch)}
+        model = algo_cls(policy, vec, seed=config.seed, device="cpu", n_steps=config.n_steps,
+                         batch_size=min(config.batch_size, config.n_steps * config.n_envs), n_epochs=config.n_epochs,
+                         learning_rate=config.learning_rate,
+                         gamma=config.gamma, ent_coef=config.ent_coef, verbose=0, policy_kwargs=policy_kwargs)
     if logger is not None:
         model.set_logger(logger)
     stop = {"now": False}

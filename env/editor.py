@@ -7,13 +7,23 @@ rolled back, as the AdaPtis tuner does, and masked until the plan changes again.
 costs one simulator call; an edit whose result is already known is masked.
 
 The action table (:data:`ACTIONS`) has a fixed size for up to :data:`MAX_STAGES` stages and
-:data:`MAX_DEVICES` devices, so one policy serves every scenario.
+:data:`MAX_DEVICES` devices, so one policy serves every scenario; its per-boundary and
+per-device entries are what a size-independent policy scores token by token
+(:mod:`agents.rl_net`).
+
+Speed: the editor runs one native call per edit (:meth:`Evaluator.result`, no Python plan);
+plans are built only when asked for (:attr:`PlanEditor.plan`, :attr:`PlanEditor.best_plan`).
+:class:`SharedEvaluator` lets the episodes of one scenario share what is a pure function of the
+scenario (DP splits, stage costs, simulated results) while each episode still counts its own
+simulator calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import numpy as np
 
 from pipeline.errors import PlanError
 from pipeline.plan import Plan
@@ -22,37 +32,42 @@ from pipeline.space import (
     Candidate,
     Evaluator,
     Problem,
-    balanced_sizes,
     make_placement,
     objective_key,
     preset_budgets,
 )
 
 __all__ = [
-    "MAX_LAYERS",
     "MAX_DEVICES",
     "MAX_STAGES",
     "FAMILIES",
     "BUDGET_PRESETS",
     "ACTIONS",
     "N_ACTIONS",
+    "GROW_LEFT",
+    "GROW_RIGHT",
+    "BUDGET_UP",
+    "BUDGET_DOWN",
+    "GLOBAL_ACTIONS",
     "Edit",
     "PlanEditor",
+    "SharedEvaluator",
     "family_of",
+    "fit_memory",
     "preset_budgets",
     "portfolio",
     "score",
 ]
 
-MAX_LAYERS = 160
-MAX_DEVICES = 16
-MAX_STAGES = 64
+MAX_DEVICES = 32
+MAX_STAGES = 128
 #: Placement families (kind, chunks per device); an action picks one with the DP-balanced split.
 FAMILIES: tuple[tuple[str, int], ...] = (("sequential", 1), ("interleaved", 2), ("interleaved", 3),
                                          ("interleaved", 4), ("v", 2), ("wave", 3), ("wave", 4))
 #: Activation-budget presets (per device, in micro-batches) after the named schedules.
 BUDGET_PRESETS = ("zb-h1", "zb-h2", "zbv", "v-half", "unlimited")
 _MPW = (None, 2, "P")
+_KNOBS = ("split_backward", "eager_w", "depth_first", "cap_counts_w")
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,7 @@ class Edit:
     kind: str
     """``stop``, ``grow-left``, ``grow-right``, ``family``, ``rebalance``, ``budget-up``,
     ``budget-down``, ``all-up``, ``all-down``, ``preset``, ``toggle``, ``pending-w``,
-    ``relieve-hot``, ``feed-cold``."""
+    ``relieve-hot``, ``feed-cold``, ``fit-memory``."""
     arg: int | str | None = None
 
     def __str__(self) -> str:
@@ -79,22 +94,73 @@ def _action_table() -> tuple[Edit, ...]:
     acts += [Edit("budget-down", d) for d in range(MAX_DEVICES)]
     acts += [Edit("all-up"), Edit("all-down")]
     acts += [Edit("preset", name) for name in BUDGET_PRESETS]
-    acts += [Edit("toggle", knob) for knob in ("split_backward", "eager_w", "depth_first", "cap_counts_w")]
+    acts += [Edit("toggle", knob) for knob in _KNOBS]
     acts += [Edit("pending-w", k) for k in range(len(_MPW))]
-    acts += [Edit("relieve-hot"), Edit("feed-cold")]
+    acts += [Edit("relieve-hot"), Edit("feed-cold"), Edit("fit-memory")]
     return tuple(acts)
 
 
 #: Every action, by index: ``ACTIONS[a]`` is what action ``a`` does.
 ACTIONS: tuple[Edit, ...] = _action_table()
 N_ACTIONS = len(ACTIONS)
+#: First index of the per-boundary and per-device blocks (``GROW_LEFT + i`` is ``grow-left(i)``).
+GROW_LEFT = 1
+GROW_RIGHT = GROW_LEFT + MAX_STAGES - 1
+_FAMILY = GROW_RIGHT + MAX_STAGES - 1
+_REBALANCE = _FAMILY + len(FAMILIES)
+BUDGET_UP = _REBALANCE + 1
+BUDGET_DOWN = BUDGET_UP + MAX_DEVICES
+_ALL_UP = BUDGET_DOWN + MAX_DEVICES
+_PRESET = _ALL_UP + 2
+_TOGGLE = _PRESET + len(BUDGET_PRESETS)
+_PENDING = _TOGGLE + len(_KNOBS)
+_HOT = _PENDING + len(_MPW)
+_FIT = _HOT + 2
+#: Indices of the actions tied to no boundary and no device (stop, families, presets, knobs...).
+GLOBAL_ACTIONS: tuple[int, ...] = (0, *range(_FAMILY, BUDGET_UP), *range(_ALL_UP, N_ACTIONS))
+assert _FIT + 1 == N_ACTIONS and all(ACTIONS[GROW_RIGHT + i] == Edit("grow-right", i) for i in range(3))
+
+_new = object.__new__
+
+
+def _with(c: Candidate, **changes) -> Candidate:
+    """``dataclasses.replace`` without the constructor's cost (the mask builds dozens a step)."""
+    out = _new(Candidate)
+    d = out.__dict__
+    d.update(c.__dict__)
+    d.update(changes)
+    return out
+
+
+_PLACEMENTS: dict[tuple[int, int], tuple[tuple[int, ...] | None, ...]] = {}
+
+
+def _family_placements(devices: int, layers: int) -> tuple[tuple[int, ...] | None, ...]:
+    """The placement of each family on ``devices`` (None where it does not fit ``layers``)."""
+    key = (devices, layers)
+    hit = _PLACEMENTS.get(key)
+    if hit is None:
+        hit = tuple(make_placement(kind, devices, chunks)
+                    if devices * chunks <= min(layers, MAX_STAGES) and (chunks == 1 or devices >= 2) else None
+                    for kind, chunks in FAMILIES)
+        _PLACEMENTS[key] = hit
+    return hit
+
+
+_PRESETS: dict[int, tuple[tuple[float, ...] | None, ...]] = {}
+
+
+def _presets(devices: int) -> tuple[tuple[float, ...] | None, ...]:
+    hit = _PRESETS.get(devices)
+    if hit is None:
+        hit = _PRESETS[devices] = tuple(preset_budgets(name, devices) for name in BUDGET_PRESETS)
+    return hit
 
 
 def family_of(c: Candidate, devices: int) -> int:
     """Index in :data:`FAMILIES` of the candidate's placement, or -1 for another mapping."""
-    S = c.num_stages
-    for k, (kind, chunks) in enumerate(FAMILIES):
-        if devices * chunks == S and make_placement(kind, devices, chunks) == c.placement:
+    for k, placement in enumerate(_family_placements(devices, c.num_stages)):
+        if placement == c.placement:
             return k
     return -1
 
@@ -114,14 +180,13 @@ def portfolio(problem: Problem, sizes_of=None) -> list[Candidate]:
     each with the DP-balanced split. The editor starts from the best of them."""
     P, L = problem.devices, problem.profile.num_layers
     if sizes_of is None:
-        def sizes_of(placement):
-            return balanced_sizes(problem.profile, placement, problem.cluster)
+        sizes_of = Evaluator(problem).balanced_sizes
     picks = (("sequential", 1, "zb-h2"), ("v", 2, "zbv"), ("interleaved", 2, "zb-h2"), ("sequential", 1, "zb-h1"),
              ("v", 2, "v-half"), ("interleaved", 3, "zb-h1"), ("wave", 3, "zbv"), ("interleaved", 2, "zb-h1"),
              ("interleaved", 4, "zb-h1"), ("sequential", 1, "unlimited"))
     out = []
     for kind, chunks, preset in picks:
-        if P * chunks > min(L, MAX_STAGES):
+        if P * chunks > min(L, MAX_STAGES) or (chunks > 1 and P < 2):
             continue
         placement = make_placement(kind, P, chunks)
         counts_w = preset not in ("zb-h1", "zb-h2")
@@ -130,40 +195,91 @@ def portfolio(problem: Problem, sizes_of=None) -> list[Candidate]:
     return out
 
 
+class SharedEvaluator(Evaluator):
+    """An :class:`Evaluator` for one episode that shares the scenario's pure caches with earlier
+    episodes (``share``): DP splits, stage costs and (``results=True``) simulated results. A result found in the
+    shared memo still counts as one simulator call of this episode, so call budgets, masks
+    (:meth:`known`) and ``sim_calls`` mean exactly what they mean with a fresh evaluator."""
+
+    MEMO_LIMIT = 100_000
+
+    def __init__(self, problem: Problem, *, share: SharedEvaluator | None = None, results: bool = True) -> None:
+        super().__init__(problem)
+        self._memo: dict[Candidate, Result] = {}
+        if share is not None and share.problem is problem:
+            self._balanced = share._balanced
+            self._costs = share._costs
+            if results:
+                self._memo = share._memo
+
+    def result(self, c: Candidate) -> Result:
+        hit = self._cache.get(c)
+        if hit is not None:
+            return hit
+        hit = self._memo.get(c)
+        if hit is None:
+            hit = super().result(c)
+            if len(self._memo) >= self.MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[c] = hit
+            return hit
+        self.calls += 1
+        self._cache[c] = hit
+        self._call_numbers[c] = self.calls
+        return hit
+
+
 class PlanEditor:
     """Greedy plan editing for one problem (see the module docstring)."""
 
     def __init__(self, problem: Problem, *, evaluator: Evaluator | None = None, reference: float | None = None,
-                 max_calls: int | None = None) -> None:
+                 max_calls: int | None = None, prefix: np.ndarray | None = None) -> None:
         if problem.devices > MAX_DEVICES:
             raise PlanError(f"the environment holds at most {MAX_DEVICES} devices, got {problem.devices}",
                             field="devices")
-        if problem.profile.num_layers > MAX_LAYERS:
-            raise PlanError(f"the environment holds at most {MAX_LAYERS} layers, got {problem.profile.num_layers}",
-                            field="layers")
         self.problem = problem
         self.ev = evaluator if evaluator is not None else Evaluator(problem)
         self.max_calls = max_calls
         self.reference = reference
-        self._sizes: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.repair_starts = 2
+        """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
+        self.allow_stop = True
+        """``False``: stop is masked while an edit is left (the episode runs to its step or call budget)."""
+        """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
+        if prefix is None:
+            prefix = np.concatenate([[0.0], np.cumsum([x.f + x.b + x.w for x in problem.profile.layers])])
+        self.prefix = prefix
+        """Prefix sums of the layers' ``f + b + w``."""
+        self._prefix_list = self.prefix.tolist()
+        self.speeds = problem.cluster.speeds
         self.current: Candidate | None = None
         self.result: Result | None = None
-        self.plan: Plan | None = None
+        self.key: tuple[int, float, float] | None = None
         self.best: Candidate | None = None
         self.best_result: Result | None = None
-        self.best_plan: Plan | None = None
         self.tried: set[Candidate] = set()
         self._targets: list[Candidate | None] | None = None
+        self._mask: np.ndarray | None = None
+        self._allowed = np.zeros(N_ACTIONS, dtype=bool)
+        self._index: dict[Candidate, list[int]] = {}
+        self._times: list[float] | None = None
 
     # ------------------------------------------------------------------ setup
 
     def balanced(self, placement: tuple[int, ...]) -> tuple[int, ...]:
-        """DP-balanced sizes of a placement (cached per editor)."""
-        hit = self._sizes.get(placement)
-        if hit is None:
-            hit = balanced_sizes(self.problem.profile, placement, self.problem.cluster)
-            self._sizes[placement] = hit
-        return hit
+        """DP-balanced sizes of a placement (cached by the evaluator)."""
+        return self.ev.balanced_sizes(placement)
+
+    @property
+    def plan(self) -> Plan:
+        """The current candidate's plan (built on demand)."""
+        assert self.current is not None
+        return self.ev.plan(self.current)
+
+    @property
+    def best_plan(self) -> Plan | None:
+        """The best candidate's plan (built on demand)."""
+        return None if self.best is None else self.ev.plan(self.best)
 
     def budget_left(self) -> bool:
         return self.max_calls is None or self.ev.calls < self.max_calls
@@ -174,22 +290,36 @@ class PlanEditor:
         if not cands:
             raise PlanError("no starting candidate fits this problem", field="start")
         best_c, best_k = None, None
+        over: list[tuple[float, Candidate]] = []
         for c in cands:
             if best_c is not None and not self.budget_left():
                 break
-            _, res = self.ev.evaluate(c)
+            res = self.ev.result(c)
             k = objective_key(res)
+            if res.valid and not res.feasible:
+                over.append((res.iteration_time, c))
             if best_k is None or k < best_k:
                 best_c, best_k = c, k
+        # Tight memory: the fastest plans that do not fit, with their budgets cut to fit.
+        for _, c in sorted(over, key=lambda x: x[0])[:self.repair_starts]:
+            fixed = fit_memory(c, self.ev.result(c), self.ev)
+            if fixed is None or not self.budget_left():
+                continue
+            k = objective_key(self.ev.result(fixed))
+            if k < best_k:
+                best_c, best_k = fixed, k
         assert best_c is not None
         self._set_current(best_c)
-        self.best, self.best_result, self.best_plan = self.current, self.result, self.plan
+        self.best, self.best_result = self.current, self.result
 
     def _set_current(self, c: Candidate) -> None:
         self.current = c
-        self.plan, self.result = self.ev.evaluate(c)
+        self.result = self.ev.result(c)
+        self.key = objective_key(self.result)
         self.tried = set()
         self._targets = None
+        self._mask = None
+        self._times = None
 
     # ------------------------------------------------------------------ actions
 
@@ -198,7 +328,7 @@ class PlanEditor:
         c, p = self.current, self.problem
         assert c is not None and self.result is not None
         e = ACTIONS[a]
-        P, L, S = p.devices, p.profile.num_layers, c.num_stages
+        P, S = p.devices, c.num_stages
         k = e.kind
         if k == "stop":
             return None
@@ -209,34 +339,36 @@ class PlanEditor:
             src, dst = (i + 1, i) if k == "grow-left" else (i, i + 1)
             return _move(c, src, dst)
         if k == "family":
-            kind, chunks = FAMILIES[int(e.arg)]
-            if P * chunks > min(L, MAX_STAGES) or (chunks > 1 and P < 2):
+            placement = _family_placements(P, p.profile.num_layers)[int(e.arg)]
+            if placement is None:
                 return None
-            placement = make_placement(kind, P, chunks)
-            return replace(c, placement=placement, sizes=self.balanced(placement))
+            return _with(c, placement=placement, sizes=self.balanced(placement))
         if k == "rebalance":
-            return replace(c, sizes=self.balanced(c.placement))
+            return _with(c, sizes=self.balanced(c.placement))
         if k in ("budget-up", "budget-down", "all-up", "all-down"):
             if c.budgets is None:
                 return None
             cap = float(max(p.microbatches, 1))
             delta = 1.0 if k in ("budget-up", "all-up") else -1.0
-            b = list(c.budgets)
-            devs = range(P) if k in ("all-up", "all-down") else [int(e.arg)]
-            if max(devs, default=P) >= P:
+            if k in ("all-up", "all-down"):
+                return _with(c, budgets=tuple(min(cap, max(1.0, x + delta)) for x in c.budgets))
+            d = int(e.arg)
+            if d >= P:
                 return None
-            for d in devs:
-                b[d] = min(cap, max(1.0, b[d] + delta))
-            return replace(c, budgets=tuple(b))
+            b = list(c.budgets)
+            b[d] = min(cap, max(1.0, b[d] + delta))
+            return _with(c, budgets=tuple(b))
         if k == "preset":
-            return replace(c, budgets=preset_budgets(str(e.arg), P))
+            return _with(c, budgets=_presets(P)[BUDGET_PRESETS.index(str(e.arg))])
         if k == "toggle":
-            return replace(c, **{str(e.arg): not getattr(c, str(e.arg))})
+            return _with(c, **{str(e.arg): not getattr(c, str(e.arg))})
         if k == "pending-w":
             v = _MPW[int(e.arg)]
-            return replace(c, max_pending_w=P if v == "P" else v)
+            return _with(c, max_pending_w=P if v == "P" else v)
         if k in ("relieve-hot", "feed-cold"):
             return self._bottleneck_move(hot=k == "relieve-hot")
+        if k == "fit-memory":
+            return fit_memory(c, self.result, self.ev)
         raise AssertionError(k)
 
     def _bottleneck_move(self, *, hot: bool) -> Candidate | None:
@@ -259,55 +391,137 @@ class PlanEditor:
         n = max(nbs, key=times.__getitem__)
         return _move(c, n, s)
 
-    def stage_times(self, c: Candidate) -> list[float]:
-        """Per-stage f+b+w over the device's speed."""
-        layers = self.problem.profile.layers
-        speeds = self.problem.cluster.speeds
-        out, start = [], 0
+    def stage_times(self, c: Candidate | None = None) -> list[float]:
+        """Per-stage f+b+w over the device's speed (of ``c``, default the current candidate)."""
+        if c is None or c is self.current:
+            if self._times is None:
+                self._times = self._stage_times(self.current)
+            return self._times
+        return self._stage_times(c)
+
+    def _stage_times(self, c: Candidate) -> list[float]:
+        pre, speeds, placement = self._prefix_list, self.speeds, c.placement
+        out, j = [], 0
         for s, n in enumerate(c.sizes):
-            out.append(sum(x.f + x.b + x.w for x in layers[start:start + n]) / speeds[c.placement[s]])
-            start += n
+            out.append((pre[j + n] - pre[j]) / speeds[placement[s]])
+            j += n
         return out
 
     def targets(self) -> list[Candidate | None]:
         """Candidate of each action (``None`` where masked), computed once per state."""
         if self._targets is None:
-            out: list[Candidate | None] = []
-            for a in range(N_ACTIONS):
-                t = self.target(a)
-                if t is not None and (t == self.current or t in self.tried or self.ev.known(t)):
-                    t = None
-                out.append(t)
-            self._targets = out
+            c = self.current
+            assert c is not None
+            out: list[Candidate | None] = [None] * N_ACTIONS
+            S, P = c.num_stages, self.problem.devices
+            sizes = c.sizes
+            for i in range(S - 1):
+                if sizes[i + 1] > 1:
+                    out[GROW_LEFT + i] = _move(c, i + 1, i)
+                if sizes[i] > 1:
+                    out[GROW_RIGHT + i] = _move(c, i, i + 1)
+            p = self.problem
+            bal = self.ev.balanced_sizes
+            for k, placement in enumerate(_family_placements(P, p.profile.num_layers)):
+                if placement is not None:
+                    out[_FAMILY + k] = _with(c, placement=placement, sizes=bal(placement))
+            out[_REBALANCE] = _with(c, sizes=bal(c.placement))
+            b = c.budgets
+            if b is not None:
+                cap = float(max(p.microbatches, 1))
+                for d in range(P):
+                    x = b[d]
+                    up, down = min(cap, max(1.0, x + 1.0)), min(cap, max(1.0, x - 1.0))
+                    if up != x:
+                        out[BUDGET_UP + d] = _with(c, budgets=(*b[:d], up, *b[d + 1:]))
+                    if down != x:
+                        out[BUDGET_DOWN + d] = _with(c, budgets=(*b[:d], down, *b[d + 1:]))
+                out[_ALL_UP] = _with(c, budgets=tuple(min(cap, max(1.0, x + 1.0)) for x in b))
+                out[_ALL_UP + 1] = _with(c, budgets=tuple(min(cap, max(1.0, x - 1.0)) for x in b))
+            for i, budgets in enumerate(_presets(P)):
+                out[_PRESET + i] = _with(c, budgets=budgets)
+            cd = c.__dict__
+            for i, knob in enumerate(_KNOBS):
+                out[_TOGGLE + i] = _with(c, **{knob: not cd[knob]})
+            for i, v in enumerate(_MPW):
+                out[_PENDING + i] = _with(c, max_pending_w=P if v == "P" else v)
+            out[_HOT] = self._bottleneck_move(hot=True)
+            out[_HOT + 1] = self._bottleneck_move(hot=False)
+            out[_FIT] = fit_memory(c, self.result, self.ev)
+            tried, known = self.tried, self.ev.known
+            index: dict[Candidate, list[int]] = {}
+            allowed = np.zeros(N_ACTIONS, dtype=bool)
+            for a, t in enumerate(out):
+                if t is None:
+                    continue
+                if t == c or (tried and t in tried) or known(t):
+                    out[a] = None
+                    continue
+                index.setdefault(t, []).append(a)
+                allowed[a] = True
+            allowed[0] = self.allow_stop or not allowed.any()
+            self._targets, self._allowed, self._index = out, allowed, index
         return self._targets
 
-    def mask(self) -> list[bool]:
-        """Allowed actions: stop, and every edit that leads to a new plan."""
-        m = [t is not None for t in self.targets()]
-        m[0] = True
-        if not self.budget_left():
-            m = [False] * N_ACTIONS
-            m[0] = True
-        return m
+    def mask(self) -> np.ndarray:
+        """Allowed actions (a bool array; do not modify it): stop, and every edit that leads to a new plan."""
+        if self._mask is None:
+            if self.budget_left():
+                self.targets()
+                m = self._allowed
+            else:
+                m = np.zeros(N_ACTIONS, dtype=bool)
+                m[0] = True
+            self._mask = m
+        return self._mask
 
     def apply(self, a: int) -> tuple[bool, Result | None]:
         """Try action ``a``: evaluate its candidate, keep it if better. Returns (kept, its result)."""
         t = self.targets()[a] if a else None
         if t is None:
             return False, None
-        _, res = self.ev.evaluate(t)
-        assert self.result is not None
-        if objective_key(res) < objective_key(self.result):
+        res = self.ev.result(t)
+        key = objective_key(res)
+        assert self.key is not None
+        self._mask = None
+        if key < self.key:
             self._set_current(t)
-            if self.best_result is None or objective_key(res) < objective_key(self.best_result):
-                self.best, self.best_result, self.best_plan = t, res, self.plan
+            if self.best_result is None or key < objective_key(self.best_result):
+                self.best, self.best_result = t, res
             return True, res
         self.tried.add(t)
-        targets = self._targets or []
-        for i, other in enumerate(targets):
-            if other is not None and (other is t or other == t):
-                targets[i] = None
+        allowed = self._allowed.copy()
+        for i in self._index.pop(t, ()):
+            self._targets[i] = None
+            allowed[i] = False
+        if not allowed[1:].any():
+            allowed[0] = True
+        self._allowed = allowed
         return False, res
+
+
+def fit_memory(c: Candidate, result: Result, ev: Evaluator) -> Candidate | None:
+    """``c`` with each device's activation budget cut to what its memory holds after the static
+    share (list scheduler: a budget of ``k`` micro-batches caps activations at ``k`` times the
+    device's per-micro-batch activations); ``None`` when ``c`` fits already, is not a list
+    order, or static memory alone overflows."""
+    if c.order != "list" or not result.valid or result.feasible:
+        return None
+    P = len(result.peak_memory)
+    costs = ev.costs(c.sizes, c.placement)
+    per_mb = [0.0] * P
+    for s, d in enumerate(c.placement):
+        per_mb[d] += costs.act[s]
+    cur = c.budgets if c.budgets is not None else (float(ev.problem.microbatches),) * P
+    out = []
+    for d in range(P):
+        room = result.memory_limit[d] - costs.static_bytes[d]
+        if room <= 0:
+            return None
+        fit = float(int(room / per_mb[d])) if per_mb[d] > 0 else cur[d]
+        out.append(max(1.0, min(cur[d], fit)))
+    budgets = tuple(out)
+    return None if budgets == c.budgets else _with(c, budgets=budgets, cap_counts_w=True)
 
 
 def _move(c: Candidate, src: int, dst: int) -> Candidate | None:
@@ -316,4 +530,4 @@ def _move(c: Candidate, src: int, dst: int) -> Candidate | None:
     sizes = list(c.sizes)
     sizes[src] -= 1
     sizes[dst] += 1
-    return replace(c, sizes=tuple(sizes))
+    return _with(c, sizes=tuple(sizes))

@@ -13,47 +13,57 @@ from env.editor import (
     ACTIONS,
     FAMILIES,
     MAX_DEVICES,
-    MAX_LAYERS,
     MAX_STAGES,
     N_ACTIONS,
     PlanEditor,
+    SharedEvaluator,
     family_of,
+    portfolio,
     score,
 )
-from env.scenarios import ScenarioConfig, sample_problem
+from env.scenarios import ScenarioConfig, sample_problem, zero_shot_starts
 from pipeline.bounds import lower_bound
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan
 from pipeline.simulator import Result, simulate
-from pipeline.space import Candidate, Evaluator, Problem
+from pipeline.space import Candidate, Problem
 from pipeline.spec import Cluster, ModelProfile
 
-__all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "observation_space", "megatron_time"]
+__all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "STAGE_FEATURES", "DEVICE_FEATURES",
+           "observation_space", "megatron_time"]
 
 #: Version of the observation and action layout; saved with every policy and checked on load.
-OBS_VERSION = "pipeline-v0.1"
+OBS_VERSION = "pipeline-v1.0"
+#: Columns of the ``stages`` observation (one row per stage, padded to MAX_STAGES rows).
+STAGE_FEATURES: tuple[str, ...] = (
+    "present", "layers/mean", "time/mean", "time/max", "first_layer/mean_time", "last_layer/mean_time",
+    "activations/mean", "position", "device/devices", "chunk/chunks", "device_busy", "device_memory",
+    "on_busiest", "on_idlest", "next_crosses_node",
+)
+#: Columns of the ``devices`` observation (one row per device, padded to MAX_DEVICES rows).
+DEVICE_FEATURES: tuple[str, ...] = (
+    "present", "busy", "memory/limit", "budget/devices", "budget_unlimited", "speed/mean", "stages/chunks",
+    "busiest", "idlest", "node/nodes", "limit/mean",
+)
 #: Names of the entries of the ``plan`` observation.
 GLOBAL_FEATURES: tuple[str, ...] = (
-    "devices/16", "log2(microbatches)/7", "layers/160", "stages/64", "microbatches/stages",
+    "log2(devices)/5", "log2(microbatches)/8", "log2(layers)/8", "chunks/4", "microbatches/stages",
     *[f"family={k}{c}" for k, c in FAMILIES], "family=other",
     "split_backward", "eager_w", "depth_first", "cap_counts_w", "pending_w=none", "pending_w=2", "pending_w=P",
     "budgets=unlimited", "log(time/bound)", "log(start/time)", "feasible", "memory_overflow",
-    "steps_left", "last_kept", "comm_share", "head_share", "memory_tightness",
+    "steps_left", "calls_left", "last_kept", "comm_share", "head_share", "memory_tightness", "multi_node",
+    "speed_spread",
 )
 _CLIP = 8.0
+_NS, _ND, _NG = len(STAGE_FEATURES), len(DEVICE_FEATURES), len(GLOBAL_FEATURES)
 
 
 def observation_space() -> spaces.Dict:
     """The observation space (fixed sizes; see :class:`PipelineEnv`)."""
-    def box(n: int) -> spaces.Box:
-        return spaces.Box(low=-_CLIP, high=_CLIP, shape=(n,), dtype=np.float32)
+    def box(*shape: int) -> spaces.Box:
+        return spaces.Box(low=-_CLIP, high=_CLIP, shape=shape, dtype=np.float32)
 
-    return spaces.Dict({
-        "layer_cost": box(MAX_LAYERS), "layer_memory": box(MAX_LAYERS),
-        "stage_size": box(MAX_STAGES), "stage_time": box(MAX_STAGES), "stage_device": box(MAX_STAGES),
-        "device_busy": box(MAX_DEVICES), "device_memory": box(MAX_DEVICES), "device_budget": box(MAX_DEVICES),
-        "plan": box(len(GLOBAL_FEATURES)),
-    })
+    return spaces.Dict({"stages": box(MAX_STAGES, _NS), "devices": box(MAX_DEVICES, _ND), "plan": box(_NG)})
 
 
 def megatron_time(problem: Problem) -> tuple[float, int]:
@@ -66,85 +76,160 @@ def megatron_time(problem: Problem) -> tuple[float, int]:
     return res.iteration_time, len(megatron_chunk_counts(p.profile, p.devices, p.microbatches))
 
 
+class _Prep:
+    """What an episode needs that depends on the scenario only (kept while the scenario repeats)."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.references: dict[str, float] = {}
+        self.evaluator = SharedEvaluator(problem)
+        layers = problem.profile.layers
+        cl = problem.cluster
+        P = problem.devices
+        self.cost = np.array([x.f + x.b + x.w for x in layers], dtype=np.float64)
+        act = np.array([x.act_bytes for x in layers], dtype=np.float64)
+        self.act_prefix = np.concatenate([[0.0], np.cumsum(act)])
+        self.prefix = np.concatenate([[0.0], np.cumsum(self.cost)])
+        self.portfolio: list[Candidate] | None = None
+        self.bound = lower_bound(problem.profile, cl, problem.microbatches, packing=False).value
+        self.speeds = np.asarray(cl.speeds, dtype=np.float64)
+        self.limits = np.asarray(cl.memory_limits_bytes, dtype=np.float64)
+        gpn = cl.gpus_per_node or P
+        self.node = np.arange(P) // gpn
+        nodes = int(self.node[-1]) + 1
+        total = max(float(self.cost.sum()), 1e-12)
+        comm = sum(cl.transfer_seconds(0, min(1, P - 1), x.out_bytes) for x in layers)
+        static = sum(x.params for x in layers) * problem.training.bytes_per_param / P
+        self.consts = (comm / problem.profile.seconds_per_unit / total, float(self.cost[-1]) / total,
+                       static / float(self.limits.mean()), float(nodes > 1),
+                       float(self.speeds.max() / self.speeds.min() - 1.0))
+        dev = np.zeros((MAX_DEVICES, _ND), np.float32)
+        dev[:P, 0] = 1.0
+        dev[:P, 5] = self.speeds / self.speeds.mean()
+        dev[:P, 9] = self.node / max(1, nodes - 1)
+        dev[:P, 10] = self.limits / self.limits.mean()
+        self.devices = dev
+        self._placements: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
+        self.obs_cache: dict[tuple[Candidate, float], tuple] = {}
+
+    def reference(self, kind: str) -> float:
+        hit = self.references.get(kind)
+        if hit is None:
+            if kind == "megatron":
+                hit = megatron_time(self.problem)[0]
+            elif kind == "bound":
+                hit = self.bound
+            else:
+                raise ValueError(f"reference must be 'megatron' or 'bound', got {kind!r}")
+            self.references[kind] = hit
+        return hit
+
+    def placement(self, placement: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+        """(devices, chunk index / chunks, crosses a node to the next stage, stages per device) of a placement."""
+        hit = self._placements.get(placement)
+        if hit is None:
+            pl = np.asarray(placement, dtype=np.int64)
+            P = self.problem.devices
+            per_dev = np.bincount(pl, minlength=P).astype(np.float64)
+            seen = np.zeros(P, dtype=np.int64)
+            chunk = np.zeros(len(pl))
+            for s, d in enumerate(placement):
+                chunk[s] = seen[d]
+                seen[d] += 1
+            chunk /= np.maximum(per_dev[pl] - 1, 1)
+            cross = np.zeros(len(pl))
+            cross[:-1] = self.node[pl[:-1]] != self.node[pl[1:]]
+            hit = (pl, chunk, cross, per_dev)
+            if len(self._placements) > 1024:
+                self._placements.clear()
+            self._placements[placement] = hit
+        return hit
+
+
 class PipelineEnv(gym.Env):
     """Improve a pipeline-parallel plan (partition, placement, schedule) by discrete edits.
 
     ## Description
 
-    An episode works on one scenario: a model profile, a cluster, the micro-batches of one
-    iteration and a memory limit per device (a :class:`pipeline.space.Problem`). The state is an
-    editable plan description, a :class:`pipeline.space.Candidate`. The episode starts from the
-    best of a small portfolio of cheap plans (a few placement families with the DP-balanced
-    split under the activation budgets of the named schedules, up to 10 simulator calls; see
-    :func:`env.editor.portfolio`). Each step tries one edit: the performance model simulates the
-    edited plan (one simulator call); the edit is kept when the plan gets better (feasible
-    first, then less memory overflow, then faster) and rolled back otherwise, as the AdaPtis
-    tuner does. An edit whose outcome is already known is masked, so no step repeats a call.
+    An episode works on one scenario: a model profile, a cluster (2-32 devices, possibly on
+    several nodes, possibly of mixed speeds), the micro-batches of one iteration and a memory
+    limit per device (a :class:`pipeline.space.Problem`). The state is an editable plan
+    description, a :class:`pipeline.space.Candidate`. The episode starts from the best of a
+    small portfolio of cheap plans (placement families with the DP-balanced split under the
+    activation budgets of the named schedules, up to 10 simulator calls; see
+    :func:`env.editor.portfolio`) or, with ``options["start"] = "single"`` (and in a share
+    ``single_start_share`` of the episodes), from the better of one or two plans chosen without
+    a simulator call (:func:`env.scenarios.zero_shot_starts`, one or two calls). Each step tries
+    one edit: the performance model simulates the edited plan (one simulator call); the edit is
+    kept when the plan gets better (feasible first, then less memory overflow, then faster) and
+    rolled back otherwise, as the AdaPtis tuner does. An edit whose outcome is already known is
+    masked, so no step repeats a call.
 
     ## Action Space
 
-    ``Discrete(183)``; :data:`env.editor.ACTIONS` names each index:
+    ``Discrete(344)``; :data:`env.editor.ACTIONS` names each index:
 
     | index   | edit                                                                          |
     |---------|-------------------------------------------------------------------------------|
     | 0       | stop                                                                          |
-    | 1-63    | ``grow-left(i)``: stage ``i`` takes the first layer of stage ``i+1``          |
-    | 64-126  | ``grow-right(i)``: stage ``i+1`` takes the last layer of stage ``i``          |
-    | 127-133 | placement family (sequential, interleaved 2/3/4, V, wave 3/4), DP-balanced    |
-    | 134     | rebalance: DP-balanced split of the current placement                         |
-    | 135-150 | activation budget of device ``d`` + 1 micro-batch                             |
-    | 151-166 | activation budget of device ``d`` - 1 micro-batch                             |
-    | 167-168 | every device's budget + 1 / - 1                                               |
-    | 169-173 | budget preset: ZB-H1, ZB-H2, ZB-V, V-Half, unlimited                          |
-    | 174-177 | toggle I/W split, eager W, depth-first forwards, W counted against the cap    |
-    | 178-180 | deferred-W limit: none, 2, number of devices                                  |
-    | 181     | relieve-hot: one boundary layer off the busiest device's heaviest stage       |
-    | 182     | feed-cold: one layer onto the idlest device's lightest stage                  |
+    | 1-127   | ``grow-left(i)``: stage ``i`` takes the first layer of stage ``i+1``          |
+    | 128-254 | ``grow-right(i)``: stage ``i+1`` takes the last layer of stage ``i``          |
+    | 255-261 | placement family (sequential, interleaved 2/3/4, V, wave 3/4), DP-balanced    |
+    | 262     | rebalance: DP-balanced split of the current placement                         |
+    | 263-294 | activation budget of device ``d`` + 1 micro-batch                             |
+    | 295-326 | activation budget of device ``d`` - 1 micro-batch                             |
+    | 327-328 | every device's budget + 1 / - 1                                               |
+    | 329-333 | budget preset: ZB-H1, ZB-H2, ZB-V, V-Half, unlimited                          |
+    | 334-337 | toggle I/W split, eager W, depth-first forwards, W counted against the cap    |
+    | 338-340 | deferred-W limit: none, 2, number of devices                                  |
+    | 341     | relieve-hot: one boundary layer off the busiest device's heaviest stage       |
+    | 342     | feed-cold: one layer onto the idlest device's lightest stage                  |
+    | 343     | fit-memory: cut every device's budget to what its memory holds                |
 
-    A masked action changes nothing, costs no simulator call, uses a step and gives
-    ``-step_cost``. Illegal actions (boundaries past the last stage, devices past the cluster, a stage that
-    would be empty, more stages than layers, budgets when they are unlimited, edits whose
-    result is known) are masked: ``action_masks()`` (sb3-contrib's MaskablePPO) and
-    ``info["action_mask"]`` (a ``np.int8`` array). Stop is always allowed.
+    The boundary actions belong to a pair of stage rows of the observation and the budget
+    actions to a device row, so a policy can score them row by row and serve any size
+    (:mod:`agents.rl_net`). A masked action changes nothing, costs no simulator call, uses a
+    step and gives ``-step_cost``. Illegal actions (boundaries past the last stage, devices past
+    the cluster, a stage that would be empty, more stages than layers, budgets when they are
+    unlimited, edits whose result is known) are masked: ``action_masks()`` (sb3-contrib's
+    MaskablePPO) and ``info["action_mask"]`` (a ``np.int8`` array). Stop is allowed unless
+    ``allow_stop=False`` and an edit is left.
 
     ## Observation Space
 
-    A ``Dict`` of 1-D ``float32`` ``Box`` es in ``[-8, 8]``, padded with zeros to 160 layers,
-    64 stages and 16 devices; times are shares or ratios so one policy serves any model scale:
+    A ``Dict`` of ``float32`` ``Box`` es in ``[-8, 8]``; times are shares or ratios so one
+    policy serves any model scale, and rows past the scenario's stages or devices are zero
+    (their ``present`` column tells them apart):
 
-    * ``layer_cost`` (160): each layer's ``f + b + w`` over the largest layer's;
-    * ``layer_memory`` (160): each layer's activation bytes over the largest layer's;
-    * ``stage_size`` (64): layers per stage over the mean stage size;
-    * ``stage_time`` (64): each stage's time over the mean stage time;
-    * ``stage_device`` (64): ``(device + 1) / devices`` of each stage;
-    * ``device_busy`` (16): busy share of the iteration per device;
-    * ``device_memory`` (16): peak memory over the limit per device;
-    * ``device_budget`` (16): activation budget over the number of devices (0: unlimited);
-    * ``plan`` (30): scenario and plan features, named in :data:`GLOBAL_FEATURES` (device and
-      micro-batch counts, placement family, scheduler knobs, log iteration time over the lower
-      bound, feasibility, steps left...).
+    * ``stages`` (128 x 15): one row per stage, columns :data:`STAGE_FEATURES` (layers, time,
+      cost of its first and last layer, activations, position, device, chunk, its device's
+      busy share and memory, whether the link to the next stage crosses nodes);
+    * ``devices`` (32 x 11): one row per device, columns :data:`DEVICE_FEATURES` (busy share,
+      peak memory over limit, activation budget, speed, node...);
+    * ``plan`` (33): scenario and plan features, :data:`GLOBAL_FEATURES` (sizes, placement
+      family, scheduler knobs, log iteration time over the lower bound, feasibility, steps and
+      calls left...).
 
     ## Rewards
 
-    With ``T_ref`` the Megatron baseline's iteration time
-    (``pipeline.schedules.build_plan("megatron", ...)``), a plan scores ``T_ref / T`` (its
-    throughput relative to Megatron's) when it fits in memory, ``-1 - overflow share`` when it
-    does not and ``-3`` when it is invalid. The reward of a step is the change of the score of
-    the kept plan minus ``step_cost`` (default 0.002, the price of a simulator call); stop
-    gives 0. The return of an episode is therefore the gain over the starting plan, in units of
-    Megatron's throughput, less the calls it took.
+    With ``T_ref`` the reference iteration time (default: the lower bound
+    :func:`pipeline.bounds.lower_bound`, ``packing=False``; ``reference="megatron"``: the
+    Megatron baseline), a plan scores ``T_ref / T`` when it fits in memory, ``-1 - overflow
+    share`` when it does not and ``-3`` when it is invalid. The reward of a step is the change of
+    the score of the kept plan minus ``step_cost`` (default 0.002, the price of a simulator
+    call); stop gives 0. The return of an episode is therefore the gain over the starting plan,
+    in units of the reference throughput, less the calls it took.
 
     ## Starting State
 
-    The best plan of the portfolio for a scenario drawn by :func:`env.scenarios.sample_problem`
-    from ``self.np_random`` (seeded by ``reset(seed=...)``), or given by ``options``:
-    ``{"problem": Problem}`` or ``{"profile": ModelProfile, "cluster": Cluster | int,
-    "microbatches": int}``; ``{"start": Candidate | [Candidate, ...]}`` replaces the portfolio;
+    A scenario drawn by :func:`env.scenarios.sample_problem` from ``self.np_random`` (seeded by
+    ``reset(seed=...)``), or given by ``options``: ``{"problem": Problem}`` or
+    ``{"profile": ModelProfile, "cluster": Cluster | int, "microbatches": int}``;
+    ``{"start": Candidate | [Candidate, ...] | "single" | "portfolio"}`` picks the start;
     ``{"evaluator": Evaluator}`` shares a simulator-call counter and cache (the RL searcher's);
-    ``{"max_calls": int}`` caps the simulator calls of the episode (the portfolio included);
-    ``{"reference": "megatron" | "bound"}`` (default ``megatron``) picks ``T_ref``: ``bound``
-    uses the lower bound and costs no simulation (searchers use it; rewards are then scaled
-    differently).
+    ``{"max_calls": int}`` caps the simulator calls of the episode (the start included);
+    ``{"reference": "bound" | "megatron"}`` picks ``T_ref``. With ``repeat_scenario=k`` a drawn
+    scenario serves ``k`` episodes in a row (training: its preparation is paid once).
 
     ## Episode End
 
@@ -155,31 +240,45 @@ class PipelineEnv(gym.Env):
 
     ``action_mask``, ``iteration_time`` (current plan), ``best_iteration_time``, ``feasible``,
     ``sim_calls`` (of the evaluator), ``reference_time``, ``kept`` (the step's edit was kept),
-    ``edit`` (its name), ``candidate`` (the current Candidate) and
-    ``best_plan`` (a :class:`pipeline.plan.Plan`; ``.to_dict()`` gives its JSON).
+    ``edit`` (its name), ``candidate`` (the current Candidate) and ``best_candidate``; the
+    best plan itself is ``env.editor.best_plan`` (a :class:`pipeline.plan.Plan`, built on
+    demand; ``.to_dict()`` gives its JSON).
 
     ## Arguments
 
     ``gymnasium.make("adaptis/Pipeline-v0", max_steps=24, step_cost=0.002, max_calls=None,
-    scenario=ScenarioConfig(), render_mode=None)``; ``max_calls`` caps every episode's simulator
-    calls (``options["max_calls"]`` overrides it); ``render_mode`` ``"ansi"`` (text Gantt chart)
-    or ``"rgb_array"``.
+    scenario=ScenarioConfig(), single_start_share=0.0, repeat_scenario=1, share_results=True,
+    render_mode=None)``. ``share_results``: the episodes of one scenario share its simulated results
+    (a result another episode found still counts as a call of this one); ``False`` simulates
+    every step afresh (what the benchmark's ``small-fresh`` case measures).
 
     ## Version History
 
-    * v0: initial version (observation layout ``pipeline-v0.1``).
+    * v0, observation ``pipeline-v1.0``: per-stage and per-device rows up to 128 stages and 32
+      devices, 344 actions, lower-bound reference, memory repair of the starting plans; steps
+      run one native call and build no plan.
+    * v0, observation ``pipeline-v0.1``: flat padded vectors, 16 devices, 183 actions.
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(self, *, max_steps: int = 24, step_cost: float = 0.002, max_calls: int | None = None,
-                 scenario: ScenarioConfig | None = None, render_mode: str | None = None) -> None:
+                 scenario: ScenarioConfig | None = None, single_start_share: float = 0.0, repeat_scenario: int = 1,
+                 share_results: bool = True, allow_stop: bool = True, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if not 0.0 <= single_start_share <= 1.0:
+            raise ValueError(f"single_start_share must be in [0, 1], got {single_start_share!r}")
+        if repeat_scenario < 1:
+            raise ValueError(f"repeat_scenario must be >= 1, got {repeat_scenario!r}")
         self.max_steps = int(max_steps)
         self.step_cost = float(step_cost)
         self.max_calls = max_calls
         self.scenario = scenario or ScenarioConfig()
+        self.single_start_share = float(single_start_share)
+        self.repeat_scenario = int(repeat_scenario)
+        self.share_results = bool(share_results)
+        self.allow_stop = bool(allow_stop)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(N_ACTIONS)
         self.observation_space = observation_space()
@@ -188,35 +287,54 @@ class PipelineEnv(gym.Env):
         self.steps = 0
         self._last_kept = False
         self._start_time = math.inf
-        self._static: dict[str, np.ndarray] = {}
-        self._consts: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 0.0)
+        self._prep: _Prep | None = None
+        self._drawn: Problem | None = None
+        self._drawn_uses = 0
+        self._calls_cap = 1
+        self._calls_at_start = 0
+        self._obs_cache: tuple | None = None
 
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         options = dict(options or {})
-        problem = _problem_from(options) or sample_problem(self.np_random, self.scenario)
+        problem = _problem_from(options)
+        if problem is None:
+            if seed is not None or self._drawn is None or self._drawn_uses >= self.repeat_scenario:
+                self._drawn, self._drawn_uses = sample_problem(self.np_random, self.scenario), 0
+            self._drawn_uses += 1
+            problem = self._drawn
         evaluator = options.get("evaluator")
         if evaluator is not None and evaluator.problem is not problem:
             problem = evaluator.problem
-        ref = options.get("reference", "megatron")
-        if ref == "megatron":
-            self.reference = megatron_time(problem)[0]
-        elif ref == "bound":
-            self.reference = lower_bound(problem.profile, problem.cluster, problem.microbatches, packing=False).value
-        else:
-            raise ValueError(f"reference must be 'megatron' or 'bound', got {ref!r}")
-        self.editor = PlanEditor(problem, evaluator=evaluator or Evaluator(problem), reference=self.reference,
-                                 max_calls=options.get("max_calls", self.max_calls))
+        prep = self._prep if self._prep is not None and self._prep.problem is problem else _Prep(problem)
+        self._prep = prep
+        self.reference = prep.reference(options.get("reference", "bound"))
+        if evaluator is None:
+            evaluator = SharedEvaluator(problem, share=prep.evaluator, results=self.share_results)
+        max_calls = options.get("max_calls", self.max_calls)
+        self.editor = PlanEditor(problem, evaluator=evaluator, reference=self.reference, max_calls=max_calls,
+                                 prefix=prep.prefix)
+        self.editor.allow_stop = self.allow_stop
         start = options.get("start")
-        if isinstance(start, Candidate):
+        if start is None and self.single_start_share > 0 and self.np_random.random() < self.single_start_share:
+            start = "single"
+        if start == "single":
+            start = zero_shot_starts(problem, evaluator)
+        elif start is None or start == "portfolio":
+            if prep.portfolio is None:
+                prep.portfolio = portfolio(problem, prep.evaluator.balanced_sizes)
+            start = prep.portfolio
+        elif isinstance(start, Candidate):
             start = [start]
         self.editor.start(start)
         self.steps = 0
         self._last_kept = False
         self._start_time = self.editor.result.iteration_time
-        self._static = self._static_features(problem)
+        self._calls_cap = max(1, (max_calls or self.max_steps + 10) - evaluator.calls)
+        self._calls_at_start = evaluator.calls
+        self._obs_cache = None
         return self._obs(), self._info(kept=False, edit="start")
 
     def step(self, action):
@@ -224,7 +342,7 @@ class PipelineEnv(gym.Env):
         a = int(action)
         if not 0 <= a < N_ACTIONS:
             raise ValueError(f"action {action!r} is outside Discrete({N_ACTIONS})")
-        if a == 0:
+        if a == 0 and ed.mask()[0]:
             return self._obs(), 0.0, True, False, self._info(kept=False, edit="stop")
         if not ed.mask()[a]:
             # A masked edit changes nothing and costs no simulator call; it still uses a step.
@@ -238,13 +356,13 @@ class PipelineEnv(gym.Env):
         self._last_kept = kept
         reward = float(score(ed.result, self.reference) - before - self.step_cost)
         mask = ed.mask()
-        terminated = not any(mask[1:]) and ed.budget_left()
+        terminated = not mask[1:].any() and ed.budget_left()
         truncated = (self.steps >= self.max_steps or not ed.budget_left()) and not terminated
         return self._obs(), reward, bool(terminated), bool(truncated), self._info(kept=kept, edit=str(ACTIONS[a]))
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions as a boolean array (what sb3-contrib's MaskablePPO reads)."""
-        return np.asarray(self._editor().mask(), dtype=bool)
+        return self._editor().mask().copy()
 
     def render(self):
         if self.render_mode is None:
@@ -267,64 +385,95 @@ class PipelineEnv(gym.Env):
             raise gym.error.ResetNeeded("call reset() before step()")
         return self.editor
 
-    def _static_features(self, problem: Problem) -> dict[str, np.ndarray]:
-        layers = problem.profile.layers
-        L = len(layers)
-        cost = np.array([x.f + x.b + x.w for x in layers], dtype=np.float64)
-        mem = np.array([x.act_bytes for x in layers], dtype=np.float64)
-        out = {"layer_cost": np.zeros(MAX_LAYERS, np.float32), "layer_memory": np.zeros(MAX_LAYERS, np.float32)}
-        out["layer_cost"][:L] = cost / max(cost.max(), 1e-12)
-        out["layer_memory"][:L] = mem / max(mem.max(), 1e-12)
-        P = problem.devices
-        total = max(float(cost.sum()), 1e-12)
-        comm = sum(problem.cluster.transfer_seconds(0, min(1, P - 1), x.out_bytes) for x in layers)
-        static = sum(x.params for x in layers) * problem.training.bytes_per_param / P
-        self._consts = (lower_bound(problem.profile, problem.cluster, problem.microbatches, packing=False).value,
-                        comm / problem.profile.seconds_per_unit / total, float(cost[-1]) / total,
-                        static / (sum(problem.cluster.memory_limits_bytes) / P))
-        return out
-
     def _obs(self) -> dict[str, np.ndarray]:
         ed = self._editor()
+        cache = self._obs_cache
+        if cache is None or cache[0] is not ed.current:
+            prep = self._prep
+            key = (ed.current, self._start_time)
+            hit = prep.obs_cache.get(key)
+            if hit is None:
+                if len(prep.obs_cache) > 512:
+                    prep.obs_cache.clear()
+                hit = prep.obs_cache[key] = self._state_obs()
+            cache = self._obs_cache = (ed.current, *hit)
+        _, st, dev, head, tail = cache
+        calls_left = (self._calls_cap - (ed.ev.calls - self._calls_at_start)) / self._calls_cap
+        g = np.array([*head, (self.max_steps - self.steps) / self.max_steps, max(0.0, calls_left),
+                      float(self._last_kept), *tail], dtype=np.float32)
+        return {"stages": st.copy(), "devices": dev.copy(), "plan": g}
+
+    def _state_obs(self) -> tuple[np.ndarray, np.ndarray, list[float], list[float]]:
+        """The parts of the observation that depend on the current plan only."""
+        ed = self._editor()
+        prep = self._prep
+        assert prep is not None
         p, c, res = ed.problem, ed.current, ed.result
         P, M, S = p.devices, p.microbatches, c.num_stages
-        obs = {k: v.copy() for k, v in self._static.items()}
-        times = np.array(ed.stage_times(c))
-        sizes = np.array(c.sizes, dtype=np.float64)
-        z = lambda n: np.zeros(n, np.float32)  # noqa: E731
-        obs["stage_size"], obs["stage_time"], obs["stage_device"] = z(MAX_STAGES), z(MAX_STAGES), z(MAX_STAGES)
-        obs["stage_size"][:S] = sizes / sizes.mean()
-        obs["stage_time"][:S] = times / max(times.mean(), 1e-12)
-        obs["stage_device"][:S] = (np.array(c.placement) + 1) / P
-        obs["device_busy"], obs["device_memory"], obs["device_budget"] = z(MAX_DEVICES), z(MAX_DEVICES), z(MAX_DEVICES)
-        if res.valid:
-            obs["device_busy"][:P] = np.array(res.busy) / max(res.iteration_time, 1e-12)
-        obs["device_memory"][:P] = np.array(res.peak_memory) / np.array(res.memory_limit)
+        pl, chunk, cross, per_dev = prep.placement(c.placement)
+        sizes = np.asarray(c.sizes, dtype=np.float64)
+        ends = np.cumsum(c.sizes)
+        starts = ends - sizes.astype(np.int64)
+        sp = prep.speeds[pl]
+        times = (ed.prefix[ends] - ed.prefix[starts]) / sp
+        mean_t = max(float(times.sum()) / S, 1e-12)
+        act = prep.act_prefix[ends] - prep.act_prefix[starts]
+        valid = res.valid
+        busy = np.asarray(res.busy, dtype=np.float64) / max(res.iteration_time, 1e-12) if valid else np.zeros(P)
+        mem = np.asarray(res.peak_memory, dtype=np.float64) / prep.limits
+        hot, cold = (int(busy.argmax()), int(busy.argmin())) if valid else (-1, -1)
+        st = np.zeros((MAX_STAGES, _NS), np.float32)
+        st[:S, 0] = 1.0
+        st[:S, 1] = sizes * (S / float(sizes.sum()))
+        st[:S, 2] = times / mean_t
+        st[:S, 3] = times / max(float(times.max()), 1e-12)
+        st[:S, 4] = prep.cost[starts] / sp / mean_t
+        st[:S, 5] = prep.cost[ends - 1] / sp / mean_t
+        st[:S, 6] = act * (S / max(float(act.sum()), 1e-12))
+        st[:S, 7] = np.arange(S) / max(1, S - 1)
+        st[:S, 8] = (pl + 1) / P
+        st[:S, 9] = chunk
+        st[:S, 10] = busy[pl]
+        st[:S, 11] = mem[pl]
+        st[:S, 12] = pl == hot
+        st[:S, 13] = pl == cold
+        st[:S, 14] = cross
+        dev = prep.devices.copy()
+        dev[:P, 1] = busy
+        dev[:P, 2] = mem
         if c.budgets is not None:
-            obs["device_budget"][:P] = np.array(c.budgets) / P
+            dev[:P, 3] = np.asarray(c.budgets) / P
+        else:
+            dev[:P, 4] = 1.0
+        dev[:P, 6] = per_dev * (P / S)
+        if valid:
+            dev[hot, 7] = 1.0
+            dev[cold, 8] = 1.0
+        np.clip(st, -_CLIP, _CLIP, out=st)
+        np.clip(dev, -_CLIP, _CLIP, out=dev)
         fam = family_of(c, P)
         onehot = [0.0] * (len(FAMILIES) + 1)
         onehot[fam] = 1.0
         mpw = c.max_pending_w
-        bound, comm_share, head_share, tight = self._consts
-        t = res.iteration_time if res.valid else math.inf
-        over = sum(max(0.0, a - b) / b for a, b in zip(res.peak_memory, res.memory_limit))
-        g = [P / MAX_DEVICES, math.log2(M) / 7, p.profile.num_layers / MAX_LAYERS, S / MAX_STAGES, M / S,
-             *onehot, float(c.split_backward), float(c.eager_w), float(c.depth_first), float(c.cap_counts_w),
-             float(mpw is None), float(mpw == 2), float(mpw == P), float(c.budgets is None),
-             math.log(t / bound) if math.isfinite(t) and bound > 0 else _CLIP,
-             math.log(self._start_time / t) if math.isfinite(t) and math.isfinite(self._start_time) else 0.0,
-             float(res.feasible), min(over, _CLIP), (self.max_steps - self.steps) / self.max_steps,
-             float(self._last_kept), comm_share, head_share, tight]
-        obs["plan"] = np.asarray(g, dtype=np.float32)
-        for k in obs:
-            np.clip(obs[k], -_CLIP, _CLIP, out=obs[k])
-        return obs
+        comm_share, head_share, tight, multi, spread = prep.consts
+        bound = prep.bound
+        t = res.iteration_time if valid else math.inf
+        over = float(np.maximum(mem - 1.0, 0.0).sum())
+        head = [math.log2(P) / 5, math.log2(M) / 8, math.log2(p.profile.num_layers) / 8, S / P / 4, M / S,
+                *onehot, float(c.split_backward), float(c.eager_w), float(c.depth_first), float(c.cap_counts_w),
+                float(mpw is None), float(mpw == 2), float(mpw == P), float(c.budgets is None),
+                math.log(t / bound) if math.isfinite(t) and bound > 0 else _CLIP,
+                math.log(self._start_time / t) if math.isfinite(t) and math.isfinite(self._start_time) else 0.0,
+                float(res.feasible), over]
+        tail = [comm_share, head_share, tight, multi, spread]
+        head = [min(_CLIP, max(-_CLIP, v)) for v in head]
+        tail = [min(_CLIP, max(-_CLIP, v)) for v in tail]
+        return st, dev, head, tail
 
     def _info(self, *, kept: bool, edit: str) -> dict[str, Any]:
         ed = self._editor()
         return {
-            "action_mask": np.asarray(ed.mask(), dtype=np.int8),
+            "action_mask": ed.mask().astype(np.int8),
             "iteration_time": float(ed.result.iteration_time),
             "best_iteration_time": float(ed.best_result.iteration_time),
             "feasible": bool(ed.result.feasible),
@@ -333,7 +482,7 @@ class PipelineEnv(gym.Env):
             "kept": bool(kept),
             "edit": edit,
             "candidate": ed.current,
-            "best_plan": ed.best_plan,
+            "best_candidate": ed.best,
         }
 
 

@@ -1,60 +1,107 @@
-"""Scenarios for the environments: heterogeneous synthetic models on clusters of 2-16 devices.
+"""Scenarios for the environments: heterogeneous models on clusters of 2-32 devices.
 
 A scenario is a :class:`pipeline.space.Problem` (profile + cluster + micro-batches + memory
 limit). :func:`sample_problem` draws one from a ``numpy`` generator, so ``env.reset(seed=...)``
-fixes it. Models are built as :class:`pipeline.arch.Architecture` objects and priced by
+fixes it. Models are either synthetic :class:`pipeline.arch.Architecture` objects of a family
+(:data:`FAMILIES`) or the zoo's models (``experiments/configs/models``), all priced by
 :func:`pipeline.costs.profile_from_architecture`, so their layer costs have the shapes real
 models have: a vocabulary-heavy embedding and head, MoE layers after dense ones, Mamba or
-linear-attention mixers beside attention, optional multi-token-prediction heads.
+linear-attention mixers beside attention, optional multi-token-prediction heads. Clusters span
+2-32 devices, 8-256 micro-batches, memory limits that bind, several nodes (a slower link between
+them) and mixed device speeds.
+
+Hold-outs: :data:`TRAIN_SCENARIO` leaves out the ``hybrid-mamba`` family and the zoo's
+Nemotron-H hybrids (whole families) and every model deeper than 48 blocks (sizes);
+:data:`HELDOUT_SCENARIO` draws only what training never sees.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import profile_from_architecture
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
-from pipeline.spec import GIB, ModelProfile, TrainingConfig
+from pipeline.space import Candidate, Problem, make_placement, preset_budgets
+from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
-__all__ = ["FAMILIES", "ScenarioConfig", "sample_architecture", "sample_problem", "memory_estimate_gb"]
+__all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
+           "sample_architecture", "sample_problem", "memory_estimate_gb", "zero_shot_starts", "zoo_family"]
 
-#: Model families the generator draws from.
+#: Synthetic model families the generator draws from.
 FAMILIES = ("dense", "sliding", "moe", "hybrid-mamba", "linear-hybrid")
+#: The zoo's families (model name prefix -> synthetic family of the same kind).
+ZOO_FAMILIES = {"gemma": "sliding", "deepseek": "moe", "nemotronh": "hybrid-mamba", "llama": "dense"}
+
+
+def zoo_family(name: str) -> str:
+    """The family of a zoo model (``gemma-large`` -> ``sliding``); unknown prefixes: ``dense``."""
+    return ZOO_FAMILIES.get(name.split("-")[0], "dense")
 
 
 @dataclass(frozen=True)
 class ScenarioConfig:
-    """Ranges of the scenario generator (defaults keep one simulation in the millisecond range)."""
+    """Ranges of the scenario generator."""
 
     min_devices: int = 2
     """Fewest pipeline devices."""
     max_devices: int = 8
-    """Most pipeline devices (the observation holds up to 16)."""
+    """Most pipeline devices (the observation holds up to 32); drawn log-uniformly."""
     min_blocks: int = 6
-    """Fewest repeated blocks (embedding and head come on top)."""
+    """Fewest repeated blocks of a synthetic model (embedding and head come on top)."""
     max_blocks: int = 48
-    """Most repeated blocks (the observation holds up to 160 layers)."""
+    """Most repeated blocks of a synthetic model."""
     microbatch_factors: tuple[int, ...] = (1, 2, 3, 4)
-    """Micro-batches per iteration = devices x one of these."""
+    """Micro-batches per iteration = devices x one of these (ignored when ``microbatches`` is set)."""
+    microbatches: tuple[int, ...] = ()
+    """Micro-batch counts to draw from (at least the device count is used); empty: the factors."""
     seq_lens: tuple[int, ...] = (1024, 2048, 4096, 8192)
     """Sequence lengths."""
     tight_memory_share: float = 0.4
     """Share of scenarios whose memory limit is set near what a plain 1F1B plan needs."""
     gpus: tuple[str, ...] = ("h100", "a100", "h200")
     """GPU presets."""
+    families: tuple[str, ...] = FAMILIES
+    """Synthetic families to draw from."""
+    zoo_models: tuple[str, ...] = ()
+    """Zoo models to draw from as well (``zoo_share`` of the draws)."""
+    zoo_share: float = 0.0
+    """Share of draws taken from ``zoo_models``."""
+    gpus_per_node: tuple[int | None, ...] = (None,)
+    """GPUs per node to draw from (None: one node); more devices than that span nodes."""
+    mixed_speed_share: float = 0.0
+    """Share of scenarios whose devices run at mixed speeds (some at 0.5-0.8 of the others)."""
+    max_work: int = 1 << 62
+    """Cap on devices x micro-batches (a step's cost grows with it): fewer micro-batches beyond it."""
+
+
+#: What the shipped policy trains on: 2-32 devices, 8-256 micro-batches, four synthetic
+#: families and the zoo's Gemma, DeepSeek and Llama models up to medium depth, tight memory,
+#: several nodes, mixed speeds. Never: the hybrid-mamba family, the Nemotron-H models, models
+#: deeper than 48 blocks (gemma-large, deepseek-large).
+TRAIN_SCENARIO = ScenarioConfig(
+    min_devices=2, max_devices=32, min_blocks=6, max_blocks=48, microbatches=(8, 16, 32, 64, 128, 256),
+    families=("dense", "sliding", "moe", "linear-hybrid"),
+    zoo_models=("gemma-small", "gemma-medium", "deepseek-small", "deepseek-medium", "llama-control"),
+    zoo_share=0.25, gpus_per_node=(None, 8, 4), mixed_speed_share=0.25, max_work=2048)
+#: Held out from training: the hybrid-mamba family, Nemotron-H, and deeper models (56-96 blocks).
+HELDOUT_SCENARIO = replace(
+    TRAIN_SCENARIO, min_blocks=56, max_blocks=96, families=("hybrid-mamba",),
+    zoo_models=("nemotronh-small", "nemotronh-medium", "nemotronh-large", "gemma-large", "deepseek-large"),
+    zoo_share=0.5)
 
 
 def _choice(rng: np.random.Generator, options: tuple | list):
     return options[int(rng.integers(len(options)))]
 
 
-def sample_architecture(rng: np.random.Generator, *, blocks: int) -> Architecture:
+def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tuple[str, ...] = FAMILIES
+                        ) -> Architecture:
     """A random heterogeneous architecture with ``blocks`` repeated layers plus embedding and head."""
-    family = _choice(rng, FAMILIES)
+    family = _choice(rng, families)
     hidden = int(_choice(rng, (512, 1024, 1536, 2048, 3072, 4096)))
     heads = max(1, hidden // 128)
     vocab = int(_choice(rng, (32000, 50304, 102400, 128256, 151936, 256000)))
@@ -102,19 +149,85 @@ def memory_estimate_gb(profile: ModelProfile, devices: int, training: TrainingCo
     return (training.bytes_per_param * params / devices + act) / GIB
 
 
+@lru_cache(maxsize=64)
+def _zoo(name: str, gpu: str, seq_len: int) -> ModelProfile:
+    from pipeline.zoo import zoo_profile
+
+    return zoo_profile(name, gpu=gpu, seq_len=seq_len)
+
+
 def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioConfig()) -> Problem:
     """One random scenario (see the module docstring); deterministic for a given generator state."""
-    P = int(rng.integers(config.min_devices, config.max_devices + 1))
-    lo = max(config.min_blocks, P)
-    blocks = int(rng.integers(lo, max(lo, config.max_blocks) + 1))
-    arch = sample_architecture(rng, blocks=blocks)
+    lo, hi = config.min_devices, config.max_devices
+    P = int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi + 0.999)))) - 0.4999))
+    P = min(hi, max(lo, P))
     gpu = str(_choice(rng, config.gpus))
     seq_len = int(_choice(rng, config.seq_lens))
-    profile = profile_from_architecture(arch, gpu=gpu, seq_len=seq_len)
-    cluster = build_cluster(gpu, devices=P)
+    profile = None
+    if config.zoo_models and rng.random() < config.zoo_share:
+        name = str(_choice(rng, config.zoo_models))
+        profile = _zoo(name, gpu, seq_len)
+        if profile.num_layers < P:
+            profile = None
+    if profile is None:
+        lo_b = max(config.min_blocks, P)
+        blocks = int(rng.integers(lo_b, max(lo_b, config.max_blocks) + 1))
+        arch = sample_architecture(rng, blocks=blocks, families=config.families)
+        profile = profile_from_architecture(arch, gpu=gpu, seq_len=seq_len)
+    cluster = build_cluster(gpu, devices=P, gpus_per_node=_choice(rng, config.gpus_per_node))
+    if config.mixed_speed_share and rng.random() < config.mixed_speed_share:
+        slow = float(_choice(rng, (0.5, 0.65, 0.8)))
+        speeds = [slow if rng.random() < 0.5 else 1.0 for _ in range(P)]
+        cluster = replace(cluster, device_list=tuple(Device(speed=s, memory_gb=cluster.memory_gb) for s in speeds))
     if rng.random() < config.tight_memory_share:
         need = memory_estimate_gb(profile, P)
         # usable memory (capacity less the preset's reserve) near the need, as before the reserve existed
         cluster = cluster.with_memory(float(max(1.0, need * rng.uniform(0.7, 1.6))) + cluster.memory_reserve_gb)
-    M = P * int(_choice(rng, config.microbatch_factors))
+    if config.microbatches:
+        M = max(P, int(_choice(rng, config.microbatches)))
+    else:
+        M = P * int(_choice(rng, config.microbatch_factors))
+    while M > P and config.max_work < P * M:
+        M = max(P, M // 2)
     return Problem(profile, cluster, M)
+
+
+def zero_shot_starts(problem: Problem, evaluator) -> list[Candidate]:
+    """The one or two plans a zero-shot episode starts from, chosen without a simulator call: one
+    stage per device (ZB-H1 budgets) and the better of V and interleaved (ZB-V budgets), each at
+    the DP-balanced split, with each device's activation budget cut to what its memory holds
+    after the static share; a layout whose static memory leaves no room for one micro-batch is
+    skipped, and V/interleaved only when cutting keeps at least a quarter of their budgets
+    (``evaluator``: an :class:`~pipeline.space.Evaluator` of ``problem``, for its DP splits and
+    stage costs)."""
+    P, L = problem.devices, problem.profile.num_layers
+    found: list[tuple[float, Candidate]] = []
+    fallback = None
+    for kind, chunks, preset in (("sequential", 1, "zb-h1"), ("v", 2, "zbv"), ("interleaved", 2, "zbv")):
+        if P * chunks > L or (chunks > 1 and P < 2):
+            continue
+        placement = make_placement(kind, P, chunks)
+        sizes = evaluator.balanced_sizes(placement)
+        budgets = preset_budgets(preset, P)
+        knobs = {"cap_counts_w": False, "max_pending_w": P} if preset == "zb-h1" else {}
+        fallback = fallback or Candidate(sizes, placement, "list", budgets, **knobs)
+        costs = evaluator.costs(sizes, placement)
+        per_mb = [0.0] * P
+        for st, d in enumerate(placement):
+            per_mb[d] += costs.act[st]
+        rooms = [lim - static for lim, static in zip(costs.memory_limit, costs.static_bytes)]
+        fits = [room / m if m > 0 else float("inf") for room, m in zip(rooms, per_mb)]
+        if min(fits) < 1.0:
+            continue
+        cut = tuple(max(1.0, min(b, float(int(f)))) for b, f in zip(budgets, fits))
+        kept = min(c / b for c, b in zip(cut, budgets))
+        if cut != budgets:
+            knobs = {}  # W counted against the cut cap: the cap is what memory holds
+        found.append((kept, Candidate(sizes, placement, "list", cut, **knobs)))
+    seq = [c for k, c in found if c.num_stages == P]
+    multi = sorted(((k, c) for k, c in found if c.num_stages != P and k >= 0.25), key=lambda x: -x[0])
+    out = seq[:1] + [c for _, c in multi[:1]]
+    if not out:
+        out = [c for _, c in found[:1]] or [fallback]
+    assert out[0] is not None
+    return out

@@ -1,11 +1,12 @@
 """Steps per second of adaptis/Pipeline-v0 with random masked actions, single and vectorised.
 
 Cases: ``small`` (a fixed synthetic model of 16 layers on 4 devices, 8 micro-batches: resets
-re-use the scenario) and ``train`` (fresh scenarios drawn as in training, resets included).
-Each step simulates one edited plan: the list scheduler that generates its order costs more
-than the simulation itself, and the action mask (183 candidate edits) comes next.
+re-use the scenario, and its episodes share the scenario's simulated results, so a plan an
+earlier episode tried costs no new simulation), ``small-fresh`` (the same without that sharing:
+every new plan of an episode is scheduled and simulated) and ``train`` (fresh scenarios of 2-32
+devices drawn as in training, resets included, each scenario serving 4 episodes).
 
-  python -m experiments.benchmarks.env_speed [--seconds 5] [--n-envs 2] [--json]
+  python -m experiments.benchmarks.env_speed [--seconds 5] [--n-envs 2] [--cases small,train] [--json]
 """
 
 from __future__ import annotations
@@ -32,18 +33,19 @@ def _small_problem():
 def _make(case: str):
     from env.pipeline_env import PipelineEnv
 
-    if case == "small":
+    if case in ("small", "small-fresh"):
         problem = _small_problem()
 
         class Fixed(PipelineEnv):
             def reset(self, *, seed=None, options=None):
                 return super().reset(seed=seed, options={"problem": problem, **(options or {})})
 
-        return Fixed
+        return lambda: Fixed(share_results=case == "small")
+    if case != "train":
+        raise ValueError(f"unknown case {case!r}; use small, small-fresh or train")
+    from env.scenarios import TRAIN_SCENARIO
 
-    from agents.rl_train import TRAIN_SCENARIO
-
-    return lambda: PipelineEnv(scenario=TRAIN_SCENARIO, max_calls=40)
+    return lambda: PipelineEnv(scenario=TRAIN_SCENARIO, max_calls=40, repeat_scenario=4)
 
 
 def measure(case: str = "small", *, n_envs: int = 1, seconds: float = 5.0, seed: int = 0) -> float:
@@ -57,9 +59,8 @@ def measure(case: str = "small", *, n_envs: int = 1, seconds: float = 5.0, seed:
         env.reset(seed=seed)
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            mask = env.action_masks()
-            allowed = np.flatnonzero(mask[1:]) + 1
-            a = int(rng.choice(allowed)) if len(allowed) else 0
+            allowed = np.flatnonzero(env.action_masks()[1:])
+            a = int(allowed[rng.integers(len(allowed))]) + 1 if len(allowed) else 0
             _, _, term, trunc, _ = env.step(a)
             n += 1
             if term or trunc:
@@ -83,15 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--n-envs", type=int, default=2, help="environments of the vectorised run (SubprocVecEnv)")
+    parser.add_argument("--cases", default="small,small-fresh,train", help="comma-separated cases")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rows = []
-    for case in ("small", "train"):
+    for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
         for n in (1, args.n_envs):
             rate = measure(case, n_envs=n, seconds=args.seconds)
             rows.append({"case": case, "n_envs": n, "steps_per_s": round(rate, 1)})
     for row in rows:
-        text = f"{row['case']:6s} n_envs={row['n_envs']}: {row['steps_per_s']:.0f} steps/s"
+        text = f"{row['case']:11s} n_envs={row['n_envs']}: {row['steps_per_s']:.0f} steps/s"
         print(json.dumps(row) if args.json else text)
     return 0
 

@@ -1,13 +1,22 @@
-"""Compare the RL policy, rl+tuner, the AdaPtis tuner and random search on held-out models.
+"""Compare the RL policy (40 calls, zero-shot), rl+tuner and the AdaPtis tuner on held-out scenarios.
 
-The scenarios are zoo models (experiments/configs/models/, never seen in training: the policy
-trains on synthetic models only) on --devices, plus any --hf-config files. For each, prints
-iteration time relative to the tuner's (1.0 = as fast; below 1.0 slower), feasibility,
-simulator calls and seconds. Writes OUT/results.jsonl, OUT/summary.json and, given --train-dir,
-OUT/learning_curve.png from that run's eval.jsonl. Logs a table to W&B (offline by default).
+The scenarios are ones the shipped policy never trained on: by default the zoo's held-out models
+(--models heldout: the Nemotron-H hybrids, a family left out of training, and gemma-large and
+deepseek-large, deeper than any training model) on --devices, plus --heldout N synthetic
+scenarios drawn from env.scenarios.HELDOUT_SCENARIO (the hybrid-mamba family at 56-96 blocks,
+2-32 devices, 8-256 micro-batches, tight memory, multi-node links, mixed speeds).
+
+Methods: rl (the policy, at most 40 calls), rl-random (random allowed edits from the same starts
+with the same calls: what the policy must beat), rl-zero (zero-shot: one greedy rollout from
+one or two plans, at most 5 calls), rl+tuner (the policy proposes and the tuner refines, run with the tuner's own
+wall time as its budget when adaptis runs too) and adaptis (the tuner, --budget calls), random.
+quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
+Writes OUT/results.jsonl, OUT/summary.json, OUT/quality.png and, given --train-dir,
+OUT/learning_curve.png from that run's eval.jsonl. Logs the table and figures to W&B (offline by
+default).
 
 Examples:
-  python -m experiments evaluate-agent                                   # default policy, zoo, 4 and 8 devices
+  python -m experiments evaluate-agent --heldout 12                      # held-out zoo models + 12 draws
   python -m experiments evaluate-agent --models gemma-small --devices 4 --budget 100 --policy runs/t/policy.pth
 """
 
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,22 +32,25 @@ from typing import Any
 from experiments.common import add_output_args, positive_int, print_json_lines, print_table
 
 NAME = "evaluate-agent"
-HELP = "compare the RL policy with the tuner and random search on held-out models"
-COLUMNS = ("model", "devices", "method", "iter_time", "feasible", "quality", "sim_calls", "seconds")
+HELP = "compare the RL policy with the tuner on held-out scenarios (quality, calls, wall time)"
+COLUMNS = ("scenario", "devices", "mb", "method", "iter_time", "feasible", "quality", "tuner_vs_bound", "sim_calls",
+           "seconds")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="policy file (default: the shipped policy)")
-    parser.add_argument("--models", default="all", help="comma-separated zoo models, or 'all'")
+    parser.add_argument("--models", default="heldout",
+                        help="comma-separated zoo models, 'heldout' (models training never saw), 'all' or 'none'")
     parser.add_argument("--hf-config", action="append", default=[], help="extra HF config.json files")
-    parser.add_argument("--devices", default="4,8", help="comma-separated device counts")
+    parser.add_argument("--devices", default="8,16", help="comma-separated device counts for the zoo models")
     parser.add_argument("--microbatches", type=positive_int, default=32)
+    parser.add_argument("--heldout", type=int, default=0, help="synthetic held-out scenarios to draw as well")
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
-    parser.add_argument("--methods", default="rl,rl+tuner,adaptis,random")
-    parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy")
+    parser.add_argument("--methods", default="rl,rl-random,rl-zero,adaptis,rl+tuner")
+    parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy (method rl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-dir", default=None, help="a training run's folder: plot its learning curve")
     parser.add_argument("--out", default="runs/evaluate-agent")
@@ -45,87 +58,160 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """(name, Problem) of every held-out scenario the arguments ask for."""
+    import numpy as np
+
+    from env.scenarios import HELDOUT_SCENARIO, sample_problem
     from pipeline.costs import profile_from_architecture
+    from pipeline.hardware import build_cluster
     from pipeline.hf import load_hf_config
+    from pipeline.space import Problem
     from pipeline.zoo import list_models, zoo_profile
 
-    names = [m for m in list_models() if m != "tiny-hybrid"] if args.models == "all" else \
-        [m.strip() for m in args.models.split(",") if m.strip()]
-    out = [(name, zoo_profile(name, gpu=args.gpu)) for name in names]
+    if args.models == "heldout":
+        names = list(HELDOUT_SCENARIO.zoo_models)
+    elif args.models == "all":
+        names = [m for m in list_models() if m != "tiny-hybrid"]
+    elif args.models == "none":
+        names = []
+    else:
+        names = [m.strip() for m in args.models.split(",") if m.strip()]
+    profiles = [(name, zoo_profile(name, gpu=args.gpu)) for name in names]
     for path in args.hf_config:
-        arch = load_hf_config(path)
-        out.append((Path(path).stem, profile_from_architecture(arch, gpu=args.gpu)))
+        profiles.append((Path(path).stem, profile_from_architecture(load_hf_config(path), gpu=args.gpu)))
+    devices = [int(d) for d in args.devices.split(",") if d.strip()]
+    out = [(name, Problem(prof, build_cluster(args.gpu, devices=P), args.microbatches))
+           for name, prof in profiles for P in devices if prof.num_layers >= P]
+    for i in range(args.heldout):
+        p = sample_problem(np.random.default_rng(20_000 + i), HELDOUT_SCENARIO)
+        out.append((f"{p.profile.name}#{i}", p))
     return out
+
+
+def _searcher(method: str, args: argparse.Namespace):
+    from agents.registry import make_searcher
+    from agents.rl import RLSearcher
+
+    if method == "rl-zero":
+        searcher = RLSearcher(name="rl-zero", zero_shot=True)
+    elif method == "rl-random":
+        searcher = RLSearcher(name="rl-random", random_edits=True)
+    else:
+        searcher = make_searcher(method)
+    if hasattr(searcher, "policy_path") and args.policy:
+        searcher.policy_path = args.policy
+    if hasattr(searcher, "samples") and method == "rl":
+        searcher.samples = args.samples
+    return searcher
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agents.base import Budget
-    from agents.registry import make_searcher
     from experiments.tracking_hooks import tracked_run
-    from pipeline.hardware import build_cluster
-    from pipeline.space import Problem
+    from pipeline.bounds import lower_bound
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    devices = [int(d) for d in args.devices.split(",") if d.strip()]
+    # The tuner runs before rl+tuner, which then gets the tuner's own wall time.
+    methods.sort(key=lambda m: m == "rl+tuner")
     budget = Budget(args.budget, args.max_seconds)
     rows: list[dict[str, Any]] = []
-    jobs = [(name, prof, P) for name, prof in _scenarios(args) for P in devices if prof.num_layers >= P]
-    for name, profile, P in tqdm(jobs, desc="evaluate-agent", unit="scenario", file=sys.stderr, disable=None):
-        problem = Problem(profile, build_cluster(args.gpu, devices=P), args.microbatches)
+    for name, problem in tqdm(_scenarios(args), desc="evaluate-agent", unit="scenario", file=sys.stderr,
+                              disable=None):
         results = {}
         for m in methods:
-            searcher = make_searcher(m)
-            if hasattr(searcher, "policy_path") and args.policy:
-                searcher.policy_path = args.policy
-            if hasattr(searcher, "samples"):
-                searcher.samples = args.samples
-            results[m] = searcher.search(problem, budget=budget, seed=args.seed)
+            b = budget
+            if m == "rl+tuner" and "adaptis" in results:
+                b = Budget(sim_calls=None, seconds=results["adaptis"].seconds)
+            results[m] = _searcher(m, args).search(problem, budget=b, seed=args.seed)
         ref = results.get("adaptis")
+        bound = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
         for m, r in results.items():
-            row = {"model": name, "devices": P, "method": m, "iter_time": r.iteration_time if r.ok else None,
-                   "feasible": bool(r.ok and r.result.feasible), "sim_calls": r.sim_calls,
-                   "seconds": round(r.seconds, 2)}
-            if ref is not None and ref.ok and r.ok and ref.result.feasible and r.result.feasible:
-                row["quality"] = ref.iteration_time / r.iteration_time
+            row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "method": m,
+                   "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
+                   "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3)}
+            if ref is not None and ref.feasible:
+                row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
+                row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0
             rows.append(row)
     summary = _summarise(rows, methods)
     with open(out / "results.jsonl", "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    png = None
+    figures = {"quality": _quality_figure(rows, methods, out / "quality.png")}
     if args.train_dir:
         from experiments.commands.train import learning_curve
 
-        png = learning_curve(Path(args.train_dir) / "eval.jsonl", out / "learning_curve.png")
-    config = {"methods": methods, "devices": devices, "budget": args.budget, "policy": args.policy or "default"}
+        figures["learning_curve"] = learning_curve(Path(args.train_dir) / "eval.jsonl", out / "learning_curve.png")
+    config = {"methods": methods, "budget": args.budget, "policy": args.policy or "default"}
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("evaluate_agent", rows)
         tracker.summary({f"{m}/{k}": v for m, s in summary.items() for k, v in s.items() if v is not None})
-        if png is not None:
-            tracker.log_image("learning_curve", png)
+        for key, png in figures.items():
+            if png is not None:
+                tracker.log_image(key, png)
     if args.json:
         print_json_lines(rows)
     else:
         print_table(rows, COLUMNS, title=f"quality = tuner's iteration time / method's (feasible plans; "
-                    f"tuner budget {args.budget} calls)")
+                    f"tuner budget {args.budget} calls; rl+tuner gets the tuner's wall time)")
         print()
         print_table([{"method": m, **s} for m, s in summary.items()],
-                    ("method", "mean_quality", "min_quality", "feasible", "mean_calls", "mean_seconds"))
+                    ("method", "geomean_quality", "min_quality", "feasible", "wins", "ties", "losses",
+                     "wins_where_tuner_gap_over_1pct", "mean_calls", "mean_seconds"))
     return 0
 
 
 def _summarise(rows: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """Per method: geometric-mean and worst quality, feasible plans, wins/ties/losses against the
+    tuner (0.5% either way), wins where the tuner is more than 1% above the lower bound."""
     out = {}
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         q = [r["quality"] for r in mine if r.get("quality") is not None]
-        out[m] = {"mean_quality": sum(q) / len(q) if q else None, "min_quality": min(q) if q else None,
-                  "feasible": sum(r["feasible"] for r in mine),
-                  "mean_calls": sum(r["sim_calls"] for r in mine) / max(1, len(mine)),
-                  "mean_seconds": sum(r["seconds"] for r in mine) / max(1, len(mine))}
+        gap = [r for r in mine if r.get("quality") is not None and r["tuner_vs_bound"] > 1.01]
+        out[m] = {
+            "geomean_quality": math.exp(sum(math.log(max(x, 1e-3)) for x in q) / len(q)) if q else None,
+            "min_quality": min(q) if q else None,
+            "feasible": sum(r["feasible"] for r in mine),
+            "wins": sum(x >= 1.005 for x in q), "ties": sum(0.995 < x < 1.005 for x in q),
+            "losses": sum(x <= 0.995 for x in q),
+            "wins_where_tuner_gap_over_1pct": f"{sum(r['quality'] >= 1.005 for r in gap)}/{len(gap)}",
+            "mean_calls": sum(r["sim_calls"] for r in mine) / max(1, len(mine)),
+            "mean_seconds": sum(r["seconds"] for r in mine) / max(1, len(mine)),
+        }
     return out
+
+
+def _quality_figure(rows: list[dict[str, Any]], methods: list[str], png: Path) -> Path | None:
+    """Per-scenario quality of every method against the tuner (the must-show figure)."""
+    shown = [m for m in methods if m != "adaptis"]
+    scen = list(dict.fromkeys((r["scenario"], r["devices"]) for r in rows if r.get("quality") is not None))
+    if not scen or not shown:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = {(r["scenario"], r["devices"], r["method"]): r.get("quality") for r in rows}
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(scen) * len(shown) / 2), 3.6))
+    width = 0.8 / len(shown)
+    for k, m in enumerate(shown):
+        ys = [q.get((s, d, m)) or 0.0 for s, d in scen]
+        ax.bar([i + k * width for i in range(len(scen))], ys, width, label=m)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylim(min(0.9, min((r.get("quality") or 1.0) for r in rows if r["method"] in shown) - 0.01), None)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scen))])
+    ax.set_xticklabels([f"{s}/{d}" for s, d in scen], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("throughput / tuner's")
+    ax.set_title("held-out scenarios: quality against the tuner")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

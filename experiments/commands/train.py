@@ -30,14 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo", choices=("maskable-ppo", "ppo"), default="maskable-ppo")
     parser.add_argument("--timesteps", type=positive_int, default=20_000, help="environment steps in total")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--n-envs", type=positive_int, default=2, help="parallel environments")
-    parser.add_argument("--vec", choices=("dummy", "subproc"), default="dummy", help="vectorisation")
+    parser.add_argument("--n-envs", type=positive_int, default=8, help="parallel environments")
+    parser.add_argument("--vec", choices=("dummy", "subproc"), default="subproc",
+                        help="vectorisation (subproc: one process per environment, all cores step)")
+    parser.add_argument("--network", choices=("entity", "mlp"), default="entity",
+                        help="entity: per-stage/per-device network for any size (maskable-ppo); mlp: SB3's MLP")
     parser.add_argument("--out", default="runs/train", help="output folder")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     parser.add_argument("--eval-every", type=int, default=5_000, help="steps between evaluations (0: none)")
     parser.add_argument("--eval-scenarios", type=positive_int, default=6, help="held-out scenarios per evaluation")
     parser.add_argument("--checkpoint-every", type=positive_int, default=10_000)
-    parser.add_argument("--n-steps", type=positive_int, default=256, help="PPO rollout length per environment")
+    parser.add_argument("--n-steps", type=positive_int, default=128, help="PPO rollout length per environment")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_output_args(parser)
 
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.tracking_sb3 import make_sb3_logger
 
     config = TrainConfig(algo=args.algo, timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs, vec=args.vec,
+                         network=args.network if args.algo == "maskable-ppo" else "mlp",
                          out=args.out, eval_every=args.eval_every, eval_scenarios=args.eval_scenarios,
                          checkpoint_every=args.checkpoint_every, n_steps=args.n_steps, resume=args.resume,
                          progress_bar=not args.no_progress and sys.stderr.isatty())
@@ -82,11 +86,16 @@ def learning_curve(eval_log: Path, png: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     x = [r["timesteps"] for r in rows]
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.2))
     ax[0].plot(x, [r["eval/gain_over_start"] for r in rows], marker="o")
     ax[0].set_title("held-out: speedup over the starting plan")
-    ax[1].plot(x, [r["eval/speedup_over_megatron"] for r in rows], marker="o", color="C1")
-    ax[1].set_title("held-out: speedup over Megatron")
+    for key, label in (("eval/quality_vs_tuner", "rl (<= 40 calls)"), ("eval/zero_shot_quality", "zero-shot (<= 5)"),
+                       ("eval/min_quality_vs_tuner", "rl, worst scenario")):
+        ax[1].plot(x, [r.get(key, float("nan")) for r in rows], marker="o", label=label)
+    ax[1].set_title("held-out: throughput / tuner's (geo-mean)")
+    ax[1].legend(fontsize=7)
+    ax[2].plot(x, [r.get("train/steps_per_s", float("nan")) for r in rows], marker="o", color="C2")
+    ax[2].set_title("training environment steps/s")
     for a in ax:
         a.set_xlabel("environment steps")
         a.grid(alpha=0.3)

@@ -94,7 +94,7 @@ def test_seeding_gives_identical_episodes():
         done = False
         while not done:
             obs, r, term, trunc, info = e.step(_random_allowed(e, rng))
-            out.append((r, info["iteration_time"], obs["stage_time"].tolist()))
+            out.append((r, info["iteration_time"], obs["stages"][:, 2].tolist()))
             done = term or trunc
         return out
 
@@ -106,13 +106,13 @@ def test_fixed_problem_and_start_options():
     problem = Problem(uniform_profile(12), ideal_cluster(4), 8)
     start = Candidate((9, 1, 1, 1), (0, 1, 2, 3), "list", (4.0, 3.0, 2.0, 1.0))
     e = _small_env()
-    obs, info = e.reset(options={"problem": problem, "start": start})
+    obs, info = e.reset(options={"problem": problem, "start": start, "reference": "megatron"})
     assert info["candidate"] == start and info["sim_calls"] == 1
     assert observation_space().contains(obs)
     rebalance = next(i for i, a in enumerate(ACTIONS) if a.kind == "rebalance")
     _, reward, _, _, info = e.step(rebalance)
     assert info["kept"] and reward > 0.5  # 9 layers on one device -> 3 each: about 2.5x faster
-    assert info["best_plan"].stage_sizes == (3, 3, 3, 3)
+    assert info["best_candidate"].sizes == (3, 3, 3, 3) and e.editor.best_plan.stage_sizes == (3, 3, 3, 3)
     obs, info = e.reset(options={"profile": uniform_profile(20), "cluster": ideal_cluster(3), "microbatches": 6})
     assert e.editor.problem.devices == 3 and e.editor.problem.microbatches == 6
 
@@ -169,3 +169,112 @@ def test_env_edits_plans_over_finer_units():
     plan = env.editor.plan
     validate_plan(plan, num_layers=fine.num_layers, devices=2)
     assert plan.num_layers == 13
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_targets_match_the_single_action_reference(seed):
+    """The batched mask (targets) and the readable one-action version (target) agree, after edits too."""
+    e = _small_env(max_steps=8)
+    rng = np.random.default_rng(seed)
+    e.reset(seed=seed)
+    for _ in range(6):
+        ed = e.editor
+        want = []
+        for a in range(N_ACTIONS):
+            t = ed.target(a)
+            if t is not None and (t == ed.current or t in ed.tried or ed.ev.known(t)):
+                t = None
+            want.append(t)
+        assert ed.targets() == want
+        assert np.array_equal(e.action_masks()[1:], np.array([t is not None for t in want[1:]]))
+        _, _, term, trunc, _ = e.step(_random_allowed(e, rng))
+        if term or trunc:
+            break
+
+
+def test_repeated_scenario_counts_calls_as_a_fresh_one():
+    """A repeated scenario's episode (sharing the memo of the earlier one) sees the same masks,
+    calls, rewards and observations as a fresh environment on that scenario."""
+    def episode(env: PipelineEnv, **reset) -> list:
+        rng = np.random.default_rng(1)
+        obs, info = env.reset(**reset)
+        out = [obs["plan"].tolist(), info["sim_calls"]]
+        done = False
+        while not done:
+            obs, r, term, trunc, info = env.step(_random_allowed(env, rng))
+            out.append((r, info["sim_calls"], info["iteration_time"], env.action_masks().tolist(),
+                        obs["stages"].tolist()))
+            done = term or trunc
+        return out
+
+    shared = _small_env(repeat_scenario=2, max_steps=8)
+    first = episode(shared, seed=4)
+    problem = shared.editor.problem
+    second = episode(shared)
+    assert shared.editor.problem is problem
+    assert second == first
+    assert episode(_small_env(max_steps=8), options={"problem": problem}) == second
+
+
+@pytest.mark.parametrize("devices", [2, 32])
+def test_one_layout_serves_2_to_32_devices(devices):
+    from env.scenarios import TRAIN_SCENARIO, sample_problem
+
+    cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=40, max_blocks=40,
+                         microbatches=(64,))
+    problem = sample_problem(np.random.default_rng(0), cfg)
+    e = PipelineEnv(max_calls=14)
+    obs, info = e.reset(options={"problem": problem, "start": "single"})
+    assert info["sim_calls"] <= 2 and observation_space().contains(obs)
+    S = e.editor.current.num_stages
+    assert obs["stages"][:, 0].sum() == S and obs["devices"][:, 0].sum() == devices
+    assert not obs["stages"][S:].any() and not obs["devices"][devices:].any()
+    mask = e.action_masks()
+    assert not mask[1 + S - 1:1 + 127].any()  # no boundary past the last stage
+    assert TRAIN_SCENARIO.max_devices == 32
+
+
+def test_train_and_heldout_scenarios_are_disjoint():
+    from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, zoo_family
+
+    assert "hybrid-mamba" not in TRAIN_SCENARIO.families
+    assert not {zoo_family(m) for m in TRAIN_SCENARIO.zoo_models} & {"hybrid-mamba"}
+    assert set(HELDOUT_SCENARIO.families) == {"hybrid-mamba"}
+    assert HELDOUT_SCENARIO.min_blocks > TRAIN_SCENARIO.max_blocks
+    rng = np.random.default_rng(0)
+    from env.scenarios import sample_problem
+
+    draws = [sample_problem(rng, TRAIN_SCENARIO) for _ in range(40)]
+    assert all(2 <= p.devices <= 32 and 8 <= p.microbatches <= 256 for p in draws)
+    assert not any("nemotron" in p.profile.name or "hybrid-mamba" in p.profile.name for p in draws)
+    assert any(p.cluster.gpus_per_node and p.devices > p.cluster.gpus_per_node for p in draws)
+    assert any(len(set(p.cluster.speeds)) > 1 for p in draws)
+    assert max(p.devices for p in draws) > 8
+
+
+def test_stop_masked_while_edits_are_left():
+    e = _small_env(allow_stop=False)
+    _, info = e.reset(seed=2)
+    mask = e.action_masks()
+    assert mask[1:].any() and not mask[0]
+    calls = info["sim_calls"]
+    _, reward, term, trunc, info = e.step(0)
+    assert info["edit"] == "masked" and not term and info["sim_calls"] == calls
+
+
+def test_fit_memory_repairs_a_plan_that_overflows():
+    from env.editor import fit_memory
+    from pipeline.space import Evaluator
+
+    problem = Problem(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
+    ev = Evaluator(problem)
+    free = Candidate((3, 3, 3, 3), (0, 1, 2, 3), "list", None)
+    res = ev.result(free)
+    need = max(res.peak_memory)
+    tight = Problem(problem.profile, problem.cluster.with_memory(0.6 * need / 2**30), 16)
+    ev = Evaluator(tight)
+    res = ev.result(free)
+    assert res.valid and not res.feasible
+    fixed = fit_memory(free, res, ev)
+    assert fixed is not None and fixed.budgets is not None and ev.result(fixed).feasible
+    assert fit_memory(fixed, ev.result(fixed), ev) is None  # fits already: nothing to do
