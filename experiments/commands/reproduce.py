@@ -211,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usable_gib(gpu: str) -> str:
+    cluster = build_cluster(gpu, devices=1)
+    return (f"{cluster.memory_gb:g} GiB per device less a {cluster.memory_reserve_gb:g} GiB reserve, "
+            f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable")
+
+
 def _write_markdown(path: Path, summary: list[dict[str, Any]], args: argparse.Namespace) -> None:
     def f(x: Any, nd: int = 2) -> str:
         return "—" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
@@ -225,7 +231,7 @@ def _write_markdown(path: Path, summary: list[dict[str, Any]], args: argparse.Na
         "",
         f"Command: `python -m experiments reproduce --budget {args.budget} --microbatches {args.microbatches} "
         f"--gpu {args.gpu} --seed {args.seed}` (analytic {args.gpu.upper()} costs, {args.microbatches} "
-        "micro-batches, 80 GiB per device). Speedups are over the Megatron baseline: interleaved 1F1B at "
+        f"micro-batches, {_usable_gib(args.gpu)}). Speedups are over the Megatron baseline: interleaved 1F1B at "
         "Megatron's even split and its **best** chunk count (1-8). Times in ms per iteration.",
         "",
         "| model | seq | devices | megatron (v) | best baseline | adaptis | speedup | paper | vs i1f1b-v2 "
