@@ -83,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_job([plan for _, plan in plans + calib], options, measure=True)
     profile, cluster = ModelProfile.from_dict(result["profile"]), measured_cluster(2, result["p2p"])
     runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
-    comps = compare_plans(plans, profile, cluster, runs)
-    cv = cross_validated(plans, profile, cluster, runs, calibration=(calib, calib_runs))
+    comps = compare_plans(plans, profile, cluster, runs=runs)
+    cv = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs))
     rows = [{**a.row(), "calibrated_ms": b.predicted, "calibrated_error_pct": 100 * b.error,
              "max_grad_error": run["max_grad_error"], "max_weight_error": run["max_weight_error"]}
             for a, b, run in zip(comps, cv, runs)]
