@@ -221,21 +221,17 @@ def _table_rows(kinds: Sequence[dict[str, Any]], plan: dict[str, Any] | None) ->
                      "ratio": r["bwd_ratio"]})
         rows.append({"check": "act MiB", "item": item, "measured": r["act_mib"], "predicted": r["act_pred_mib"],
                      "ratio": r["act_ratio"]})
+    # (check, measured key, predicted key) per device; a row only where both figures exist.
+    checks = (("peak GiB", "allocated_peak_gib", "pred_peak_gib"),
+              ("peak GiB (kinds)", "allocated_peak_gib", "pred_kinds_peak_gib"),
+              ("saved act GiB", "saved_act_gib", "pred_act_gib"),
+              ("saved act GiB (kinds)", "saved_act_gib", "pred_kinds_act_gib"))
     for d in (plan or {}).get("devices", []):
         item = f"{plan['model']} zb-h1 device {d['device']}"
-        if "allocated_peak_gib" in d:
-            rows.append({"check": "peak GiB", "item": item, "measured": d["allocated_peak_gib"],
-                         "predicted": d["pred_peak_gib"], "ratio": _ratio(d["allocated_peak_gib"], d["pred_peak_gib"])})
-            if "pred_kinds_peak_gib" in d:
-                rows.append({"check": "peak GiB (kinds)", "item": item, "measured": d["allocated_peak_gib"],
-                             "predicted": d["pred_kinds_peak_gib"],
-                             "ratio": _ratio(d["allocated_peak_gib"], d["pred_kinds_peak_gib"])})
-        rows.append({"check": "saved act GiB", "item": item, "measured": d["saved_act_gib"],
-                     "predicted": d["pred_act_gib"], "ratio": _ratio(d["saved_act_gib"], d["pred_act_gib"])})
-        if "pred_kinds_act_gib" in d:
-            rows.append({"check": "saved act GiB (kinds)", "item": item, "measured": d["saved_act_gib"],
-                         "predicted": d["pred_kinds_act_gib"],
-                         "ratio": _ratio(d["saved_act_gib"], d["pred_kinds_act_gib"])})
+        for check, measured, predicted in checks:
+            if measured in d and predicted in d:
+                rows.append({"check": check, "item": item, "measured": d[measured], "predicted": d[predicted],
+                             "ratio": _ratio(d[measured], d[predicted])})
     return rows
 
 
