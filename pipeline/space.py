@@ -141,14 +141,19 @@ def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Clu
     best = np.full((S, L + 1), inf)
     arg = np.zeros((S, L + 1), dtype=int)
     best[0, 1:] = pre[1:] / speeds[placement[0]]
+    # The last stage of a prefix [0, j) starts at some i in [s, j): one (i, j) matrix per stage,
+    # impossible splits at infinity, the first minimum kept (the same split as a loop over i).
+    i_idx = np.arange(L + 1)[:, None]
+    j_idx = np.arange(L + 1)[None, :]
+    span = (pre[None, :] - pre[:, None])
     for s in range(1, S):
         sp = speeds[placement[s]]
-        for j in range(s + 1, L - (S - 1 - s) + 1):
-            i = np.arange(s, j)
-            vals = np.maximum(best[s - 1, i], (pre[j] - pre[i]) / sp)
-            k = int(np.argmin(vals))
-            best[s, j] = vals[k]
-            arg[s, j] = i[k]
+        vals = np.maximum(best[s - 1][:, None], span / sp)
+        vals[(i_idx < s) | (i_idx >= j_idx)] = inf
+        lo, hi = s + 1, L - (S - 1 - s) + 1
+        k = np.argmin(vals[:, lo:hi], axis=0)
+        best[s, lo:hi] = vals[k, np.arange(lo, hi)]
+        arg[s, lo:hi] = k
     sizes, j = [], L
     for s in range(S - 1, 0, -1):
         i = int(arg[s, j])
