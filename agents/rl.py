@@ -1,16 +1,24 @@
 """RL searchers: a trained policy edits plans in ``adaptis/Pipeline-v0``, alone or seeding the tuner.
 
-``rl`` runs the policy on the problem: one deterministic rollout, then sampled rollouts
-(best-of-K) while simulator calls are left, all sharing one
-:class:`~pipeline.space.Evaluator`, so repeated plans are free and every call is counted. It
-spends at most ``max_calls`` (default 40, a tenth of the tuner's default budget).
-``RLSearcher(zero_shot=True)`` is zero-shot planning: one greedy rollout from one start plan
-(:func:`env.scenarios.zero_shot_starts`), at most 5 simulator calls.
+Two learned parts work together. The **start ranker** (:mod:`agents.rl_starts`, a contextual
+bandit over ~150 starting recipes) picks, from the scenario alone, which starting plans to
+simulate first; the **edit policy** (MaskablePPO with :class:`agents.rl_net.EntityPolicy`,
+imitation of a one-step look-ahead oracle then PPO, :mod:`agents.rl_imitation`) then edits the
+best of them, one simulator call per edit.
+
+``rl`` simulates the ranker's top ``start_arms`` recipes (named hand-built schedules among them
+are simulated as plans), then runs one deterministic rollout and sampled ones (best-of-K) while
+calls are left, all sharing one :class:`~pipeline.space.Evaluator`, so repeated plans are free
+and every call is counted. It spends at most ``max_calls`` (default 40, a tenth of the tuner's
+default budget). ``RLSearcher(zero_shot=True)`` is zero-shot planning: the ranker's top 3
+recipes and a greedy rollout, at most 5 simulator calls. Without a ranker file
+(``ranker_path="none"``) the rollouts start from the hand-written :func:`start_candidates`.
 
 ``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
-``max_calls`` and a tenth of the budget; one greedy rollout), then the tuner with what is left of the budget
-(calls and seconds), seeded with the policy's best plans besides its own
-(``start=..., own_seeds=True``). It is not better than the tuner by construction:
+``max_calls`` and a tenth of the budget; one greedy rollout), then the tuner with what is left
+of the budget (calls and seconds), started from the policy's best plans and the ranker's
+recipes **instead of** its own ~100 seeds (``own_seeds=False``), so the calls the tuner would
+spend on seeds go to its local search. The better of the two results is returned.
 ``python -m experiments evaluate-agent`` measures where it wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
@@ -152,8 +160,16 @@ class RLSearcher:
     random_edits: bool = False
     """No policy: uniformly random allowed edits from the same starts with the same budget (the
     baseline ``evaluate-agent`` calls ``rl-random``)."""
+    ranker_path: str | None = None
+    """Start ranker (:mod:`agents.rl_starts`, ``.pt`` with its ``.json``); ``None``: the shipped one.
+    ``"none"`` (or no shipped file): the rollouts start from the hand-written
+    :func:`start_candidates` (zero-shot: :func:`env.scenarios.zero_shot_starts`)."""
+    start_arms: int = 10
+    """How many of the ranker's top recipes to simulate first (zero-shot: 3)."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
+    start_list: list[Candidate] = field(default_factory=list, repr=False)
+    """After a search: the ranker's start candidates (empty without a ranker)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
@@ -168,8 +184,14 @@ class RLSearcher:
         found: list[tuple[tuple, Candidate, Plan, Result]] = []
         history: list[tuple[int, float]] = []
         best_key = None
-        starts: list[Candidate] | str = "single" if self.zero_shot else start_candidates(problem)
         deadline = None if budget.seconds is None else time.perf_counter() + budget.seconds
+        starts = self._starts(problem, ev, found, cap)
+        for key, _, plan, res in found:
+            if res.valid and (best_key is None or key < best_key):
+                best_key = key
+                history.append((ev.calls, res.iteration_time))
+                if on_improve is not None:
+                    on_improve(plan, res)
         for k in range(1 + samples):
             if k and (ev.calls >= cap or (deadline is not None and time.perf_counter() >= deadline)):
                 break
@@ -188,12 +210,44 @@ class RLSearcher:
         found.sort(key=lambda x: x[0])
         seen: list[Candidate] = []
         for _, c, _, _ in found:
-            if c not in seen:
+            if c is not None and c not in seen:
                 seen.append(c)
         self.best_candidates = seen
         best_plan = found[0][2] if found and found[0][3].valid else None
-        return finish(self.name, problem, best_plan, evaluator=ev, history=history,
-                      note=seen[0].describe() if seen else "")
+        note = found[0][2].meta.get("method", "") if found and found[0][1] is None else (
+            seen[0].describe() if seen else "")
+        return finish(self.name, problem, best_plan, evaluator=ev, history=history, note=note)
+
+    def ranker(self):
+        """The start ranker this searcher uses (loaded once), or None for the hand-written starts."""
+        from agents.rl_starts import DEFAULT_RANKER, load_ranker
+
+        path = self.ranker_path or DEFAULT_RANKER
+        if self.ranker_path == "none" or (self.ranker_path is None and not Path(path).with_suffix(".json").is_file()):
+            return None
+        return load_ranker(path)
+
+    def _starts(self, problem: Problem, ev: Evaluator, found: list, cap: int) -> list[Candidate] | str:
+        """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
+        ``found``), or without a ranker file the hand-written starts."""
+        from agents.rl_starts import named_result, ranked_starts
+
+        ranker = self.ranker()
+        if ranker is None:
+            return "single" if self.zero_shot else start_candidates(problem)
+        arms = ranked_starts(problem, ev, ranker, 3 if self.zero_shot else self.start_arms)
+        cands = [a.candidate for a in arms if a.candidate is not None]
+        for arm in arms:
+            if arm.method is not None and ev.calls < cap - (1 if cands else 0):
+                plan, res = named_result(arm, problem, ev)
+                if res is not None:
+                    found.append((objective_key(res), None, plan, res))
+        if cands:
+            self.start_list = cands
+            return cands
+        from env.scenarios import zero_shot_starts
+
+        return zero_shot_starts(problem, ev)
 
 
 @dataclass
@@ -207,6 +261,8 @@ class RLTunerSearcher:
 
     name: str = "rl+tuner"
     policy_path: str | None = None
+    ranker_path: str | None = None
+    """Start ranker file (``None``: the shipped one)."""
     samples: int = 0
     """Sampled rollouts after the greedy one (0: the greedy rollout only; the tuner gets the time)."""
     max_calls: int = 40
@@ -214,14 +270,20 @@ class RLTunerSearcher:
     """How many of the policy's best distinct plans seed the tuner."""
     rl_share: float = 0.1
     """Most of the budget (calls, at least 5, and seconds) the policy may use; the tuner gets the rest."""
+    own_seeds: bool = False
+    """Whether the tuner also simulates its own ~100 seeds and named plans (off: the ranker's top
+    recipes, simulated by the policy's search, stand in for them, and the tuner spends those
+    calls on its local search instead)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from agents.tuner import AdaptisTuner
 
         t0 = time.perf_counter()
-        rl = RLSearcher(policy_path=self.policy_path, samples=self.samples, max_calls=self.max_calls)
-        _policy(self.policy_path)  # loading the policy file is not search time
+        rl = RLSearcher(policy_path=self.policy_path, ranker_path=self.ranker_path, samples=self.samples,
+                        max_calls=self.max_calls)
+        _policy(self.policy_path)  # loading the policy and ranker files is not search time
+        rl.ranker()
         t0 = time.perf_counter()
         share = Budget(None if budget.sim_calls is None else max(5, int(self.rl_share * budget.sim_calls)),
                        None if budget.seconds is None else self.rl_share * budget.seconds)
@@ -229,8 +291,10 @@ class RLTunerSearcher:
         used = time.perf_counter() - t0
         rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - first.sim_calls),
                       seconds=None if budget.seconds is None else max(0.0, budget.seconds - used))
+        start = list(dict.fromkeys(rl.best_candidates[:self.seeds] + rl.start_list))
+        own = self.own_seeds or not rl.start_list  # without a ranker, the tuner keeps its own seeds
         tuned = AdaptisTuner().search(problem, budget=rest, seed=seed, on_improve=on_improve,
-                                      start=rl.best_candidates[:self.seeds], own_seeds=True)
+                                      start=start, own_seeds=own)
         parts = [first, tuned]
         ok = [p for p in parts if p.result is not None and p.result.valid]
         best = min(ok, key=lambda p: objective_key(p.result)) if ok else tuned

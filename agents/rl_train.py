@@ -88,6 +88,13 @@ class TrainConfig:
     resume: bool = False
     """Continue from the latest checkpoint in ``out``."""
     progress_bar: bool = True
+    imitation_states: int = 0
+    """States labelled by the one-step oracle before PPO (:mod:`agents.rl_imitation`; 0: none)."""
+    imitation_epochs: int = 12
+    """Passes of the imitation phase over its labelled states."""
+    ranker_scenarios: int = 0
+    """Training scenarios to label for the start ranker (:mod:`agents.rl_starts`, saved as
+    ``OUT/starts.pt``; 0: none)."""
 
 
 def latest_checkpoint(out: str | Path) -> Path | None:
@@ -124,10 +131,11 @@ def tuner_times(problems: list, *, calls: int, seed: int = 0) -> list[float]:
 
 def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24,
                        tuner: list[float] | None = None, allow_stop: bool = True) -> dict[str, float]:
-    """Deterministic rollouts on ``problems``: mean gain over the starting portfolio, and, given the
-    tuner's times, the geometric-mean quality (tuner time / policy time) at ``max_calls`` calls and
-    zero-shot (one start plan, at most 5 calls)."""
-    from agents.rl import rollout
+    """Deterministic rollouts on ``problems`` from the hand-written starts
+    (:func:`agents.rl.start_candidates`, no ranker: the edits alone): mean gain over the best start,
+    and, given the tuner's times, the geometric-mean quality (tuner time / policy time) at
+    ``max_calls`` calls and zero-shot (one start plan, at most 5 calls)."""
+    from agents.rl import rollout, start_candidates
     from env.pipeline_env import PipelineEnv
     from pipeline.space import Evaluator
 
@@ -135,9 +143,11 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
     gains, calls, quality, zero = [], [], [], []
     for i, p in enumerate(problems):
         ev = Evaluator(p)
-        env.reset(options={"problem": p, "evaluator": ev, "max_calls": max_calls})
+        starts = start_candidates(p)  # the hand-written, memory-aware starts (no ranker: the edits alone)
+        env.reset(options={"problem": p, "evaluator": ev, "max_calls": max_calls, "start": starts})
         start = env.editor.result
-        _, _, res = rollout(policy, env, problem=p, evaluator=ev, max_calls=max_calls, deterministic=True)
+        _, _, res = rollout(policy, env, problem=p, evaluator=ev, max_calls=max_calls, deterministic=True,
+                            start=starts)
         ok = res.feasible and start.feasible
         gains.append(start.iteration_time / res.iteration_time if ok else float(res.feasible))
         calls.append(ev.calls)
@@ -155,12 +165,53 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
     return out
 
 
+_HELD_OUT: dict[tuple[int, int], tuple[list, list[float] | None]] = {}
+
+
+def _held_out(config: TrainConfig) -> tuple[list, list[float] | None]:
+    """The evaluation scenarios (seeds 10_000 + i of :data:`HELDOUT_SCENARIO`) and the tuner's times on them."""
+    if not config.eval_every:
+        return [], None
+    key = (config.eval_scenarios, config.eval_tuner_calls)
+    if key not in _HELD_OUT:
+        problems = [sample_problem(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
+                    for i in range(config.eval_scenarios)]
+        _HELD_OUT[key] = (problems, tuner_times(problems, calls=config.eval_tuner_calls))
+    return _HELD_OUT[key]
+
+
+def _imitate(policy: Any, config: TrainConfig, tracker: Any, out: Path) -> dict[str, Any]:
+    """The imitation phase (:func:`agents.rl_imitation.pretrain`) with held-out evaluations before
+    and after it, and of random edits, written to ``eval.jsonl`` (``phase`` column) and W&B."""
+    from agents.rl_imitation import ImitationConfig, pretrain
+
+    problems, tuner = _held_out(config)
+
+    def record(phase: str, who: Any) -> None:
+        if not problems:
+            return
+        metrics = evaluate_policy_on(who, problems, max_calls=config.max_calls, max_steps=config.max_steps,
+                                     tuner=tuner, allow_stop=config.allow_stop)
+        with open(out / "eval.jsonl", "a") as fh:
+            fh.write(json.dumps({"timesteps": 0, "phase": phase, **metrics}) + "\n")
+        if tracker is not None:
+            tracker.log_metrics({f"{phase}/{k}": v for k, v in metrics.items()})
+
+    record("random-edits", None)
+    record("untrained", policy)
+    icfg = ImitationConfig(states=config.imitation_states, epochs=config.imitation_epochs)
+    summary = pretrain(policy, icfg, seed=config.seed, max_steps=config.max_steps, max_calls=config.max_calls,
+                       repeat_scenario=config.repeat_scenario, single_start_share=config.single_start_share,
+                       progress_bar=config.progress_bar,
+                       log=None if tracker is None else lambda row: tracker.log_metrics(row))
+    record("imitation", policy)
+    return summary
+
+
 def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, bool]):
     from stable_baselines3.common.callbacks import BaseCallback
 
-    problems = [sample_problem(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
-                for i in range(config.eval_scenarios)] if config.eval_every else []
-    tuner = tuner_times(problems, calls=config.eval_tuner_calls) if problems else None
+    problems, tuner = _held_out(config)
 
     class Periodic(BaseCallback):
         """Checkpoints, evaluation and the stop flag set by SIGINT/SIGTERM."""
@@ -231,6 +282,10 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
         raise ValueError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}")
     if config.network not in ("entity", "mlp"):
         raise ValueError(f"unknown network {config.network!r}; use entity or mlp")
+    if config.imitation_states < 0 or config.ranker_scenarios < 0:
+        raise ValueError("imitation_states and ranker_scenarios must be >= 0 (0: skip that phase)")
+    if config.imitation_states > 0 and config.network != "entity":
+        raise ValueError("the imitation phase trains the entity network; use --network entity")
     if config.network == "entity" and config.algo != "maskable-ppo":
         raise ValueError("the entity network needs --algo maskable-ppo (it scores only allowed actions)")
     th.set_num_threads(max(1, config.torch_threads))
@@ -262,6 +317,17 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
                          gamma=config.gamma, ent_coef=config.ent_coef, verbose=0, policy_kwargs=policy_kwargs)
     if logger is not None:
         model.set_logger(logger)
+    ranker = None
+    if config.ranker_scenarios > 0 and not (out / "starts.pt").is_file():
+        from agents.rl_starts import train_ranker
+
+        ranker = train_ranker(config.ranker_scenarios, seed=config.seed, out=out / "starts.pt",
+                              progress_bar=config.progress_bar)[1]
+        if tracker is not None:
+            tracker.log_metrics({f"ranker/{k}": v for k, v in ranker.items() if isinstance(v, (int, float))})
+    imitation = None
+    if ckpt is None and config.imitation_states > 0:
+        imitation = _imitate(model.policy, config, tracker, out)
     stop = {"now": False}
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -287,7 +353,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     if not interrupted and config.eval_every:
         callback.evaluate()
     meta = {"config": asdict(config), "command": command, "seed": config.seed, "train_seconds": round(seconds, 1),
-            "interrupted": interrupted}
+            "interrupted": interrupted, "imitation": imitation, "ranker": ranker}
     policy_path = save_policy(model, out / "policy.pth", algo=config.algo, extra=meta)
     return {"timesteps": int(model.num_timesteps), "seconds": seconds, "checkpoint": str(ckpt_path),
             "policy": str(policy_path), "interrupted": interrupted, "eval_log": str(out / "eval.jsonl")}

@@ -39,6 +39,9 @@ COLUMNS = ("scenario", "devices", "mb", "method", "iter_time", "feasible", "qual
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="policy file (default: the shipped policy)")
+    parser.add_argument("--ranker", default=None, help="start ranker file (default: the shipped one)")
+    parser.add_argument("--heldout-seed", type=int, default=20_000,
+                        help="seed of the first synthetic held-out draw (20000; another range gives fresh scenarios)")
     parser.add_argument("--models", default="heldout",
                         help="comma-separated zoo models, 'heldout' (models training never saw), 'all' or 'none'")
     parser.add_argument("--hf-config", action="append", default=[], help="extra HF config.json files")
@@ -83,7 +86,7 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     out = [(name, Problem(prof, build_cluster(args.gpu, devices=P), args.microbatches))
            for name, prof in profiles for P in devices if prof.num_layers >= P]
     for i in range(args.heldout):
-        p = sample_problem(np.random.default_rng(20_000 + i), HELDOUT_SCENARIO)
+        p = sample_problem(np.random.default_rng(args.heldout_seed + i), HELDOUT_SCENARIO)
         out.append((f"{p.profile.name}#{i}", p))
     return out
 
@@ -100,6 +103,8 @@ def _searcher(method: str, args: argparse.Namespace):
         searcher = make_searcher(method)
     if hasattr(searcher, "policy_path") and args.policy:
         searcher.policy_path = args.policy
+    if hasattr(searcher, "ranker_path") and args.ranker:
+        searcher.ranker_path = args.ranker
     if hasattr(searcher, "samples") and method == "rl":
         searcher.samples = args.samples
     return searcher

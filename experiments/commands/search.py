@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"per search method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
     parser.add_argument("--out", default=None, help="output folder (default runs/search-<model>)")
     parser.add_argument("--policy", default=None, help="RL policy file for --method rl / rl+tuner")
+    parser.add_argument("--ranker", default=None,
+                        help="start ranker file for --method rl / rl+tuner (default: the shipped one; 'none': the "
+                             "hand-written starts)")
     add_target_arguments(parser)
     add_trace_argument(parser, "the best plan's predicted timeline")
     add_output_args(parser)
@@ -118,10 +121,11 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "megatron")
     methods = with_target_method(methods, args.target)
     searchers = [make_searcher(m) for m in methods]
-    if args.policy:
-        for s in searchers:
-            if hasattr(s, "policy_path"):
-                s.policy_path = args.policy
+    for s in searchers:
+        if args.policy and hasattr(s, "policy_path"):
+            s.policy_path = args.policy
+        if args.ranker and hasattr(s, "ranker_path"):
+            s.ranker_path = args.ranker
     out = Path(args.out or f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
     out.mkdir(parents=True, exist_ok=True)
     problem = Problem(profile, cluster, args.microbatches)

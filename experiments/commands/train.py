@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-scenarios", type=positive_int, default=6, help="held-out scenarios per evaluation")
     parser.add_argument("--checkpoint-every", type=positive_int, default=10_000)
     parser.add_argument("--n-steps", type=positive_int, default=128, help="PPO rollout length per environment")
+    parser.add_argument("--imitation-states", type=int, default=0,
+                        help="states labelled by the one-step look-ahead oracle before PPO (0: PPO alone)")
+    parser.add_argument("--imitation-epochs", type=positive_int, default=12, help="passes over the labelled states")
+    parser.add_argument("--ranker-scenarios", type=int, default=0,
+                        help="training scenarios labelled for the start ranker, saved as OUT/starts.pt (0: none)")
+    parser.add_argument("--learning-rate", type=float, default=5e-4, help="PPO's learning rate")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_output_args(parser)
 
@@ -54,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
                          network=args.network if args.algo == "maskable-ppo" else "mlp",
                          out=args.out, eval_every=args.eval_every, eval_scenarios=args.eval_scenarios,
                          checkpoint_every=args.checkpoint_every, n_steps=args.n_steps, resume=args.resume,
+                         imitation_states=args.imitation_states, imitation_epochs=args.imitation_epochs,
+                         ranker_scenarios=args.ranker_scenarios, learning_rate=args.learning_rate,
                          progress_bar=not args.no_progress and sys.stderr.isatty())
     command = "python -m experiments train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     with tracked_run(args, command=NAME, config=asdict(config)) as tracker:
@@ -85,6 +93,10 @@ def learning_curve(eval_log: Path, png: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Rows with a "phase" are reference points of the imitation phase (random edits, the policy
+    # before and after imitation); the curve is the PPO phase.
+    marks = {r["phase"]: r for r in rows if r.get("phase")}
+    rows = [r for r in rows if not r.get("phase")] or rows
     x = [r["timesteps"] for r in rows]
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.2))
     ax[0].plot(x, [r["eval/gain_over_start"] for r in rows], marker="o")
@@ -92,6 +104,11 @@ def learning_curve(eval_log: Path, png: Path) -> Path | None:
     for key, label in (("eval/quality_vs_tuner", "rl (<= 40 calls)"), ("eval/zero_shot_quality", "zero-shot (<= 5)"),
                        ("eval/min_quality_vs_tuner", "rl, worst scenario")):
         ax[1].plot(x, [r.get(key, float("nan")) for r in rows], marker="o", label=label)
+    for phase, style in (("random-edits", ":"), ("untrained", "--")):
+        if phase in marks:
+            for a, key in ((ax[0], "eval/gain_over_start"), (ax[1], "eval/quality_vs_tuner")):
+                a.axhline(marks[phase].get(key, float("nan")), color="grey", ls=style, lw=0.8,
+                          label=f"{phase} (rl)" if a is ax[1] else None)
     ax[1].set_title("held-out: throughput / tuner's (geo-mean)")
     ax[1].legend(fontsize=7)
     ax[2].plot(x, [r.get("train/steps_per_s", float("nan")) for r in rows], marker="o", color="C2")

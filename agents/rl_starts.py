@@ -1,0 +1,358 @@
+"""A learned start ranker: which starting plans to simulate first, chosen from the scenario alone.
+
+Every search starts from a handful of recipes (the tuner simulates ~100 of them before it edits
+anything). Which one wins depends on the scenario: V-shapes where the head dominates, deep
+interleaving with many micro-batches, memory-cut budgets where memory binds, a hand-built
+V-Half where memory is tight and micro-batches many. The ranker learns that map: a contextual
+bandit over a fixed list of recipes (:data:`ARMS`), trained with full information (every
+recipe simulated on each training scenario, one batched native call) by a listwise
+cross-entropy against ``softmax(log(best / time) / temperature)``. It reads 16 numbers that
+need no simulation (:func:`scenario_features`) and scores every recipe; searchers simulate the
+top ones (:func:`ranked_starts`).
+
+Recipes (:data:`ARMS`, stable names): each placement family of the tuner's seeds
+(:data:`agents.baselines.PLACEMENT_CHOICES`) at the DP-balanced and Megatron splits under each
+schedule's activation budget, the same with budgets cut to the memory left after the static
+share (``:fit``), the fixed orders (1F1B, interleaved) and the named hand-built schedules
+(``named:*``, e.g. V-Half; simulated as plans, not editable). The ranker is saved as a torch
+state dict (``.pt``, loaded with ``weights_only=True``) with a ``.json`` of its metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.baselines import PLACEMENT_CHOICES
+from pipeline.errors import ConfigError, PlanError
+from pipeline.megatron import megatron_partition
+from pipeline.space import Candidate, Evaluator, Problem, make_placement, preset_budgets
+
+__all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
+           "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts"]
+
+_BUDGETS = ("zb-h1", "zb-h2", "zbv", "v-half", None)
+_NAMED = ("zbv", "v-half", "v-min", "dualpipev", "zb-h1", "zb-h2", "i1f1b-v2", "1f1b", "megatron")
+
+
+def _arm_names() -> tuple[str, ...]:
+    names = []
+    for kind, chunks in PLACEMENT_CHOICES:
+        for split in ("dp", "megatron"):
+            for b in _BUDGETS:
+                names.append(f"list:{kind}{chunks}:{split}:{b or 'unlimited'}")
+                if b is not None:
+                    names.append(f"list:{kind}{chunks}:{split}:{b}:fit")
+            if kind == "interleaved" or chunks == 1:
+                names.append(f"fixed:{kind}{chunks}:{split}")
+    names += [f"named:{m}:{split}" for m in _NAMED for split in ("dp", "megatron") if not (m == "megatron" and
+                                                                                          split == "dp")]
+    return tuple(names)
+
+
+#: The recipes, by stable name (the ranker's outputs, in this order).
+ARMS: tuple[str, ...] = _arm_names()
+#: The scenario features the ranker reads (:func:`scenario_features`).
+FEATURES: tuple[str, ...] = (
+    "log2(devices)/5", "log2(microbatches)/8", "log2(layers)/8", "log2(microbatches/devices)/4",
+    "head/stage", "embedding/stage", "max_layer/stage", "cost_cv", "comm/stage", "static/limit",
+    "log2(mbs_fit/devices)/4", "multi_node", "speed_spread", "moe_share", "mixer_share", "layers/devices/8",
+)
+#: The ranker shipped beside the default policy.
+DEFAULT_RANKER = Path(__file__).resolve().parent / "policies" / "default_starts.pt"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One recipe on one problem: a candidate (editable) or a named plan (``method``, ``balanced``)."""
+
+    name: str
+    candidate: Candidate | None = None
+    method: str | None = None
+    balanced: bool = False
+
+
+def scenario_features(problem: Problem) -> np.ndarray:
+    """:data:`FEATURES` of a problem: sizes, how heavy the head, embedding and largest layer are
+    against an even stage, how uneven the layers are, link cost, how much memory the weights take
+    and how many micro-batches of activations fit, nodes, device speeds, layer kinds."""
+    prof, cl = problem.profile, problem.cluster
+    P, M, L = problem.devices, problem.microbatches, prof.num_layers
+    cost = np.array([x.f + x.b + x.w for x in prof.layers], dtype=np.float64)
+    stage = max(float(cost.sum()) / P, 1e-12)
+    act = float(sum(x.act_bytes for x in prof.layers))
+    static = sum(x.params for x in prof.layers) * problem.training.bytes_per_param / P
+    limit = float(np.mean(cl.memory_limits_bytes))
+    room = limit - static
+    fit = room / max(act / P, 1.0) if room > 0 else 0.0
+    comm = cl.transfer_seconds(0, min(1, P - 1), max(x.out_bytes for x in prof.layers)) / prof.seconds_per_unit
+    kinds = [getattr(x, "kind", "") for x in prof.layers]
+    names = [x.name for x in prof.layers]
+    moe = sum("moe" in n.lower() for n in names) / L
+    mixer = sum(any(k in n.lower() for k in ("mamba", "linear", "sliding")) for n in names) / L
+    speeds = np.asarray(cl.speeds, dtype=np.float64)
+    nodes = (P - 1) // (cl.gpus_per_node or P) + 1
+    head = float(cost[-1]) if kinds and kinds[-1] == "head" else float(cost[-1])
+    x = [math.log2(P) / 5, math.log2(M) / 8, math.log2(L) / 8, math.log2(M / P) / 4,
+         head / stage, float(cost[0]) / stage, float(cost.max()) / stage, float(cost.std() / max(cost.mean(), 1e-12)),
+         comm / max(float(cost.mean()), 1e-12), static / limit, math.log2(max(fit, 0.5) / P) / 4, float(nodes > 1),
+         float(speeds.max() / speeds.min() - 1.0), moe, mixer, L / P / 8]
+    return np.clip(np.asarray(x, dtype=np.float32), -8.0, 8.0)
+
+
+def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ...],
+                 budgets: tuple[float, ...]) -> tuple[float, ...] | None:
+    """Budgets cut to the micro-batches of activations each device's memory holds after its
+    static share; None when one micro-batch does not fit."""
+    costs = ev.costs(sizes, placement)
+    P = len(budgets)
+    per_mb = [0.0] * P
+    for s, d in enumerate(placement):
+        per_mb[d] += costs.act[s]
+    out = []
+    for d in range(P):
+        room = costs.memory_limit[d] - costs.static_bytes[d]
+        fit = room / per_mb[d] if per_mb[d] > 0 else math.inf
+        if fit < 1.0:
+            return None
+        out.append(max(1.0, min(budgets[d], float(int(fit)))))
+    return tuple(out)
+
+
+def arm_candidates(problem: Problem, ev: Evaluator) -> dict[str, Arm]:
+    """The recipes that apply to ``problem``, by name (a subset of :data:`ARMS`)."""
+    P, L = problem.devices, problem.profile.num_layers
+    out: dict[str, Arm] = {}
+    for kind, chunks in PLACEMENT_CHOICES:
+        if P * chunks > L or (chunks > 1 and P < 2):
+            continue
+        placement = make_placement(kind, P, chunks)
+        splits = {"dp": ev.balanced_sizes(placement),
+                  "megatron": tuple(b - a for a, b in megatron_partition(problem.profile, P * chunks))}
+        for split, sizes in splits.items():
+            for b in _BUDGETS:
+                budgets = preset_budgets(b, P) if b else None
+                counts_w = b not in ("zb-h1", "zb-h2")
+                knobs = {"cap_counts_w": counts_w, "max_pending_w": P if not counts_w else None}
+                name = f"list:{kind}{chunks}:{split}:{b or 'unlimited'}"
+                out[name] = Arm(name, Candidate(sizes, placement, "list", budgets, **knobs))
+                if budgets is not None:
+                    cut = _fit_budgets(ev, sizes, placement, budgets)
+                    if cut is not None and cut != budgets:
+                        out[name + ":fit"] = Arm(name + ":fit", Candidate(sizes, placement, "list", cut,
+                                                                          cap_counts_w=True))
+            if kind == "interleaved" or chunks == 1:
+                name = f"fixed:{kind}{chunks}:{split}"
+                out[name] = Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+    for m in _NAMED:
+        for split in ("dp", "megatron"):
+            if m == "megatron" and split == "dp":
+                continue
+            out[f"named:{m}:{split}"] = Arm(f"named:{m}:{split}", method=m, balanced=split == "dp")
+    return out
+
+
+def named_result(arm: Arm, problem: Problem, ev: Evaluator):
+    """(plan, result) of a named arm (one counted simulator call), or (None, None) when it does not apply."""
+    from pipeline.plan import partition_from_sizes
+    from pipeline.schedules import build_plan, method_placement
+    from pipeline.simulator import simulate
+
+    try:
+        partition = None
+        if arm.balanced:
+            partition = partition_from_sizes(ev.balanced_sizes(method_placement(arm.method, problem.devices)))
+        plan = build_plan(arm.method, problem.profile, problem.cluster, microbatches=problem.microbatches,
+                          partition=partition, training=problem.training)
+    except PlanError:
+        return None, None
+    ev.calls += 1
+    return plan, simulate(plan, problem.profile, problem.cluster, training=problem.training, validate=False,
+                          record_timeline=False)
+
+
+def _arm_times(problem: Problem) -> np.ndarray:
+    """Iteration time of every arm on ``problem`` (inf: infeasible; nan: does not apply)."""
+    ev = Evaluator(problem)
+    arms = arm_candidates(problem, ev)
+    out = np.full(len(ARMS), np.nan)
+    cands = [a.candidate for a in arms.values() if a.candidate is not None]
+    ev.results(cands)
+    for i, name in enumerate(ARMS):
+        arm = arms.get(name)
+        if arm is None:
+            continue
+        res = ev.result(arm.candidate) if arm.candidate is not None else named_result(arm, problem, ev)[1]
+        if res is None:
+            continue
+        out[i] = res.iteration_time if res.feasible else np.inf
+    return out
+
+
+def collect_arm_labels(n: int, *, seed: int, progress: Callable[[int], None] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(features, arm times) of ``n`` scenarios drawn from :data:`env.scenarios.TRAIN_SCENARIO`."""
+    from env.scenarios import TRAIN_SCENARIO, sample_problem
+
+    rng = np.random.default_rng(seed)
+    feats, times = [], []
+    while len(feats) < n:
+        problem = sample_problem(rng, TRAIN_SCENARIO)
+        t = _arm_times(problem)
+        if not np.isfinite(t).any():
+            continue  # nothing fits: no ranking to learn
+        feats.append(scenario_features(problem))
+        times.append(t)
+        if progress is not None:
+            progress(1)
+    return np.stack(feats), np.stack(times)
+
+
+def _collect_worker(args: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    return collect_arm_labels(args[0], seed=args[1])
+
+
+def _targets(times: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """(target distribution, applicable mask) from arm times: softmax of log(best / time)."""
+    applicable = ~np.isnan(times)
+    best = np.nanmin(np.where(np.isfinite(times), times, np.nan), axis=1, keepdims=True)
+    q = np.where(np.isfinite(times), np.log(best / np.where(np.isfinite(times), times, 1.0)), -np.inf)
+    q = np.where(applicable, q, -np.inf)
+    w = np.exp((q - 0.0) / temperature)
+    return w / w.sum(axis=1, keepdims=True), applicable
+
+
+class StartRanker:
+    """An MLP from :data:`FEATURES` to one score per arm of :data:`ARMS` (higher: simulate first)."""
+
+    def __init__(self, hidden: int = 128, seed: int = 0) -> None:
+        import torch as th
+
+        th.manual_seed(seed)
+        self.hidden = hidden
+        self.net = th.nn.Sequential(th.nn.Linear(len(FEATURES), hidden), th.nn.ReLU(), th.nn.Linear(hidden, hidden),
+                                    th.nn.ReLU(), th.nn.Linear(hidden, len(ARMS)))
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        import torch as th
+
+        with th.no_grad():
+            return self.net(th.as_tensor(features, dtype=th.float32)).numpy()
+
+
+def fit_ranker(ranker: StartRanker, features: np.ndarray, times: np.ndarray, *, epochs: int = 300,
+               lr: float = 3e-3, temperature: float = 0.02, seed: int = 0) -> dict[str, float]:
+    """Listwise cross-entropy over the applicable arms; returns the held-back tenth's top-1 and
+    best-of-top-3 quality (best time / the picked arm's time, geometric mean)."""
+    import torch as th
+
+    target, applicable = _targets(times, temperature)
+    n = len(features)
+    order = np.random.default_rng(seed).permutation(n)
+    held, train = order[: max(1, n // 10)], order[max(1, n // 10):]
+    x = th.as_tensor(features, dtype=th.float32)
+    t = th.as_tensor(target, dtype=th.float32)
+    m = th.as_tensor(applicable)
+    opt = th.optim.Adam(ranker.net.parameters(), lr=lr, weight_decay=1e-4)
+    for _ in range(epochs):
+        for i in range(0, len(train), 256):
+            idx = th.as_tensor(train[i:i + 256])
+            logits = ranker.net(x[idx]).masked_fill(~m[idx], -1e9)
+            loss = -(t[idx] * th.log_softmax(logits, dim=1)).sum(1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {"held_top1_quality": _quality(ranker, features[held], times[held], 1),
+            "held_top3_quality": _quality(ranker, features[held], times[held], 3), "scenarios": n}
+
+
+def _quality(ranker: StartRanker, features: np.ndarray, times: np.ndarray, k: int) -> float:
+    scores = np.where(np.isnan(times), -np.inf, ranker.scores(features))
+    best = np.nanmin(np.where(np.isfinite(times), times, np.nan), axis=1)
+    top = np.argsort(-scores, axis=1)[:, :k]
+    picked = np.min(np.take_along_axis(np.where(np.isnan(times), np.inf, times), top, axis=1), axis=1)
+    q = np.where(np.isfinite(picked), best / picked, 1e-3)
+    return float(np.exp(np.mean(np.log(q))))
+
+
+def train_ranker(n: int, *, seed: int = 0, workers: int = 2, out: str | Path | None = None,
+                 progress_bar: bool = True) -> tuple[StartRanker, dict[str, Any]]:
+    """Label ``n`` training scenarios in ``workers`` processes, fit a ranker, save it to ``out``."""
+    import multiprocessing as mp
+
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    shares = [n // workers + (i < n % workers) for i in range(workers)]
+    jobs = [(k, seed * 1000 + 700 + i) for i, k in enumerate(shares) if k]
+    with tqdm(total=n, desc="start ranker: label scenarios", unit="scenario", disable=not progress_bar) as bar:
+        if len(jobs) == 1:
+            parts = [collect_arm_labels(jobs[0][0], seed=jobs[0][1], progress=bar.update)]
+        else:
+            with mp.get_context("spawn").Pool(len(jobs)) as pool:
+                parts = pool.map(_collect_worker, jobs)
+            bar.update(n)
+    features = np.concatenate([p[0] for p in parts])
+    times = np.concatenate([p[1] for p in parts])
+    collected = time.perf_counter() - t0
+    ranker = StartRanker(seed=seed)
+    metrics = fit_ranker(ranker, features, times, seed=seed)
+    summary = {**metrics, "collect_seconds": round(collected, 1),
+               "fit_seconds": round(time.perf_counter() - t0 - collected, 1), "seed": seed}
+    if out is not None:
+        save_ranker(ranker, out, extra=summary)
+    return ranker, summary
+
+
+def save_ranker(ranker: StartRanker, path: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    """Write the ranker's weights (``.pt`` state dict) and its ``.json`` metadata (arms, features)."""
+    import torch as th
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    th.save(ranker.net.state_dict(), path)
+    meta = {"format": "adaptis-start-ranker/1", "arms": list(ARMS), "features": list(FEATURES),
+            "hidden": ranker.hidden, **(extra or {})}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+_RANKERS: dict[str, StartRanker] = {}
+
+
+def load_ranker(path: str | Path | None = None) -> StartRanker:
+    """The ranker at ``path`` (default :data:`DEFAULT_RANKER`); ConfigError when it was trained
+    for other arms or features than this version has."""
+    import torch as th
+
+    path = Path(path) if path is not None else DEFAULT_RANKER
+    key = str(path.resolve())
+    if key in _RANKERS:
+        return _RANKERS[key]
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        raise ConfigError(f"start ranker {path} (and its .json) not found; train one with python -m experiments "
+                          "train --ranker-scenarios N", field="--ranker")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("arms") != list(ARMS) or meta.get("features") != list(FEATURES):
+        raise ConfigError(f"start ranker {path} was trained for other arms or features; retrain it", field="--ranker")
+    ranker = StartRanker(hidden=int(meta.get("hidden", 128)))
+    ranker.net.load_state_dict(th.load(path, weights_only=True))
+    ranker.net.eval()
+    _RANKERS[key] = ranker
+    return ranker
+
+
+def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, k: int) -> list[Arm]:
+    """The ``k`` applicable arms the ranker scores highest, best first."""
+    arms = arm_candidates(problem, ev)
+    scores = ranker.scores(scenario_features(problem)[None])[0]
+    order = sorted((i for i, name in enumerate(ARMS) if name in arms), key=lambda i: -scores[i])
+    return [arms[ARMS[i]] for i in order[:k]]
