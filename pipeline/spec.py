@@ -455,15 +455,17 @@ class TrainingConfig:
     the whole backward, so stage 0 keeps all its activations from ``F`` until ``W``
     (``PipelineStage.backward_one_chunk`` skips ``is_first``; ``backward_weight_one_chunk`` runs
     the "full" backward for stage 0). ``False``: a runtime that splits stage 0's backward like
-    every other stage's (its ``I`` frees all but ``w_act_bytes``). Fused ``B`` is unaffected."""
+    every other stage's (see :attr:`input_backward_keeps_graph`). Fused ``B`` is unaffected."""
     input_backward_keeps_graph: bool = True
     """Memory of ``I`` on the stages after the first. ``True`` matches PyTorch's
     ``torch.distributed.pipelining`` (torch 2.13), the runtime of the executor and of torchtitan:
     ``stage_backward_input`` runs ``autograd.grad(..., retain_graph=True)`` and keeps, until
     ``stage_backward_weight``, every saved tensor below the weight-gradient nodes and the gradients
     at those nodes (``param_groups[...]["grads"]``), so a stage's ``I`` leaves its layers'
-    ``w_graph_bytes`` for ``W`` to free, which can be more than ``F`` added (measured on
-    ``tiny-hybrid``: 1.40x a middle stage's activations, 1.09x the head's stage;
-    ``tests/executor/test_memory.py``). ``False`` matches a runtime whose ``I`` frees what ``W``
-    does not need (Megatron-LM's and the zero-bubble reference's split backward): ``I`` leaves
-    ``w_act_bytes``."""
+    ``w_graph_bytes`` for ``W`` to free, which can be more than ``F`` added (a deferred-W plan of
+    ``tiny-hybrid`` through the executor's runtime: a middle stage keeps 1.40x the bytes autograd
+    saved, the head's stage 2.54x, its logits' gradient; ``tests/executor/test_memory.py``).
+    ``False``: the model before, for a runtime whose ``I`` frees what ``W`` does not need: ``I``
+    leaves only ``w_act_bytes`` (the inputs of the weight matmuls). It omits the output gradients
+    that ``W`` needs too (Megatron-LM's ``WeightGradStore`` keeps ``(total_input, grad_output)``
+    per linear until ``W``), so it is a lower bound even for such a runtime."""
