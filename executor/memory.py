@@ -7,7 +7,11 @@ Two meters:
   moment a stage's forward saves it until autograd releases it (the graph node that holds it is
   freed after the backward that used it, or never while a later pass still needs it). Storages
   are counted once however many nodes save them; parameters are left out. This is what the
-  performance model's ``act_bytes`` stands for, on the CPU as on a GPU.
+  performance model's ``act_bytes`` stands for, on the CPU as on a GPU. Besides, the meter counts
+  what a stage *keeps* (:meth:`SavedTensorMeter.hold`): the saved tensors plus the gradients
+  PyTorch's ``stage_backward_input`` keeps from I until W (``param_groups[...]["grads"]``, the
+  gradient at every weight operation's output), each storage once; this is what the model's
+  ``w_graph_bytes`` stands for (``TrainingConfig.input_backward_keeps_graph``).
 * On CUDA, the caching allocator's ``memory_allocated`` around every action, attributed to the
   stage that runs it (:func:`run_plan_here`): parameters, gradients, activations, transfer
   buffers and the transient workspace of each pass.
@@ -35,7 +39,7 @@ from torch.distributed.pipelining._backward import stage_backward, stage_backwar
 
 from pipeline.plan import Action, Plan
 
-__all__ = ["SavedTensorMeter", "MemoryReport", "merged_order", "run_runtime_here", "run_plan_here"]
+__all__ = ["SavedTensorMeter", "MemoryReport", "merged_order", "run_runtime_here", "run_plan_here", "input_grads_for_w"]
 
 
 class _Held:
@@ -48,7 +52,8 @@ class _Held:
 
 
 class SavedTensorMeter:
-    """Live bytes of the tensors autograd saves, per stage and per device, with their peaks.
+    """Live bytes of the tensors autograd saves, per stage and per device, with their peaks; and
+    of what each stage keeps: those plus the tensors passed to :meth:`hold` (gradients kept for W).
 
     Set :attr:`stage` (or use :meth:`attribute`) to the stage whose work runs; install the hooks
     with :meth:`hooks` around the work."""
@@ -63,6 +68,12 @@ class SavedTensorMeter:
         self.stage_peak: dict[int, int] = defaultdict(int)
         self.device_level: dict[int, int] = defaultdict(int)
         self.device_peak: dict[int, int] = defaultdict(int)
+        self._kept: dict[int, dict[int, list[int]]] = defaultdict(dict)
+        self.kept_level: dict[int, int] = defaultdict(int)
+        """Live bytes each stage keeps (saved tensors and held gradients, each storage once), now."""
+        self.kept_stage_peak: dict[int, int] = defaultdict(int)
+        self.kept_device_level: dict[int, int] = defaultdict(int)
+        self.kept_device_peak: dict[int, int] = defaultdict(int)
 
     @contextmanager
     def attribute(self, stage: int) -> Iterator[None]:
@@ -90,9 +101,48 @@ class SavedTensorMeter:
             self._change(stage, storage.nbytes())
         else:
             entry[1] += 1
+        self._keep(stage, key, storage.nbytes())
         held = _Held(t.detach())  # no grad_fn: holding a node's own output must not make a cycle
         weakref.finalize(held, self._release, stage, key)
+        weakref.finalize(held, self._unkeep, stage, key)
         return held
+
+    def hold(self, stage: int, tensors: Sequence[torch.Tensor | None]) -> int:
+        """Count ``tensors`` as kept by ``stage`` until they are freed (storages counted once, with
+        the saved ones); returns the bytes this added."""
+        before = self.kept_level[stage]
+        for t in tensors:
+            if t is None or t.untyped_storage().data_ptr() in self._exclude:
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            self._keep(stage, key, storage.nbytes())
+            weakref.finalize(t, self._unkeep, stage, key)
+        return self.kept_level[stage] - before
+
+    def _keep(self, stage: int, key: int, nbytes: int) -> None:
+        entry = self._kept[stage].get(key)
+        if entry is None:
+            self._kept[stage][key] = [nbytes, 1]
+            self._change_kept(stage, nbytes)
+        else:
+            entry[1] += 1
+
+    def _unkeep(self, stage: int, key: int) -> None:
+        entry = self._kept[stage].get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._kept[stage][key]
+            self._change_kept(stage, -entry[0])
+
+    def _change_kept(self, stage: int, delta: int) -> None:
+        self.kept_level[stage] += delta
+        self.kept_stage_peak[stage] = max(self.kept_stage_peak[stage], self.kept_level[stage])
+        d = self.placement[stage]
+        self.kept_device_level[d] += delta
+        self.kept_device_peak[d] = max(self.kept_device_peak[d], self.kept_device_level[d])
 
     @staticmethod
     def _unpack(held: Any) -> torch.Tensor:
@@ -115,6 +165,16 @@ class SavedTensorMeter:
         self.device_peak[d] = max(self.device_peak[d], self.device_level[d])
 
 
+def input_grads_for_w(param_groups: Sequence[dict[str, Any]] | None) -> list[torch.Tensor]:
+    """The gradients ``stage_backward_input`` keeps in its ``param_groups`` until
+    ``stage_backward_weight`` (one per output of each weight-gradient node; ``None`` skipped)."""
+    out: list[torch.Tensor] = []
+    for group in param_groups or ():
+        for grads in group.get("grads") or ():
+            out.extend(g for g in grads if isinstance(g, torch.Tensor))
+    return out
+
+
 def merged_order(plan: Plan, timeline: Sequence[Any]) -> tuple[Action, ...]:
     """Every device's actions in one list, in the order a simulated ``timeline`` starts them
     (ties: the earlier end first). Each device's own order is kept, and every action comes after
@@ -135,6 +195,10 @@ class MemoryReport:
     """Peak live bytes of autograd-saved tensors, per stage."""
     saved_peak_device: dict[int, int]
     """The same summed over each device's stages (peak of the sum), per device."""
+    kept_peak_stage: dict[int, int] = field(default_factory=dict)
+    """Peak live bytes each stage keeps: saved tensors plus the gradients PyTorch's I keeps for W."""
+    kept_peak_device: dict[int, int] = field(default_factory=dict)
+    """The same summed over each device's stages (peak of the sum), per device."""
     allocated_peak_device: dict[int, int] = field(default_factory=dict)
     """CUDA only: peak ``memory_allocated`` per device (its parameters and gradients included)."""
     static_device: dict[int, int] = field(default_factory=dict)
@@ -147,6 +211,7 @@ class MemoryReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"saved_peak_stage": self.saved_peak_stage, "saved_peak_device": self.saved_peak_device,
+                "kept_peak_stage": self.kept_peak_stage, "kept_peak_device": self.kept_peak_device,
                 "allocated_peak_device": self.allocated_peak_device, "static_device": self.static_device,
                 "loss": self.loss, "process_allocated_peak": self.process_allocated_peak,
                 "process_reserved_peak": self.process_reserved_peak}
@@ -178,17 +243,25 @@ def run_runtime_here(plan: Plan, order: Sequence[Action], arch: Any, *, tokens: 
     finally:
         if started:
             dist.destroy_process_group()
-    return MemoryReport(dict(meter.stage_peak), dict(meter.device_peak), loss=result.loss)
+    return MemoryReport(dict(meter.stage_peak), dict(meter.device_peak), dict(meter.kept_stage_peak),
+                        dict(meter.kept_device_peak), loss=result.loss)
 
 
 def _attribute_stage(stage: Any, meter: SavedTensorMeter) -> None:
-    """Make every computation of ``stage`` count as its own in ``meter`` (wraps the instance's methods)."""
+    """Make every computation of ``stage`` count as its own in ``meter`` (wraps the instance's
+    methods), and hold the gradients its I keeps for W (``backward_state``) until W frees them."""
     for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
         method = getattr(stage, name)
 
-        def wrapped(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+        def wrapped(*args: Any, _method: Callable[..., Any] = method, _name: str = name, **kwargs: Any) -> Any:
             with meter.attribute(stage.stage_index):
-                return _method(*args, **kwargs)
+                out = _method(*args, **kwargs)
+            if _name == "backward_one_chunk":
+                chunk = args[0] if args else kwargs["bwd_chunk_id"]
+                state = stage.backward_state.get(chunk)
+                if state is not None:  # an I: (inputs, param_groups, outputs, output grads) wait for W
+                    meter.hold(stage.stage_index, input_grads_for_w(state[1]))
+            return out
 
         setattr(stage, name, wrapped)
 
@@ -290,12 +363,13 @@ def run_plan_here(plan: Plan, order: Sequence[Action], stages: Sequence[torch.nn
                     g = grad_out.pop(key)
                     gins, groups[key] = stage_backward_input([outs.pop(key)], None if g is None else [g], [ins[key]],
                                                              iter(params[s]))
+                    meter.hold(s, input_grads_for_w(groups[key]))
                     grad_in[key] = gins[0]
                 else:  # W of a later stage
                     stage_backward_weight(iter(params[s]), groups.pop(key))
                     ins.pop(key)
-    return MemoryReport(dict(meter.stage_peak), dict(meter.device_peak),
-                        {d: alloc.peak[d] for d in range(P)} if alloc.on else {},
+    return MemoryReport(dict(meter.stage_peak), dict(meter.device_peak), dict(meter.kept_stage_peak),
+                        dict(meter.kept_device_peak), {d: alloc.peak[d] for d in range(P)} if alloc.on else {},
                         {d: static[d] for d in range(P)} if alloc.on else {},
                         loss=sum(losses) if losses else None, process_allocated_peak=alloc.max_allocated,
                         process_reserved_peak=alloc.max_reserved)

@@ -14,7 +14,9 @@ and ``out_bytes`` the bytes of the layer's output, i.e. what crosses a stage bou
 ``w_act_bytes`` is the share of ``act_bytes`` that is still saved after I, until W
 (:class:`executor.memory.SavedTensorMeter`): PyTorch's ``stage_backward_input`` keeps the graph
 for W (``retain_graph=True``), so inside a block it frees almost nothing; the first layer keeps
-everything (its I is a no-op).
+everything (its I is a no-op). ``w_graph_bytes`` is what PyTorch's I keeps in all until W:
+``w_act_bytes`` plus the gradients ``stage_backward_input`` keeps for ``stage_backward_weight``
+(its ``param_groups``' grads: the gradient at each weight operation's output).
 
 On CUDA the same measurements run in bf16 (``ProfileConfig.dtype``): times come from CUDA events
 recorded around each pass after the warm-up runs (GPU time, not host time), and the caching
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
 
-from executor.memory import SavedTensorMeter
+from executor.memory import SavedTensorMeter, input_grads_for_w
 from executor.model import StageModule, build_layers, make_batch
 from pipeline.arch import Architecture
 from pipeline.spec import LayerCost, ModelProfile
@@ -158,7 +160,8 @@ class _SavedBytes:
 def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: torch.Tensor, *,
                    config: ProfileConfig) -> list[dict[str, float]]:
     """Per layer: ``f``, ``b``, ``w``, ``b_full`` (seconds, medians), ``act_bytes``, ``out_bytes``,
-    ``w_act_bytes``; on CUDA also ``mem_retained_bytes`` and ``mem_peak_bytes`` (see the module docstring).
+    ``w_act_bytes``, ``w_graph_bytes``; on CUDA also ``mem_retained_bytes`` and ``mem_peak_bytes`` (see the
+    module docstring).
 
     Layers are timed one after another inside a whole forward / backward pass, as a stage runs
     them (so caches are as cold as in a pipeline, not warmed by repeating one layer): a forward
@@ -173,6 +176,7 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
     retained = [0] * n
     peak = [0] * n
     w_share = [1.0] * n  # of the saved bytes, the share still saved after I
+    w_grads = [0] * n  # bytes of the gradients I keeps for W
     meter = SavedTensorMeter([0] * n, exclude=[p for ps in params for p in ps])
     saved_after_f = [0] * n
     mem = _CudaMemory(device)
@@ -224,6 +228,8 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
                 grad = list(gin)
                 if rep == 0 and saved_after_f[i]:
                     w_share[i] = meter.level[i] / saved_after_f[i]
+                if rep == 0:
+                    w_grads[i] = meter.hold(i, input_grads_for_w(groups[i]))
             if keep:
                 times["b"][i].append(dt)
         for i in reversed(range(n)):
@@ -262,7 +268,8 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
     med = statistics.median
     rows: list[dict[str, float]] = [
         {"f": med(times["f"][i]), "b": med(times["b"][i]), "w": med(times["w"][i]), "b_full": med(times["b_full"][i]),
-         "act_bytes": act[i], "out_bytes": out_b[i], "w_act_bytes": int(act[i] * min(1.0, w_share[i]))}
+         "act_bytes": act[i], "out_bytes": out_b[i], "w_act_bytes": int(act[i] * min(1.0, w_share[i])),
+         "w_graph_bytes": int(act[i] * min(1.0, w_share[i])) + w_grads[i]}
         for i in range(n)]
     if mem.on:
         for i, row in enumerate(rows):
@@ -299,6 +306,7 @@ def profile_architecture(arch: Architecture, *, device: torch.device | str = "cp
                   else f"head.{spec.shard}"), kind=label,
             f=m["f"] * 1e3, b=m["b"] * 1e3, w=m["w"] * 1e3, params=sum(p.numel() for p in layers[i].parameters()),
             act_bytes=int(m["act_bytes"]), out_bytes=int(m["out_bytes"]), w_act_bytes=int(m["w_act_bytes"]),
+            w_graph_bytes=int(m["w_graph_bytes"]),
             extra={"b_full": m["b_full"] * 1e3, **unit,
                    **{k: int(m[k]) for k in ("mem_retained_bytes", "mem_peak_bytes") if k in m}},
         ))

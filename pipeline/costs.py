@@ -148,6 +148,13 @@ class LayerWork:
     """Of the above, copies of weights another layer owns (tied LM head, MTP's embedding and head)."""
     act_bytes: float = 0.0
     w_act_bytes: float = 0.0
+    """Of ``act_bytes``, what W still needs after I (the inputs of the weight operations)."""
+    w_grad_bytes: float = 0.0
+    """Gradients at the outputs of the weight operations, which PyTorch's split backward keeps
+    from I until W (``stage_backward_input``'s ``param_groups[...]["grads"]``)."""
+    loss_bytes: float = 0.0
+    """Of ``act_bytes``, what lies above every weight operation (the loss side of a head), which
+    even PyTorch's I frees."""
     out_bytes: float = 0.0
     tp: int = 1
     unit: dict[str, Any] = field(default_factory=dict)
@@ -186,6 +193,7 @@ class _Builder:
         for p in (self.work.f, self.work.i, self.work.w):
             p.ops.append(Op("matmul", flops, nbytes))
         self.params(n_in * n_out, shard=shard, shared=shared)
+        self.weight_grad(BF16 * t * n_out, shard=shard)
 
     def params(self, n: int, *, shard: bool = True, shared: bool = False) -> None:
         if shard:
@@ -214,18 +222,26 @@ class _Builder:
         self.vector("i", 3 * BF16 * t * dim, 8.0 * t * dim, shard=shard)
         self.params(dim, shard=False)
         self.save(BF16 * t * dim, shard=shard)
+        self.weight_grad(BF16 * t * dim, shard=shard)
 
     def residual(self, dim: int, *, tokens: int | None = None) -> None:
         """``x + f(x)`` forward; the two gradient streams are summed in I."""
         t = self.T if tokens is None else tokens
         self.vector("fi", 3 * BF16 * t * dim, 1.0 * t * dim, shard=False)
 
-    def save(self, nbytes: float, *, for_w: bool = False, shard: bool = True) -> None:
-        """Activations held from F until backward; ``for_w``: still needed by W after I."""
+    def save(self, nbytes: float, *, for_w: bool = False, loss: bool = False, shard: bool = True) -> None:
+        """Activations held from F until backward; ``for_w``: still needed by W after I; ``loss``:
+        saved above every weight operation (the loss side), freed even by PyTorch's I."""
         held = nbytes / self._div(shard)
         self.work.act_bytes += held
         if for_w:
             self.work.w_act_bytes += held
+        if loss:
+            self.work.loss_bytes += held
+
+    def weight_grad(self, nbytes: float, *, shard: bool = True) -> None:
+        """The gradient at the output of an operation with weights: PyTorch's I keeps it for W."""
+        self.work.w_grad_bytes += nbytes / self._div(shard)
 
     def all_reduce(self, passes: str, nbytes: float) -> None:
         """Ring all-reduce across tensor-parallel ranks: 2*(t-1)/t of the tensor per rank."""
@@ -321,6 +337,7 @@ def _mamba2(bld: _Builder, arch: Architecture, *, batch: int, s: int) -> None:
     bld.linear(h, in_dim)
     k = arch.mamba_conv_kernel
     bld.params(conv_ch * (k + 1) + 3 * H)  # conv weight + bias, A_log, D, dt_bias
+    bld.weight_grad(BF16 * T * conv_ch + BF16 * T * d_in)  # at the conv's and the SSD's (A, D, dt_bias) outputs
     bld.vector("fi", 2 * BF16 * T * conv_ch, 2.0 * T * conv_ch * k + 4.0 * T * conv_ch)  # causal conv1d + SiLU
     bld.vector("w", BF16 * T * conv_ch, 2.0 * T * conv_ch * k)  # conv weight gradient
     bld.save(BF16 * T * (in_dim + conv_ch), for_w=True)  # conv input (z, dt too) and output
@@ -345,6 +362,7 @@ def _mamba1(bld: _Builder, arch: Architecture) -> None:
     bld.save(BF16 * T * h, for_w=True, shard=False)
     bld.linear(h, 2 * d_in)
     bld.params(d_in * (k + 1) + d_in * N + d_in + d_in)  # conv, A_log, D, dt bias
+    bld.weight_grad(2 * BF16 * T * d_in)  # at the conv's and the scan's (A, D, dt bias) outputs
     bld.vector("fi", 2 * BF16 * T * d_in, 2.0 * T * d_in * k + 4.0 * T * d_in)
     bld.vector("w", BF16 * T * d_in, 2.0 * T * d_in * k)
     bld.save(BF16 * T * 3 * d_in, for_w=True)  # x, z and the conv output
@@ -372,6 +390,7 @@ def _linear_attention(bld: _Builder, arch: Architecture, *, s: int) -> None:
     bld.save(BF16 * T * h, for_w=True, shard=False)
     bld.linear(h, 2 * key_dim + 2 * val_dim + 2 * hv)  # q, k, v, z, beta, alpha
     bld.params(conv_ch * k + 2 * hv)  # conv, A_log, dt_bias
+    bld.weight_grad(BF16 * T * (conv_ch + val_dim))  # at the conv's and the delta rule's (A, dt_bias) outputs
     bld.vector("fi", 2 * BF16 * T * conv_ch, 2.0 * T * conv_ch * k + 4.0 * T * conv_ch)
     bld.vector("w", BF16 * T * conv_ch, 2.0 * T * conv_ch * k)
     bld.save(BF16 * T * (2 * conv_ch + val_dim + 2 * hv), for_w=True)
@@ -433,6 +452,7 @@ def _moe(bld: _Builder, arch: Architecture) -> None:
         for p in (bld.work.f, bld.work.i, bld.work.w):
             p.ops.append(Op("matmul", flops, nbytes))
         bld.params(E * n_in * n_out)
+        bld.weight_grad(BF16 * routed * n_out)
     bld.vector("fi", BF16 * routed * (width + f), 8.0 * routed * f)
     bld.save(BF16 * routed * width)
     bld.save(BF16 * routed * f, for_w=True)
@@ -502,7 +522,7 @@ def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool, tokens: int | N
     bld.linear(h, V, tokens=T, shared=shared)
     bld.vector("f", BF16 * T * V + FP32 * T, 4.0 * T * V)  # read logits: max, log-sum-exp, target
     bld.vector("i", 2 * BF16 * T * V, 4.0 * T * V)  # read logits, write softmax - one_hot
-    bld.save(BF16 * T * V)  # logits kept for the loss backward
+    bld.save(BF16 * T * V, loss=True)  # logits kept for the loss backward
     bld.all_reduce("f", 3 * FP32 * T)  # vocabulary-parallel max / sum / target logit
     bld.all_reduce("i", BF16 * T * h)
 
@@ -654,6 +674,7 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
         extra["unique_params"] = work.unique_params
     extra.update(work.unit)
     act = int(round(work.act_bytes))
+    graph = int(round(work.act_bytes - work.loss_bytes + work.w_grad_bytes))
     return LayerCost(
         name=work.name,
         kind=work.kind,
@@ -664,6 +685,7 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
         act_bytes=act,
         out_bytes=int(work.out_bytes),
         w_act_bytes=min(act, int(round(work.w_act_bytes))),
+        w_graph_bytes=graph,
         extra=extra,
     )
 

@@ -12,12 +12,15 @@ Rules (the contract every other part relies on):
 * Durations: the stage's summed layer costs divided by the device's speed factor. ``B`` costs
   ``b + w``.
 * Memory of a device = static (parameters of every stage it holds x ``bytes_per_param``) +
-  activations. ``F`` adds the stage's ``act_bytes``; ``I`` frees all but ``w_retained`` (the
-  inputs of the weight matmuls, see ``LayerCost.w_retained``); ``W`` frees the rest; ``B``
-  frees all. On the first stage, as PyTorch's runtime does (``I`` is a no-op there and ``W`` runs
-  the whole backward), ``I`` frees nothing and ``W`` frees all
-  (``TrainingConfig.first_stage_defers_backward``, on by default). Since a device's actions run
-  in list order, its activation curve follows that order exactly. The limit is each device's
+  activations. ``F`` adds the stage's ``act_bytes``; ``I`` leaves what ``W`` needs and ``W``
+  frees it; ``B`` frees all. What ``I`` leaves follows the runtime: PyTorch's
+  (``TrainingConfig.input_backward_keeps_graph``, on by default) keeps the autograd graph and the
+  gradients ``W`` needs, ``w_graph_bytes`` (``LayerCost.w_graph``, which may exceed what ``F``
+  added: ``I`` can raise the level, and the peak counts it); a runtime that frees at ``I`` keeps
+  ``w_retained`` (the inputs of the weight matmuls). On the first stage, as PyTorch's runtime does
+  (``I`` is a no-op there and ``W`` runs the whole backward), ``I`` frees nothing and ``W`` frees
+  all (``TrainingConfig.first_stage_defers_backward``, on by default). Since a device's actions
+  run in list order, its activation curve follows that order exactly. The limit is each device's
   capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step are not
   modelled.
 * Finer units (see :func:`stage_costs`): units of a ``shared_group`` (a head cut into shards)
@@ -69,8 +72,10 @@ class StageCosts:
     act: tuple[float, ...]
     """Activation bytes ``F`` adds, per stage."""
     w_keep: tuple[float, ...]
-    """Of ``act``, the bytes ``I`` leaves for ``W`` to free (all of them on a stage whose backward
-    runs entirely at ``W``: the first stage under ``TrainingConfig.first_stage_defers_backward``)."""
+    """The bytes ``I`` leaves for ``W`` to free (all of ``act`` on a stage whose backward runs
+    entirely at ``W``: the first stage under ``TrainingConfig.first_stage_defers_backward``; more
+    than ``act`` where PyTorch's ``I`` keeps gradients for ``W``:
+    ``TrainingConfig.input_backward_keeps_graph``)."""
     comm: tuple[float, ...]
     """``comm[s]``: transfer time between stage ``s`` and ``s+1`` (0 on the same device)."""
     static_bytes: tuple[float, ...]
@@ -103,6 +108,7 @@ class _Columns:
     b_full: list[float] | None
     act: list[int]
     keep: list[int]
+    graph: list[int]
     params: list[int]
     out: list[int]
     groups: list[tuple[str, float] | None] | None = None
@@ -117,7 +123,7 @@ def _columns(profile: ModelProfile) -> _Columns:
         cached = _Columns([x.f for x in layers], [x.b for x in layers], [x.w for x in layers],
                           [float(x.extra["b_full"]) for x in layers] if measured_b else None,
                           [x.act_bytes for x in layers], [x.w_retained for x in layers],
-                          [x.params for x in layers], [x.out_bytes for x in layers],
+                          [x.w_graph for x in layers], [x.params for x in layers], [x.out_bytes for x in layers],
                           _shared_groups(layers))
         object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
     return cached
@@ -140,6 +146,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
     (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
     them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays).
+    Every other stage keeps from ``I`` until ``W`` its layers' ``w_graph`` under
+    ``training.input_backward_keeps_graph`` (PyTorch), else their ``w_retained``.
 
     Units that name a ``shared_group`` (head shards) count their parameters once per device and
     add a ring all-reduce of ``grad_sync_bytes`` over the devices holding the group to
@@ -185,6 +193,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             act.append(full)
             if s == 0 and training.first_stage_defers_backward:
                 keep.append(act[-1])
+            elif training.input_backward_keeps_graph:
+                keep.append(scale * sum(col.graph[a:b]))
             else:
                 keep.append(scale * sum(col.keep[a:b]))
         if col.groups is None:
@@ -427,6 +437,8 @@ def _run_python(schedule: Sequence[Sequence[Action]], costs: StageCosts, P: int,
                     if op == "I":
                         dur = I[s]
                         cur -= ACT[s] - KEEP[s]
+                        if cur > pk:  # PyTorch's I can keep more than F added (gradients for W)
+                            pk = cur
                     else:
                         dur = BF[s]
                         cur -= ACT[s]

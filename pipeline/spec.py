@@ -106,7 +106,13 @@ class LayerCost:
     out_bytes: int
     """Bytes of the output sent to the next stage (the gradient coming back has the same size)."""
     w_act_bytes: int | None = None
-    """Bytes of ``act_bytes`` still held after I, until W (default: W_RETAINED_FRACTION of them)."""
+    """Bytes of ``act_bytes`` still held after I, until W, on a runtime whose I frees what W does not
+    need (default: W_RETAINED_FRACTION of them); see :attr:`TrainingConfig.input_backward_keeps_graph`."""
+    w_graph_bytes: int | None = None
+    """Bytes held from I until W by PyTorch's split backward (``stage_backward_input`` keeps the
+    autograd graph): the saved tensors below the weight-gradient nodes plus the gradients at those
+    nodes that W turns into weight gradients; may exceed ``act_bytes`` (default: ``act_bytes``,
+    the graph without the gradients). Used under ``TrainingConfig.input_backward_keeps_graph``."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Optional fields carried through JSON unchanged."""
 
@@ -116,6 +122,11 @@ class LayerCost:
         if self.w_act_bytes is not None:
             return self.w_act_bytes
         return int(self.act_bytes * W_RETAINED_FRACTION)
+
+    @property
+    def w_graph(self) -> int:
+        """Bytes PyTorch's ``I`` leaves for ``W`` to free (:attr:`w_graph_bytes`, else ``act_bytes``)."""
+        return self.w_graph_bytes if self.w_graph_bytes is not None else self.act_bytes
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "extra" and v is not None}
@@ -133,7 +144,7 @@ class LayerCost:
         kind = raw.get("kind", "layer")
         if not isinstance(kind, str):
             raise ProfileError("must be a string such as 'attention'", source=src, field="kind")
-        known = {"name", "kind", "f", "b", "w", "params", "act_bytes", "out_bytes", "w_act_bytes"}
+        known = {"name", "kind", "f", "b", "w", "params", "act_bytes", "out_bytes", "w_act_bytes", "w_graph_bytes"}
         act = _number(raw, "act_bytes", error=ProfileError, source=src, integer=True)
         w_act = None
         if raw.get("w_act_bytes") is not None:
@@ -141,6 +152,9 @@ class LayerCost:
             if w_act > act:
                 raise ProfileError(f"{w_act} exceeds act_bytes {act}; W can only keep part of F's activations",
                                    source=src, field="w_act_bytes")
+        w_graph = None
+        if raw.get("w_graph_bytes") is not None:
+            w_graph = _number(raw, "w_graph_bytes", error=ProfileError, source=src, integer=True)
         return cls(
             name=name,
             kind=kind,
@@ -151,6 +165,7 @@ class LayerCost:
             act_bytes=act,
             out_bytes=_number(raw, "out_bytes", error=ProfileError, source=src, integer=True),
             w_act_bytes=w_act,
+            w_graph_bytes=w_graph,
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -440,4 +455,17 @@ class TrainingConfig:
     the whole backward, so stage 0 keeps all its activations from ``F`` until ``W``
     (``PipelineStage.backward_one_chunk`` skips ``is_first``; ``backward_weight_one_chunk`` runs
     the "full" backward for stage 0). ``False``: a runtime that splits stage 0's backward like
-    every other stage's (its ``I`` frees all but ``w_act_bytes``). Fused ``B`` is unaffected."""
+    every other stage's (see :attr:`input_backward_keeps_graph`). Fused ``B`` is unaffected."""
+    input_backward_keeps_graph: bool = True
+    """Memory of ``I`` on the stages after the first. ``True`` matches PyTorch's
+    ``torch.distributed.pipelining`` (torch 2.13), the runtime of the executor and of torchtitan:
+    ``stage_backward_input`` runs ``autograd.grad(..., retain_graph=True)`` and keeps, until
+    ``stage_backward_weight``, every saved tensor below the weight-gradient nodes and the gradients
+    at those nodes (``param_groups[...]["grads"]``), so a stage's ``I`` leaves its layers'
+    ``w_graph_bytes`` for ``W`` to free, which can be more than ``F`` added (a deferred-W plan of
+    ``tiny-hybrid`` through the executor's runtime: a middle stage keeps 1.40x the bytes autograd
+    saved, the head's stage 2.54x, its logits' gradient; ``tests/executor/test_memory.py``).
+    ``False``: the model before, for a runtime whose ``I`` frees what ``W`` does not need: ``I``
+    leaves only ``w_act_bytes`` (the inputs of the weight matmuls). It omits the output gradients
+    that ``W`` needs too (Megatron-LM's ``WeightGradStore`` keeps ``(total_input, grad_output)``
+    per linear until ``W``), so it is a lower bound even for such a runtime."""

@@ -16,7 +16,9 @@ Two parts, one table, one JSON file:
     ``memory_allocated`` attributed to the device of each action). Its peak per device is compared
     with the model's prediction (:func:`pipeline.simulator.simulate`, 4 bytes per parameter: bf16
     weights and gradients, no optimizer in this check), from the analytic profile and from the
-    layer kinds measured in (a).
+    layer kinds measured in (a); and the bytes each device keeps for its backward (the tensors
+    autograd saves plus the gradients PyTorch's I keeps until W, ``kept act``) with the
+    prediction without parameters.
 
 On a GPU it also reports what the per-device reserve (``Cluster.memory_reserve_gb``) stands for:
 the CUDA context (device memory in use that the caching allocator does not hold) and the
@@ -189,6 +191,7 @@ def check_plan(arch: Architecture, *, device: torch.device, seq_len: int, microb
                            "bytes_per_param": CHECK_BYTES_PER_PARAM, "devices": []}
     for d in range(stages):
         row: dict[str, Any] = {"device": d, "saved_act_gib": report.saved_peak_device.get(d, 0) / GIB,
+                               "kept_act_gib": report.kept_peak_device.get(d, 0) / GIB,
                                "pred_act_gib": pred_act[d] / GIB, "pred_peak_gib": pred.peak_memory[d] / GIB}
         if pred_kinds is not None:
             row["pred_kinds_act_gib"] = pred_kinds_act[d] / GIB
@@ -224,8 +227,8 @@ def _table_rows(kinds: Sequence[dict[str, Any]], plan: dict[str, Any] | None) ->
     # (check, measured key, predicted key) per device; a row only where both figures exist.
     checks = (("peak GiB", "allocated_peak_gib", "pred_peak_gib"),
               ("peak GiB (kinds)", "allocated_peak_gib", "pred_kinds_peak_gib"),
-              ("saved act GiB", "saved_act_gib", "pred_act_gib"),
-              ("saved act GiB (kinds)", "saved_act_gib", "pred_kinds_act_gib"))
+              ("kept act GiB", "kept_act_gib", "pred_act_gib"),
+              ("kept act GiB (kinds)", "kept_act_gib", "pred_kinds_act_gib"))
     for d in (plan or {}).get("devices", []):
         item = f"{plan['model']} zb-h1 device {d['device']}"
         for check, measured, predicted in checks:

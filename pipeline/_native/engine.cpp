@@ -348,6 +348,7 @@ SimOut simulate(const StageCosts& c, int devices, int M, const int32_t* rows, co
           if (op == OP_I) {
             dur = c.i[s];
             cur -= c.act[s] - c.keep[s];
+            if (cur > pk) pk = cur;  // PyTorch's I can keep more than F added (gradients for W)
           } else {
             dur = c.backward[s];
             cur -= c.act[s];

@@ -67,7 +67,9 @@ def test_same_seed_same_plan(hetero_profile, h100x4) -> None:
 def test_tight_memory_changes_the_answer(hetero_profile, h100x4) -> None:
     free = AdaptisTuner().search(Problem(hetero_profile, h100x4, 32), budget=BUDGET)
     limit_gb = 0.8 * max(free.result.peak_memory_gb)
-    tight = AdaptisTuner().search(Problem(hetero_profile, h100x4.with_memory(limit_gb), 32), budget=BUDGET)
+    # usable memory: 80% of the free plan's peak (the capacity less the reserve)
+    tight_cluster = h100x4.with_memory(limit_gb + h100x4.memory_reserve_gb)
+    tight = AdaptisTuner().search(Problem(hetero_profile, tight_cluster, 32), budget=BUDGET)
     assert tight.result.feasible
     assert max(tight.result.peak_memory_gb) <= limit_gb
     assert tight.plan != free.plan

@@ -58,6 +58,30 @@ def test_activation_bytes_match_korthikanti(b: int, s: int, h: int, a: int) -> N
     assert 0 < default.w_act_bytes < default.act_bytes
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_w_graph_bytes_are_what_pytorch_keeps_from_i_until_w(tp: int) -> None:
+    """PyTorch's ``stage_backward_input`` keeps the whole graph (every saved tensor) and the gradient
+    at each weight operation's output; above the weights (the head's logits) it frees."""
+    b, s, h, a, V = 2, 1024, 1024, 16, 32000
+    arch = gpt(h, a, vocab=V)
+    T = b * s
+    block = layer_work(arch, 1, seq_len=s, microbatch_size=b, tp=tp)
+    # BF16 gradients at the outputs of QKV (3h), the out-projection (h), fc1 (4h), fc2 (h), divided
+    # by tensor parallelism like the matmuls (the model's simplification: a row-parallel output's
+    # gradient is whole on every rank), and of the two norms (h each, replicated)
+    sharded = 3 * h + h + 4 * h + h
+    assert block.w_grad_bytes == 2 * T * (sharded / tp + 2 * h)
+    assert block.loss_bytes == 0
+    head = layer_work(arch, 2, seq_len=s, microbatch_size=b, tp=tp)
+    assert head.loss_bytes == 2 * T * V / tp  # the logits kept for the loss
+    assert head.w_grad_bytes == 2 * T * (V / tp + h)  # d(logits) and the final norm's output gradient
+    profile = profile_from_architecture(arch, seq_len=s, microbatch_size=b, tp=tp)
+    for layer, work in zip(profile.layers, (None, block, head)):
+        if work is not None:
+            assert layer.w_graph_bytes == round(work.act_bytes - work.loss_bytes + work.w_grad_bytes)
+    assert profile.layers[1].w_graph_bytes > profile.layers[1].act_bytes > profile.layers[1].w_act_bytes
+
+
 def test_head_flops_scale_with_vocabulary() -> None:
     s, h = 4096, 1536
     small = layer_work(gpt(h, 12, vocab=32000), 2, seq_len=s)

@@ -60,7 +60,8 @@ def random_costs(S: int, devices: int, rng: random.Random, *, fused: bool) -> St
         return tuple(rng.uniform(lo, hi) for _ in range(S))
 
     act = tuple(float(rng.randrange(1, 10**6)) for _ in range(S))
-    keep = tuple(a * rng.choice((0.0, 0.25, rng.random(), 1.0)) for a in act)
+    # keep > act: PyTorch's I also keeps the gradients W needs (the level rises at I)
+    keep = tuple(a * rng.choice((0.0, 0.25, r := rng.random(), 1.0, 1.0 + r)) for a in act)
     comm = tuple(rng.choice((0.0, rng.uniform(0.0, 0.5))) for _ in range(S - 1)) + (0.0,)
     return StageCosts(vals(0.1, 3.0), vals(0.1, 3.0), vals(0.0, 2.0), act, keep, comm,
                       tuple(0.0 for _ in range(devices)), tuple(float("inf") for _ in range(devices)),
@@ -182,9 +183,11 @@ def random_profile(layers: int, rng: random.Random, *, fused: bool, overhead: fl
     out = []
     for i in range(layers):
         extra = {"b_full": rng.uniform(0.2, 3.0)} if fused else {}
+        act = rng.randrange(10**6, 10**8)
+        graph = rng.choice((None, int(act * rng.uniform(0.2, 2.0))))
         out.append(LayerCost(f"l{i}", rng.choice(["attention+mlp", "moe", "mamba", "head"]), rng.uniform(0.1, 2),
                              rng.uniform(0.1, 2), rng.uniform(0.0, 1.5), rng.randrange(10**6, 10**8),
-                             rng.randrange(10**6, 10**8), rng.randrange(10**5, 10**7), extra=extra))
+                             act, rng.randrange(10**5, 10**7), w_graph_bytes=graph, extra=extra))
     return ModelProfile("random", tuple(out), action_overhead=overhead)
 
 

@@ -28,7 +28,8 @@ json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner,
                                                                                  max_size=5)), max_leaves=12)
 plan_keys = st.sampled_from(["devices", "microbatches", "partition", "placement", "schedule", "meta"])
 profile_keys = st.sampled_from(["name", "time_unit", "seq_len", "microbatch_size", "layers"])
-layer_keys = st.sampled_from(["name", "kind", "f", "b", "w", "params", "act_bytes", "out_bytes", "w_act_bytes"])
+layer_keys = st.sampled_from(["name", "kind", "f", "b", "w", "params", "act_bytes", "out_bytes", "w_act_bytes",
+                             "w_graph_bytes"])
 cluster_keys = st.sampled_from(["devices", "memory_gb", "p2p_gbps", "latency_us", "gpus_per_node",
                                 "device_list", "inter_node_gbps"])
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
+from pipeline import engine
 from pipeline.errors import PlanError
 from pipeline.plan import Action, Plan, parse_action
 from pipeline.schedules import build_plan
-from pipeline.simulator import simulate, simulate_checked
+from pipeline.simulator import simulate, simulate_checked, stage_costs
 from pipeline.spec import GIB, Cluster, Device, LayerCost, ModelProfile, TrainingConfig
 from tests.conftest import ideal_cluster, uniform_profile
 
@@ -67,8 +70,9 @@ def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
     layer = LayerCost("a", "x", 1, 1, 1, params=10, act_bytes=1000, out_bytes=0, w_act_bytes=300)
     prof = ModelProfile("p", (layer,))
     cluster = Cluster(devices=1, p2p_gbps=1e12, latency_us=0)
-    # the split rules, for a runtime that splits stage 0's backward like any other stage's
-    training = TrainingConfig(bytes_per_param=2, first_stage_defers_backward=False)
+    # the split rules, for a runtime that splits stage 0's backward like any other stage's and
+    # frees at I what W does not need
+    training = TrainingConfig(bytes_per_param=2, first_stage_defers_backward=False, input_backward_keeps_graph=False)
     plan = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0),
                                          Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)]])
     r = simulate(plan, prof, cluster, training=training)
@@ -83,6 +87,30 @@ def test_memory_rules_f_adds_i_frees_part_w_frees_rest() -> None:
     fused = Plan(1, 2, ((0, 1),), (0,), [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1),
                                           Action(0, "B", 1)]])
     assert simulate(fused, prof, cluster, training=training).peak_memory == (20 + 1000,)
+
+
+@pytest.mark.parametrize(("keeps_graph", "w_graph", "peak"), [
+    (False, 1400, 1000 + 300),  # a runtime that frees at I: w_act_bytes stays until W
+    (True, 1400, 1400 + 1400),  # PyTorch: I keeps the graph and W's gradients, the level rises at I
+    (True, None, 2000),  # no w_graph_bytes: the graph (all of act_bytes) stays until W
+])
+def test_input_backward_keeps_graph_on_later_stages(keeps_graph: bool, w_graph: int | None, peak: int) -> None:
+    """Stage 1 (not the first) with W deferred: what its I leaves follows the runtime."""
+    first = LayerCost("e", "embedding", 1, 0, 1, params=0, act_bytes=0, out_bytes=0)
+    layer = LayerCost("a", "x", 1, 1, 1, params=0, act_bytes=1000, out_bytes=0, w_act_bytes=300,
+                      w_graph_bytes=w_graph)
+    prof = ModelProfile("p", (first, layer))
+    order = [Action(1, "F", 0), Action(1, "I", 0), Action(1, "F", 1), Action(1, "I", 1), Action(1, "W", 0),
+             Action(1, "W", 1)]
+    plan = Plan(2, 2, ((0, 1), (1, 2)), (0, 1), [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "I", 0),
+                                                  Action(0, "I", 1), Action(0, "W", 0), Action(0, "W", 1)], order])
+    training = TrainingConfig(bytes_per_param=0, input_backward_keeps_graph=keeps_graph)
+    costs = stage_costs(prof, Cluster(devices=2), plan.partition, placement=plan.placement, training=training)
+    assert costs.w_keep[1] == (w_graph if keeps_graph and w_graph is not None else 1000 if keeps_graph else 300)
+    for reference in (False, True):
+        with engine.python_reference() if reference else contextlib.nullcontext():
+            r = simulate(plan, prof, Cluster(devices=2, p2p_gbps=1e12, latency_us=0), training=training)
+        assert r.peak_memory[1] == peak
 
 
 def test_default_w_share_is_a_quarter() -> None:

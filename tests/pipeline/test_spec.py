@@ -23,9 +23,12 @@ def test_example_configs_load() -> None:
 
 def test_profile_round_trip_keeps_extra_fields(tmp_path) -> None:
     raw = {"name": "m", "time_unit": "ms", "seq_len": 2048, "microbatch_size": 2, "source": "measured",
-           "layers": [dict(GOOD_LAYER, flops_f=123.0)]}
+           "layers": [dict(GOOD_LAYER, flops_f=123.0),
+                      dict(GOOD_LAYER, name="l1", w_graph_bytes=3 * GOOD_LAYER["act_bytes"])]}
     prof = ModelProfile.from_dict(raw)
     assert prof.layers[0].extra == {"flops_f": 123.0}
+    # PyTorch's I may keep more than F saved (the gradients W needs); absent, the graph: act_bytes
+    assert prof.layers[1].w_graph == 3 * GOOD_LAYER["act_bytes"] and prof.layers[0].w_graph == GOOD_LAYER["act_bytes"]
     path = tmp_path / "p.json"
     prof.save(path)
     again = ModelProfile.load(path)
@@ -38,6 +41,8 @@ def test_profile_round_trip_keeps_extra_fields(tmp_path) -> None:
     ({"f": "fast"}, "field 'f': expected a number"),
     ({"params": 1.5}, "field 'params': must be a whole number"),
     ({"w_act_bytes": 1000}, "exceeds act_bytes"),
+    ({"w_graph_bytes": -1}, r"field 'w_graph_bytes': must be a number >= 0"),
+    ({"w_graph_bytes": 1.5}, "field 'w_graph_bytes': must be a whole number"),
     ({"name": ""}, "field 'name'"),
 ])
 def test_bad_layer_names_field(layer_patch, needle) -> None:
