@@ -33,7 +33,7 @@ import numpy as np
 from agents.baselines import PLACEMENT_CHOICES
 from pipeline.errors import ConfigError, PlanError
 from pipeline.megatron import megatron_partition
-from pipeline.space import Candidate, Evaluator, Problem, make_placement, preset_budgets
+from pipeline.space import Candidate, Evaluator, Problem, make_placement, microbatch_bytes, preset_budgets
 
 __all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
            "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts"]
@@ -113,9 +113,7 @@ def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ..
     static share; None when one micro-batch does not fit."""
     costs = ev.costs(sizes, placement)
     P = len(budgets)
-    per_mb = [0.0] * P
-    for s, d in enumerate(placement):
-        per_mb[d] += costs.act[s]
+    per_mb = microbatch_bytes(costs, placement, P)
     out = []
     for d in range(P):
         room = costs.memory_limit[d] - costs.static_bytes[d]

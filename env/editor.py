@@ -33,6 +33,7 @@ from pipeline.space import (
     Evaluator,
     Problem,
     make_placement,
+    microbatch_bytes,
     objective_key,
     preset_budgets,
 )
@@ -509,9 +510,7 @@ def fit_memory(c: Candidate, result: Result, ev: Evaluator) -> Candidate | None:
         return None
     P = len(result.peak_memory)
     costs = ev.costs(c.sizes, c.placement)
-    per_mb = [0.0] * P
-    for s, d in enumerate(c.placement):
-        per_mb[d] += costs.act[s]
+    per_mb = microbatch_bytes(costs, c.placement, P, split_backward=c.split_backward)
     cur = c.budgets if c.budgets is not None else (float(ev.problem.microbatches),) * P
     out = []
     for d in range(P):

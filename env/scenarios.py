@@ -25,7 +25,7 @@ import numpy as np
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import profile_from_architecture
 from pipeline.hardware import build_cluster
-from pipeline.space import Candidate, Problem, make_placement, preset_budgets
+from pipeline.space import Candidate, Problem, make_placement, microbatch_bytes, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
 __all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
@@ -212,9 +212,7 @@ def zero_shot_starts(problem: Problem, evaluator) -> list[Candidate]:
         knobs = {"cap_counts_w": False, "max_pending_w": P} if preset == "zb-h1" else {}
         fallback = fallback or Candidate(sizes, placement, "list", budgets, **knobs)
         costs = evaluator.costs(sizes, placement)
-        per_mb = [0.0] * P
-        for st, d in enumerate(placement):
-            per_mb[d] += costs.act[st]
+        per_mb = microbatch_bytes(costs, placement, P)
         rooms = [lim - static for lim, static in zip(costs.memory_limit, costs.static_bytes)]
         fits = [room / m if m > 0 else float("inf") for room, m in zip(rooms, per_mb)]
         if min(fits) < 1.0:

@@ -163,6 +163,17 @@ def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Clu
     return tuple(reversed(sizes))
 
 
+def microbatch_bytes(costs: StageCosts, placement: Sequence[int], devices: int, *,
+                     split_backward: bool = True) -> list[float]:
+    """Bytes one micro-batch can hold on each device at once: its stages' activations, or with a
+    split backward what ``I`` leaves for ``W`` where that is more (PyTorch keeps the graph and
+    W's gradients: ``TrainingConfig.input_backward_keeps_graph``)."""
+    out = [0.0] * devices
+    for s, d in enumerate(placement):
+        out[d] += max(costs.act[s], costs.w_keep[s]) if split_backward else costs.act[s]
+    return out
+
+
 def _fixed_order(c: Candidate, devices: int, microbatches: int):
     S, P = c.num_stages, devices
     if c.order in ("1f1b", "gpipe"):
