@@ -13,7 +13,8 @@ top ones (:func:`ranked_starts`).
 Recipes (:data:`ARMS`, stable names): each placement family of the tuner's seeds
 (:data:`agents.baselines.PLACEMENT_CHOICES`) at the DP-balanced and Megatron splits under each
 schedule's activation budget, the same with budgets cut to the memory left after the static
-share (``:fit``), the fixed orders (1F1B, interleaved) and the named hand-built schedules
+share (``:fit``), every stage recomputing under cut budgets (``:recompute``, where nothing else
+fits), the fixed orders (1F1B, interleaved) and the named hand-built schedules
 (``named:*``, e.g. V-Half; simulated as plans, not editable). The ranker is saved as a torch
 state dict (``.pt``, loaded with ``weights_only=True``) with a ``.json`` of its metadata.
 """
@@ -52,6 +53,7 @@ def _arm_names() -> tuple[str, ...]:
                     names.append(f"list:{kind}{chunks}:{split}:{b}:fit")
             if kind == "interleaved" or chunks == 1:
                 names.append(f"fixed:{kind}{chunks}:{split}")
+        names.append(f"list:{kind}{chunks}:dp:recompute")
     names += [f"named:{m}:{split}" for m in _NAMED for split in ("dp", "megatron") if not (m == "megatron" and
                                                                                           split == "dp")]
     return tuple(names)
@@ -108,12 +110,14 @@ def scenario_features(problem: Problem) -> np.ndarray:
 
 
 def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ...],
-                 budgets: tuple[float, ...]) -> tuple[float, ...] | None:
+                 budgets: tuple[float, ...], *, recompute: tuple[bool, ...] | None = None
+                 ) -> tuple[float, ...] | None:
     """Budgets cut to the micro-batches of activations each device's memory holds after its
-    static share; None when one micro-batch does not fit."""
-    costs = ev.costs(sizes, placement)
+    static share; None when one micro-batch does not fit. ``recompute``: every stage recomputes
+    (fused B, only the stage inputs kept)."""
+    costs = ev.costs(sizes, placement, recompute)
     P = len(budgets)
-    per_mb = microbatch_bytes(costs, placement, P)
+    per_mb = microbatch_bytes(costs, placement, P, split_backward=recompute is None)
     out = []
     for d in range(P):
         room = costs.memory_limit[d] - costs.static_bytes[d]
@@ -149,6 +153,14 @@ def arm_candidates(problem: Problem, ev: Evaluator) -> dict[str, Arm]:
             if kind == "interleaved" or chunks == 1:
                 name = f"fixed:{kind}{chunks}:{split}"
                 out[name] = Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+        # Where nothing else fits: every stage recomputes its activations (fused B), budgets cut to fit.
+        everywhere = (True,) * (P * chunks)
+        preset = preset_budgets("zb-h1" if chunks == 1 else "zbv", P)
+        cut = _fit_budgets(ev, splits["dp"], placement, preset, recompute=everywhere)
+        if cut is not None:
+            name = f"list:{kind}{chunks}:dp:recompute"
+            out[name] = Arm(name, Candidate(splits["dp"], placement, "list", cut, split_backward=False,
+                                            cap_counts_w=True, recompute=everywhere))
     for m in _NAMED:
         for split in ("dp", "megatron"):
             if m == "megatron" and split == "dp":

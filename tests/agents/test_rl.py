@@ -121,12 +121,18 @@ def test_commands_with_tiny_budgets(tmp_path, capsys):
 
     out = tmp_path / "train"
     assert main(["train", "--timesteps", "256", "--n-steps", "128", "--n-envs", "1", "--eval-every", "128",
-                 "--eval-scenarios", "1", "--checkpoint-every", "128", "--out", str(out), "--no-progress"]) == 0
+                 "--eval-scenarios", "1", "--checkpoint-every", "128", "--out", str(out), "--no-progress",
+                 "--imitation-states", "40", "--imitation-epochs", "2", "--ranker-scenarios", "6"]) == 0
     assert (out / "policy.pth").is_file() and (out / "learning_curve.png").is_file()
+    assert (out / "starts.pt").is_file() and (out / "starts.json").is_file()
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["imitation"]["states"] == 40 and meta["ranker"]["scenarios"] == 6
     rows = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
-    assert rows and rows[-1]["timesteps"] == 256
+    assert [r["phase"] for r in rows[:3]] == ["random-edits", "untrained", "imitation"]
+    assert rows[-1]["timesteps"] == 256
     ea = tmp_path / "ea"
-    assert main(["evaluate-agent", "--policy", str(out / "policy.pth"), "--models", "deepseek-small",
+    assert main(["evaluate-agent", "--policy", str(out / "policy.pth"), "--ranker", str(out / "starts.pt"),
+                 "--models", "deepseek-small",
                  "--devices", "2", "--heldout", "1", "--budget", "30",
                  "--methods", "rl+tuner,rl,rl-zero,rl-random,adaptis",
                  "--samples", "1", "--train-dir", str(out), "--out", str(ea), "--json"]) == 0
