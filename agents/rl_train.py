@@ -343,6 +343,8 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
         if remaining:
             model.learn(total_timesteps=remaining, callback=callback, reset_num_timesteps=ckpt is None,
                         progress_bar=config.progress_bar)
+        else:  # resumed at its total already: nothing to learn, still save the policy
+            callback.init_callback(model)
     finally:
         for s, h in old.items():
             signal.signal(s, h)

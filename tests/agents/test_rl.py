@@ -103,6 +103,8 @@ def test_checkpoint_and_resume(trained):
     again = train(config, env_fn=_fixed_env)
     assert again["timesteps"] == 768 and not again["interrupted"]
     assert latest_checkpoint(out).name == "model_768.zip"
+    done = train(config, env_fn=_fixed_env)  # resumed at its total: nothing to learn, the policy is still saved
+    assert done["timesteps"] == 768 and Path(done["policy"]).is_file()
 
 
 def test_default_policy_and_rl_tuner_within_the_tuner_budget():
