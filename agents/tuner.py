@@ -71,8 +71,6 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> lis
     return out
 
 
-#: Share of perturbations that change only the activation budgets (see ``AdaptisTuner._perturb``).
-BUDGET_PERTURB_SHARE = 1 / 3
 #: Chain moves (see :func:`_chain_moves`) offered per partition phase.
 CHAIN_NEIGHBOURS = 4
 
@@ -291,15 +289,6 @@ class AdaptisTuner:
 
     @staticmethod
     def _perturb(c: Candidate, problem: Problem, rng: random.Random, strength: int) -> Candidate:
-        P = problem.devices
-        if c.order == "list" and c.budgets is not None and rng.random() < BUDGET_PERTURB_SHARE:
-            # The schedule alone: lower some devices' warm-up depth (under memory-filling budgets the
-            # list scheduler is far from monotone in them, and a partition move would undo a balance).
-            budgets = list(c.budgets)
-            for _ in range(strength):
-                d = rng.randrange(P)
-                budgets[d] = max(1.0, budgets[d] - rng.choice((0.5, 1.0, 2.0)))
-            return replace(c, budgets=tuple(budgets))
         sizes = list(c.sizes)
         S = len(sizes)
         for _ in range(strength):
@@ -311,6 +300,7 @@ class AdaptisTuner:
                 sizes[src] -= 1
                 sizes[dst] += 1
         out = replace(c, sizes=tuple(sizes))
+        P = problem.devices
         if S > 1 and P > 1 and (sizes == list(c.sizes) or rng.random() < 0.3):
             # Swap the devices of two stages (also when no layer could move: 1-layer stages).
             a, b = rng.sample(range(S), 2)
