@@ -66,6 +66,8 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> lis
                 out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                                      max_pending_w=P if not counts_w else None))
             out.append(_filled(Candidate(sizes, placement, "list"), ev))
+            if S > P and sizes == ev.device_balanced_sizes(placement):
+                out += [_filled(c, ev) for c in _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
     return out
@@ -100,6 +102,37 @@ def _chain_moves(c: Candidate, hot: int, cold: int, problem: Problem) -> list[Ca
                 if loads.max() < now.max() - 1e-9:
                     scored.append((float(loads.max()), float((loads ** 2).sum()), tuple(new)))
     return [replace(c, sizes=sizes) for *_, sizes in sorted(scored)[:CHAIN_NEIGHBOURS]]
+
+
+#: Most units :func:`_lighten_first_stage` moves at once.
+LIGHTEN_UNITS = 4
+
+
+def _lighten_first_stage(c: Candidate, device: int, problem: Problem) -> list[Candidate]:
+    """Moves of 1 to :data:`LIGHTEN_UNITS` units from ``device``'s first stage to each of its later
+    stages (every boundary in between shifting) that leave the heaviest device's load per
+    micro-batch as it is. The first stage's activations live longest (from its forward until the
+    backward has come back through every later stage; stage 0 keeps them until its W), so where
+    that device's memory caps the warm-up, a lighter first stage lets more micro-batches in."""
+    stages = [s for s, d in enumerate(c.placement) if d == device]
+    if len(stages) < 2:
+        return []
+    cost = [x.f + x.b + x.w for x in problem.profile.layers]
+    speeds = problem.cluster.speeds
+    P = problem.devices
+    top = device_loads(cost, c.sizes, c.placement, P, speeds=speeds).max()
+    first = stages[0]
+    out = []
+    for t in stages[1:]:
+        for n in range(1, LIGHTEN_UNITS + 1):
+            if c.sizes[first] <= n:
+                break
+            new = list(c.sizes)
+            new[first] -= n
+            new[t] += n
+            if device_loads(cost, new, c.placement, P, speeds=speeds).max() <= top + 1e-9:
+                out.append(replace(c, sizes=tuple(new)))
+    return out
 
 
 def _filled(c: Candidate, ev: Evaluator) -> Candidate:
@@ -221,6 +254,10 @@ class AdaptisTuner:
             yield replace(c, sizes=tuple(new))
         if problem.devices < S:  # several stages per device: balance devices, not stages
             yield from _chain_moves(c, hot, cold, problem)
+            full = max(range(len(busy)), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
+            if result.peak_memory[full] > 0.95 * result.memory_limit[full]:
+                for n in _lighten_first_stage(c, full, problem):
+                    yield _filled(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
     def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
