@@ -180,3 +180,33 @@ def test_tuner_balances_devices_not_stages() -> None:
     assert r.ok and r.result.feasible
     assert max(r.result.busy) == pytest.approx(bound)
     assert r.iteration_time <= 1.01 * bound
+
+
+def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -> None:
+    """gemma-large with sub-block units and 8 head shards, 16 devices, 4k, 64 micro-batches (issue
+    15): device 0 is memory-full; moving units from its first stage (embedding + blocks, whose
+    activations stage 0 keeps until its W) to its later stages keeps every device's load and
+    gives the list scheduler room: one such plan under memory-filling budgets beats the
+    device-balanced plan it came from, and the tuner's seeds hold it."""
+    from agents.tuner import _filled, _lighten_first_stage
+    from pipeline.balance import device_loads
+    from pipeline.hardware import build_cluster
+
+    profile = zoo_profile("gemma-large", seq_len=4096, granularity="sublayer", head_shards=8)
+    problem = Problem(profile, build_cluster("h100", devices=16, gpus_per_node=8), 64)
+    ev = Evaluator(problem)
+    placement = make_placement("interleaved", 16, 3)
+    base = Candidate(ev.device_balanced_sizes(placement), placement)
+    costs = [x.f + x.b + x.w for x in profile.layers]
+    top = device_loads(costs, base.sizes, placement, 16).max()
+    variants = _lighten_first_stage(base, 0, problem)
+    assert variants
+    for v in variants:
+        assert v.sizes[0] < base.sizes[0] and sum(v.sizes) == sum(base.sizes)
+        assert device_loads(costs, v.sizes, placement, 16).max() <= top + 1e-9
+    before = ev.result(_filled(base, ev))
+    best = min(variants, key=lambda v: ev.result(_filled(v, ev)).iteration_time)
+    after = ev.result(_filled(best, ev))
+    assert before.feasible and after.feasible
+    assert after.iteration_time < before.iteration_time
+    assert _filled(best, ev) in seed_candidates(problem, ev)
