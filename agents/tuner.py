@@ -2,10 +2,13 @@
 
 After the paper's method: start from the best named schedule; find the bottleneck device (most
 work, most bubble, memory pressure); try changes to the **partition** (move boundary layers of
-the bottleneck's stages), the **placement** (sequential, interleaved, V, wave with 1-4 chunks per
-device and a cost-balanced split; swap the devices of two stages) and the **schedule** (the list
-scheduler's per-device activation budgets, i.e. how deep the warm-up runs; deferred or eager W;
-fused B; forward priority); keep a change only when the performance model says it is faster and
+the bottleneck's stages; with several stages per device, carry units along a chain of stages from
+the busiest device to the idlest and lighten the first stage of a memory-full device), the
+**placement** (sequential, interleaved, V, wave with 1-4 chunks per device with a stage-balanced
+or a device-balanced split, :mod:`pipeline.balance`; swap the devices of two stages) and the
+**schedule** (the list scheduler's per-device activation budgets, i.e. how deep the warm-up runs,
+among them the budgets that fill each device's memory; deferred or eager W; fused B; forward
+priority); keep a change only when the performance model says it is faster and
 feasible, roll back otherwise. When a full round of phases finds nothing, perturb the best plan
 (random boundary moves and budget changes) and search again from there, so the tuner does not
 stall in the first local optimum. Deterministic for a given seed.
