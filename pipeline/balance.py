@@ -169,7 +169,7 @@ def _best_single(ctx: _Context, sizes: np.ndarray, loads: np.ndarray, sources: n
             k_, t = np.unravel_index(int(np.argmin(np.where(mx[i] <= lo + EPS, sq[i], np.inf))), mx[i].shape)
             k = (float(mx[i, k_, t]), float(sq[i, k_, t]))
             if out[i] is None or _less(k, out[i][0]):
-                out[i] = (k, _apply(sizes[i], int(sources[i, k_]), int(t), n), new[i, k_, t])
+                out[i] = (k, _apply(sizes[i], int(sources[i, k_]), int(t), n), new[i, k_, t].copy())
     return out
 
 
