@@ -2,10 +2,13 @@
 
 After the paper's method: start from the best named schedule; find the bottleneck device (most
 work, most bubble, memory pressure); try changes to the **partition** (move boundary layers of
-the bottleneck's stages), the **placement** (sequential, interleaved, V, wave with 1-4 chunks per
-device and a cost-balanced split; swap the devices of two stages) and the **schedule** (the list
-scheduler's per-device activation budgets, i.e. how deep the warm-up runs; deferred or eager W;
-fused B; forward priority); keep a change only when the performance model says it is faster and
+the bottleneck's stages; with several stages per device, carry units along a chain of stages from
+the busiest device to the idlest and lighten the first stage of a memory-full device), the
+**placement** (sequential, interleaved, V, wave with 1-4 chunks per device with a stage-balanced
+or a device-balanced split, :mod:`pipeline.balance`; swap the devices of two stages) and the
+**schedule** (the list scheduler's per-device activation budgets, i.e. how deep the warm-up runs,
+among them the budgets that fill each device's memory; deferred or eager W; fused B; forward
+priority); keep a change only when the performance model says it is faster and
 feasible, roll back otherwise. When a full round of phases finds nothing, perturb the best plan
 (random boundary moves and budget changes) and search again from there, so the tuner does not
 stall in the first local optimum. Deterministic for a given seed.
@@ -20,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
+from pipeline.balance import device_loads
 from pipeline.errors import PlanError
 from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan, partition_from_sizes
@@ -29,7 +33,6 @@ from pipeline.space import (
     Candidate,
     Evaluator,
     Problem,
-    balanced_sizes,
     make_placement,
     objective_key,
     preset_budgets,
@@ -43,28 +46,103 @@ MAX_IDLE_ROUNDS = 50
 
 
 def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> list[Candidate]:
-    """Starting points: every placement family with Megatron's and the DP-balanced split, under
-    the activation budgets of the named schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited)."""
+    """Starting points: every placement family with Megatron's, the DP-balanced and (several
+    stages per device) the device-balanced split, under the activation budgets of the named
+    schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited) and under budgets that fill each
+    device's memory."""
     P, L = problem.devices, problem.profile.num_layers
-    balance = evaluator.balanced_sizes if evaluator is not None else (
-        lambda placement: balanced_sizes(problem.profile, placement, problem.cluster))
+    ev = evaluator if evaluator is not None else Evaluator(problem)
     out: list[Candidate] = []
     for kind, chunks in PLACEMENT_CHOICES:
         S = P * chunks
         if S > L:
             continue
         placement = make_placement(kind, P, chunks)
-        splits = {balance(placement),
+        splits = {ev.balanced_sizes(placement),
                   tuple(b - a for a, b in megatron_partition(problem.profile, S))}
+        if S > P:
+            splits.add(ev.device_balanced_sizes(placement))
         for sizes in sorted(splits):
             for name in ("zb-h1", "zb-h2", "zbv", "v-half", None):
                 budgets = preset_budgets(name, P) if name else None
                 counts_w = name not in ("zb-h1", "zb-h2")
                 out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                                      max_pending_w=P if not counts_w else None))
+            out.append(_filled(Candidate(sizes, placement, "list"), ev))
+            if S > P and sizes == ev.device_balanced_sizes(placement):
+                out += [_filled(c, ev) for c in _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
     return out
+
+
+#: Chain moves (see :func:`_chain_moves`) offered per partition phase.
+CHAIN_NEIGHBOURS = 4
+
+
+def _chain_moves(c: Candidate, hot: int, cold: int, problem: Problem) -> list[Candidate]:
+    """Up to :data:`CHAIN_NEIGHBOURS` moves of one or two units from a stage of the ``hot`` device to
+    a stage of the ``cold`` one, every boundary in between shifting with them (the stages between
+    keep their sizes): those that lower the heaviest device's load per micro-batch the most."""
+    cost = [x.f + x.b + x.w for x in problem.profile.layers]
+    speeds = problem.cluster.speeds
+    P = problem.devices
+    now = device_loads(cost, c.sizes, c.placement, P, speeds=speeds)
+    scored = []
+    for s, d in enumerate(c.placement):
+        if d != hot:
+            continue
+        for t, e in enumerate(c.placement):
+            if e != cold:
+                continue
+            for n in (1, 2):
+                if c.sizes[s] <= n:
+                    continue
+                new = list(c.sizes)
+                new[s] -= n
+                new[t] += n
+                loads = device_loads(cost, new, c.placement, P, speeds=speeds)
+                if loads.max() < now.max() - 1e-9:
+                    scored.append((float(loads.max()), float((loads ** 2).sum()), tuple(new)))
+    return [replace(c, sizes=sizes) for *_, sizes in sorted(scored)[:CHAIN_NEIGHBOURS]]
+
+
+#: Most units :func:`_lighten_first_stage` moves at once.
+LIGHTEN_UNITS = 4
+
+
+def _lighten_first_stage(c: Candidate, device: int, problem: Problem) -> list[Candidate]:
+    """Moves of 1 to :data:`LIGHTEN_UNITS` units from ``device``'s first stage to each of its later
+    stages (every boundary in between shifting) that leave the heaviest device's load per
+    micro-batch as it is. The first stage's activations live longest (from its forward until the
+    backward has come back through every later stage; stage 0 keeps them until its W), so where
+    that device's memory caps the warm-up, a lighter first stage lets more micro-batches in."""
+    stages = [s for s, d in enumerate(c.placement) if d == device]
+    if len(stages) < 2:
+        return []
+    cost = [x.f + x.b + x.w for x in problem.profile.layers]
+    speeds = problem.cluster.speeds
+    P = problem.devices
+    top = device_loads(cost, c.sizes, c.placement, P, speeds=speeds).max()
+    first = stages[0]
+    out = []
+    for t in stages[1:]:
+        for n in range(1, LIGHTEN_UNITS + 1):
+            if c.sizes[first] <= n:
+                break
+            new = list(c.sizes)
+            new[first] -= n
+            new[t] += n
+            if device_loads(cost, new, c.placement, P, speeds=speeds).max() <= top + 1e-9:
+                out.append(replace(c, sizes=tuple(new)))
+    return out
+
+
+def _filled(c: Candidate, ev: Evaluator) -> Candidate:
+    """``c`` as a list-scheduled plan whose activation budgets fill each device's memory (rounded down
+    to 1/100 micro-batch), with W's activations counted against them."""
+    budgets = tuple(math.floor(b * 100) / 100 for b in ev.memory_budgets(c))
+    return replace(c, order="list", budgets=budgets, cap_counts_w=True)
 
 
 @dataclass
@@ -177,6 +255,12 @@ class AdaptisTuner:
             new[src] -= 1
             new[dst] += 1
             yield replace(c, sizes=tuple(new))
+        if problem.devices < S:  # several stages per device: balance devices, not stages
+            yield from _chain_moves(c, hot, cold, problem)
+            full = max(range(len(busy)), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
+            if result.peak_memory[full] > 0.95 * result.memory_limit[full]:
+                for n in _lighten_first_stage(c, full, problem):
+                    yield _filled(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
     def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
@@ -190,6 +274,8 @@ class AdaptisTuner:
             if placement == c.placement:
                 continue
             yield replace(order_knobs, sizes=ev.balanced_sizes(placement), placement=placement)
+            if len(placement) > P:
+                yield _filled(replace(order_knobs, sizes=ev.device_balanced_sizes(placement), placement=placement), ev)
         if result.valid and P > 1:
             busy = result.busy
             hot = max(range(P), key=busy.__getitem__)
@@ -222,6 +308,9 @@ class AdaptisTuner:
             for delta in (1.0, -1.0):
                 yield replace(base, budgets=tuple(max(1.0, b + delta) for b in budgets))
         yield replace(base, budgets=None)
+        filled = _filled(base, ev)
+        if filled != base:
+            yield filled
         if result.valid:  # memory binds: also recompute the fullest device's stages (as is, or with fused B,
             # which frees the recomputed activations at once instead of keeping W's inputs)
             full = max(range(P), key=lambda d: result.peak_memory[d] / result.memory_limit[d])

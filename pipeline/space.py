@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline import engine
+from pipeline.balance import device_balanced_sizes
 from pipeline.errors import PlanError
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule, native_args
 from pipeline.orders import gpipe_order, interleaved_order, looped_bfs_order, one_f_one_b_order, zbv_order
@@ -46,6 +47,7 @@ __all__ = [
     "list_config",
     "objective_key",
     "preset_budgets",
+    "memory_budgets",
 ]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
@@ -105,6 +107,18 @@ def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:
     """Per-device activation budgets (micro-batches) of a named schedule's memory
     (:data:`pipeline.schedules.ACTIVATION_BUDGETS`); ``None`` for any other name (unlimited)."""
     return activation_budgets(name, devices) if name in ACTIVATION_BUDGETS else None
+
+
+def memory_budgets(costs: StageCosts, placement: Sequence[int], devices: int) -> tuple[float, ...]:
+    """Per-device activation budgets (micro-batches of the stages it holds) that fill each device's
+    memory: what is left of its limit after the static memory, over one micro-batch's activations.
+    Under these budgets (with ``cap_counts_w``) no device's peak exceeds its limit; where memory,
+    not the schedule, limits how deep the warm-up may run, this is the deepest that fits."""
+    per_mb = [0.0] * devices
+    for s, d in enumerate(placement):
+        per_mb[d] += costs.act[s]
+    return tuple(max(1.0, (costs.memory_limit[d] - costs.static_bytes[d]) / per_mb[d]) if per_mb[d] > 0 else 1.0
+                 for d in range(devices))
 
 
 def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
@@ -242,6 +256,7 @@ class Evaluator:
         self._plans: dict[Candidate, Plan] = {}
         self._costs: dict[tuple[tuple[int, ...], tuple[int, ...]], StageCosts] = {}
         self._balanced: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._device_balanced: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
         self._call_numbers: dict[Candidate, int] = {}
 
     @property
@@ -276,6 +291,24 @@ class Evaluator:
             p = self.problem
             hit = self._balanced[placement] = balanced_sizes(p.profile, placement, p.cluster)
         return hit
+
+    def device_balanced_sizes(self, placement: tuple[int, ...], start: tuple[int, ...] | None = None
+                              ) -> tuple[int, ...]:
+        """:func:`pipeline.balance.device_balanced_sizes` of the problem for ``placement`` from
+        ``start`` (default: :meth:`balanced_sizes`), cached."""
+        start = self.balanced_sizes(placement) if start is None else start
+        key = (placement, start)
+        hit = self._device_balanced.get(key)
+        if hit is None:
+            p = self.problem
+            if len(self._device_balanced) > 1024:
+                self._device_balanced.clear()
+            hit = self._device_balanced[key] = device_balanced_sizes(p.profile, placement, p.cluster, start=start)
+        return hit
+
+    def memory_budgets(self, c: Candidate) -> tuple[float, ...]:
+        """:func:`memory_budgets` of a candidate's partition and placement."""
+        return memory_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices)
 
     def result(self, c: Candidate) -> Result:
         """The simulated result of a candidate; an impossible candidate gives an invalid result."""

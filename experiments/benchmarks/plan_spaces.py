@@ -36,8 +36,8 @@ class NoRecomputeTuner(AdaptisTuner):
     """The tuner without its recompute move."""
 
     @staticmethod
-    def _schedule_moves(c: Candidate, result, problem: Problem, rng) -> Iterator[Candidate]:  # type: ignore[override]
-        return (n for n in AdaptisTuner._schedule_moves(c, result, problem, rng) if n.recompute is None)
+    def _schedule_moves(c: Candidate, result, problem: Problem, rng, ev) -> Iterator[Candidate]:  # type: ignore[override]
+        return (n for n in AdaptisTuner._schedule_moves(c, result, problem, rng, ev) if n.recompute is None)
 
 
 def _case(text: str) -> tuple[str, int, int, float | None]:

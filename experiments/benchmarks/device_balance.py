@@ -1,0 +1,90 @@
+"""Where a multi-chunk plan's time goes: per-device load, memory and idle (issue 15's gemma case).
+
+For each placement with several stages per device it prints the heaviest device's load per
+micro-batch under the stage-balanced and the device-balanced split (``pipeline/balance.py``), the
+iteration time of each under budgets that fill every device's memory and without a memory limit,
+and the best of the device-balanced split with its first stage lightened. Then the tuner's plan at
+the default budget, device by device: busy time, idle before its first action, after its last and
+in between, and peak memory. One JSON line per row.
+
+  python -m experiments.benchmarks.device_balance                       # gemma-large, 16 devices, 4k
+  python -m experiments.benchmarks.device_balance --model deepseek-large --seq-len 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agents.base import Budget  # noqa: E402
+from agents.baselines import PLACEMENT_CHOICES  # noqa: E402
+from agents.registry import make_searcher  # noqa: E402
+from agents.tuner import AdaptisTuner, _filled, _lighten_first_stage  # noqa: E402
+from experiments.commands.reproduce import auto_head_shards  # noqa: E402
+from pipeline.balance import device_loads  # noqa: E402
+from pipeline.hardware import build_cluster  # noqa: E402
+from pipeline.simulator import simulate  # noqa: E402
+from pipeline.space import Candidate, Evaluator, Problem, make_placement  # noqa: E402
+from pipeline.spec import GIB  # noqa: E402
+from pipeline.zoo import zoo_profile  # noqa: E402
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gemma-large")
+    p.add_argument("--devices", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--microbatches", type=int, default=64)
+    p.add_argument("--budget", default="3000", help="the tuner's budget (simulator calls, or seconds with 's')")
+    args = p.parse_args(argv)
+    P, M = args.devices, args.microbatches
+    cluster = build_cluster("h100", devices=P, gpus_per_node=8)
+    mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, seq_len=args.seq_len), cluster, M))
+    k = auto_head_shards(zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer"))
+    profile = zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer", head_shards=k)
+    problem = Problem(profile, cluster, M)
+    ev = Evaluator(problem)
+    costs = [x.f + x.b + x.w for x in profile.layers]
+    mean = sum(costs) / P
+    for kind, chunks in PLACEMENT_CHOICES:
+        if chunks == 1 or P * chunks > profile.num_layers:
+            continue
+        placement = make_placement(kind, P, chunks)
+        row = {"placement": f"{kind}-{chunks}", "mean_load": round(mean, 3)}
+        for name, sizes in (("stage", ev.balanced_sizes(placement)), ("device", ev.device_balanced_sizes(placement))):
+            filled = _filled(Candidate(sizes, placement), ev)
+            row[f"{name}_max_load"] = round(float(device_loads(costs, sizes, placement, P).max()), 3)
+            row[f"{name}_filled_ms"] = round(ev.result(filled).iteration_time, 1)
+            row[f"{name}_no_memory_limit_ms"] = round(ev.result(replace(filled, budgets=None)).iteration_time, 1)
+        lighter = [ev.result(_filled(c, ev)) for c in
+                   _lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
+        row["device_lightened_best_ms"] = round(min((r.iteration_time for r in lighter if r.feasible),
+                                                    default=float("nan")), 1)
+        print(json.dumps(row), flush=True)
+    found = AdaptisTuner().search(problem, budget=Budget.parse(args.budget), seed=0)
+    res = simulate(found.plan, profile, cluster, record_timeline=True)
+    T = res.iteration_time
+    print(json.dumps({"tuner_ms": round(T, 1), "speedup": round(mega.iteration_time / T, 4),
+                      "megatron_ms": round(mega.iteration_time, 1), "plan": found.note}), flush=True)
+    for d in range(P):
+        acts = sorted((e for e in res.timeline if e.device == d), key=lambda e: e.start)
+        inside = sum(max(0.0, b.start - a.end) for a, b in zip(acts, acts[1:]))
+        print(json.dumps({"device": d, "busy_ms": round(res.busy[d], 1), "idle_first_ms": round(acts[0].start, 1),
+                          "idle_last_ms": round(T - acts[-1].end, 1), "idle_inside_ms": round(inside, 1),
+                          "peak_gib": round(res.peak_memory[d] / GIB, 1),
+                          "limit_gib": round(res.memory_limit[d] / GIB, 1)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

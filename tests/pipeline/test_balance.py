@@ -1,0 +1,114 @@
+"""Per-device balanced partitions: lower the heaviest device than the stage-balanced split, never
+worse than the start, exact on small cases, deterministic."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pipeline.balance import device_balanced_sizes, device_loads
+from pipeline.errors import PlanError
+from pipeline.hardware import build_cluster
+from pipeline.space import balanced_sizes, make_placement
+from pipeline.spec import Cluster, Device, LayerCost, ModelProfile
+from pipeline.zoo import zoo_profile
+from tests.conftest import ideal_cluster
+
+
+def _profile(costs: list[float]) -> ModelProfile:
+    return ModelProfile("alt", tuple(LayerCost(f"u{i}", "mlp", c, 0.0, 0.0, 1, 1, 0) for i, c in enumerate(costs)))
+
+
+def _optimum(costs: list[float], placement: tuple[int, ...], devices: int) -> float:
+    """The least heaviest-device load over every partition into contiguous stages (brute force)."""
+    L, S = len(costs), len(placement)
+    best = np.inf
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        sizes = np.diff((0, *cuts, L))
+        best = min(best, device_loads(costs, sizes, placement, devices).max())
+    return float(best)
+
+
+# Alternating light/heavy units (a block's attention and MLP), as sub-block units are.
+ALTERNATING = [1.28, 2.49] * 6
+CASES = [
+    (ALTERNATING, (0, 1, 0, 1)),  # interleaved, 2 chunks
+    (ALTERNATING, (0, 1, 1, 0)),  # V
+    (ALTERNATING + [0.6, 2.2, 2.2], (0, 1, 2, 0, 1, 2)),  # a heavy tail, 3 devices
+    ([3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 1.0, 1.0], (0, 1, 0, 1, 0, 1)),
+]
+
+
+@pytest.mark.parametrize(("costs", "placement"), CASES)
+def test_optimal_and_never_worse_than_the_stage_balanced_start(costs: list[float], placement: tuple[int, ...]) -> None:
+    profile, P = _profile(costs), max(placement) + 1
+    cluster = ideal_cluster(P)
+    start = balanced_sizes(profile, placement, cluster)
+    sizes = device_balanced_sizes(profile, placement, cluster, start=start)
+    assert len(sizes) == len(placement) and sum(sizes) == len(costs) and min(sizes) >= 1
+    got = device_loads(costs, sizes, placement, P).max()
+    assert got <= device_loads(costs, start, placement, P).max() + 1e-12
+    assert got == pytest.approx(_optimum(costs, placement, P))
+
+
+def test_helps_where_stage_rounding_piles_up_on_a_device() -> None:
+    """Units 1,2,1,2,1,2,1 in four stages on two devices (interleaved). Balanced by stage (heaviest
+    stage 3: stages 1 | 2,1 | 2,1 | 2) device 1 holds 3+3 = 6 and device 0 only 1+3 = 4; balanced by
+    device, a heavier stage (1,2,1 = 4) buys 5 and 5."""
+    costs = [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0]
+    placement = (0, 1, 0, 1)
+    profile, cluster = _profile(costs), ideal_cluster(2)
+    start = balanced_sizes(profile, placement, cluster)
+    assert start == (1, 2, 2, 2)
+    assert list(device_loads(costs, start, placement, 2)) == [4.0, 6.0]
+    sizes = device_balanced_sizes(profile, placement, cluster, start=start)
+    assert list(device_loads(costs, sizes, placement, 2)) == [5.0, 5.0]
+
+
+def test_gemma_large_sub_block_units_on_sixty_four_stages() -> None:
+    """The issue's case: 64 interleaved stages on 16 devices put 8 blocks and an MLP (32.65 ms per
+    micro-batch) on four devices when balanced by stage; balanced by device every device holds
+    at most 8 blocks and one attention (31.44 ms), against a mean of 31.30 ms."""
+    profile = zoo_profile("gemma-large", seq_len=4096, granularity="sublayer", head_shards=8)
+    cluster = build_cluster("h100", devices=16, gpus_per_node=8)
+    placement = make_placement("interleaved", 16, 4)
+    costs = [x.f + x.b + x.w for x in profile.layers]
+    start = balanced_sizes(profile, placement, cluster)
+    sizes = device_balanced_sizes(profile, placement, cluster, start=start)
+    before = device_loads(costs, start, placement, 16)
+    after = device_loads(costs, sizes, placement, 16)
+    attention, mlp = costs[1], costs[2]
+    assert before.max() == pytest.approx(8 * (attention + mlp) + mlp)
+    assert after.max() == pytest.approx(8 * (attention + mlp) + attention)
+    assert after.max() - after.mean() < attention / 5
+
+
+def test_slower_devices_get_less() -> None:
+    costs = [1.0] * 12
+    placement = (0, 1, 0, 1)
+    cluster = Cluster(devices=2, device_list=(Device(speed=2.0), Device(speed=1.0)), p2p_gbps=1e12, latency_us=0.0)
+    profile = _profile(costs)
+    sizes = device_balanced_sizes(profile, placement, cluster, start=(3, 3, 3, 3))
+    units = [sum(s for s, d in zip(sizes, placement) if d == dev) for dev in (0, 1)]
+    assert units == [8, 4]
+    times = device_loads(costs, sizes, placement, 2, speeds=cluster.speeds)
+    assert times[0] == pytest.approx(times[1])
+
+
+def test_deterministic() -> None:
+    profile = _profile(ALTERNATING * 3)
+    placement = make_placement("wave", 3, 3)
+    cluster = ideal_cluster(3)
+    start = balanced_sizes(profile, placement, cluster)
+    runs = {device_balanced_sizes(profile, placement, cluster, start=start) for _ in range(3)}
+    assert len(runs) == 1
+
+
+@pytest.mark.parametrize(("start", "match"), [((6, 6), r"\[6, 6\] must give 4 stages"), ((12, 0, 0, 0), "at least one"),
+                                              ((3, 3, 3, 2), "12 in all")])
+def test_bad_start_names_the_field(start: tuple[int, ...], match: str) -> None:
+    with pytest.raises(PlanError, match=match) as err:
+        device_balanced_sizes(_profile([1.0] * 12), (0, 1, 0, 1), ideal_cluster(2), start=start)
+    assert err.value.field == "partition"
