@@ -6,10 +6,13 @@ deepseek-large, deeper than any training model) on --devices, plus --heldout N s
 scenarios drawn from env.scenarios.HELDOUT_SCENARIO (the hybrid-mamba family at 56-96 blocks,
 2-32 devices, 8-256 micro-batches, tight memory, multi-node links, mixed speeds).
 
-Methods: rl (the policy, at most 40 calls), rl-random (random allowed edits from the same starts
-with the same calls: what the policy must beat), rl-zero (zero-shot: one greedy rollout from
-one or two plans, at most 5 calls), rl+tuner (the policy proposes and the tuner refines, run with the tuner's own
-wall time as its budget when adaptis runs too) and adaptis (the tuner, --budget calls), random.
+Methods: rl (the ranker's starts and the edit policy, at most 40 calls), rl-random (random
+allowed edits from the same starts with the same calls: what the edit policy must beat),
+no-learning (random edits from the hand-written starts: neither learned part), rl-zero
+(zero-shot: the ranker's top 3 recipes and a greedy rollout, at most 5 calls), rl+tuner (the
+policy proposes and the tuner refines from its plans and the ranker's recipes instead of its own
+seeds, run with the tuner's own wall time as its budget when adaptis runs too) and adaptis (the
+tuner, --budget calls), random.
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 Writes OUT/results.jsonl, OUT/summary.json, OUT/quality.png and, given --train-dir,
 OUT/learning_curve.png from that run's eval.jsonl. Logs the table and figures to W&B (offline by
@@ -52,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
-    parser.add_argument("--methods", default="rl,rl-random,rl-zero,adaptis,rl+tuner")
+    parser.add_argument("--methods", default="rl,rl-random,no-learning,rl-zero,adaptis,rl+tuner")
     parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy (method rl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-dir", default=None, help="a training run's folder: plot its learning curve")
@@ -99,6 +102,8 @@ def _searcher(method: str, args: argparse.Namespace):
         searcher = RLSearcher(name="rl-zero", zero_shot=True)
     elif method == "rl-random":
         searcher = RLSearcher(name="rl-random", random_edits=True)
+    elif method == "no-learning":  # random edits from the hand-written starts: neither learned part
+        return RLSearcher(name="no-learning", random_edits=True, ranker_path="none")
     else:
         searcher = make_searcher(method)
     if hasattr(searcher, "policy_path") and args.policy:

@@ -136,10 +136,10 @@ def test_commands_with_tiny_budgets(tmp_path, capsys):
     assert main(["evaluate-agent", "--policy", str(out / "policy.pth"), "--ranker", str(out / "starts.pt"),
                  "--models", "deepseek-small",
                  "--devices", "2", "--heldout", "1", "--budget", "30",
-                 "--methods", "rl+tuner,rl,rl-zero,rl-random,adaptis",
+                 "--methods", "rl+tuner,rl,rl-zero,rl-random,no-learning,adaptis",
                  "--samples", "1", "--train-dir", str(out), "--out", str(ea), "--json"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
-    assert {r["method"] for r in lines} == {"rl", "rl-zero", "rl-random", "adaptis", "rl+tuner"}
+    assert {r["method"] for r in lines} == {"rl", "rl-zero", "rl-random", "no-learning", "adaptis", "rl+tuner"}
     assert len({r["scenario"] for r in lines}) == 2
     assert all(r["sim_calls"] <= 5 for r in lines if r["method"] == "rl-zero")
     tuner = {r["scenario"]: r["seconds"] for r in lines if r["method"] == "adaptis"}
