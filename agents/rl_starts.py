@@ -154,7 +154,7 @@ def arm_candidates(problem: Problem, ev: Evaluator) -> dict[str, Arm]:
                 name = f"fixed:{kind}{chunks}:{split}"
                 out[name] = Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
         # Where nothing else fits: every stage recomputes its activations (fused B), budgets cut to fit.
-        everywhere = (True,) * (P * chunks)
+        everywhere = (True,) * len(placement)
         preset = preset_budgets("zb-h1" if chunks == 1 else "zbv", P)
         cut = _fit_budgets(ev, splits["dp"], placement, preset, recompute=everywhere)
         if cut is not None:

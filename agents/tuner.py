@@ -36,6 +36,7 @@ from pipeline.space import (
     make_placement,
     objective_key,
     preset_budgets,
+    recompute_for,
 )
 
 __all__ = ["AdaptisTuner", "seed_candidates"]
@@ -273,9 +274,10 @@ class AdaptisTuner:
             placement = make_placement(kind, P, chunks)
             if placement == c.placement:
                 continue
-            yield replace(order_knobs, sizes=ev.balanced_sizes(placement), placement=placement)
+            knobs = replace(order_knobs, placement=placement, recompute=recompute_for(c, len(placement)))
+            yield replace(knobs, sizes=ev.balanced_sizes(placement))
             if len(placement) > P:
-                yield _filled(replace(order_knobs, sizes=ev.device_balanced_sizes(placement), placement=placement), ev)
+                yield _filled(replace(knobs, sizes=ev.device_balanced_sizes(placement)), ev)
         if result.valid and P > 1:
             busy = result.busy
             hot = max(range(P), key=busy.__getitem__)

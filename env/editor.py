@@ -36,6 +36,7 @@ from pipeline.space import (
     microbatch_bytes,
     objective_key,
     preset_budgets,
+    recompute_for,
 )
 
 __all__ = [
@@ -343,7 +344,8 @@ class PlanEditor:
             placement = _family_placements(P, p.profile.num_layers)[int(e.arg)]
             if placement is None:
                 return None
-            return _with(c, placement=placement, sizes=self.balanced(placement))
+            return _with(c, placement=placement, sizes=self.balanced(placement),
+                         recompute=recompute_for(c, len(placement)))
         if k == "rebalance":
             return _with(c, sizes=self.balanced(c.placement))
         if k in ("budget-up", "budget-down", "all-up", "all-down"):
@@ -425,7 +427,8 @@ class PlanEditor:
             bal = self.ev.balanced_sizes
             for k, placement in enumerate(_family_placements(P, p.profile.num_layers)):
                 if placement is not None:
-                    out[_FAMILY + k] = _with(c, placement=placement, sizes=bal(placement))
+                    out[_FAMILY + k] = _with(c, placement=placement, sizes=bal(placement),
+                                             recompute=recompute_for(c, len(placement)))
             out[_REBALANCE] = _with(c, sizes=bal(c.placement))
             b = c.budgets
             if b is not None:

@@ -42,6 +42,8 @@ __all__ = [
     "Problem",
     "Evaluator",
     "make_placement",
+    "microbatch_bytes",
+    "recompute_for",
     "balanced_sizes",
     "materialize",
     "list_config",
@@ -101,6 +103,14 @@ class Candidate:
         if self.recompute is not None and any(self.recompute):
             knobs += f" recompute={[s for s, r in enumerate(self.recompute) if r]}"
         return f"{self.order} sizes={list(self.sizes)} placement={list(self.placement)}{knobs}"
+
+
+def recompute_for(c: Candidate, stages: int) -> tuple[bool, ...] | None:
+    """``c``'s recompute flags carried to a layout of ``stages`` stages: every stage when ``c``
+    recomputes every stage, else none (per-stage flags mean nothing for other stages)."""
+    if c.recompute is None or len(c.recompute) == stages:
+        return c.recompute
+    return (True,) * stages if all(c.recompute) else None
 
 
 def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:

@@ -92,3 +92,21 @@ def test_labels_and_searchers_with_a_trained_ranker(tmp_path):
     assert zero.ok and 0 < zero.sim_calls <= 5
     rl = RLSearcher(ranker_path=str(path), samples=1).search(problem, budget=Budget(400), seed=0)
     assert rl.ok and rl.sim_calls <= 40 and rl.iteration_time <= zero.iteration_time * (1 + 1e-9)
+
+
+def test_tuner_and_editor_move_recomputing_starts_to_other_placements():
+    """Starting from a recompute-everywhere recipe, placement moves carry the flags to the new
+    stage count (this raised before: 'recompute has 16 entries for 8 stages')."""
+    from agents.tuner import AdaptisTuner
+    from env.pipeline_env import PipelineEnv
+
+    problem = _problem(devices=4, blocks=24, seed=2)
+    ev = Evaluator(problem)
+    arm = arm_candidates(problem, ev).get("list:interleaved2:dp:recompute")
+    assert arm is not None and all(arm.candidate.recompute)
+    res = AdaptisTuner().search(problem, budget=Budget(60), start=[arm.candidate], own_seeds=False)
+    assert res.sim_calls > 0
+    env = PipelineEnv(max_steps=4)
+    env.reset(options={"problem": problem, "start": [arm.candidate], "max_calls": 400})
+    targets = [t for t in env.editor.targets() if t is not None]
+    assert targets and all(t.recompute is None or len(t.recompute) == t.num_stages for t in targets)

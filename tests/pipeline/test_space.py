@@ -39,3 +39,14 @@ def test_evaluator_device_balanced_sizes_is_cached_and_matches() -> None:
     assert got is ev.device_balanced_sizes(placement)
     assert got == device_balanced_sizes(profile, placement, problem.cluster, start=ev.balanced_sizes(placement))
     assert ev.calls == 0  # no simulator calls
+
+
+def test_recompute_flags_follow_a_new_layout():
+    """A placement move keeps 'recompute every stage' and drops per-stage flags (they name other stages)."""
+    from pipeline.space import Candidate, recompute_for
+
+    everywhere = Candidate((2, 2, 2, 2), (0, 1, 1, 0), "list", recompute=(True,) * 4)
+    some = Candidate((2, 2, 2, 2), (0, 1, 1, 0), "list", recompute=(True, False, False, False))
+    assert recompute_for(everywhere, 2) == (True, True) and recompute_for(everywhere, 4) == (True,) * 4
+    assert recompute_for(some, 2) is None and recompute_for(some, 4) == some.recompute
+    assert recompute_for(Candidate((4, 4), (0, 1), "list"), 4) is None
