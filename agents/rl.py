@@ -170,13 +170,15 @@ class RLSearcher:
     """After a search: the distinct best candidates of the rollouts, best first."""
     start_list: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the ranker's start candidates (empty without a ranker)."""
+    evaluator: Evaluator | None = field(default=None, repr=False)
+    """After a search: its evaluator (its stage costs and splits can serve a tuner that follows)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
         policy, meta = (None, {"config": {"allow_stop": False}}) if self.random_edits else _policy(self.policy_path)
-        ev = Evaluator(problem)
+        ev = self.evaluator = Evaluator(problem)
         max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
         cap = max_calls if budget.sim_calls is None else min(max_calls, budget.sim_calls)
         env = PipelineEnv(max_steps=self.max_steps, allow_stop=bool(meta.get("config", {}).get("allow_stop", True)))
@@ -270,6 +272,8 @@ class RLTunerSearcher:
     """How many of the policy's best distinct plans seed the tuner."""
     rl_share: float = 0.1
     """Most of the budget (calls, at least 5, and seconds) the policy may use; the tuner gets the rest."""
+    start_arms: int = 10
+    """How many of the ranker's top recipes the policy simulates (and the tuner starts from)."""
     own_seeds: bool = False
     """Whether the tuner also simulates its own ~100 seeds and named plans (off: the ranker's top
     recipes, simulated by the policy's search, stand in for them, and the tuner spends those
@@ -281,7 +285,7 @@ class RLTunerSearcher:
 
         t0 = time.perf_counter()
         rl = RLSearcher(policy_path=self.policy_path, ranker_path=self.ranker_path, samples=self.samples,
-                        max_calls=self.max_calls)
+                        max_calls=self.max_calls, start_arms=self.start_arms)
         _policy(self.policy_path)  # loading the policy and ranker files is not search time
         rl.ranker()
         t0 = time.perf_counter()
@@ -294,7 +298,7 @@ class RLTunerSearcher:
         start = list(dict.fromkeys(rl.best_candidates[:self.seeds] + rl.start_list))
         own = self.own_seeds or not rl.start_list  # without a ranker, the tuner keeps its own seeds
         tuned = AdaptisTuner().search(problem, budget=rest, seed=seed, on_improve=on_improve,
-                                      start=start, own_seeds=own)
+                                      start=start, own_seeds=own, scenario_caches=rl.evaluator)
         parts = [first, tuned]
         ok = [p for p in parts if p.result is not None and p.result.valid]
         best = min(ok, key=lambda p: objective_key(p.result)) if ok else tuned

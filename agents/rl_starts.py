@@ -11,18 +11,21 @@ need no simulation (:func:`scenario_features`) and scores every recipe; searcher
 top ones (:func:`ranked_starts`).
 
 Recipes (:data:`ARMS`, stable names): each placement family of the tuner's seeds
-(:data:`agents.baselines.PLACEMENT_CHOICES`) at the DP-balanced and Megatron splits under each
-schedule's activation budget, the same with budgets cut to the memory left after the static
-share (``:fit``), every stage recomputing under cut budgets (``:recompute``, where nothing else
-fits), the fixed orders (1F1B, interleaved) and the named hand-built schedules
-(``named:*``, e.g. V-Half; simulated as plans, not editable). The ranker is saved as a torch
-state dict (``.pt``, loaded with ``weights_only=True``) with a ``.json`` of its metadata.
+(:data:`agents.baselines.PLACEMENT_CHOICES`) at the DP-balanced, Megatron and device-balanced
+(``devbal``, :mod:`pipeline.balance`) splits under each schedule's activation budget, the same
+with budgets cut to the memory left after the static share (``:fit``), budgets that fill each
+device's memory (``:filled``, :meth:`pipeline.space.Evaluator.memory_budgets`), every stage
+recomputing under cut budgets (``:recompute``, where nothing else fits), the fixed orders
+(1F1B, interleaved) and the named hand-built schedules (``named:*``, e.g. V-Half; simulated as
+plans, not editable). The ranker is saved as a torch state dict (``.pt``, loaded with
+``weights_only=True``) with a ``.json`` of its metadata.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,12 +49,13 @@ _NAMED = ("zbv", "v-half", "v-min", "dualpipev", "zb-h1", "zb-h2", "i1f1b-v2", "
 def _arm_names() -> tuple[str, ...]:
     names = []
     for kind, chunks in PLACEMENT_CHOICES:
-        for split in ("dp", "megatron"):
+        for split in ("dp", "megatron", "devbal"):
             for b in _BUDGETS:
                 names.append(f"list:{kind}{chunks}:{split}:{b or 'unlimited'}")
                 if b is not None:
                     names.append(f"list:{kind}{chunks}:{split}:{b}:fit")
-            if kind == "interleaved" or chunks == 1:
+            names.append(f"list:{kind}{chunks}:{split}:filled")
+            if (kind == "interleaved" or chunks == 1) and split != "devbal":
                 names.append(f"fixed:{kind}{chunks}:{split}")
         names.append(f"list:{kind}{chunks}:dp:recompute")
     names += [f"named:{m}:{split}" for m in _NAMED for split in ("dp", "megatron") if not (m == "megatron" and
@@ -128,45 +132,58 @@ def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ..
     return tuple(out)
 
 
-def arm_candidates(problem: Problem, ev: Evaluator) -> dict[str, Arm]:
-    """The recipes that apply to ``problem``, by name (a subset of :data:`ARMS`)."""
+def _split_sizes(problem: Problem, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:
+    if split == "dp":
+        return ev.balanced_sizes(placement)
+    if split == "megatron":
+        return tuple(b - a for a, b in megatron_partition(problem.profile, len(placement)))
+    return ev.device_balanced_sizes(placement) if len(placement) > problem.devices else None
+
+
+def build_arm(name: str, problem: Problem, ev: Evaluator) -> Arm | None:
+    """The recipe ``name`` (one of :data:`ARMS`) on ``problem``, or None where it does not apply.
+    Only what this recipe needs is computed (its split, its costs)."""
     P, L = problem.devices, problem.profile.num_layers
-    out: dict[str, Arm] = {}
-    for kind, chunks in PLACEMENT_CHOICES:
-        if P * chunks > L or (chunks > 1 and P < 2):
-            continue
-        placement = make_placement(kind, P, chunks)
-        splits = {"dp": ev.balanced_sizes(placement),
-                  "megatron": tuple(b - a for a, b in megatron_partition(problem.profile, P * chunks))}
-        for split, sizes in splits.items():
-            for b in _BUDGETS:
-                budgets = preset_budgets(b, P) if b else None
-                counts_w = b not in ("zb-h1", "zb-h2")
-                knobs = {"cap_counts_w": counts_w, "max_pending_w": P if not counts_w else None}
-                name = f"list:{kind}{chunks}:{split}:{b or 'unlimited'}"
-                out[name] = Arm(name, Candidate(sizes, placement, "list", budgets, **knobs))
-                if budgets is not None:
-                    cut = _fit_budgets(ev, sizes, placement, budgets)
-                    if cut is not None and cut != budgets:
-                        out[name + ":fit"] = Arm(name + ":fit", Candidate(sizes, placement, "list", cut,
-                                                                          cap_counts_w=True))
-            if kind == "interleaved" or chunks == 1:
-                name = f"fixed:{kind}{chunks}:{split}"
-                out[name] = Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
-        # Where nothing else fits: every stage recomputes its activations (fused B), budgets cut to fit.
+    parts = name.split(":")
+    if parts[0] == "named":
+        return Arm(name, method=parts[1], balanced=parts[2] == "dp")
+    match = re.fullmatch(r"([a-z]+)(\d+)", parts[1])
+    assert match is not None, name
+    kind, chunks = match.group(1), int(match.group(2))
+    if P * chunks > L or (chunks > 1 and P < 2):
+        return None
+    placement = make_placement(kind, P, chunks)
+    sizes = _split_sizes(problem, ev, placement, parts[2])
+    if sizes is None:
+        return None
+    if parts[0] == "fixed":
+        return Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+    rule = parts[3]
+    if rule == "filled":
+        filled = tuple(math.floor(b * 100) / 100 for b in ev.memory_budgets(Candidate(sizes, placement, "list")))
+        return Arm(name, Candidate(sizes, placement, "list", filled, cap_counts_w=True))
+    if rule == "recompute":  # where nothing else fits: every stage recomputes (fused B), budgets cut to fit
         everywhere = (True,) * len(placement)
         preset = preset_budgets("zb-h1" if chunks == 1 else "zbv", P)
-        cut = _fit_budgets(ev, splits["dp"], placement, preset, recompute=everywhere)
-        if cut is not None:
-            name = f"list:{kind}{chunks}:dp:recompute"
-            out[name] = Arm(name, Candidate(splits["dp"], placement, "list", cut, split_backward=False,
-                                            cap_counts_w=True, recompute=everywhere))
-    for m in _NAMED:
-        for split in ("dp", "megatron"):
-            if m == "megatron" and split == "dp":
-                continue
-            out[f"named:{m}:{split}"] = Arm(f"named:{m}:{split}", method=m, balanced=split == "dp")
-    return out
+        cut = _fit_budgets(ev, sizes, placement, preset, recompute=everywhere)
+        return None if cut is None else Arm(name, Candidate(sizes, placement, "list", cut, split_backward=False,
+                                                             cap_counts_w=True, recompute=everywhere))
+    budget = None if rule == "unlimited" else rule
+    budgets = preset_budgets(budget, P) if budget else None
+    if len(parts) == 5:  # ":fit": cut to the memory left after the static share
+        cut = _fit_budgets(ev, sizes, placement, budgets)
+        if cut is None or cut == budgets:
+            return None
+        return Arm(name, Candidate(sizes, placement, "list", cut, cap_counts_w=True))
+    counts_w = budget not in ("zb-h1", "zb-h2")
+    return Arm(name, Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
+                               max_pending_w=P if not counts_w else None))
+
+
+def arm_candidates(problem: Problem, ev: Evaluator) -> dict[str, Arm]:
+    """Every recipe that applies to ``problem``, by name (a subset of :data:`ARMS`)."""
+    arms = ((name, build_arm(name, problem, ev)) for name in ARMS)
+    return {name: arm for name, arm in arms if arm is not None}
 
 
 def named_result(arm: Arm, problem: Problem, ev: Evaluator):
@@ -361,8 +378,13 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
 
 
 def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, k: int) -> list[Arm]:
-    """The ``k`` applicable arms the ranker scores highest, best first."""
-    arms = arm_candidates(problem, ev)
+    """The ``k`` applicable arms the ranker scores highest, best first (only those are built)."""
     scores = ranker.scores(scenario_features(problem)[None])[0]
-    order = sorted((i for i, name in enumerate(ARMS) if name in arms), key=lambda i: -scores[i])
-    return [arms[ARMS[i]] for i in order[:k]]
+    out: list[Arm] = []
+    for i in np.argsort(-scores, kind="stable"):
+        arm = build_arm(ARMS[int(i)], problem, ev)
+        if arm is not None:
+            out.append(arm)
+            if len(out) == k:
+                break
+    return out

@@ -158,11 +158,15 @@ class AdaptisTuner:
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
-               own_seeds: bool = True) -> SearchResult:
+               own_seeds: bool = True, scenario_caches: Evaluator | None = None) -> SearchResult:
         """Search within ``budget``. ``start``: extra candidates to start from (e.g. an RL policy's);
-        ``own_seeds=False`` starts from ``start`` alone (a short refinement of given plans)."""
+        ``own_seeds=False`` starts from ``start`` alone (a short refinement of given plans).
+        ``scenario_caches``: an evaluator of the same problem whose stage costs and splits to reuse
+        (its results and calls are not)."""
         rng = random.Random(seed)
         ev = Evaluator(problem)
+        if scenario_caches is not None:
+            ev.share_scenario_caches(scenario_caches)
         clock = BudgetClock(budget, ev)
         history: list[tuple[int, float]] = []
         state = _State(ev, on_improve, history, self.allowed)

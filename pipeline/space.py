@@ -273,6 +273,13 @@ class Evaluator:
     def seconds(self) -> float:
         return time.perf_counter() - self.started
 
+    def share_scenario_caches(self, other: Evaluator) -> None:
+        """Use ``other``'s caches of what depends on the scenario alone (stage costs, DP-balanced and
+        device-balanced splits); simulated results and call counts stay this evaluator's own."""
+        if other.problem is not self.problem:
+            raise ValueError("share_scenario_caches needs an evaluator of the same problem object")
+        self._costs, self._balanced, self._device_balanced = other._costs, other._balanced, other._device_balanced
+
     def known(self, c: Candidate) -> bool:
         """Whether ``c`` was evaluated already (its result is free)."""
         return c in self._cache
