@@ -61,9 +61,19 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
             deterministic: bool, rng: np.random.Generator | None = None,
             start: list[Candidate] | str | None = None, deadline: float | None = None
             ) -> tuple[Candidate, Plan, Result]:
-    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result).
+    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result)
+    (the plan is built by ``evaluator.plan`` and cached there).
     ``policy=None`` picks uniformly among the allowed edits (the baseline a policy must beat).
     ``deadline`` (a ``time.perf_counter()`` value) ends the episode early."""
+    _run_episode(policy, env, problem=problem, evaluator=evaluator, max_calls=max_calls, deterministic=deterministic,
+                 rng=rng, start=start, deadline=deadline)
+    ed = env.editor
+    return ed.best, ed.best_plan, ed.best_result
+
+
+def _run_episode(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, max_calls: int,
+                 deterministic: bool, rng: np.random.Generator | None = None,
+                 start: list[Candidate] | str | None = None, deadline: float | None = None) -> None:
     import time
 
     import torch as th
@@ -92,8 +102,13 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
             action = int(rng.choice(len(probs), p=probs))
         obs, _, terminated, truncated, info = env.step(int(action))
         done = terminated or truncated
+
+
+def _rollout_best(policy: Any, env: Any, **kwargs: Any) -> tuple[Candidate, Result]:
+    """:func:`rollout` without building the plan: the best (candidate, result)."""
+    _run_episode(policy, env, **kwargs)
     ed = env.editor
-    return ed.best, ed.best_plan, ed.best_result
+    return ed.best, ed.best_result
 
 
 def _distribution(policy: Any, obs_t: Any, mask: np.ndarray) -> Any:
@@ -172,6 +187,16 @@ class RLSearcher:
     """After a search: the ranker's start candidates (empty without a ranker)."""
     evaluator: Evaluator | None = field(default=None, repr=False)
     """After a search: its evaluator (its stage costs and splits can serve a tuner that follows)."""
+    extra_starts: list[Candidate] = field(default_factory=list, repr=False)
+    """Candidates to start from besides the ranker's (e.g. the tuner's best plan, to polish)."""
+    scenario_caches: Evaluator | None = field(default=None, repr=False)
+    """An evaluator of the same problem whose stage costs and splits to reuse."""
+    named_arms: bool = True
+    """Simulate the ranker's named hand-built schedules too (off when a tuner simulated them already)."""
+    lazy: bool = False
+    """Return no plan (``best_plan()`` builds it): for callers that may not need it."""
+    best: tuple | None = field(default=None, repr=False)
+    """After a search: (key, candidate or None, named plan or None, result) of the best plan."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
@@ -179,6 +204,8 @@ class RLSearcher:
 
         policy, meta = (None, {"config": {"allow_stop": False}}) if self.random_edits else _policy(self.policy_path)
         ev = self.evaluator = Evaluator(problem)
+        if self.scenario_caches is not None:
+            ev.share_scenario_caches(self.scenario_caches)
         max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
         cap = max_calls if budget.sim_calls is None else min(max_calls, budget.sim_calls)
         env = PipelineEnv(max_steps=self.max_steps, allow_stop=bool(meta.get("config", {}).get("allow_stop", True)))
@@ -187,7 +214,9 @@ class RLSearcher:
         history: list[tuple[int, float]] = []
         best_key = None
         deadline = None if budget.seconds is None else time.perf_counter() + budget.seconds
-        starts = self._starts(problem, ev, found, cap)
+        starts = self._starts(problem, ev, found, cap, deadline)
+        if self.extra_starts:
+            starts = list(dict.fromkeys(self.extra_starts + (starts if isinstance(starts, list) else [])))
         for key, _, plan, res in found:
             if res.valid and (best_key is None or key < best_key):
                 best_key = key
@@ -198,15 +227,15 @@ class RLSearcher:
             if k and (ev.calls >= cap or (deadline is not None and time.perf_counter() >= deadline)):
                 break
             calls_before = ev.calls
-            c, plan, res = rollout(policy, env, problem=problem, evaluator=ev, max_calls=cap,
+            c, res = _rollout_best(policy, env, problem=problem, evaluator=ev, max_calls=cap,
                                    deterministic=k == 0, rng=rng, start=starts, deadline=deadline)
             key = objective_key(res)
-            found.append((key, c, plan, res))
+            found.append((key, c, None, res))
             if res.valid and (best_key is None or key < best_key):
                 best_key = key
                 history.append((ev.calls, res.iteration_time))
                 if on_improve is not None:
-                    on_improve(plan, res)
+                    on_improve(ev.plan(c), res)
             if k and ev.calls == calls_before:
                 break  # a sampled rollout found nothing new: the rest would repeat it
         found.sort(key=lambda x: x[0])
@@ -215,10 +244,19 @@ class RLSearcher:
             if c is not None and c not in seen:
                 seen.append(c)
         self.best_candidates = seen
-        best_plan = found[0][2] if found and found[0][3].valid else None
+        self.best = found[0] if found else None
         note = found[0][2].meta.get("method", "") if found and found[0][1] is None else (
             seen[0].describe() if seen else "")
-        return finish(self.name, problem, best_plan, evaluator=ev, history=history, note=note)
+        if self.lazy:
+            return SearchResult(self.name, None, None, ev.calls, ev.seconds, history, note)
+        return finish(self.name, problem, self.best_plan(), evaluator=ev, history=history, note=note)
+
+    def best_plan(self) -> Plan | None:
+        """The plan of the last search's best (built on demand), None when it found no valid plan."""
+        if self.best is None or not self.best[3].valid:
+            return None
+        _, c, plan, _ = self.best
+        return plan if c is None else self.evaluator.plan(c)
 
     def ranker(self):
         """The start ranker this searcher uses (loaded once), or None for the hand-written starts."""
@@ -229,7 +267,8 @@ class RLSearcher:
             return None
         return load_ranker(path)
 
-    def _starts(self, problem: Problem, ev: Evaluator, found: list, cap: int) -> list[Candidate] | str:
+    def _starts(self, problem: Problem, ev: Evaluator, found: list, cap: int,
+                deadline: float | None = None) -> list[Candidate] | str:
         """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
         ``found``), or without a ranker file the hand-written starts."""
         from agents.rl_starts import named_result, ranked_starts
@@ -240,7 +279,8 @@ class RLSearcher:
         arms = ranked_starts(problem, ev, ranker, 3 if self.zero_shot else self.start_arms)
         cands = [a.candidate for a in arms if a.candidate is not None]
         for arm in arms:
-            if arm.method is not None and ev.calls < cap - (1 if cands else 0):
+            if (arm.method is not None and self.named_arms and ev.calls < cap - (1 if cands else 0)
+                    and (deadline is None or time.perf_counter() < deadline)):
                 plan, res = named_result(arm, problem, ev)
                 if res is not None:
                     found.append((objective_key(res), None, plan, res))
@@ -275,19 +315,27 @@ class RLTunerSearcher:
     start_arms: int = 10
     """How many of the ranker's top recipes the policy simulates (and the tuner starts from)."""
     own_seeds: bool = False
-    """Whether the tuner also simulates its own ~100 seeds and named plans (off: the ranker's top
-    recipes, simulated by the policy's search, stand in for them, and the tuner spends those
-    calls on its local search instead)."""
+    """``policy-first`` only: whether the tuner also simulates its own ~100 seeds and named plans
+    (off: the ranker's top recipes, simulated by the policy's search, stand in for them, and the
+    tuner spends those calls on its local search instead)."""
+    order: str = "tuner-first"
+    """``tuner-first``: the tuner runs its own search with all but ``rl_share`` of the budget, then
+    the policy starts from the tuner's best plan and the ranker's recipes with the rest (the
+    tuner's path is its own, so it can only lose what the tuner alone finds in its last share).
+    ``policy-first``: the policy proposes first and the tuner refines from its plans."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
-        from agents.tuner import AdaptisTuner
-
-        t0 = time.perf_counter()
+        if self.order not in ("tuner-first", "policy-first"):
+            raise ValueError(f"order {self.order!r}: use tuner-first or policy-first")
         rl = RLSearcher(policy_path=self.policy_path, ranker_path=self.ranker_path, samples=self.samples,
                         max_calls=self.max_calls, start_arms=self.start_arms)
         _policy(self.policy_path)  # loading the policy and ranker files is not search time
         rl.ranker()
+        if self.order == "tuner-first":
+            return self._tuner_first(rl, problem, budget=budget, seed=seed, on_improve=on_improve)
+        from agents.tuner import AdaptisTuner
+
         t0 = time.perf_counter()
         share = Budget(None if budget.sim_calls is None else max(5, int(self.rl_share * budget.sim_calls)),
                        None if budget.seconds is None else self.rl_share * budget.seconds)
@@ -305,6 +353,38 @@ class RLTunerSearcher:
         history = first.history + [(first.sim_calls + n, t) for n, t in tuned.history]
         return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
                             time.perf_counter() - t0, history, note=best.note)
+
+
+    def _tuner_first(self, rl: RLSearcher, problem: Problem, *, budget: Budget, seed: int,
+                     on_improve: ImproveCallback | None) -> SearchResult:
+        from agents.tuner import AdaptisTuner
+
+        t0 = time.perf_counter()
+        keep = 1.0 - self.rl_share
+        tuner = AdaptisTuner()
+        tuned = tuner.search(problem, budget=Budget(None if budget.sim_calls is None else
+                                                    max(1, int(keep * budget.sim_calls)),
+                                                    None if budget.seconds is None else keep * budget.seconds),
+                             seed=seed, on_improve=on_improve)
+        used = time.perf_counter() - t0
+        rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - tuned.sim_calls),
+                      seconds=None if budget.seconds is None else max(1e-3, budget.seconds - used))
+        rl.extra_starts = [tuner.best_candidate] if tuner.best_candidate is not None else []
+        rl.scenario_caches = tuner.evaluator
+        rl.lazy = True  # the tuner's plan is built already; the policy's only if it is better
+        rl.named_arms = False  # the tuner simulated the named schedules already
+        polished = rl.search(problem, budget=rest, seed=seed, on_improve=on_improve)
+        history = tuned.history + [(tuned.sim_calls + n, t) for n, t in polished.history]
+        calls = tuned.sim_calls + polished.sim_calls
+        better = rl.best is not None and rl.best[3].valid and (
+            tuned.result is None or not tuned.result.valid or rl.best[0] < objective_key(tuned.result))
+        if better:
+            out = finish(self.name, problem, rl.best_plan(), evaluator=rl.evaluator, history=history,
+                         note=polished.note)
+            return SearchResult(self.name, out.plan, out.result, calls, time.perf_counter() - t0, history,
+                                note=polished.note)
+        return SearchResult(self.name, _renamed(tuned.plan, self.name), tuned.result, calls,
+                            time.perf_counter() - t0, history, note=tuned.note)
 
 
 def _renamed(plan: Plan | None, method: str) -> Plan | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
@@ -152,6 +152,10 @@ class AdaptisTuner:
 
     name: str = "adaptis"
     perturb_moves: int = 3
+    best_candidate: Candidate | None = field(default=None, repr=False)
+    """After a search: the best plan as an editable candidate (None when a named plan won)."""
+    evaluator: Evaluator | None = field(default=None, repr=False)
+    """After a search: its evaluator (stage costs and splits a later search can reuse)."""
     allowed: Callable[[Candidate], bool] | None = None
     """Only plans this accepts are kept (e.g. what a deployment target can run): filters the named
     plans (as a candidate of their sizes and placement), the seeds, the neighbours and perturbations."""
@@ -164,7 +168,8 @@ class AdaptisTuner:
         ``scenario_caches``: an evaluator of the same problem whose stage costs and splits to reuse
         (its results and calls are not)."""
         rng = random.Random(seed)
-        ev = Evaluator(problem)
+        ev = self.evaluator = Evaluator(problem)
+        self.best_candidate = None
         if scenario_caches is not None:
             ev.share_scenario_caches(scenario_caches)
         clock = BudgetClock(budget, ev)
@@ -231,6 +236,7 @@ class AdaptisTuner:
             # A small plan space can run out of new candidates (every one cached): stop then.
             idle_rounds = idle_rounds + 1 if ev.calls == calls_before else 0
         note = state.best_note
+        self.best_candidate = state.best_candidate if state.best_is_candidate else None
         return finish(self.name, problem, state.best_plan, evaluator=ev, history=history, note=note)
 
     # ------------------------------------------------------------------ phases
@@ -377,6 +383,11 @@ class _State:
         self.best_candidate: Candidate | None = None
         self._best_is_candidate = False
         self.best_note = ""
+
+    @property
+    def best_is_candidate(self) -> bool:
+        """Whether the best plan so far is a candidate (not a named plan)."""
+        return self._best_is_candidate
 
     @property
     def best_plan(self) -> Plan | None:
