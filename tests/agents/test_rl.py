@@ -115,7 +115,13 @@ def test_default_policy_and_rl_tuner_within_the_tuner_budget():
     both = RLTunerSearcher().search(problem, budget=Budget(120), seed=0)
     alone = AdaptisTuner().search(problem, budget=Budget(120), seed=0)
     assert alone.sim_calls <= 120 and both.sim_calls <= 120  # the same budget, shared by policy and tuner
-    assert both.ok and both.iteration_time <= rl.iteration_time * (1 + 1e-9)
+    # tuner first (its own path, 90% of the calls), then the policy polishes: never worse than that tuner
+    first = AdaptisTuner().search(problem, budget=Budget(108), seed=0)
+    assert both.ok and both.iteration_time <= first.iteration_time * (1 + 1e-9)
+    policy_first = RLTunerSearcher(order="policy-first").search(problem, budget=Budget(120), seed=0)
+    assert policy_first.ok and policy_first.sim_calls <= 120
+    with pytest.raises(ValueError, match="order"):
+        RLTunerSearcher(order="sideways").search(problem, budget=Budget(120))
 
 
 def test_commands_with_tiny_budgets(tmp_path, capsys):
