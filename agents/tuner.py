@@ -267,15 +267,17 @@ class AdaptisTuner:
         """Other placement families (balanced split), and swapping two stages' devices."""
         P, L = problem.devices, problem.profile.num_layers
         order_knobs = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zbv", P))
+        # another placement family has other stages: per-stage recomputation does not carry over
+        family_knobs = replace(order_knobs, recompute=None)
         for kind, chunks in PLACEMENT_CHOICES:
             if P * chunks > L:
                 continue
             placement = make_placement(kind, P, chunks)
             if placement == c.placement:
                 continue
-            yield replace(order_knobs, sizes=ev.balanced_sizes(placement), placement=placement)
+            yield replace(family_knobs, sizes=ev.balanced_sizes(placement), placement=placement)
             if len(placement) > P:
-                yield _filled(replace(order_knobs, sizes=ev.device_balanced_sizes(placement), placement=placement), ev)
+                yield _filled(replace(family_knobs, sizes=ev.device_balanced_sizes(placement), placement=placement), ev)
         if result.valid and P > 1:
             busy = result.busy
             hot = max(range(P), key=busy.__getitem__)
