@@ -278,6 +278,8 @@ class AdaptisTuner:
         """Other placement families (balanced split), and swapping two stages' devices."""
         P, L = problem.devices, problem.profile.num_layers
         order_knobs = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zbv", P))
+        # another placement family has other stages: per-stage recomputation does not carry over
+        # (recomputing every stage does: recompute_for)
         for kind, chunks in PLACEMENT_CHOICES:
             if P * chunks > L:
                 continue

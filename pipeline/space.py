@@ -50,6 +50,7 @@ __all__ = [
     "objective_key",
     "preset_budgets",
     "memory_budgets",
+    "microbatch_bytes",
 ]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
@@ -119,15 +120,18 @@ def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:
     return activation_budgets(name, devices) if name in ACTIVATION_BUDGETS else None
 
 
-def memory_budgets(costs: StageCosts, placement: Sequence[int], devices: int) -> tuple[float, ...]:
+def memory_budgets(costs: StageCosts, placement: Sequence[int], devices: int, *,
+                   split_backward: bool = True) -> tuple[float, ...]:
     """Per-device activation budgets (micro-batches of the stages it holds) that fill each device's
-    memory: what is left of its limit after the static memory, over one micro-batch's activations.
-    Under these budgets (with ``cap_counts_w``) no device's peak exceeds its limit; where memory,
-    not the schedule, limits how deep the warm-up may run, this is the deepest that fits."""
-    per_mb = [0.0] * devices
-    for s, d in enumerate(placement):
-        per_mb[d] += costs.act[s]
-    return tuple(max(1.0, (costs.memory_limit[d] - costs.static_bytes[d]) / per_mb[d]) if per_mb[d] > 0 else 1.0
+    memory: what is left of its limit after the static memory, over the most one micro-batch holds
+    there at once (:func:`microbatch_bytes`: its activations, or with a split backward what ``I``
+    leaves for ``W`` where that is more, as PyTorch's ``I`` does). The list scheduler's cap counts a
+    micro-batch's activations until its ``I`` and what it keeps for ``W`` after, so under these
+    budgets (with ``cap_counts_w``) no device's peak exceeds its limit; where memory, not the
+    schedule, limits how deep the warm-up may run, this is the deepest that surely fits. Sized by
+    the activations alone, ``I`` lifting the kept bytes over the cap would overflow the device."""
+    held = microbatch_bytes(costs, placement, devices, split_backward=split_backward)
+    return tuple(max(1.0, (costs.memory_limit[d] - costs.static_bytes[d]) / held[d]) if held[d] > 0 else 1.0
                  for d in range(devices))
 
 
@@ -325,7 +329,8 @@ class Evaluator:
 
     def memory_budgets(self, c: Candidate) -> tuple[float, ...]:
         """:func:`memory_budgets` of a candidate's partition and placement."""
-        return memory_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices)
+        return memory_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices,
+                              split_backward=c.split_backward)
 
     def result(self, c: Candidate) -> Result:
         """The simulated result of a candidate; an impossible candidate gives an invalid result."""

@@ -5,10 +5,13 @@ micro-batch under the stage-balanced and the device-balanced split (``pipeline/b
 iteration time of each under budgets that fill every device's memory and without a memory limit,
 and the best of the device-balanced split with its first stage lightened. Then the tuner's plan at
 the default budget, device by device: busy time, idle before its first action, after its last and
-in between, and peak memory. One JSON line per row.
+in between, and peak memory. With ``--curve``, first what memory the list scheduler would need:
+the device-balanced split of a few placements under the same budget on every device (8 to 40
+micro-batches, no device limit), its iteration time against its peak. One JSON line per row.
 
   python -m experiments.benchmarks.device_balance                       # gemma-large, 16 devices, 4k
   python -m experiments.benchmarks.device_balance --model deepseek-large --seq-len 2048
+  python -m experiments.benchmarks.device_balance --frees-at-i   # a runtime whose I frees all but W's inputs
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pipeline.balance import device_loads  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
 from pipeline.space import Candidate, Evaluator, Problem, make_placement  # noqa: E402
-from pipeline.spec import GIB  # noqa: E402
+from pipeline.spec import GIB, TrainingConfig  # noqa: E402
 from pipeline.zoo import zoo_profile  # noqa: E402
 
 __all__ = ["main"]
@@ -46,13 +49,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--microbatches", type=int, default=64)
     p.add_argument("--budget", default="3000", help="the tuner's budget (simulator calls, or seconds with 's')")
+    p.add_argument("--frees-at-i", action="store_true",
+                   help="model a runtime whose I keeps only W's inputs (TrainingConfig(input_backward_keeps_graph="
+                        "False)); default: PyTorch's, which keeps the graph and W's gradients until W")
+    p.add_argument("--curve", action="store_true", help="also print iteration time against peak memory "
+                   "for uniform budgets on the device-balanced split (what memory a time would need)")
     args = p.parse_args(argv)
     P, M = args.devices, args.microbatches
+    training = TrainingConfig(input_backward_keeps_graph=not args.frees_at_i)
     cluster = build_cluster("h100", devices=P, gpus_per_node=8)
-    mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, seq_len=args.seq_len), cluster, M))
+    mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, seq_len=args.seq_len), cluster, M,
+                                                    training))
     k = auto_head_shards(zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer"))
     profile = zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer", head_shards=k)
-    problem = Problem(profile, cluster, M)
+    problem = Problem(profile, cluster, M, training)
     ev = Evaluator(problem)
     costs = [x.f + x.b + x.w for x in profile.layers]
     mean = sum(costs) / P
@@ -71,8 +81,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["device_lightened_best_ms"] = round(min((r.iteration_time for r in lighter if r.feasible),
                                                     default=float("nan")), 1)
         print(json.dumps(row), flush=True)
+    if args.curve:
+        for kind, chunks in (("interleaved", 4), ("v", 2), ("interleaved", 2)):
+            placement = make_placement(kind, P, chunks)
+            if len(placement) > profile.num_layers:
+                continue
+            sizes = ev.device_balanced_sizes(placement)
+            for mb in (8, 12, 16, 20, 24, 28, 32, 40):
+                r = ev.result(Candidate(sizes, placement, "list", (float(mb),) * P, cap_counts_w=True))
+                print(json.dumps({"curve": f"{kind}-{chunks}", "budget_microbatches": mb,
+                                  "ms": round(r.iteration_time, 1),
+                                  "peak_gib": round(max(r.peak_memory) / GIB, 1)}), flush=True)
     found = AdaptisTuner().search(problem, budget=Budget.parse(args.budget), seed=0)
-    res = simulate(found.plan, profile, cluster, record_timeline=True)
+    res = simulate(found.plan, profile, cluster, training=training, record_timeline=True)
     T = res.iteration_time
     print(json.dumps({"tuner_ms": round(T, 1), "speedup": round(mega.iteration_time / T, 4),
                       "megatron_ms": round(mega.iteration_time, 1), "plan": found.note}), flush=True)

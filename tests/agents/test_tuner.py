@@ -74,7 +74,12 @@ def test_tight_memory_changes_the_answer(hetero_profile, h100x4) -> None:
     assert tight.result.feasible
     assert max(tight.result.peak_memory_gb) <= limit_gb
     assert tight.plan != free.plan
-    assert tight.iteration_time >= free.iteration_time
+    # the free plan does not fit the tight limit. (Not asserted: tight slower than free. Both are
+    # budgeted heuristic searches on different memory, so the tight one may find a plan the free
+    # one did not reach in its budget: 465.1 against 467.1 here since the memory-filling budgets.)
+    from pipeline.simulator import simulate
+
+    assert not simulate(free.plan, hetero_profile, tight_cluster).feasible
 
 
 def test_random_search_spends_its_budget(hetero_profile, h100x4) -> None:
@@ -141,6 +146,23 @@ def test_tuner_recomputes_where_memory_binds() -> None:
     assert r.plan.recompute is not None and any(r.plan.recompute)
     kept = Candidate(tuple(b - a for a, b in r.plan.partition), r.plan.placement)
     assert not Evaluator(problem).evaluate(kept)[1].feasible  # the same split without recompute does not fit
+
+
+def test_placement_moves_drop_recompute_of_another_stage_count() -> None:
+    """A recomputing plan's placement moves offer other families (other stage counts): the per-stage
+    recompute list cannot carry over (it made the merged tuner stop with a PlanError on
+    deepseek-large 4k with finer units); moves that keep the stages keep it."""
+    import random
+
+    problem = Problem(uniform_profile(16), ideal_cluster(4), 8)
+    ev = Evaluator(problem)
+    placement = make_placement("sequential", 4, 1)
+    c = Candidate(ev.balanced_sizes(placement), placement, "list", (2.0,) * 4, recompute=(True, False, False, False))
+    moves = list(AdaptisTuner._placement_moves(c, ev.result(c), problem, random.Random(0), ev))
+    assert any(len(m.placement) != len(placement) for m in moves)
+    for m in moves:
+        assert m.recompute is None if len(m.sizes) != c.num_stages else m.recompute == c.recompute
+        assert ev.result(m).valid
 
 
 def _alternating_problem(memory_gb: float = 1e9) -> Problem:

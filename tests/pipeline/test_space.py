@@ -6,28 +6,51 @@ import pytest
 
 from pipeline.balance import device_balanced_sizes
 from pipeline.hardware import build_cluster
-from pipeline.space import Candidate, Evaluator, Problem, make_placement, memory_budgets
+from pipeline.space import Candidate, Evaluator, Problem, make_placement, memory_budgets, microbatch_bytes
+from pipeline.spec import TrainingConfig
 from pipeline.zoo import zoo_profile
 
 
+@pytest.mark.parametrize("keeps_graph", [True, False])
 @pytest.mark.parametrize(("kind", "chunks"), [("sequential", 1), ("interleaved", 2), ("v", 2), ("wave", 3)])
-def test_memory_budgets_fill_memory_and_fit(kind: str, chunks: int) -> None:
+def test_memory_budgets_fill_memory_and_fit(kind: str, chunks: int, keeps_graph: bool) -> None:
     profile = zoo_profile("gemma-small", seq_len=4096)
     cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
-    problem = Problem(profile, cluster, 32)
+    problem = Problem(profile, cluster, 32, TrainingConfig(input_backward_keeps_graph=keeps_graph))
     ev = Evaluator(problem)
     placement = make_placement(kind, 4, chunks)
     sizes = ev.balanced_sizes(placement)
     costs = ev.costs(sizes, placement)
     budgets = memory_budgets(costs, placement, 4)
-    per_mb = [sum(a for a, d in zip(costs.act, placement) if d == dev) for dev in range(4)]
-    for d in range(4):  # static memory plus the budget's activations is exactly the limit
-        assert costs.static_bytes[d] + budgets[d] * per_mb[d] == pytest.approx(costs.memory_limit[d])
+    # one micro-batch holds at most its activations or, after I, what it keeps for W
+    held = [sum(max(a, k) for a, k, d in zip(costs.act, costs.w_keep, placement) if d == dev) for dev in range(4)]
+    assert held == pytest.approx(microbatch_bytes(costs, placement, 4))
+    for d in range(4):  # static memory plus the budget's bytes is exactly the limit
+        assert costs.static_bytes[d] + budgets[d] * held[d] == pytest.approx(costs.memory_limit[d])
     result = ev.result(Candidate(sizes, placement, "list", budgets, cap_counts_w=True))
     assert result.feasible
     deeper = ev.result(Candidate(sizes, placement, "list", tuple(2 * b for b in budgets), cap_counts_w=True))
     assert max(p / m for p, m in zip(deeper.peak_memory, deeper.memory_limit)) > \
         max(p / m for p, m in zip(result.peak_memory, result.memory_limit))
+
+
+def test_memory_budgets_count_what_pytorchs_input_backward_keeps() -> None:
+    """PyTorch's I keeps more than F added (``w_keep > act``): budgets sized by the activations
+    alone let I lift the device over its limit; sized by what a micro-batch holds, it fits."""
+    profile = zoo_profile("gemma-small", seq_len=4096)
+    cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
+    ev = Evaluator(Problem(profile, cluster, 32))
+    placement = make_placement("interleaved", 4, 2)
+    sizes = ev.balanced_sizes(placement)
+    costs = ev.costs(sizes, placement)
+    assert any(k > a for k, a in zip(costs.w_keep, costs.act))
+    by_act = memory_budgets(costs, placement, 4, split_backward=False)
+    assert not ev.result(Candidate(sizes, placement, "list", by_act, cap_counts_w=True)).feasible
+    ours = ev.memory_budgets(Candidate(sizes, placement, "list"))
+    assert ours == memory_budgets(costs, placement, 4) and all(a < b for a, b in zip(ours, by_act))
+    assert ev.result(Candidate(sizes, placement, "list", ours, cap_counts_w=True)).feasible
+    # with a fused backward nothing is kept after the backward: the activations size a micro-batch
+    assert ev.memory_budgets(Candidate(sizes, placement, "list", split_backward=False)) == by_act
 
 
 def test_evaluator_device_balanced_sizes_is_cached_and_matches() -> None:
