@@ -1,7 +1,7 @@
 """RL searchers: a trained policy edits plans in ``adaptis/Pipeline-v0``, alone or seeding the tuner.
 
 Two learned parts work together. The **start ranker** (:mod:`agents.rl_starts`, a contextual
-bandit over ~150 starting recipes) picks, from the scenario alone, which starting plans to
+bandit over ~240 starting recipes) picks, from the scenario alone, which starting plans to
 simulate first; the **edit policy** (MaskablePPO with :class:`agents.rl_net.EntityPolicy`,
 imitation of a one-step look-ahead oracle then PPO, :mod:`agents.rl_imitation`) then edits the
 best of them, one simulator call per edit.
@@ -14,12 +14,14 @@ default budget). ``RLSearcher(zero_shot=True)`` is zero-shot planning: the ranke
 recipes and a greedy rollout, at most 5 simulator calls. Without a ranker file
 (``ranker_path="none"``) the rollouts start from the hand-written :func:`start_candidates`.
 
-``rl+tuner`` spends the same budget as the tuner alone: the policy first (at most
-``max_calls`` and a tenth of the budget; one greedy rollout), then the tuner with what is left
-of the budget (calls and seconds), started from the policy's best plans and the ranker's
-recipes **instead of** its own ~100 seeds (``own_seeds=False``), so the calls the tuner would
-spend on seeds go to its local search. The better of the two results is returned.
-``python -m experiments evaluate-agent`` measures where it wins.
+``rl+tuner`` spends the same budget as the tuner alone. By default (``order="tuner-first"``) the
+tuner runs its own search (its seeds, its path) with all but a tenth of the budget (calls and
+seconds); then the policy starts from the tuner's best plan and the ranker's top recipes and
+edits with the rest, reusing the tuner's stage costs and splits. The better of the two is
+returned, so it loses only what the tuner alone would have found in its last tenth.
+``order="policy-first"``: the policy proposes first and the tuner refines from its plans and the
+ranker's recipes instead of its own ~100 seeds. ``python -m experiments evaluate-agent``
+measures where each wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
 """

@@ -195,15 +195,18 @@ def _imitate(policy: Any, config: TrainConfig, tracker: Any, out: Path) -> dict[
         with open(out / "eval.jsonl", "a") as fh:
             fh.write(json.dumps({"timesteps": 0, "phase": phase, **metrics}) + "\n")
         if tracker is not None:
-            tracker.log_metrics({f"{phase}/{k}": v for k, v in metrics.items()})
+            # step 0: before PPO's steps (W&B drops logs at a step below one already used)
+            tracker.log_metrics({f"{phase}/{k}": v for k, v in metrics.items()}, step=0)
 
     record("random-edits", None)
     record("untrained", policy)
     icfg = ImitationConfig(states=config.imitation_states, epochs=config.imitation_epochs)
+    epochs: list[dict[str, float]] = []
     summary = pretrain(policy, icfg, seed=config.seed, max_steps=config.max_steps, max_calls=config.max_calls,
                        repeat_scenario=config.repeat_scenario, single_start_share=config.single_start_share,
-                       progress_bar=config.progress_bar,
-                       log=None if tracker is None else lambda row: tracker.log_metrics(row))
+                       progress_bar=config.progress_bar, log=epochs.append)
+    if tracker is not None and epochs:
+        tracker.log_table("imitation_epochs", epochs, step=0)
     record("imitation", policy)
     return summary
 
@@ -324,7 +327,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
         ranker = train_ranker(config.ranker_scenarios, seed=config.seed, out=out / "starts.pt",
                               progress_bar=config.progress_bar)[1]
         if tracker is not None:
-            tracker.log_metrics({f"ranker/{k}": v for k, v in ranker.items() if isinstance(v, (int, float))})
+            tracker.log_metrics({f"ranker/{k}": v for k, v in ranker.items() if isinstance(v, (int, float))}, step=0)
     imitation = None
     if ckpt is None and config.imitation_states > 0:
         imitation = _imitate(model.policy, config, tracker, out)
