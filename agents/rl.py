@@ -278,7 +278,7 @@ class RLSearcher:
         ranker = self.ranker()
         if ranker is None:
             return "single" if self.zero_shot else start_candidates(problem)
-        arms = ranked_starts(problem, ev, ranker, 3 if self.zero_shot else self.start_arms)
+        arms = ranked_starts(problem, ev, ranker, 3 if self.zero_shot else self.start_arms, deadline=deadline)
         cands = [a.candidate for a in arms if a.candidate is not None]
         for arm in arms:
             if (arm.method is not None and self.named_arms and ev.calls < cap - (1 if cands else 0)
@@ -316,15 +316,15 @@ class RLTunerSearcher:
     """Most of the budget (calls, at least 5, and seconds) the policy may use; the tuner gets the rest."""
     start_arms: int = 10
     """How many of the ranker's top recipes the policy simulates (and the tuner starts from)."""
-    own_seeds: bool = False
-    """``policy-first`` only: whether the tuner also simulates its own ~100 seeds and named plans
-    (off: the ranker's top recipes, simulated by the policy's search, stand in for them, and the
-    tuner spends those calls on its local search instead)."""
-    order: str = "tuner-first"
-    """``tuner-first``: the tuner runs its own search with all but ``rl_share`` of the budget, then
-    the policy starts from the tuner's best plan and the ranker's recipes with the rest (the
-    tuner's path is its own, so it can only lose what the tuner alone finds in its last share).
-    ``policy-first``: the policy proposes first and the tuner refines from its plans."""
+    own_seeds: bool = True
+    """``policy-first``: whether the tuner also simulates its own ~100 seeds (native calls, batched)
+    besides the policy's plans and the ranker's recipes; the named schedules, slow to build, it
+    leaves to the ranker either way."""
+    order: str = "policy-first"
+    """``policy-first``: the policy proposes (the ranker's top recipes, one greedy rollout, a tenth
+    of the budget), then the tuner refines from its plans, the ranker's recipes and its own seeds.
+    ``tuner-first``: the tuner runs its own search with all but ``rl_share`` of the budget, then the
+    policy starts from the tuner's best plan and the ranker's recipes with the rest."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
@@ -348,7 +348,8 @@ class RLTunerSearcher:
         start = list(dict.fromkeys(rl.best_candidates[:self.seeds] + rl.start_list))
         own = self.own_seeds or not rl.start_list  # without a ranker, the tuner keeps its own seeds
         tuned = AdaptisTuner().search(problem, budget=rest, seed=seed, on_improve=on_improve,
-                                      start=start, own_seeds=own, scenario_caches=rl.evaluator)
+                                      start=start, own_seeds=own, scenario_caches=rl.evaluator,
+                                      named_plans=not rl.start_list)
         parts = [first, tuned]
         ok = [p for p in parts if p.result is not None and p.result.valid]
         best = min(ok, key=lambda p: objective_key(p.result)) if ok else tuned

@@ -377,11 +377,15 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
     return ranker
 
 
-def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, k: int) -> list[Arm]:
-    """The ``k`` applicable arms the ranker scores highest, best first (only those are built)."""
+def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, k: int, *,
+                  deadline: float | None = None) -> list[Arm]:
+    """The ``k`` applicable arms the ranker scores highest, best first (only those are built;
+    after ``deadline``, a ``time.perf_counter()`` value, no more once one is built)."""
     scores = ranker.scores(scenario_features(problem)[None])[0]
     out: list[Arm] = []
     for i in np.argsort(-scores, kind="stable"):
+        if out and deadline is not None and time.perf_counter() >= deadline:
+            break
         arm = build_arm(ARMS[int(i)], problem, ev)
         if arm is not None:
             out.append(arm)

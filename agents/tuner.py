@@ -162,11 +162,13 @@ class AdaptisTuner:
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
-               own_seeds: bool = True, scenario_caches: Evaluator | None = None) -> SearchResult:
+               own_seeds: bool = True, scenario_caches: Evaluator | None = None,
+               named_plans: bool | None = None) -> SearchResult:
         """Search within ``budget``. ``start``: extra candidates to start from (e.g. an RL policy's);
         ``own_seeds=False`` starts from ``start`` alone (a short refinement of given plans).
         ``scenario_caches``: an evaluator of the same problem whose stage costs and splits to reuse
-        (its results and calls are not)."""
+        (its results and calls are not). ``named_plans``: whether to simulate the named schedules
+        first (default: with ``own_seeds``; a caller that simulated them already passes False)."""
         rng = random.Random(seed)
         ev = self.evaluator = Evaluator(problem)
         self.best_candidate = None
@@ -178,7 +180,8 @@ class AdaptisTuner:
 
         # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
         #    can only improve on the best of them.
-        named = [(m, b) for b in (False, True) for m in NAMED_METHODS] if own_seeds else []
+        named_plans = own_seeds if named_plans is None else named_plans
+        named = [(m, b) for b in (False, True) for m in NAMED_METHODS] if named_plans else []
         for method, balanced in named:
             if balanced and method == "megatron":
                 continue

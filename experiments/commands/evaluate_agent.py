@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cap in seconds per search, besides its simulator-call budget")
     parser.add_argument("--methods", default="rl,rl-random,no-learning,rl-zero,adaptis,rl+tuner")
     parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy (method rl)")
+    parser.add_argument("--rl-tuner-order", choices=("tuner-first", "policy-first"), default=None,
+                        help="rl+tuner's order (default: RLTunerSearcher's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-dir", default=None, help="a training run's folder: plot its learning curve")
     parser.add_argument("--out", default="runs/evaluate-agent")
@@ -110,6 +112,8 @@ def _searcher(method: str, args: argparse.Namespace):
         searcher.policy_path = args.policy
     if hasattr(searcher, "ranker_path") and args.ranker:
         searcher.ranker_path = args.ranker
+    if method == "rl+tuner" and args.rl_tuner_order:
+        searcher.order = args.rl_tuner_order
     if hasattr(searcher, "samples") and method == "rl":
         searcher.samples = args.samples
     return searcher
