@@ -278,7 +278,7 @@ class RLSearcher:
         ranker = self.ranker()
         if ranker is None:
             return "single" if self.zero_shot else start_candidates(problem)
-        arms = ranked_starts(problem, ev, ranker, 3 if self.zero_shot else self.start_arms, deadline=deadline)
+        arms = ranked_starts(problem, ev, ranker, k=3 if self.zero_shot else self.start_arms, deadline=deadline)
         cands = [a.candidate for a in arms if a.candidate is not None]
         for arm in arms:
             if (arm.method is not None and self.named_arms and ev.calls < cap - (1 if cands else 0)

@@ -377,7 +377,7 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
     return ranker
 
 
-def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, k: int, *,
+def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, *, k: int,
                   deadline: float | None = None) -> list[Arm]:
     """The ``k`` applicable arms the ranker scores highest, best first (only those are built;
     after ``deadline``, a ``time.perf_counter()`` value, no more once one is built)."""

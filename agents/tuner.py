@@ -88,7 +88,7 @@ def _chain_moves(c: Candidate, hot: int, cold: int, problem: Problem) -> list[Ca
     cost = [x.f + x.b + x.w for x in problem.profile.layers]
     speeds = problem.cluster.speeds
     P = problem.devices
-    now = device_loads(cost, c.sizes, c.placement, P, speeds=speeds)
+    now = device_loads(cost, c.sizes, c.placement, devices=P, speeds=speeds)
     scored = []
     for s, d in enumerate(c.placement):
         if d != hot:
@@ -102,7 +102,7 @@ def _chain_moves(c: Candidate, hot: int, cold: int, problem: Problem) -> list[Ca
                 new = list(c.sizes)
                 new[s] -= n
                 new[t] += n
-                loads = device_loads(cost, new, c.placement, P, speeds=speeds)
+                loads = device_loads(cost, new, c.placement, devices=P, speeds=speeds)
                 if loads.max() < now.max() - 1e-9:
                     scored.append((float(loads.max()), float((loads ** 2).sum()), tuple(new)))
     return [replace(c, sizes=sizes) for *_, sizes in sorted(scored)[:CHAIN_NEIGHBOURS]]
@@ -124,7 +124,7 @@ def _lighten_first_stage(c: Candidate, device: int, problem: Problem) -> list[Ca
     cost = [x.f + x.b + x.w for x in problem.profile.layers]
     speeds = problem.cluster.speeds
     P = problem.devices
-    top = device_loads(cost, c.sizes, c.placement, P, speeds=speeds).max()
+    top = device_loads(cost, c.sizes, c.placement, devices=P, speeds=speeds).max()
     first = stages[0]
     out = []
     for t in stages[1:]:
@@ -134,7 +134,7 @@ def _lighten_first_stage(c: Candidate, device: int, problem: Problem) -> list[Ca
             new = list(c.sizes)
             new[first] -= n
             new[t] += n
-            if device_loads(cost, new, c.placement, P, speeds=speeds).max() <= top + 1e-9:
+            if device_loads(cost, new, c.placement, devices=P, speeds=speeds).max() <= top + 1e-9:
                 out.append(replace(c, sizes=tuple(new)))
     return out
 

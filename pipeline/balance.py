@@ -40,7 +40,7 @@ PAIR_BATCH = 16
 Key = tuple[float, float]
 
 
-def device_loads(costs: Sequence[float], sizes: Sequence[int], placement: Sequence[int], devices: int, *,
+def device_loads(costs: Sequence[float], sizes: Sequence[int], placement: Sequence[int], *, devices: int,
                  speeds: Sequence[float] | None = None) -> np.ndarray:
     """Time per micro-batch of each device: the summed ``costs`` of its stages' units over its speed."""
     pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=float))])

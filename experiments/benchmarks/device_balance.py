@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = {"placement": f"{kind}-{chunks}", "mean_load": round(mean, 3)}
         for name, sizes in (("stage", ev.balanced_sizes(placement)), ("device", ev.device_balanced_sizes(placement))):
             filled = _filled(Candidate(sizes, placement), ev)
-            row[f"{name}_max_load"] = round(float(device_loads(costs, sizes, placement, P).max()), 3)
+            row[f"{name}_max_load"] = round(float(device_loads(costs, sizes, placement, devices=P).max()), 3)
             row[f"{name}_filled_ms"] = round(ev.result(filled).iteration_time, 1)
             row[f"{name}_no_memory_limit_ms"] = round(ev.result(replace(filled, budgets=None)).iteration_time, 1)
         lighter = [ev.result(_filled(c, ev)) for c in

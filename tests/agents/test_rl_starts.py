@@ -86,7 +86,7 @@ def test_labels_and_searchers_with_a_trained_ranker(tmp_path):
     path = save_ranker(ranker, tmp_path / "starts.pt")
     problem = _problem(devices=6, blocks=24, seed=4)
     ev = Evaluator(problem)
-    top = ranked_starts(problem, ev, ranker, 5)
+    top = ranked_starts(problem, ev, ranker, k=5)
     assert len(top) == 5 and ev.calls == 0  # ranking simulates nothing
     zero = RLSearcher(ranker_path=str(path), zero_shot=True).search(problem, budget=Budget(400), seed=0)
     assert zero.ok and 0 < zero.sim_calls <= 5

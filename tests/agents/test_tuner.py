@@ -222,12 +222,12 @@ def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -
     placement = make_placement("interleaved", 16, 3)
     base = Candidate(ev.device_balanced_sizes(placement), placement)
     costs = [x.f + x.b + x.w for x in profile.layers]
-    top = device_loads(costs, base.sizes, placement, 16).max()
+    top = device_loads(costs, base.sizes, placement, devices=16).max()
     variants = _lighten_first_stage(base, 0, problem)
     assert variants
     for v in variants:
         assert v.sizes[0] < base.sizes[0] and sum(v.sizes) == sum(base.sizes)
-        assert device_loads(costs, v.sizes, placement, 16).max() <= top + 1e-9
+        assert device_loads(costs, v.sizes, placement, devices=16).max() <= top + 1e-9
     before = ev.result(_filled(base, ev))
     best = min(variants, key=lambda v: ev.result(_filled(v, ev)).iteration_time)
     after = ev.result(_filled(best, ev))

@@ -27,7 +27,7 @@ def _optimum(costs: list[float], placement: tuple[int, ...], devices: int) -> fl
     best = np.inf
     for cuts in itertools.combinations(range(1, L), S - 1):
         sizes = np.diff((0, *cuts, L))
-        best = min(best, device_loads(costs, sizes, placement, devices).max())
+        best = min(best, device_loads(costs, sizes, placement, devices=devices).max())
     return float(best)
 
 
@@ -48,8 +48,8 @@ def test_optimal_and_never_worse_than_the_stage_balanced_start(costs: list[float
     start = balanced_sizes(profile, placement, cluster)
     sizes = device_balanced_sizes(profile, placement, cluster, start=start)
     assert len(sizes) == len(placement) and sum(sizes) == len(costs) and min(sizes) >= 1
-    got = device_loads(costs, sizes, placement, P).max()
-    assert got <= device_loads(costs, start, placement, P).max() + 1e-12
+    got = device_loads(costs, sizes, placement, devices=P).max()
+    assert got <= device_loads(costs, start, placement, devices=P).max() + 1e-12
     assert got == pytest.approx(_optimum(costs, placement, P))
 
 
@@ -62,9 +62,9 @@ def test_helps_where_stage_rounding_piles_up_on_a_device() -> None:
     profile, cluster = _profile(costs), ideal_cluster(2)
     start = balanced_sizes(profile, placement, cluster)
     assert start == (1, 2, 2, 2)
-    assert list(device_loads(costs, start, placement, 2)) == [4.0, 6.0]
+    assert list(device_loads(costs, start, placement, devices=2)) == [4.0, 6.0]
     sizes = device_balanced_sizes(profile, placement, cluster, start=start)
-    assert list(device_loads(costs, sizes, placement, 2)) == [5.0, 5.0]
+    assert list(device_loads(costs, sizes, placement, devices=2)) == [5.0, 5.0]
 
 
 def test_gemma_large_sub_block_units_on_sixty_four_stages() -> None:
@@ -77,8 +77,8 @@ def test_gemma_large_sub_block_units_on_sixty_four_stages() -> None:
     costs = [x.f + x.b + x.w for x in profile.layers]
     start = balanced_sizes(profile, placement, cluster)
     sizes = device_balanced_sizes(profile, placement, cluster, start=start)
-    before = device_loads(costs, start, placement, 16)
-    after = device_loads(costs, sizes, placement, 16)
+    before = device_loads(costs, start, placement, devices=16)
+    after = device_loads(costs, sizes, placement, devices=16)
     attention, mlp = costs[1], costs[2]
     assert before.max() == pytest.approx(8 * (attention + mlp) + mlp)
     assert after.max() == pytest.approx(8 * (attention + mlp) + attention)
@@ -93,7 +93,7 @@ def test_slower_devices_get_less() -> None:
     sizes = device_balanced_sizes(profile, placement, cluster, start=(3, 3, 3, 3))
     units = [sum(s for s, d in zip(sizes, placement) if d == dev) for dev in (0, 1)]
     assert units == [8, 4]
-    times = device_loads(costs, sizes, placement, 2, speeds=cluster.speeds)
+    times = device_loads(costs, sizes, placement, devices=2, speeds=cluster.speeds)
     assert times[0] == pytest.approx(times[1])
 
 
