@@ -37,6 +37,7 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     assert "where the time went" in text and "best:" in text and "measured" in text
     summary = json.loads((out / "summary.json").read_text())
     s = summary["summary"]
+    assert "measured_ms" in s, f"the replay measured nothing; notes: {summary['notes']}, best: {s.get('best_method')}"
     assert s["measured_ms"] > 0 and s["megatron_measured_ms"] > 0 and s["predicted_speedup"] >= 1.0
     assert s["measured_speedup"] == pytest.approx(s["megatron_measured_ms"] / s["measured_ms"])
     plan = Plan.load(out / "plan.json")
