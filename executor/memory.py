@@ -51,6 +51,42 @@ class _Held:
         self.tensor = tensor
 
 
+class _Tally:
+    """Live bytes of reference-counted storages per stage and per device, with their peaks."""
+
+    def __init__(self, placement: tuple[int, ...]) -> None:
+        self.placement = placement
+        self._live: dict[int, dict[int, list[int]]] = defaultdict(dict)
+        self.level: dict[int, int] = defaultdict(int)
+        self.stage_peak: dict[int, int] = defaultdict(int)
+        self.device_level: dict[int, int] = defaultdict(int)
+        self.device_peak: dict[int, int] = defaultdict(int)
+
+    def add(self, stage: int, key: int, nbytes: int) -> None:
+        entry = self._live[stage].get(key)
+        if entry is None:
+            self._live[stage][key] = [nbytes, 1]
+            self._change(stage, nbytes)
+        else:
+            entry[1] += 1
+
+    def remove(self, stage: int, key: int) -> None:
+        entry = self._live[stage].get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._live[stage][key]
+            self._change(stage, -entry[0])
+
+    def _change(self, stage: int, delta: int) -> None:
+        self.level[stage] += delta
+        self.stage_peak[stage] = max(self.stage_peak[stage], self.level[stage])
+        d = self.placement[stage]
+        self.device_level[d] += delta
+        self.device_peak[d] = max(self.device_peak[d], self.device_level[d])
+
+
 class SavedTensorMeter:
     """Live bytes of the tensors autograd saves, per stage and per device, with their peaks; and
     of what each stage keeps: those plus the tensors passed to :meth:`hold` (gradients kept for W).
@@ -62,18 +98,14 @@ class SavedTensorMeter:
         self.placement = tuple(placement)
         self.stage: int | None = None
         self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self._live: dict[int, dict[int, list[int]]] = defaultdict(dict)
-        self.level: dict[int, int] = defaultdict(int)
-        """Live saved bytes per stage, now."""
-        self.stage_peak: dict[int, int] = defaultdict(int)
-        self.device_level: dict[int, int] = defaultdict(int)
-        self.device_peak: dict[int, int] = defaultdict(int)
-        self._kept: dict[int, dict[int, list[int]]] = defaultdict(dict)
-        self.kept_level: dict[int, int] = defaultdict(int)
-        """Live bytes each stage keeps (saved tensors and held gradients, each storage once), now."""
-        self.kept_stage_peak: dict[int, int] = defaultdict(int)
-        self.kept_device_level: dict[int, int] = defaultdict(int)
-        self.kept_device_peak: dict[int, int] = defaultdict(int)
+        self._saved = _Tally(self.placement)
+        self._kept = _Tally(self.placement)
+        # Saved tensors: live bytes per stage now, peaks per stage and device.
+        self.level, self.stage_peak = self._saved.level, self._saved.stage_peak
+        self.device_level, self.device_peak = self._saved.device_level, self._saved.device_peak
+        # What each stage keeps (saved tensors and held gradients, each storage once).
+        self.kept_level, self.kept_stage_peak = self._kept.level, self._kept.stage_peak
+        self.kept_device_level, self.kept_device_peak = self._kept.device_level, self._kept.device_peak
 
     @contextmanager
     def attribute(self, stage: int) -> Iterator[None]:
@@ -94,17 +126,11 @@ class SavedTensorMeter:
         key = storage.data_ptr()
         if stage is None or key in self._exclude:
             return t
-        live = self._live[stage]
-        entry = live.get(key)
-        if entry is None:
-            live[key] = [storage.nbytes(), 1]
-            self._change(stage, storage.nbytes())
-        else:
-            entry[1] += 1
-        self._keep(stage, key, storage.nbytes())
+        self._saved.add(stage, key, storage.nbytes())
+        self._kept.add(stage, key, storage.nbytes())
         held = _Held(t.detach())  # no grad_fn: holding a node's own output must not make a cycle
-        weakref.finalize(held, self._release, stage, key)
-        weakref.finalize(held, self._unkeep, stage, key)
+        weakref.finalize(held, self._saved.remove, stage, key)
+        weakref.finalize(held, self._kept.remove, stage, key)
         return held
 
     def hold(self, stage: int, tensors: Sequence[torch.Tensor | None]) -> int:
@@ -116,53 +142,13 @@ class SavedTensorMeter:
                 continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
-            self._keep(stage, key, storage.nbytes())
-            weakref.finalize(t, self._unkeep, stage, key)
+            self._kept.add(stage, key, storage.nbytes())
+            weakref.finalize(t, self._kept.remove, stage, key)
         return self.kept_level[stage] - before
-
-    def _keep(self, stage: int, key: int, nbytes: int) -> None:
-        entry = self._kept[stage].get(key)
-        if entry is None:
-            self._kept[stage][key] = [nbytes, 1]
-            self._change_kept(stage, nbytes)
-        else:
-            entry[1] += 1
-
-    def _unkeep(self, stage: int, key: int) -> None:
-        entry = self._kept[stage].get(key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self._kept[stage][key]
-            self._change_kept(stage, -entry[0])
-
-    def _change_kept(self, stage: int, delta: int) -> None:
-        self.kept_level[stage] += delta
-        self.kept_stage_peak[stage] = max(self.kept_stage_peak[stage], self.kept_level[stage])
-        d = self.placement[stage]
-        self.kept_device_level[d] += delta
-        self.kept_device_peak[d] = max(self.kept_device_peak[d], self.kept_device_level[d])
 
     @staticmethod
     def _unpack(held: Any) -> torch.Tensor:
         return held.tensor if isinstance(held, _Held) else held
-
-    def _release(self, stage: int, key: int) -> None:
-        entry = self._live[stage].get(key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self._live[stage][key]
-            self._change(stage, -entry[0])
-
-    def _change(self, stage: int, delta: int) -> None:
-        self.level[stage] += delta
-        self.stage_peak[stage] = max(self.stage_peak[stage], self.level[stage])
-        d = self.placement[stage]
-        self.device_level[d] += delta
-        self.device_peak[d] = max(self.device_peak[d], self.device_level[d])
 
 
 def input_grads_for_w(param_groups: Sequence[dict[str, Any]] | None) -> list[torch.Tensor]:
