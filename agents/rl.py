@@ -357,7 +357,6 @@ class RLTunerSearcher:
         return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
                             time.perf_counter() - t0, history, note=best.note)
 
-
     def _tuner_first(self, rl: RLSearcher, problem: Problem, *, budget: Budget, seed: int,
                      on_improve: ImproveCallback | None) -> SearchResult:
         from agents.tuner import AdaptisTuner
