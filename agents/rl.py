@@ -14,14 +14,14 @@ default budget). ``RLSearcher(zero_shot=True)`` is zero-shot planning: the ranke
 recipes and a greedy rollout, at most 5 simulator calls. Without a ranker file
 (``ranker_path="none"``) the rollouts start from the hand-written :func:`start_candidates`.
 
-``rl+tuner`` spends the same budget as the tuner alone. By default (``order="tuner-first"``) the
-tuner runs its own search (its seeds, its path) with all but a tenth of the budget (calls and
-seconds); then the policy starts from the tuner's best plan and the ranker's top recipes and
-edits with the rest, reusing the tuner's stage costs and splits. The better of the two is
-returned, so it loses only what the tuner alone would have found in its last tenth.
-``order="policy-first"``: the policy proposes first and the tuner refines from its plans and the
-ranker's recipes instead of its own ~100 seeds. ``python -m experiments evaluate-agent``
-measures where each wins.
+``rl+tuner`` spends the same budget as the tuner alone. By default (``order="policy-first"``) the
+policy's phase (a tenth of the budget: the ranker's top recipes, the named schedules among them,
+and one greedy rollout) comes first; the tuner then starts from the policy's best plans, the
+ranker's recipes and its own native seeds with the rest (it skips its Python-built named plans:
+the ranker's cover them), reusing the policy phase's stage costs and splits. The better of the
+two is returned; it is not better than the tuner by construction. ``order="tuner-first"``: the
+tuner's own search with all but a tenth of the budget, then the policy polishes its best plan.
+``python -m experiments evaluate-agent`` measures where each wins.
 
 Both are listed in :mod:`agents.registry`'s table of methods.
 """
