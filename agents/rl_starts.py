@@ -37,7 +37,7 @@ import numpy as np
 from agents.baselines import PLACEMENT_CHOICES
 from pipeline.errors import ConfigError, PlanError
 from pipeline.megatron import megatron_partition
-from pipeline.space import Candidate, Evaluator, Problem, make_placement, microbatch_bytes, preset_budgets
+from pipeline.space import Candidate, Evaluator, Problem, cut_budgets, make_placement, preset_budgets
 
 __all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
            "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts"]
@@ -99,15 +99,14 @@ def scenario_features(problem: Problem) -> np.ndarray:
     room = limit - static
     fit = room / max(act / P, 1.0) if room > 0 else 0.0
     comm = cl.transfer_seconds(0, min(1, P - 1), max(x.out_bytes for x in prof.layers)) / prof.seconds_per_unit
-    kinds = [getattr(x, "kind", "") for x in prof.layers]
     names = [x.name for x in prof.layers]
     moe = sum("moe" in n.lower() for n in names) / L
     mixer = sum(any(k in n.lower() for k in ("mamba", "linear", "sliding")) for n in names) / L
     speeds = np.asarray(cl.speeds, dtype=np.float64)
     nodes = (P - 1) // (cl.gpus_per_node or P) + 1
-    head = float(cost[-1]) if kinds and kinds[-1] == "head" else float(cost[-1])
     x = [math.log2(P) / 5, math.log2(M) / 8, math.log2(L) / 8, math.log2(M / P) / 4,
-         head / stage, float(cost[0]) / stage, float(cost.max()) / stage, float(cost.std() / max(cost.mean(), 1e-12)),
+         float(cost[-1]) / stage, float(cost[0]) / stage, float(cost.max()) / stage,
+         float(cost.std() / max(cost.mean(), 1e-12)),
          comm / max(float(cost.mean()), 1e-12), static / limit, math.log2(max(fit, 0.5) / P) / 4, float(nodes > 1),
          float(speeds.max() / speeds.min() - 1.0), moe, mixer, L / P / 8]
     return np.clip(np.asarray(x, dtype=np.float32), -8.0, 8.0)
@@ -119,17 +118,7 @@ def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ..
     """Budgets cut to the micro-batches of activations each device's memory holds after its
     static share; None when one micro-batch does not fit. ``recompute``: every stage recomputes
     (fused B, only the stage inputs kept)."""
-    costs = ev.costs(sizes, placement, recompute)
-    P = len(budgets)
-    per_mb = microbatch_bytes(costs, placement, P, split_backward=recompute is None)
-    out = []
-    for d in range(P):
-        room = costs.memory_limit[d] - costs.static_bytes[d]
-        fit = room / per_mb[d] if per_mb[d] > 0 else math.inf
-        if fit < 1.0:
-            return None
-        out.append(max(1.0, min(budgets[d], float(int(fit)))))
-    return tuple(out)
+    return cut_budgets(ev.costs(sizes, placement, recompute), placement, budgets, split_backward=recompute is None)
 
 
 def _split_sizes(problem: Problem, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:

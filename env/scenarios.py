@@ -25,7 +25,7 @@ import numpy as np
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import profile_from_architecture
 from pipeline.hardware import build_cluster
-from pipeline.space import Candidate, Problem, make_placement, microbatch_bytes, preset_budgets
+from pipeline.space import Candidate, Problem, cut_budgets, make_placement, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
 __all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
@@ -212,12 +212,9 @@ def zero_shot_starts(problem: Problem, evaluator) -> list[Candidate]:
         knobs = {"cap_counts_w": False, "max_pending_w": P} if preset == "zb-h1" else {}
         fallback = fallback or Candidate(sizes, placement, "list", budgets, **knobs)
         costs = evaluator.costs(sizes, placement)
-        per_mb = microbatch_bytes(costs, placement, P)
-        rooms = [lim - static for lim, static in zip(costs.memory_limit, costs.static_bytes)]
-        fits = [room / m if m > 0 else float("inf") for room, m in zip(rooms, per_mb)]
-        if min(fits) < 1.0:
+        cut = cut_budgets(costs, placement, budgets)
+        if cut is None:
             continue
-        cut = tuple(max(1.0, min(b, float(int(f)))) for b, f in zip(budgets, fits))
         kept = min(c / b for c, b in zip(cut, budgets))
         if cut != budgets:
             knobs = {}  # W counted against the cut cap: the cap is what memory holds

@@ -43,6 +43,7 @@ __all__ = [
     "Evaluator",
     "make_placement",
     "microbatch_bytes",
+    "cut_budgets",
     "recompute_for",
     "balanced_sizes",
     "materialize",
@@ -118,6 +119,21 @@ def preset_budgets(name: str | None, devices: int) -> tuple[float, ...] | None:
     """Per-device activation budgets (micro-batches) of a named schedule's memory
     (:data:`pipeline.schedules.ACTIVATION_BUDGETS`); ``None`` for any other name (unlimited)."""
     return activation_budgets(name, devices) if name in ACTIVATION_BUDGETS else None
+
+
+def cut_budgets(costs: StageCosts, placement: Sequence[int], budgets: Sequence[float], *,
+                split_backward: bool = True) -> tuple[float, ...] | None:
+    """``budgets`` cut to the whole micro-batches each device's memory holds after its static
+    share (:func:`microbatch_bytes` per micro-batch), at least one; None when one micro-batch does
+    not fit on some device."""
+    held = microbatch_bytes(costs, placement, len(budgets), split_backward=split_backward)
+    out = []
+    for d, b in enumerate(budgets):
+        fit = (costs.memory_limit[d] - costs.static_bytes[d]) / held[d] if held[d] > 0 else math.inf
+        if fit < 1.0:
+            return None
+        out.append(max(1.0, min(b, float(int(fit)))) if math.isfinite(fit) else max(1.0, b))
+    return tuple(out)
 
 
 def memory_budgets(costs: StageCosts, placement: Sequence[int], devices: int, *,

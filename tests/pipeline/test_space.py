@@ -73,3 +73,22 @@ def test_recompute_flags_follow_a_new_layout():
     assert recompute_for(everywhere, 2) == (True, True) and recompute_for(everywhere, 4) == (True,) * 4
     assert recompute_for(some, 2) is None and recompute_for(some, 4) == some.recompute
     assert recompute_for(Candidate((4, 4), (0, 1), "list"), 4) is None
+
+
+def test_cut_budgets_keep_whole_microbatches_that_fit():
+    """Budgets are cut to the whole micro-batches memory holds after the static share; None when one does not fit."""
+    import numpy as np
+
+    from env.scenarios import ScenarioConfig, sample_problem
+    from pipeline.space import Evaluator, cut_budgets, microbatch_bytes
+
+    problem = sample_problem(np.random.default_rng(3), ScenarioConfig(min_devices=4, max_devices=4, microbatches=(16,)))
+    placement = (0, 1, 2, 3)
+    costs = Evaluator(problem).costs(Evaluator(problem).balanced_sizes(placement), placement)
+    held = microbatch_bytes(costs, placement, 4)
+    room = [lim - st for lim, st in zip(costs.memory_limit, costs.static_bytes)]
+    cut = cut_budgets(costs, placement, (1000.0,) * 4)
+    assert cut == tuple(max(1.0, float(int(r / h))) for r, h in zip(room, held))
+    assert cut_budgets(costs, placement, (2.0, 1.0, 3.0, 1.0)) == tuple(min(b, c) for b, c in zip((2.0, 1.0, 3.0, 1.0), cut))
+    tight = type(costs)(**{**costs.__dict__, "memory_limit": tuple(st + 0.5 * h for st, h in zip(costs.static_bytes, held))})
+    assert cut_budgets(tight, placement, (4.0,) * 4) is None
