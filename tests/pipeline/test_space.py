@@ -89,6 +89,8 @@ def test_cut_budgets_keep_whole_microbatches_that_fit():
     room = [lim - st for lim, st in zip(costs.memory_limit, costs.static_bytes)]
     cut = cut_budgets(costs, placement, (1000.0,) * 4)
     assert cut == tuple(max(1.0, float(int(r / h))) for r, h in zip(room, held))
-    assert cut_budgets(costs, placement, (2.0, 1.0, 3.0, 1.0)) == tuple(min(b, c) for b, c in zip((2.0, 1.0, 3.0, 1.0), cut))
-    tight = type(costs)(**{**costs.__dict__, "memory_limit": tuple(st + 0.5 * h for st, h in zip(costs.static_bytes, held))})
+    small = (2.0, 1.0, 3.0, 1.0)
+    assert cut_budgets(costs, placement, small) == tuple(min(b, c) for b, c in zip(small, cut))
+    half = tuple(st + 0.5 * h for st, h in zip(costs.static_bytes, held))
+    tight = type(costs)(**{**costs.__dict__, "memory_limit": half})
     assert cut_budgets(tight, placement, (4.0,) * 4) is None
