@@ -70,6 +70,7 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> lis
                 out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                                      max_pending_w=P if not counts_w else None))
             out.append(_filled(Candidate(sizes, placement, "list"), ev))
+            out.append(_roomy(Candidate(sizes, placement, "list"), ev))
             if S > P and sizes == ev.device_balanced_sizes(placement):
                 out += [_filled(c, ev) for c in _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)]
             if kind == "interleaved" or chunks == 1:
@@ -143,6 +144,13 @@ def _filled(c: Candidate, ev: Evaluator) -> Candidate:
     """``c`` as a list-scheduled plan whose activation budgets fill each device's memory (rounded down
     to 1/100 micro-batch), with W's activations counted against them."""
     budgets = tuple(math.floor(b * 100) / 100 for b in ev.memory_budgets(c))
+    return replace(c, order="list", budgets=budgets, cap_counts_w=True)
+
+
+def _roomy(c: Candidate, ev: Evaluator) -> Candidate:
+    """``c`` under :func:`pipeline.space.roomy_budgets` (activations alone per micro-batch, one
+    kept share held back; rounded down to 1/100): deeper than :func:`_filled`, may not fit."""
+    budgets = tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(c))
     return replace(c, order="list", budgets=budgets, cap_counts_w=True)
 
 
@@ -325,9 +333,9 @@ class AdaptisTuner:
             for delta in (1.0, -1.0):
                 yield replace(base, budgets=tuple(max(1.0, b + delta) for b in budgets))
         yield replace(base, budgets=None)
-        filled = _filled(base, ev)
-        if filled != base:
-            yield filled
+        for refill in (_filled(base, ev), _roomy(base, ev)):
+            if refill != base:
+                yield refill
         if result.valid:  # memory binds: also recompute the fullest device's stages (as is, or with fused B,
             # which frees the recomputed activations at once instead of keeping W's inputs)
             full = max(range(P), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
@@ -336,6 +344,7 @@ class AdaptisTuner:
             if result.peak_memory[full] > 0.9 * result.memory_limit[full] and new != old:
                 for split in {base.split_backward, False}:
                     yield replace(base, recompute=new, split_backward=split)
+                yield _roomy(replace(base, recompute=new), ev)  # budgets refreshed for the lighter device
         yield replace(base, split_backward=not base.split_backward)
         yield replace(base, eager_w=not base.eager_w)
         yield replace(base, depth_first=not base.depth_first)

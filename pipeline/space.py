@@ -51,7 +51,7 @@ __all__ = [
     "objective_key",
     "preset_budgets",
     "memory_budgets",
-    "microbatch_bytes",
+    "roomy_budgets",
 ]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
@@ -148,6 +148,21 @@ def memory_budgets(costs: StageCosts, placement: Sequence[int], devices: int, *,
     the activations alone, ``I`` lifting the kept bytes over the cap would overflow the device."""
     held = microbatch_bytes(costs, placement, devices, split_backward=split_backward)
     return tuple(max(1.0, (costs.memory_limit[d] - costs.static_bytes[d]) / held[d]) if held[d] > 0 else 1.0
+                 for d in range(devices))
+
+
+def roomy_budgets(costs: StageCosts, placement: Sequence[int], devices: int) -> tuple[float, ...]:
+    """Per-device budgets deeper than :func:`memory_budgets`: a micro-batch sized by its
+    activations alone, with the most one stage keeps for ``W`` held back once. That fills memory
+    where ``W`` follows ``I`` closely enough that few micro-batches hold kept bytes at once; where
+    it does not, the plan overflows (the simulator's peak decides, so use it as a candidate, not
+    a guarantee). Where memory binds the warm-up, this is often the faster side of the line."""
+    act = [0.0] * devices
+    kept = [0.0] * devices
+    for s, d in enumerate(placement):
+        act[d] += costs.act[s]
+        kept[d] = max(kept[d], costs.w_keep[s])
+    return tuple(max(1.0, (costs.memory_limit[d] - costs.static_bytes[d] - kept[d]) / act[d]) if act[d] > 0 else 1.0
                  for d in range(devices))
 
 
@@ -347,6 +362,10 @@ class Evaluator:
         """:func:`memory_budgets` of a candidate's partition and placement."""
         return memory_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices,
                               split_backward=c.split_backward)
+
+    def roomy_budgets(self, c: Candidate) -> tuple[float, ...]:
+        """:func:`roomy_budgets` of a candidate's partition and placement."""
+        return roomy_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices)
 
     def result(self, c: Candidate) -> Result:
         """The simulated result of a candidate; an impossible candidate gives an invalid result."""

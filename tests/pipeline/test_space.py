@@ -6,7 +6,15 @@ import pytest
 
 from pipeline.balance import device_balanced_sizes
 from pipeline.hardware import build_cluster
-from pipeline.space import Candidate, Evaluator, Problem, make_placement, memory_budgets, microbatch_bytes
+from pipeline.space import (
+    Candidate,
+    Evaluator,
+    Problem,
+    make_placement,
+    memory_budgets,
+    microbatch_bytes,
+    roomy_budgets,
+)
 from pipeline.spec import TrainingConfig
 from pipeline.zoo import zoo_profile
 
@@ -51,6 +59,25 @@ def test_memory_budgets_count_what_pytorchs_input_backward_keeps() -> None:
     assert ev.result(Candidate(sizes, placement, "list", ours, cap_counts_w=True)).feasible
     # with a fused backward nothing is kept after the backward: the activations size a micro-batch
     assert ev.memory_budgets(Candidate(sizes, placement, "list", split_backward=False)) == by_act
+
+
+def test_roomy_budgets_size_a_microbatch_by_its_activations_and_hold_back_one_kept_share() -> None:
+    """Deeper than the budgets that surely fit (PyTorch's I keeps more than F added): the
+    activations alone fill what the limit leaves after static memory and one stage's kept bytes."""
+    profile = zoo_profile("gemma-small", seq_len=4096)
+    cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
+    ev = Evaluator(Problem(profile, cluster, 32))
+    placement = make_placement("interleaved", 4, 2)
+    sizes = ev.balanced_sizes(placement)
+    costs = ev.costs(sizes, placement)
+    roomy = roomy_budgets(costs, placement, 4)
+    assert roomy == ev.roomy_budgets(Candidate(sizes, placement, "list"))
+    for d in range(4):
+        mine = [s for s, dev in enumerate(placement) if dev == d]
+        act = sum(costs.act[s] for s in mine)
+        kept = max(costs.w_keep[s] for s in mine)
+        assert costs.static_bytes[d] + kept + roomy[d] * act == pytest.approx(costs.memory_limit[d])
+    assert all(r > b for r, b in zip(roomy, memory_budgets(costs, placement, 4)))
 
 
 def test_evaluator_device_balanced_sizes_is_cached_and_matches() -> None:
