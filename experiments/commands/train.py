@@ -7,7 +7,10 @@ SB3's metrics and the evaluation curves go to W&B (offline by default). Policy f
 pickles: load only your own or trusted ones.
 
 Examples:
-  python -m experiments train --timesteps 20000 --seed 0 --vec subproc --out runs/default-policy  # the default policy
+  python -m experiments train --ranker-scenarios 9000 --imitation-states 20000 --timesteps 102400 \
+      --learning-rate 1e-4 --seed 0 --eval-every 51200 --checkpoint-every 51200 --out runs/default-policy
+                                                    # the shipped default policy and start ranker
+  python -m experiments train --timesteps 20000 --seed 0 --vec subproc --out runs/ppo  # PPO alone
   python -m experiments train --out runs/train --resume                     # after an interruption
 """
 

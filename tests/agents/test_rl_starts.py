@@ -42,6 +42,28 @@ def test_arms_are_named_once_and_applicable_ones_are_a_subset():
     assert x.shape == (len(FEATURES),) and np.isfinite(x).all()
 
 
+def test_roomy_recipes_go_deeper_and_rc0_lightens_device_zero():
+    """``:roomy`` budgets are :func:`pipeline.space.roomy_budgets` (deeper than ``:filled`` where
+    PyTorch's I keeps more than F added) and ``:roomy:rc0`` recomputes device 0's stages alone,
+    with budgets refilled for what is left."""
+    import math
+
+    from agents.rl_starts import build_arm
+
+    problem = _problem(devices=4, blocks=16)
+    ev = Evaluator(problem)
+    filled = build_arm("list:v2:dp:filled", problem, ev).candidate
+    roomy = build_arm("list:v2:dp:roomy", problem, ev).candidate
+    rc0 = build_arm("list:v2:dp:roomy:rc0", problem, ev).candidate
+    assert roomy.recompute is None
+    assert roomy.budgets == tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(roomy))
+    costs = ev.costs(roomy.sizes, roomy.placement)
+    keeps_more = {d for s, d in enumerate(roomy.placement) if costs.w_keep[s] > costs.act[s]}
+    assert keeps_more and all(roomy.budgets[d] > filled.budgets[d] for d in keeps_more if d != 0)
+    assert rc0.recompute == tuple(d == 0 for d in rc0.placement)
+    assert rc0.budgets[0] > roomy.budgets[0] and rc0.budgets[1:] == roomy.budgets[1:]
+
+
 def test_ranker_learns_a_choice_that_depends_on_the_scenario():
     """Synthetic labels: arm 0 wins when feature 0 is high, arm 1 otherwise."""
     rng = np.random.default_rng(0)
@@ -75,6 +97,34 @@ def test_ranker_file_round_trip_and_mismatch(tmp_path):
         load_ranker(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_ranker(tmp_path / "missing.pt")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    meta["format"] = "adaptis-start-ranker/1"  # one network, before the ensemble
+    old = tmp_path / "old.pt"
+    old.write_bytes(path.read_bytes())
+    old.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="retrain"):
+        load_ranker(old)
+
+
+def test_ranked_starts_keep_one_recipe_that_fits_by_construction():
+    """Where the deepest recipes score highest, the last of the k starts is the best-scored
+    recipe whose budgets are cut to fit; where one fits already, nothing is displaced."""
+    from agents.rl_starts import fits_by_construction
+
+    class FixedScores:  # the selection rule under test, not the network: scores set by hand
+        def __init__(self, first: str) -> None:
+            self.order = sorted(ARMS, key=lambda a: (a != first, ":roomy" not in a))
+
+        def scores(self, features: np.ndarray) -> np.ndarray:
+            return -np.array([self.order.index(a) for a in ARMS], dtype=np.float64)[None]
+
+    problem = _problem(devices=4, blocks=16)
+    top = ranked_starts(problem, Evaluator(problem), FixedScores("list:v2:dp:roomy"), k=3)
+    assert [fits_by_construction(a.name) for a in top] == [False, False, True]
+    assert ":roomy" in top[0].name and ":roomy" in top[1].name
+    top = ranked_starts(problem, Evaluator(problem), FixedScores("list:v2:dp:filled"), k=3)
+    assert fits_by_construction(top[0].name) and all(":roomy" in a.name for a in top[1:])
+    assert fits_by_construction("list:v2:dp:zbv:fit") and not fits_by_construction("list:v2:dp:roomy:w2")
 
 
 def test_labels_and_searchers_with_a_trained_ranker(tmp_path):
