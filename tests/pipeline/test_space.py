@@ -42,15 +42,21 @@ def test_memory_budgets_fill_memory_and_fit(kind: str, chunks: int, keeps_graph:
         max(p / m for p, m in zip(result.peak_memory, result.memory_limit))
 
 
-def test_memory_budgets_count_what_pytorchs_input_backward_keeps() -> None:
-    """PyTorch's I keeps more than F added (``w_keep > act``): budgets sized by the activations
-    alone let I lift the device over its limit; sized by what a micro-batch holds, it fits."""
+def _gemma_small_interleaved_at_40_gib():
+    """(evaluator, placement, sizes, stage costs) of gemma-small 4k, 2 chunks on 4 devices at 40 GiB,
+    where PyTorch's I keeps more than F added."""
     profile = zoo_profile("gemma-small", seq_len=4096)
     cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
     ev = Evaluator(Problem(profile, cluster, 32))
     placement = make_placement("interleaved", 4, 2)
     sizes = ev.balanced_sizes(placement)
-    costs = ev.costs(sizes, placement)
+    return ev, placement, sizes, ev.costs(sizes, placement)
+
+
+def test_memory_budgets_count_what_pytorchs_input_backward_keeps() -> None:
+    """PyTorch's I keeps more than F added (``w_keep > act``): budgets sized by the activations
+    alone let I lift the device over its limit; sized by what a micro-batch holds, it fits."""
+    ev, placement, sizes, costs = _gemma_small_interleaved_at_40_gib()
     assert any(k > a for k, a in zip(costs.w_keep, costs.act))
     by_act = memory_budgets(costs, placement, 4, split_backward=False)
     assert not ev.result(Candidate(sizes, placement, "list", by_act, cap_counts_w=True)).feasible
@@ -64,12 +70,7 @@ def test_memory_budgets_count_what_pytorchs_input_backward_keeps() -> None:
 def test_roomy_budgets_size_a_microbatch_by_its_activations_and_hold_back_one_kept_share() -> None:
     """Deeper than the budgets that surely fit (PyTorch's I keeps more than F added): the
     activations alone fill what the limit leaves after static memory and one stage's kept bytes."""
-    profile = zoo_profile("gemma-small", seq_len=4096)
-    cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
-    ev = Evaluator(Problem(profile, cluster, 32))
-    placement = make_placement("interleaved", 4, 2)
-    sizes = ev.balanced_sizes(placement)
-    costs = ev.costs(sizes, placement)
+    ev, placement, sizes, costs = _gemma_small_interleaved_at_40_gib()
     roomy = roomy_budgets(costs, placement, 4)
     assert roomy == ev.roomy_budgets(Candidate(sizes, placement, "list"))
     for d in range(4):
