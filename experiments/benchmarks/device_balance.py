@@ -12,6 +12,7 @@ micro-batches, no device limit), its iteration time against its peak. One JSON l
   python -m experiments.benchmarks.device_balance                       # gemma-large, 16 devices, 4k
   python -m experiments.benchmarks.device_balance --model deepseek-large --seq-len 2048
   python -m experiments.benchmarks.device_balance --frees-at-i   # a runtime whose I frees all but W's inputs
+  python -m experiments.benchmarks.device_balance --weight-store # ... that keeps W's inputs and output gradients
 """
 
 from __future__ import annotations
@@ -52,16 +53,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--frees-at-i", action="store_true",
                    help="model a runtime whose I keeps only W's inputs (TrainingConfig(input_backward_keeps_graph="
                         "False)); default: PyTorch's, which keeps the graph and W's gradients until W")
+    p.add_argument("--weight-store", action="store_true",
+                   help="model a runtime whose I frees the graph and keeps, per weight matmul, its input and "
+                        "output gradient until W (a WeightGradStore, as zero-bubble's Megatron fork): each "
+                        "layer keeps w_act_bytes + (w_graph_bytes - act_bytes) from I until W")
     p.add_argument("--curve", action="store_true", help="also print iteration time against peak memory "
                    "for uniform budgets on the device-balanced split (what memory a time would need)")
     args = p.parse_args(argv)
     P, M = args.devices, args.microbatches
-    training = TrainingConfig(input_backward_keeps_graph=not args.frees_at_i)
+    if args.frees_at_i and args.weight_store:
+        p.error("--frees-at-i and --weight-store model two different runtimes: pick one")
+    training = TrainingConfig(input_backward_keeps_graph=not (args.frees_at_i or args.weight_store))
     cluster = build_cluster("h100", devices=P, gpus_per_node=8)
     mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, seq_len=args.seq_len), cluster, M,
                                                     training))
     k = auto_head_shards(zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer"))
     profile = zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer", head_shards=k)
+    if args.weight_store:  # what I keeps for W: the matmuls' inputs plus their output gradients
+        profile = replace(profile, layers=tuple(
+            replace(x, w_act_bytes=x.w_retained + max(0, x.w_graph - x.act_bytes)) for x in profile.layers))
     problem = Problem(profile, cluster, M, training)
     ev = Evaluator(problem)
     costs = [x.f + x.b + x.w for x in profile.layers]
