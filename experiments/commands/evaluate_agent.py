@@ -14,6 +14,8 @@ policy proposes and the tuner refines from its plans and the ranker's recipes in
 seeds, run with the tuner's own wall time as its budget when adaptis runs too) and adaptis (the
 tuner, --budget calls), random.
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
+With --repeats N every search runs N times per scenario and each method's median run is kept
+(wall-time budgets make rl+tuner's result vary with the machine's load).
 Writes OUT/results.jsonl, OUT/summary.json, OUT/quality.png and, given --train-dir,
 OUT/learning_curve.png from that run's eval.jsonl. Logs the table and figures to W&B (offline by
 default).
@@ -59,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy (method rl)")
     parser.add_argument("--rl-tuner-order", choices=("tuner-first", "policy-first"), default=None,
                         help="rl+tuner's order (default: RLTunerSearcher's)")
+    parser.add_argument("--repeats", type=positive_int, default=1,
+                        help="run every search this many times per scenario and keep each method's median run "
+                             "(the slower middle one for an even count): wall-time budgets are noisy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-dir", default=None, help="a training run's folder: plot its learning curve")
     parser.add_argument("--out", default="runs/evaluate-agent")
@@ -135,12 +140,14 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for name, problem in tqdm(_scenarios(args), desc="evaluate-agent", unit="scenario", file=sys.stderr,
                               disable=None):
-        results = {}
-        for m in methods:
-            b = budget
-            if m == "rl+tuner" and "adaptis" in results:
-                b = Budget(sim_calls=None, seconds=results["adaptis"].seconds)
-            results[m] = _searcher(m, args).search(problem, budget=b, seed=args.seed)
+        runs: dict[str, list] = {m: [] for m in methods}
+        for _ in range(args.repeats):
+            for m in methods:
+                b = budget
+                if m == "rl+tuner" and runs.get("adaptis"):  # the tuner's wall time in this repeat
+                    b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
+                runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))
+        results = {m: _median_run(rs) for m, rs in runs.items()}
         ref = results.get("adaptis")
         bound = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
         for m, r in results.items():
@@ -161,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         from experiments.commands.train import learning_curve
 
         figures["learning_curve"] = learning_curve(Path(args.train_dir) / "eval.jsonl", out / "learning_curve.png")
-    config = {"methods": methods, "budget": args.budget, "policy": args.policy or "default"}
+    config = {"methods": methods, "budget": args.budget, "policy": args.policy or "default", "repeats": args.repeats}
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("evaluate_agent", rows)
         tracker.summary({f"{m}/{k}": v for m, s in summary.items() for k, v in s.items() if v is not None})
@@ -178,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
                     ("method", "geomean_quality", "min_quality", "feasible", "wins", "ties", "losses",
                      "wins_where_tuner_gap_over_1pct", "mean_calls", "mean_seconds"))
     return 0
+
+
+def _median_run(runs: list) -> Any:
+    """The median of a method's runs on one scenario by iteration time (infeasible last; the
+    slower of the middle two for an even count)."""
+    return sorted(runs, key=lambda r: r.iteration_time if r.feasible else math.inf)[len(runs) // 2]
 
 
 def _summarise(rows: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[str, Any]]:

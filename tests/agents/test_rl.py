@@ -157,3 +157,25 @@ def test_commands_with_tiny_budgets(tmp_path, capsys):
     assert (ea / "learning_curve.png").is_file() and (ea / "quality.png").is_file()
     assert main(["search", "--model", "deepseek-small", "--devices", "4", "--method", "rl", "--budget", "50",
                  "--policy", str(out / "policy.pth"), "--out", str(tmp_path / "s"), "--json"]) == 0
+
+
+def test_evaluate_agent_repeats_keep_each_methods_median_run(tmp_path, capsys):
+    """--repeats 3: every search runs three times per scenario, one row per method (its median run)."""
+    from dataclasses import dataclass
+
+    from experiments.cli import main
+    from experiments.commands.evaluate_agent import _median_run
+
+    @dataclass
+    class Run:  # what _median_run reads of a SearchResult
+        iteration_time: float
+        feasible: bool = True
+
+    runs = [Run(3.0), Run(1.0), Run(float("inf"), False), Run(2.0)]
+    assert _median_run(runs).iteration_time == 3.0  # of 1, 2, 3, infeasible: the slower middle one
+    assert _median_run(runs[:3]).iteration_time == 3.0 and _median_run(runs[1:]).iteration_time == 2.0
+    assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--budget", "30",
+                 "--methods", "adaptis,rl+tuner", "--repeats", "3", "--out", str(tmp_path), "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert sorted(r["method"] for r in lines) == ["adaptis", "rl+tuner"]
+    assert json.loads((tmp_path / "summary.json").read_text())["adaptis"]["feasible"] == 1
