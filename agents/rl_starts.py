@@ -33,13 +33,14 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agents.baselines import PLACEMENT_CHOICES
+from agents.tuner import with_filled_budgets, with_roomy_budgets
 from pipeline.errors import ConfigError, PlanError
 from pipeline.megatron import megatron_partition
 from pipeline.space import Candidate, Evaluator, Problem, cut_budgets, make_placement, preset_budgets
@@ -155,14 +156,12 @@ def build_arm(name: str, problem: Problem, ev: Evaluator) -> Arm | None:
         return Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
     rule = parts[3]
     if rule == "filled":
-        filled = tuple(math.floor(b * 100) / 100 for b in ev.memory_budgets(Candidate(sizes, placement, "list")))
-        return Arm(name, Candidate(sizes, placement, "list", filled, cap_counts_w=True))
+        return Arm(name, with_filled_budgets(Candidate(sizes, placement, "list"), ev))
     if rule == "roomy":  # deeper than filled; ":w2": at most 2 Ws pending per device (few kept shares
         # at once, as the budgets assume); ":rc0": device 0's stages recompute, budgets refilled
         recompute = tuple(d == 0 for d in placement) if "rc0" in parts[4:] else None
-        c = Candidate(sizes, placement, "list", cap_counts_w=True, recompute=recompute,
-                      max_pending_w=2 if "w2" in parts[4:] else None)
-        return Arm(name, replace(c, budgets=tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(c))))
+        return Arm(name, with_roomy_budgets(Candidate(sizes, placement, "list", recompute=recompute,
+                                                      max_pending_w=2 if "w2" in parts[4:] else None), ev))
     if rule == "recompute":  # where nothing else fits: every stage recomputes (fused B), budgets cut to fit
         everywhere = (True,) * len(placement)
         preset = preset_budgets("zb-h1" if chunks == 1 else "zbv", P)

@@ -39,7 +39,7 @@ from pipeline.space import (
     recompute_for,
 )
 
-__all__ = ["AdaptisTuner", "seed_candidates"]
+__all__ = ["AdaptisTuner", "seed_candidates", "with_filled_budgets", "with_roomy_budgets"]
 
 Key = tuple[int, float, float]
 #: Rounds in a row without a new simulator call after which the tuner stops early.
@@ -69,10 +69,11 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> lis
                 counts_w = name not in ("zb-h1", "zb-h2")
                 out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                                      max_pending_w=P if not counts_w else None))
-            out.append(_filled(Candidate(sizes, placement, "list"), ev))
-            out.append(_roomy(Candidate(sizes, placement, "list"), ev))
+            out.append(with_filled_budgets(Candidate(sizes, placement, "list"), ev))
+            out.append(with_roomy_budgets(Candidate(sizes, placement, "list"), ev))
             if S > P and sizes == ev.device_balanced_sizes(placement):
-                out += [_filled(c, ev) for c in _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)]
+                lighter = _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)
+                out += [with_filled_budgets(c, ev) for c in lighter]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
     return out
@@ -140,16 +141,16 @@ def _lighten_first_stage(c: Candidate, device: int, problem: Problem) -> list[Ca
     return out
 
 
-def _filled(c: Candidate, ev: Evaluator) -> Candidate:
+def with_filled_budgets(c: Candidate, ev: Evaluator) -> Candidate:
     """``c`` as a list-scheduled plan whose activation budgets fill each device's memory (rounded down
     to 1/100 micro-batch), with W's activations counted against them."""
     budgets = tuple(math.floor(b * 100) / 100 for b in ev.memory_budgets(c))
     return replace(c, order="list", budgets=budgets, cap_counts_w=True)
 
 
-def _roomy(c: Candidate, ev: Evaluator) -> Candidate:
+def with_roomy_budgets(c: Candidate, ev: Evaluator) -> Candidate:
     """``c`` under :func:`pipeline.space.roomy_budgets` (activations alone per micro-batch, one
-    kept share held back; rounded down to 1/100): deeper than :func:`_filled`, may not fit."""
+    kept share held back; rounded down to 1/100): deeper than :func:`with_filled_budgets`, may not fit."""
     budgets = tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(c))
     return replace(c, order="list", budgets=budgets, cap_counts_w=True)
 
@@ -282,7 +283,7 @@ class AdaptisTuner:
             full = max(range(len(busy)), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
             if result.peak_memory[full] > 0.95 * result.memory_limit[full]:
                 for n in _lighten_first_stage(c, full, problem):
-                    yield _filled(n, ev) if c.order == "list" and c.budgets is not None else n
+                    yield with_filled_budgets(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
     def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
@@ -300,7 +301,7 @@ class AdaptisTuner:
             knobs = replace(order_knobs, placement=placement, recompute=recompute_for(c, len(placement)))
             yield replace(knobs, sizes=ev.balanced_sizes(placement))
             if len(placement) > P:
-                yield _filled(replace(knobs, sizes=ev.device_balanced_sizes(placement)), ev)
+                yield with_filled_budgets(replace(knobs, sizes=ev.device_balanced_sizes(placement)), ev)
         if result.valid and P > 1:
             busy = result.busy
             hot = max(range(P), key=busy.__getitem__)
@@ -333,7 +334,7 @@ class AdaptisTuner:
             for delta in (1.0, -1.0):
                 yield replace(base, budgets=tuple(max(1.0, b + delta) for b in budgets))
         yield replace(base, budgets=None)
-        for refill in (_filled(base, ev), _roomy(base, ev)):
+        for refill in (with_filled_budgets(base, ev), with_roomy_budgets(base, ev)):
             if refill != base:
                 yield refill
         if result.valid:  # memory binds: also recompute the fullest device's stages (as is, or with fused B,
@@ -344,7 +345,7 @@ class AdaptisTuner:
             if result.peak_memory[full] > 0.9 * result.memory_limit[full] and new != old:
                 for split in {base.split_backward, False}:
                     yield replace(base, recompute=new, split_backward=split)
-                yield _roomy(replace(base, recompute=new), ev)  # budgets refreshed for the lighter device
+                yield with_roomy_budgets(replace(base, recompute=new), ev)  # budgets refreshed for the lighter device
         yield replace(base, split_backward=not base.split_backward)
         yield replace(base, eager_w=not base.eager_w)
         yield replace(base, depth_first=not base.depth_first)

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 from agents.base import Budget  # noqa: E402
 from agents.baselines import PLACEMENT_CHOICES  # noqa: E402
 from agents.registry import make_searcher  # noqa: E402
-from agents.tuner import AdaptisTuner, _filled, _lighten_first_stage  # noqa: E402
+from agents.tuner import AdaptisTuner, _lighten_first_stage, with_filled_budgets  # noqa: E402
 from experiments.commands.reproduce import auto_head_shards  # noqa: E402
 from pipeline.balance import device_loads  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
@@ -82,11 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         placement = make_placement(kind, P, chunks)
         row = {"placement": f"{kind}-{chunks}", "mean_load": round(mean, 3)}
         for name, sizes in (("stage", ev.balanced_sizes(placement)), ("device", ev.device_balanced_sizes(placement))):
-            filled = _filled(Candidate(sizes, placement), ev)
+            filled = with_filled_budgets(Candidate(sizes, placement), ev)
             row[f"{name}_max_load"] = round(float(device_loads(costs, sizes, placement, devices=P).max()), 3)
             row[f"{name}_filled_ms"] = round(ev.result(filled).iteration_time, 1)
             row[f"{name}_no_memory_limit_ms"] = round(ev.result(replace(filled, budgets=None)).iteration_time, 1)
-        lighter = [ev.result(_filled(c, ev)) for c in
+        lighter = [ev.result(with_filled_budgets(c, ev)) for c in
                    _lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
         row["device_lightened_best_ms"] = round(min((r.iteration_time for r in lighter if r.feasible),
                                                     default=float("nan")), 1)

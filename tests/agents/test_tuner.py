@@ -212,7 +212,7 @@ def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -
     activations stage 0 keeps until its W) to its later stages keeps every device's load and
     gives the list scheduler room: one such plan under memory-filling budgets beats the
     device-balanced plan it came from, and the tuner's seeds hold it."""
-    from agents.tuner import _filled, _lighten_first_stage
+    from agents.tuner import _lighten_first_stage, with_filled_budgets
     from pipeline.balance import device_loads
     from pipeline.hardware import build_cluster
 
@@ -228,34 +228,34 @@ def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -
     for v in variants:
         assert v.sizes[0] < base.sizes[0] and sum(v.sizes) == sum(base.sizes)
         assert device_loads(costs, v.sizes, placement, devices=16).max() <= top + 1e-9
-    before = ev.result(_filled(base, ev))
-    best = min(variants, key=lambda v: ev.result(_filled(v, ev)).iteration_time)
-    after = ev.result(_filled(best, ev))
+    before = ev.result(with_filled_budgets(base, ev))
+    best = min(variants, key=lambda v: ev.result(with_filled_budgets(v, ev)).iteration_time)
+    after = ev.result(with_filled_budgets(best, ev))
     assert before.feasible and after.feasible
     assert after.iteration_time < before.iteration_time
-    assert _filled(best, ev) in seed_candidates(problem, ev)
+    assert with_filled_budgets(best, ev) in seed_candidates(problem, ev)
 
 
 def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() -> None:
     """A held-out scenario whose memory binds every device (13 devices, 128 micro-batches, 16 GiB):
     recomputing the fullest device's stage lightens it, and only with budgets refilled for what is
-    left (``_roomy``) does that pay: >20% faster than the memory-filling budgets it started from."""
+    left (``with_roomy_budgets``) does that pay: >20% faster than the memory-filling budgets it started from."""
     import random
     from dataclasses import replace
 
     import numpy as np
 
-    from agents.tuner import _filled, _roomy
+    from agents.tuner import with_filled_budgets, with_roomy_budgets
     from env.scenarios import HELDOUT_SCENARIO, sample_problem
 
     problem = sample_problem(np.random.default_rng(20010), HELDOUT_SCENARIO)
     ev = Evaluator(problem)
     placement = make_placement("sequential", problem.devices, 1)
-    base = _filled(Candidate(ev.balanced_sizes(placement), placement, "list"), ev)
+    base = with_filled_budgets(Candidate(ev.balanced_sizes(placement), placement, "list"), ev)
     before = ev.result(base)
     assert before.feasible
     moves = list(AdaptisTuner._schedule_moves(base, before, problem, random.Random(0), ev))
     recomputing = [m for m in moves if m.recompute is not None and any(m.recompute)]
-    assert recomputing and _roomy(replace(base, recompute=recomputing[0].recompute), ev) in moves
+    assert recomputing and with_roomy_budgets(replace(base, recompute=recomputing[0].recompute), ev) in moves
     best = min((ev.result(m) for m in moves if ev.result(m).feasible), key=lambda r: r.iteration_time)
     assert best.iteration_time < 0.8 * before.iteration_time
