@@ -13,6 +13,7 @@ micro-batches, no device limit), its iteration time against its peak. One JSON l
   python -m experiments.benchmarks.device_balance --model deepseek-large --seq-len 2048
   python -m experiments.benchmarks.device_balance --frees-at-i   # a runtime whose I frees all but W's inputs
   python -m experiments.benchmarks.device_balance --weight-store # ... that keeps W's inputs and output gradients
+  python -m experiments.benchmarks.device_balance --gpu h200     # the same case with 141 GB per device
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from agents.registry import make_searcher  # noqa: E402
 from agents.tuner import AdaptisTuner, _lighten_first_stage, with_filled_budgets  # noqa: E402
 from experiments.commands.reproduce import auto_head_shards  # noqa: E402
 from pipeline.balance import device_loads  # noqa: E402
+from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
 from pipeline.space import Candidate, Evaluator, Problem, make_placement  # noqa: E402
@@ -46,6 +48,8 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gemma-large")
+    p.add_argument("--gpu", default="h100", help="device kind of every pipeline device, with its memory "
+                   "(e.g. h200: 141 GB), for the Megatron baseline and the plans alike")
     p.add_argument("--devices", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--microbatches", type=int, default=64)
@@ -64,11 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.frees_at_i and args.weight_store:
         p.error("--frees-at-i and --weight-store model two different runtimes: pick one")
     training = TrainingConfig(input_backward_keeps_graph=not (args.frees_at_i or args.weight_store))
-    cluster = build_cluster("h100", devices=P, gpus_per_node=8)
-    mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, seq_len=args.seq_len), cluster, M,
-                                                    training))
-    k = auto_head_shards(zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer"))
-    profile = zoo_profile(args.model, seq_len=args.seq_len, granularity="sublayer", head_shards=k)
+    try:
+        cluster = build_cluster(args.gpu, devices=P, gpus_per_node=8)
+    except ConfigError as exc:
+        p.error(f"--gpu: {exc}")
+    mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, gpu=args.gpu, seq_len=args.seq_len),
+                                                    cluster, M, training))
+    k = auto_head_shards(zoo_profile(args.model, gpu=args.gpu, seq_len=args.seq_len, granularity="sublayer"))
+    profile = zoo_profile(args.model, gpu=args.gpu, seq_len=args.seq_len, granularity="sublayer", head_shards=k)
     if args.weight_store:  # what I keeps for W: the matmuls' inputs plus their output gradients
         profile = replace(profile, layers=tuple(
             replace(x, w_act_bytes=x.w_retained + max(0, x.w_graph - x.act_bytes)) for x in profile.layers))
