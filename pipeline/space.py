@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,6 +42,9 @@ __all__ = [
     "Problem",
     "Evaluator",
     "make_placement",
+    "slow_first",
+    "reorder_devices",
+    "by_position",
     "microbatch_bytes",
     "cut_budgets",
     "recompute_for",
@@ -164,6 +167,33 @@ def roomy_budgets(costs: StageCosts, placement: Sequence[int], devices: int) -> 
         kept[d] = max(kept[d], costs.w_keep[s])
     return tuple(max(1.0, (costs.memory_limit[d] - costs.static_bytes[d] - kept[d]) / act[d]) if act[d] > 0 else 1.0
                  for d in range(devices))
+
+
+def slow_first(speeds: Sequence[float]) -> tuple[int, ...] | None:
+    """Devices in pipeline order, slowest first and fastest last (ties keep their index order, so
+    equal devices stay neighbours on their node); ``None`` when every device is as fast. On mixed
+    clusters this order puts the heaviest unit a split cannot spread, the LM head on the last
+    stage, on the fastest device, while the split gives the slow ones fewer layers."""
+    if max(speeds) == min(speeds):
+        return None
+    return tuple(sorted(range(len(speeds)), key=lambda d: (speeds[d], d)))
+
+
+def reorder_devices(c: Candidate, order: Sequence[int]) -> Candidate:
+    """``c`` with pipeline position ``p`` run by device ``order[p]``: each stage moves with its
+    position (same sizes), and per-device budgets follow their position."""
+    placement = tuple(order[d] for d in c.placement)
+    budgets = None if c.budgets is None else by_position(c.budgets, order)
+    return replace(c, placement=placement, budgets=budgets)
+
+
+def by_position(values: Sequence[float], order: Sequence[int]) -> tuple[float, ...]:
+    """Per-device ``values`` given by pipeline position (a named schedule's budgets: deepest
+    first) moved to the devices that hold those positions under ``order``."""
+    out = [0.0] * len(values)
+    for p, d in enumerate(order):
+        out[d] = values[p]
+    return tuple(out)
 
 
 def make_placement(kind: str, devices: int, chunks: int) -> tuple[int, ...]:
