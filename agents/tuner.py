@@ -5,7 +5,9 @@ work, most bubble, memory pressure); try changes to the **partition** (move boun
 the bottleneck's stages; with several stages per device, carry units along a chain of stages from
 the busiest device to the idlest and lighten the first stage of a memory-full device), the
 **placement** (sequential, interleaved, V, wave with 1-4 chunks per device with a stage-balanced
-or a device-balanced split, :mod:`pipeline.balance`; swap the devices of two stages) and the
+or a device-balanced split, :mod:`pipeline.balance`; on mixed device speeds each family also with
+the devices ordered slowest first, fastest last, :func:`pipeline.space.slow_first`; swap the
+devices of two stages) and the
 **schedule** (the list scheduler's per-device activation budgets, i.e. how deep the warm-up runs,
 among them the budgets that fill each device's memory; deferred or eager W; fused B; forward
 priority); keep a change only when the performance model says it is faster and
@@ -20,6 +22,7 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
@@ -37,20 +40,23 @@ from pipeline.space import (
     objective_key,
     preset_budgets,
     recompute_for,
+    reorder_devices,
+    slow_first,
 )
 
-__all__ = ["AdaptisTuner", "seed_candidates", "with_filled_budgets", "with_roomy_budgets"]
+__all__ = ["AdaptisTuner", "seed_candidates", "slow_first_seeds", "with_filled_budgets", "with_roomy_budgets"]
 
 Key = tuple[int, float, float]
 #: Rounds in a row without a new simulator call after which the tuner stops early.
 MAX_IDLE_ROUNDS = 50
 
 
-def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> list[Candidate]:
+def seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
+                    speed_order: bool = True) -> list[Candidate]:
     """Starting points: every placement family with Megatron's, the DP-balanced and (several
     stages per device) the device-balanced split, under the activation budgets of the named
     schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited) and under budgets that fill each
-    device's memory."""
+    device's memory; with ``speed_order``, on mixed device speeds, :func:`slow_first_seeds` too."""
     P, L = problem.devices, problem.profile.num_layers
     ev = evaluator if evaluator is not None else Evaluator(problem)
     out: list[Candidate] = []
@@ -76,6 +82,31 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None) -> lis
                 out += [with_filled_budgets(c, ev) for c in lighter]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+    return out + (slow_first_seeds(problem, ev) if speed_order else [])
+
+
+def slow_first_seeds(problem: Problem, ev: Evaluator) -> list[Candidate]:
+    """On a cluster of mixed speeds, every placement family again with the devices in
+    :func:`pipeline.space.slow_first` order (fastest last), at its DP-balanced and (several stages
+    per device) device-balanced split, under ZB-V's budgets, memory-filling and roomy ones. Empty
+    where every device is as fast."""
+    P, L = problem.devices, problem.profile.num_layers
+    order = slow_first(problem.cluster.speeds)
+    if order is None:
+        return []
+    out: list[Candidate] = []
+    for kind, chunks in PLACEMENT_CHOICES:
+        if P * chunks > L:
+            continue
+        placement = make_placement(kind, P, chunks)
+        base = reorder_devices(Candidate(ev.balanced_sizes(placement), placement, "list", preset_budgets("zbv", P)),
+                               order)
+        splits = {ev.balanced_sizes(base.placement)}
+        if P * chunks > P:
+            splits.add(ev.device_balanced_sizes(base.placement))
+        for sizes in sorted(splits):
+            c = replace(base, sizes=sizes)
+            out += [c, with_filled_budgets(c, ev), with_roomy_budgets(c, ev)]
     return out
 
 
@@ -168,6 +199,9 @@ class AdaptisTuner:
     allowed: Callable[[Candidate], bool] | None = None
     """Only plans this accepts are kept (e.g. what a deployment target can run): filters the named
     plans (as a candidate of their sizes and placement), the seeds, the neighbours and perturbations."""
+    speed_order: bool = True
+    """On mixed device speeds, also seed and move to every placement family with the devices
+    ordered slowest first, fastest last (:func:`slow_first_seeds`); False: index order only."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -210,7 +244,7 @@ class AdaptisTuner:
                               record_timeline=False)
             state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
-        seeds = list(start) + (seed_candidates(problem, ev) if own_seeds else [])
+        seeds = list(start) + (seed_candidates(problem, ev, speed_order=self.speed_order) if own_seeds else [])
         current: Candidate | None = None
         current_key: Key | None = None
         for c, key in state.offer_all(seeds, clock, at_least_one=True):
@@ -224,7 +258,8 @@ class AdaptisTuner:
         while not clock.spent() and idle_rounds < MAX_IDLE_ROUNDS:
             calls_before = ev.calls
             improved = False
-            for phase in (self._partition_moves, self._placement_moves, self._schedule_moves):
+            placement_moves = partial(self._placement_moves, speed_order=self.speed_order)
+            for phase in (self._partition_moves, placement_moves, self._schedule_moves):
                 if clock.spent():
                     break
                 result = ev.result(current)
@@ -286,22 +321,29 @@ class AdaptisTuner:
                     yield with_filled_budgets(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
-    def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
-        """Other placement families (balanced split), and swapping two stages' devices."""
+    def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator, *,
+                         speed_order: bool = True):
+        """Other placement families (balanced split; with ``speed_order`` on mixed speeds, each
+        also with the devices slowest first), and swapping two stages' devices."""
         P, L = problem.devices, problem.profile.num_layers
         order_knobs = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zbv", P))
+        fastest_last = slow_first(problem.cluster.speeds) if speed_order else None
+        device_orders = [None] if fastest_last is None else [None, fastest_last]
         # another placement family has other stages: per-stage recomputation does not carry over
         # (recomputing every stage does: recompute_for)
         for kind, chunks in PLACEMENT_CHOICES:
             if P * chunks > L:
                 continue
-            placement = make_placement(kind, P, chunks)
-            if placement == c.placement:
-                continue
-            knobs = replace(order_knobs, placement=placement, recompute=recompute_for(c, len(placement)))
-            yield replace(knobs, sizes=ev.balanced_sizes(placement))
-            if len(placement) > P:
-                yield with_filled_budgets(replace(knobs, sizes=ev.device_balanced_sizes(placement)), ev)
+            for order in device_orders:
+                placement = make_placement(kind, P, chunks)
+                if order is not None:  # the same family, fastest devices last (mixed clusters)
+                    placement = tuple(order[d] for d in placement)
+                if placement == c.placement:
+                    continue
+                knobs = replace(order_knobs, placement=placement, recompute=recompute_for(c, len(placement)))
+                yield replace(knobs, sizes=ev.balanced_sizes(placement))
+                if len(placement) > P:
+                    yield with_filled_budgets(replace(knobs, sizes=ev.device_balanced_sizes(placement)), ev)
         if result.valid and P > 1:
             busy = result.busy
             hot = max(range(P), key=busy.__getitem__)

@@ -259,3 +259,40 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
     assert recomputing and with_roomy_budgets(replace(base, recompute=recomputing[0].recompute), ev) in moves
     best = min((ev.result(m) for m in moves if ev.result(m).feasible), key=lambda r: r.iteration_time)
     assert best.iteration_time < 0.8 * before.iteration_time
+
+
+def _mixed_speed_head_problem() -> Problem:
+    """Twelve layers and a head as heavy as four of them on four devices, the first and the last
+    at half speed: every placement family in index order ends on a slow device (sequential,
+    interleaved and wave-3 on device 3, V and wave-4 on device 0), so the head lands on one."""
+    from pipeline.spec import Device, LayerCost, ModelProfile
+
+    layers = [LayerCost(f"l{i}", "attention+mlp", 1.0, 1.0, 1.0, 1000, 1000, 0) for i in range(12)]
+    layers.append(LayerCost("head", "head", 4.0, 4.0, 4.0, 1000, 1000, 0))
+    cluster = Cluster(devices=4, p2p_gbps=1e12, latency_us=0.0,
+                      device_list=(Device(0.5, 1e6), Device(1.0, 1e6), Device(1.0, 1e6), Device(0.5, 1e6)))
+    return Problem(ModelProfile("head-heavy", tuple(layers)), cluster, 16)
+
+
+def test_slow_first_seeds_put_the_head_on_the_fastest_device() -> None:
+    """On mixed speeds the tuner also seeds every family with the fastest devices last; there
+    the head leaves the slow device, which beats every seed in index order. A uniform cluster
+    gets no such seeds."""
+    from agents.tuner import slow_first_seeds
+
+    problem = _mixed_speed_head_problem()
+    ev = Evaluator(problem)
+    ordered = slow_first_seeds(problem, ev)
+    plain = [c for c in seed_candidates(problem, ev) if c not in ordered]
+    assert ordered and all(c.placement[-1] in (0, 3) for c in plain)
+
+    def best(cands: list[Candidate]) -> tuple[float, Candidate]:
+        return min(((r.iteration_time, c) for c, r in zip(cands, ev.results(cands)) if r.feasible),
+                   key=lambda x: x[0])
+
+    (t_ordered, c_ordered), (t_plain, _) = best(ordered), best(plain)
+    assert t_ordered < 0.9 * t_plain and c_ordered.placement[-1] in (1, 2)
+    uniform = Problem(problem.profile, ideal_cluster(4), 16)
+    assert slow_first_seeds(uniform, Evaluator(uniform)) == []
+    found = AdaptisTuner().search(problem, budget=Budget(200), seed=0)
+    assert found.plan is not None and found.plan.placement[-1] in (1, 2)
