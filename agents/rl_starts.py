@@ -22,8 +22,11 @@ recomputing (``:rc0``: the device whose first stage holds its activations longes
 the others' warm-up fits), every stage
 recomputing under cut budgets (``:recompute``, where nothing else fits), the fixed orders
 (1F1B, interleaved) and the named hand-built schedules (``named:*``, e.g. V-Half; simulated as
-plans, not editable). The ranker is saved as a torch state dict (``.pt``, loaded with
-``weights_only=True``) with a ``.json`` of its metadata.
+plans, not editable). On devices of mixed speeds :func:`ranked_starts` follows each list recipe
+it picks with its ``:slow-first`` twin (devices ordered slowest first, fastest last,
+:func:`pipeline.space.slow_first`: the head's stage on the fastest device), not a learned arm.
+The ranker is saved as a torch state dict (``.pt``, loaded with ``weights_only=True``) with a
+``.json`` of its metadata.
 """
 
 from __future__ import annotations
@@ -43,10 +46,20 @@ from agents.baselines import PLACEMENT_CHOICES
 from agents.tuner import with_filled_budgets, with_roomy_budgets
 from pipeline.errors import ConfigError, PlanError
 from pipeline.megatron import megatron_partition
-from pipeline.space import Candidate, Evaluator, Problem, cut_budgets, make_placement, preset_budgets
+from pipeline.space import (
+    Candidate,
+    Evaluator,
+    Problem,
+    by_position,
+    cut_budgets,
+    make_placement,
+    preset_budgets,
+    slow_first,
+)
 
 __all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
-           "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts", "fits_by_construction"]
+           "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts", "fits_by_construction",
+           "SLOW_FIRST", "build_arm"]
 
 _BUDGETS = ("zb-h1", "zb-h2", "zbv", "v-half", None)
 _NAMED = ("zbv", "v-half", "v-min", "dualpipev", "zb-h1", "zb-h2", "i1f1b-v2", "1f1b", "megatron")
@@ -78,6 +91,9 @@ FEATURES: tuple[str, ...] = (
     "head/stage", "embedding/stage", "max_layer/stage", "cost_cv", "comm/stage", "static/limit",
     "log2(mbs_fit/devices)/4", "multi_node", "speed_spread", "moe_share", "mixer_share", "layers/devices/8",
 )
+#: Suffix of a list recipe's twin with the devices in :func:`pipeline.space.slow_first` order
+#: (built by :func:`build_arm`, offered by :func:`ranked_starts` on mixed speeds; not an arm).
+SLOW_FIRST = "slow-first"
 #: The ranker shipped beside the default policy.
 DEFAULT_RANKER = Path(__file__).resolve().parent / "policies" / "default_starts.pt"
 
@@ -143,12 +159,20 @@ def build_arm(name: str, problem: Problem, ev: Evaluator) -> Arm | None:
     parts = name.split(":")
     if parts[0] == "named":
         return Arm(name, method=parts[1], balanced=parts[2] == "dp")
+    order = None
+    if parts[-1] == SLOW_FIRST:  # pipeline positions by device speed, fastest last
+        order = slow_first(problem.cluster.speeds)
+        if order is None:
+            return None
+        parts = parts[:-1]
     match = re.fullmatch(r"([a-z]+)(\d+)", parts[1])
     assert match is not None, name
     kind, chunks = match.group(1), int(match.group(2))
     if P * chunks > L or (chunks > 1 and P < 2):
         return None
     placement = make_placement(kind, P, chunks)
+    if order is not None:
+        placement = tuple(order[d] for d in placement)
     sizes = _split_sizes(problem, ev, placement, parts[2])
     if sizes is None:
         return None
@@ -170,6 +194,8 @@ def build_arm(name: str, problem: Problem, ev: Evaluator) -> Arm | None:
                                                              cap_counts_w=True, recompute=everywhere))
     budget = None if rule == "unlimited" else rule
     budgets = preset_budgets(budget, P) if budget else None
+    if budgets is not None and order is not None:
+        budgets = by_position(budgets, order)
     if len(parts) == 5:  # ":fit": cut to the memory left after the static share
         cut = _fit_budgets(ev, sizes, placement, budgets)
         if cut is None or cut == budgets:
@@ -400,17 +426,20 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
 def fits_by_construction(name: str) -> bool:
     """Whether a recipe's budgets are cut to fit memory (``:fit``, ``:filled``, ``:recompute``):
     such a plan fits when any plan of its layout fits, while deeper recipes may overflow."""
-    parts = name.split(":")
+    parts = name.removesuffix(f":{SLOW_FIRST}").split(":")
     return parts[0] == "list" and parts[-1] in ("fit", "filled", "recompute")
 
 
 def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, *, k: int,
-                  deadline: float | None = None) -> list[Arm]:
+                  deadline: float | None = None, speed_twins: bool = True) -> list[Arm]:
     """The ``k`` applicable arms the ranker scores highest, best first, one of them a recipe that
     fits by construction (:func:`fits_by_construction`; the best-scored one, last, where the
     others are not): the deepest recipes overflow together, so a list of them alone can hold no
     plan that fits. Only those are built; after ``deadline``, a ``time.perf_counter()`` value, no
-    more once one is built."""
+    more once one is built. With ``speed_twins``, on devices of mixed speeds, each list recipe is
+    followed by its :data:`SLOW_FIRST` twin (the same recipe with the devices ordered slowest
+    first, fastest last; not scored: the ranker learns the recipes in index order only), so up to
+    ``2 k`` arms come back and the starts cover both device orders."""
     scores = ranker.scores(scenario_features(problem)[None])[0]
     out: list[Arm] = []
     safe = False
@@ -426,4 +455,7 @@ def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, *, k: in
             safe = safe or fits_by_construction(name)
             if len(out) == k:
                 break
+    if speed_twins and slow_first(problem.cluster.speeds) is not None:
+        twins = (build_arm(f"{a.name}:{SLOW_FIRST}", problem, ev) if a.name.startswith("list:") else None for a in out)
+        out = [x for a, t in zip(out, twins) for x in (a, t) if x is not None]
     return out

@@ -160,3 +160,38 @@ def test_tuner_and_editor_move_recomputing_starts_to_other_placements():
     env.reset(options={"problem": problem, "start": [arm.candidate], "max_calls": 400})
     targets = [t for t in env.editor.targets() if t is not None]
     assert targets and all(t.recompute is None or len(t.recompute) == t.num_stages for t in targets)
+
+
+def test_slow_first_twins_follow_list_recipes_on_mixed_speeds_only():
+    """On devices of mixed speeds each list recipe the ranker picks is followed by its twin with
+    the devices ordered slowest first (fastest last: the head's stage), budgets following their
+    positions; on equal devices, or with ``speed_twins=False``, the list is the ranker's alone."""
+    from dataclasses import replace
+
+    from agents.rl_starts import SLOW_FIRST, build_arm
+    from pipeline.space import by_position, preset_budgets, slow_first
+    from pipeline.spec import Cluster, Device
+
+    problem = _problem(devices=4, blocks=16)
+    ranker = StartRanker(seed=0)
+    plain = ranked_starts(problem, Evaluator(problem), ranker, k=6)
+    assert len(plain) == 6 and not any(a.name.endswith(SLOW_FIRST) for a in plain)
+    assert build_arm(f"list:sequential1:dp:zbv:{SLOW_FIRST}", problem, Evaluator(problem)) is None
+    speeds = (1.0, 2.0, 0.5, 1.0)
+    cluster = Cluster(devices=4, p2p_gbps=1e12, latency_us=0.0, device_list=tuple(Device(s, 1e6) for s in speeds))
+    mixed = replace(problem, cluster=cluster)
+    ev = Evaluator(mixed)
+    order = slow_first(speeds)
+    assert order == (2, 0, 3, 1)
+    arm = build_arm(f"list:sequential1:dp:zbv:{SLOW_FIRST}", mixed, ev)
+    assert arm is not None and arm.candidate.placement == order
+    assert arm.candidate.sizes == ev.balanced_sizes(order)
+    assert arm.candidate.budgets == by_position(preset_budgets("zbv", 4), order)
+    v = build_arm(f"list:v2:devbal:filled:{SLOW_FIRST}", mixed, ev).candidate
+    assert v.placement == tuple(order[d] for d in (0, 1, 2, 3, 3, 2, 1, 0))
+    alone = ranked_starts(mixed, ev, ranker, k=6, speed_twins=False)
+    both = ranked_starts(mixed, ev, ranker, k=6)
+    assert [a for a in both if not a.name.endswith(SLOW_FIRST)] == alone
+    twins = [f"{a.name}:{SLOW_FIRST}" for a in alone if a.name.startswith("list:")]
+    twins = [n for n in twins if build_arm(n, mixed, ev) is not None]
+    assert twins and [a.name for a in both if a.name.endswith(SLOW_FIRST)] == twins
