@@ -183,6 +183,9 @@ class RLSearcher:
     :func:`start_candidates` (zero-shot: :func:`env.scenarios.zero_shot_starts`)."""
     start_arms: int = 10
     """How many of the ranker's top recipes to simulate first (zero-shot: 3)."""
+    speed_twins: bool = True
+    """On devices of mixed speeds, follow each list recipe with its devices-by-speed twin
+    (:func:`agents.rl_starts.ranked_starts`); False: the ranker's recipes in index order only."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
     start_list: list[Candidate] = field(default_factory=list, repr=False)
@@ -278,7 +281,8 @@ class RLSearcher:
         ranker = self.ranker()
         if ranker is None:
             return "single" if self.zero_shot else start_candidates(problem)
-        arms = ranked_starts(problem, ev, ranker, k=3 if self.zero_shot else self.start_arms, deadline=deadline)
+        arms = ranked_starts(problem, ev, ranker, k=3 if self.zero_shot else self.start_arms, deadline=deadline,
+                             speed_twins=self.speed_twins)
         cands = [a.candidate for a in arms if a.candidate is not None]
         for arm in arms:
             if (arm.method is not None and self.named_arms and ev.calls < cap - (1 if cands else 0)

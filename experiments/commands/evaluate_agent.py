@@ -12,7 +12,8 @@ no-learning (random edits from the hand-written starts: neither learned part), r
 (zero-shot: the ranker's top 3 recipes and a greedy rollout, at most 5 calls), rl+tuner (the
 policy proposes and the tuner refines from its plans and the ranker's recipes instead of its own
 seeds, run with the tuner's own wall time as its budget when adaptis runs too) and adaptis (the
-tuner, --budget calls), random.
+tuner, --budget calls), random, and rl-index-order (rl without the slow-first twins of its
+starts on mixed device speeds: what ordering devices by speed buys the policy).
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 With --repeats N every search runs N times per scenario and each method's median run is kept
 (wall-time budgets make rl+tuner's result vary with the machine's load).
@@ -22,6 +23,8 @@ default).
 
 Examples:
   python -m experiments evaluate-agent --heldout 12                      # held-out zoo models + 12 draws
+  python -m experiments evaluate-agent --models none --heldout 24 --mixed-speeds --heldout-seed 50000 \
+      --methods rl,rl-index-order,rl-zero,adaptis                        # what ordering devices by speed buys
   python -m experiments evaluate-agent --models gemma-small --devices 4 --budget 100 --policy runs/t/policy.pth
 """
 
@@ -53,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", default="8,16", help="comma-separated device counts for the zoo models")
     parser.add_argument("--microbatches", type=positive_int, default=32)
     parser.add_argument("--heldout", type=int, default=0, help="synthetic held-out scenarios to draw as well")
+    parser.add_argument("--mixed-speeds", action="store_true",
+                        help="draw every synthetic held-out scenario on devices of mixed speeds (default: a quarter)")
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
     parser.add_argument("--max-seconds", type=float, default=60.0,
@@ -72,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """(name, Problem) of every held-out scenario the arguments ask for."""
+    from dataclasses import replace
+
     import numpy as np
 
     from env.scenarios import HELDOUT_SCENARIO, sample_problem
@@ -95,8 +102,9 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     devices = [int(d) for d in args.devices.split(",") if d.strip()]
     out = [(name, Problem(prof, build_cluster(args.gpu, devices=P), args.microbatches))
            for name, prof in profiles for P in devices if prof.num_layers >= P]
+    config = replace(HELDOUT_SCENARIO, mixed_speed_share=1.0) if args.mixed_speeds else HELDOUT_SCENARIO
     for i in range(args.heldout):
-        p = sample_problem(np.random.default_rng(args.heldout_seed + i), HELDOUT_SCENARIO)
+        p = sample_problem(np.random.default_rng(args.heldout_seed + i), config)
         out.append((f"{p.profile.name}#{i}", p))
     return out
 
@@ -109,6 +117,8 @@ def _searcher(method: str, args: argparse.Namespace):
         searcher = RLSearcher(name="rl-zero", zero_shot=True)
     elif method == "rl-random":
         searcher = RLSearcher(name="rl-random", random_edits=True)
+    elif method == "rl-index-order":  # rl without the devices-by-speed twins of its starts
+        searcher = RLSearcher(name="rl-index-order", speed_twins=False)
     elif method == "no-learning":  # random edits from the hand-written starts: neither learned part
         return RLSearcher(name="no-learning", random_edits=True, ranker_path="none")
     else:
@@ -119,7 +129,7 @@ def _searcher(method: str, args: argparse.Namespace):
         searcher.ranker_path = args.ranker
     if method == "rl+tuner" and args.rl_tuner_order:
         searcher.order = args.rl_tuner_order
-    if hasattr(searcher, "samples") and method == "rl":
+    if hasattr(searcher, "samples") and method in ("rl", "rl-index-order"):
         searcher.samples = args.samples
     return searcher
 
