@@ -18,21 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from agents.base import Budget  # noqa: E402
-from agents.tuner import AdaptisTuner  # noqa: E402
-from env.scenarios import HELDOUT_SCENARIO, sample_problem  # noqa: E402
-from experiments.common import positive_int  # noqa: E402
+from agents.base import Budget
+from agents.tuner import AdaptisTuner
+from env.scenarios import HELDOUT_SCENARIO, sample_problem
+from experiments.common import positive_int
 
 __all__ = ["main"]
 
