@@ -59,7 +59,7 @@ from pipeline.space import (
 
 __all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
            "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts", "fits_by_construction",
-           "SLOW_FIRST", "build_arm"]
+           "SLOW_FIRST", "build_arm", "holds_one_microbatch"]
 
 _BUDGETS = ("zb-h1", "zb-h2", "zbv", "v-half", None)
 _NAMED = ("zbv", "v-half", "v-min", "dualpipev", "zb-h1", "zb-h2", "i1f1b-v2", "1f1b", "megatron")
@@ -430,13 +430,23 @@ def fits_by_construction(name: str) -> bool:
     return parts[0] == "list" and parts[-1] in ("fit", "filled", "recompute")
 
 
+def holds_one_microbatch(c: Candidate | None, ev: Evaluator) -> bool:
+    """Whether every device of ``c``'s layout holds its static memory and one micro-batch (what
+    :func:`fits_by_construction` assumes; no simulation). False for a named recipe."""
+    if c is None:
+        return False
+    costs = ev.costs(c.sizes, c.placement, c.recompute)
+    return cut_budgets(costs, c.placement, (1.0,) * ev.problem.devices, split_backward=c.split_backward) is not None
+
+
 def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, *, k: int,
                   deadline: float | None = None, speed_twins: bool = True) -> list[Arm]:
     """The ``k`` applicable arms the ranker scores highest, best first, one of them a recipe that
-    fits by construction (:func:`fits_by_construction`; the best-scored one, last, where the
-    others are not): the deepest recipes overflow together, so a list of them alone can hold no
-    plan that fits. Only those are built; after ``deadline``, a ``time.perf_counter()`` value, no
-    more once one is built. With ``speed_twins``, on devices of mixed speeds, each list recipe is
+    fits by construction (:func:`fits_by_construction`, on a layout that holds one micro-batch:
+    :func:`holds_one_microbatch`; the best-scored one, last, where the others are not): the
+    deepest recipes overflow together, so a list of them alone can hold no plan that fits. Only
+    those are built; after ``deadline``, a ``time.perf_counter()`` value, no more once one is built.
+    With ``speed_twins``, on devices of mixed speeds, each list recipe is
     followed by its :data:`SLOW_FIRST` twin (the same recipe with the devices ordered slowest
     first, fastest last; not scored: the ranker learns the recipes in index order only), so up to
     ``2 k`` arms come back and the starts cover both device orders."""
@@ -447,14 +457,19 @@ def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, *, k: in
         if out and deadline is not None and time.perf_counter() >= deadline:
             break
         name = ARMS[int(i)]
-        if len(out) == k - 1 and k > 1 and not safe and not fits_by_construction(name):
+        last = len(out) == k - 1 and k > 1 and not safe
+        if last and not fits_by_construction(name):
             continue
         arm = build_arm(name, problem, ev)
-        if arm is not None:
-            out.append(arm)
-            safe = safe or fits_by_construction(name)
-            if len(out) == k:
-                break
+        if arm is None:
+            continue
+        sure = fits_by_construction(name) and holds_one_microbatch(arm.candidate, ev)
+        if last and not sure:
+            continue
+        out.append(arm)
+        safe = safe or sure
+        if len(out) == k:
+            break
     if speed_twins and slow_first(problem.cluster.speeds) is not None:
         twins = (build_arm(f"{a.name}:{SLOW_FIRST}", problem, ev) if a.name.startswith("list:") else None for a in out)
         out = [x for a, t in zip(out, twins) for x in (a, t) if x is not None]

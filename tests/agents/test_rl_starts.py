@@ -195,3 +195,24 @@ def test_slow_first_twins_follow_list_recipes_on_mixed_speeds_only():
     twins = [f"{a.name}:{SLOW_FIRST}" for a in alone if a.name.startswith("list:")]
     twins = [n for n in twins if build_arm(n, mixed, ev) is not None]
     assert twins and [a.name for a in both if a.name.endswith(SLOW_FIRST)] == twins
+
+
+def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memory():
+    """Mixed-speed draw 50016 (16 devices, tight memory): the ranker's favourite memory-filling
+    recipe lays out stages whose static memory and one micro-batch overflow, so it cannot be the
+    start that surely fits; another recipe takes that slot and the zero-shot plan fits in 5 calls."""
+    from dataclasses import replace
+
+    from agents.rl_starts import build_arm, fits_by_construction, holds_one_microbatch
+    from env.scenarios import HELDOUT_SCENARIO
+
+    problem = sample_problem(np.random.default_rng(50016), replace(HELDOUT_SCENARIO, mixed_speed_share=1.0))
+    ev = Evaluator(problem)
+    overflowing = build_arm("list:interleaved4:devbal:filled", problem, ev)
+    assert overflowing is not None and not holds_one_microbatch(overflowing.candidate, ev)
+    assert not ev.result(overflowing.candidate).feasible
+    starts = ranked_starts(problem, ev, load_ranker(), k=3, speed_twins=False)
+    sure = [a for a in starts if fits_by_construction(a.name) and holds_one_microbatch(a.candidate, ev)]
+    assert sure and ev.result(sure[0].candidate).feasible
+    found = RLSearcher(zero_shot=True).search(problem, budget=Budget(400), seed=0)
+    assert found.feasible and found.sim_calls <= 5
