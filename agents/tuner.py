@@ -255,10 +255,10 @@ class AdaptisTuner:
         # 3. Phases until the budget is spent; perturb when a round finds nothing.
         stall = 0
         idle_rounds = 0
+        placement_moves = partial(self._placement_moves, speed_order=self.speed_order)
         while not clock.spent() and idle_rounds < MAX_IDLE_ROUNDS:
             calls_before = ev.calls
             improved = False
-            placement_moves = partial(self._placement_moves, speed_order=self.speed_order)
             for phase in (self._partition_moves, placement_moves, self._schedule_moves):
                 if clock.spent():
                     break

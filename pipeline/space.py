@@ -170,10 +170,11 @@ def roomy_budgets(costs: StageCosts, placement: Sequence[int], devices: int) -> 
 
 
 def slow_first(speeds: Sequence[float]) -> tuple[int, ...] | None:
-    """Devices in pipeline order, slowest first and fastest last (ties keep their index order, so
-    equal devices stay neighbours on their node); ``None`` when every device is as fast. On mixed
-    clusters this order puts the heaviest unit a split cannot spread, the LM head on the last
-    stage, on the fastest device, while the split gives the slow ones fewer layers."""
+    """Devices in pipeline order, slowest first and fastest last (devices of one speed keep their
+    index order); ``None`` when every device is as fast. On mixed clusters this order puts the
+    heaviest unit a split cannot spread, the LM head on the last stage, on the fastest device,
+    while the split gives the slow ones fewer layers. It ignores node boundaries: the simulator
+    prices the links it crosses."""
     if max(speeds) == min(speeds):
         return None
     return tuple(sorted(range(len(speeds)), key=lambda d: (speeds[d], d)))
