@@ -36,11 +36,11 @@ from pipeline.space import (
     Candidate,
     Evaluator,
     Problem,
+    by_position,
     make_placement,
     objective_key,
     preset_budgets,
     recompute_for,
-    reorder_devices,
     slow_first,
 )
 
@@ -98,14 +98,13 @@ def slow_first_seeds(problem: Problem, ev: Evaluator) -> list[Candidate]:
     for kind, chunks in PLACEMENT_CHOICES:
         if P * chunks > L:
             continue
-        placement = make_placement(kind, P, chunks)
-        base = reorder_devices(Candidate(ev.balanced_sizes(placement), placement, "list", preset_budgets("zbv", P)),
-                               order)
-        splits = {ev.balanced_sizes(base.placement)}
+        placement = tuple(order[d] for d in make_placement(kind, P, chunks))
+        budgets = by_position(preset_budgets("zbv", P), order)
+        splits = {ev.balanced_sizes(placement)}
         if P * chunks > P:
-            splits.add(ev.device_balanced_sizes(base.placement))
+            splits.add(ev.device_balanced_sizes(placement))
         for sizes in sorted(splits):
-            c = replace(base, sizes=sizes)
+            c = Candidate(sizes, placement, "list", budgets)
             out += [c, with_filled_budgets(c, ev), with_roomy_budgets(c, ev)]
     return out
 

@@ -28,7 +28,7 @@ from pipeline.hardware import build_cluster
 from pipeline.space import Candidate, Problem, cut_budgets, make_placement, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
-__all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
+__all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "HELDOUT_MIXED_SPEEDS",
            "sample_architecture", "sample_problem", "memory_estimate_gb", "zero_shot_starts", "zoo_family"]
 
 #: Synthetic model families the generator draws from.
@@ -92,6 +92,8 @@ HELDOUT_SCENARIO = replace(
     TRAIN_SCENARIO, min_blocks=56, max_blocks=96, families=("hybrid-mamba",),
     zoo_models=("nemotronh-small", "nemotronh-medium", "nemotronh-large", "gemma-large", "deepseek-large"),
     zoo_share=0.5)
+#: The same draws with every cluster of mixed speeds (half the devices slower).
+HELDOUT_MIXED_SPEEDS = replace(HELDOUT_SCENARIO, mixed_speed_share=1.0)
 
 
 def _choice(rng: np.random.Generator, options: tuple | list):

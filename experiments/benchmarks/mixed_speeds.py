@@ -19,13 +19,12 @@ import argparse
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from agents.base import Budget
 from agents.tuner import AdaptisTuner
-from env.scenarios import HELDOUT_SCENARIO, sample_problem
+from env.scenarios import HELDOUT_MIXED_SPEEDS, sample_problem
 from experiments.common import positive_int
 
 __all__ = ["main"]
@@ -37,10 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=50_000, help="seed of the first draw")
     p.add_argument("--budget", type=positive_int, default=400, help="the tuner's simulator calls per run")
     args = p.parse_args(argv)
-    config = replace(HELDOUT_SCENARIO, mixed_speed_share=1.0)
     ratios: list[float] = []
     for i in range(args.scenarios):
-        problem = sample_problem(np.random.default_rng(args.seed + i), config)
+        problem = sample_problem(np.random.default_rng(args.seed + i), HELDOUT_MIXED_SPEEDS)
         speeds = problem.cluster.speeds
         if max(speeds) == min(speeds):  # every device drew the same speed: nothing to order
             continue

@@ -77,11 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """(name, Problem) of every held-out scenario the arguments ask for."""
-    from dataclasses import replace
-
     import numpy as np
 
-    from env.scenarios import HELDOUT_SCENARIO, sample_problem
+    from env.scenarios import HELDOUT_MIXED_SPEEDS, HELDOUT_SCENARIO, sample_problem
     from pipeline.costs import profile_from_architecture
     from pipeline.hardware import build_cluster
     from pipeline.hf import load_hf_config
@@ -102,7 +100,7 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     devices = [int(d) for d in args.devices.split(",") if d.strip()]
     out = [(name, Problem(prof, build_cluster(args.gpu, devices=P), args.microbatches))
            for name, prof in profiles for P in devices if prof.num_layers >= P]
-    config = replace(HELDOUT_SCENARIO, mixed_speed_share=1.0) if args.mixed_speeds else HELDOUT_SCENARIO
+    config = HELDOUT_MIXED_SPEEDS if args.mixed_speeds else HELDOUT_SCENARIO
     for i in range(args.heldout):
         p = sample_problem(np.random.default_rng(args.heldout_seed + i), config)
         out.append((f"{p.profile.name}#{i}", p))

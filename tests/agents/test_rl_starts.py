@@ -201,12 +201,10 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
     """Mixed-speed draw 50016 (16 devices, tight memory): the ranker's favourite memory-filling
     recipe lays out stages whose static memory and one micro-batch overflow, so it cannot be the
     start that surely fits; another recipe takes that slot and the zero-shot plan fits in 5 calls."""
-    from dataclasses import replace
-
     from agents.rl_starts import build_arm, fits_by_construction, holds_one_microbatch
-    from env.scenarios import HELDOUT_SCENARIO
+    from env.scenarios import HELDOUT_MIXED_SPEEDS
 
-    problem = sample_problem(np.random.default_rng(50016), replace(HELDOUT_SCENARIO, mixed_speed_share=1.0))
+    problem = sample_problem(np.random.default_rng(50016), HELDOUT_MIXED_SPEEDS)
     ev = Evaluator(problem)
     overflowing = build_arm("list:interleaved4:devbal:filled", problem, ev)
     assert overflowing is not None and not holds_one_microbatch(overflowing.candidate, ev)
