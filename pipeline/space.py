@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,7 +43,6 @@ __all__ = [
     "Evaluator",
     "make_placement",
     "slow_first",
-    "reorder_devices",
     "by_position",
     "microbatch_bytes",
     "cut_budgets",
@@ -178,14 +177,6 @@ def slow_first(speeds: Sequence[float]) -> tuple[int, ...] | None:
     if max(speeds) == min(speeds):
         return None
     return tuple(sorted(range(len(speeds)), key=lambda d: (speeds[d], d)))
-
-
-def reorder_devices(c: Candidate, order: Sequence[int]) -> Candidate:
-    """``c`` with pipeline position ``p`` run by device ``order[p]``: each stage moves with its
-    position (same sizes), and per-device budgets follow their position."""
-    placement = tuple(order[d] for d in c.placement)
-    budgets = None if c.budgets is None else by_position(c.budgets, order)
-    return replace(c, placement=placement, budgets=budgets)
 
 
 def by_position(values: Sequence[float], order: Sequence[int]) -> tuple[float, ...]:
