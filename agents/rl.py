@@ -10,8 +10,9 @@ best of them, one simulator call per edit.
 are simulated as plans), then runs one deterministic rollout and sampled ones (best-of-K) while
 calls are left, all sharing one :class:`~pipeline.space.Evaluator`, so repeated plans are free
 and every call is counted. It spends at most ``max_calls`` (default 40, a tenth of the tuner's
-default budget). ``RLSearcher(zero_shot=True)`` is zero-shot planning: the ranker's top 3
-recipes and a greedy rollout, at most 5 simulator calls. Without a ranker file
+default budget). ``RLSearcher(zero_shot=True)`` is zero-shot planning: the ranker's top 4
+recipes and a greedy edit (on mixed device speeds its top 3 in both device orders), at
+most 5 simulator calls. Without a ranker file
 (``ranker_path="none"``) the rollouts start from the hand-written :func:`start_candidates`.
 
 ``rl+tuner`` spends the same budget as the tuner alone. By default (``order="policy-first"``) the
@@ -173,7 +174,8 @@ class RLSearcher:
     max_steps: int = 24
     """Edits per rollout."""
     zero_shot: bool = False
-    """One greedy rollout from :func:`env.scenarios.zero_shot_starts`, at most 5 calls (no samples)."""
+    """At most 5 calls: ``zero_shot_starts`` of the ranker's starts (without a ranker,
+    :func:`env.scenarios.zero_shot_starts`) and one greedy rollout (no samples)."""
     random_edits: bool = False
     """No policy: uniformly random allowed edits from the same starts with the same budget (the
     baseline ``evaluate-agent`` calls ``rl-random``)."""
@@ -182,7 +184,13 @@ class RLSearcher:
     ``"none"`` (or no shipped file): the rollouts start from the hand-written
     :func:`start_candidates` (zero-shot: :func:`env.scenarios.zero_shot_starts`)."""
     start_arms: int = 10
-    """How many of the ranker's top recipes to simulate first (zero-shot: 3)."""
+    """How many of the ranker's top recipes to simulate first (zero-shot: ``zero_shot_starts``)."""
+    zero_shot_starts: int = 4
+    """Zero-shot on equal devices: the ranker's top recipes it simulates (the last one fitting by
+    construction) before one greedy edit, of its 5 calls. On devices of mixed speeds it takes
+    the top 3, each followed by its slow-first twin, and the calls run out at the third recipe.
+    Chosen on draws used for nothing else (3 and 5 starts, and on mixed speeds 2 recipes and
+    their twins, planned worse there)."""
     speed_twins: bool = True
     """On devices of mixed speeds, follow each list recipe with its devices-by-speed twin
     (:func:`agents.rl_starts.ranked_starts`); False: the ranker's recipes in index order only."""
@@ -277,12 +285,16 @@ class RLSearcher:
         """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
         ``found``), or without a ranker file the hand-written starts."""
         from agents.rl_starts import named_result, ranked_starts
+        from pipeline.space import slow_first
 
         ranker = self.ranker()
         if ranker is None:
             return "single" if self.zero_shot else start_candidates(problem)
-        arms = ranked_starts(problem, ev, ranker, k=3 if self.zero_shot else self.start_arms, deadline=deadline,
-                             speed_twins=self.speed_twins)
+        k = self.start_arms
+        if self.zero_shot:
+            mixed = self.speed_twins and slow_first(problem.cluster.speeds) is not None
+            k = 3 if mixed else self.zero_shot_starts
+        arms = ranked_starts(problem, ev, ranker, k=k, deadline=deadline, speed_twins=self.speed_twins)
         cands = [a.candidate for a in arms if a.candidate is not None]
         for arm in arms:
             if (arm.method is not None and self.named_arms and ev.calls < cap - (1 if cands else 0)

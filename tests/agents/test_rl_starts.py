@@ -214,3 +214,20 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
     assert sure and ev.result(sure[0].candidate).feasible
     found = RLSearcher(zero_shot=True).search(problem, budget=Budget(400), seed=0)
     assert found.feasible and found.sim_calls <= 5
+
+
+
+def test_zero_shot_simulates_four_starts_then_edits_on_equal_devices():
+    """On equal devices zero-shot simulates the ranker's top 4 recipes and spends its fifth call
+    on a greedy edit; ``zero_shot_starts`` sets how many."""
+    from pipeline.space import slow_first
+
+    problem = _problem(devices=6, blocks=24, seed=4)
+    assert slow_first(problem.cluster.speeds) is None
+    ranker = load_ranker()
+    for k in (4, 3):
+        top = ranked_starts(problem, Evaluator(problem), ranker, k=k)
+        searcher = RLSearcher(zero_shot=True, zero_shot_starts=k)
+        res = searcher.search(problem, budget=Budget(400), seed=0)
+        assert searcher.start_list == [a.candidate for a in top if a.candidate is not None]
+        assert res.feasible and res.sim_calls == 5
