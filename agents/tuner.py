@@ -201,6 +201,10 @@ class AdaptisTuner:
     speed_order: bool = True
     """On mixed device speeds, also seed and move to every placement family with the devices
     ordered slowest first, fastest last (:func:`slow_first_seeds`); False: index order only."""
+    named_plans: bool | None = None
+    """Default of :meth:`search`'s ``named_plans`` (None: with its own seeds). False skips the named
+    schedules, built and simulated in Python (the slowest part per call), for more local search
+    in the same time (``evaluate-agent``'s ``adaptis-no-named``)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -222,6 +226,7 @@ class AdaptisTuner:
 
         # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
         #    can only improve on the best of them.
+        named_plans = self.named_plans if named_plans is None else named_plans
         named_plans = own_seeds if named_plans is None else named_plans
         named = [(m, b) for b in (False, True) for m in NAMED_METHODS] if named_plans else []
         for method, balanced in named:

@@ -9,11 +9,15 @@ scenarios drawn from env.scenarios.HELDOUT_SCENARIO (the hybrid-mamba family at 
 Methods: rl (the ranker's starts and the edit policy, at most 40 calls), rl-random (random
 allowed edits from the same starts with the same calls: what the edit policy must beat),
 no-learning (random edits from the hand-written starts: neither learned part), rl-zero
-(zero-shot: the ranker's top 3 recipes and a greedy rollout, at most 5 calls), rl+tuner (the
+(zero-shot: the ranker's top 4 recipes and a greedy edit, at most 5 calls), rl+tuner (the
 policy proposes and the tuner refines from its plans and the ranker's recipes instead of its own
 seeds, run with the tuner's own wall time as its budget when adaptis runs too) and adaptis (the
-tuner, --budget calls), random, and rl-index-order (rl without the slow-first twins of its
-starts on mixed device speeds: what ordering devices by speed buys the policy).
+tuner, --budget calls), random, rl-index-order (rl without the slow-first twins of its
+starts on mixed device speeds: what ordering devices by speed buys the policy) and adaptis@N
+(the tuner with N calls: what more search time buys the tuner itself, the yardstick for
+rl+tuner's wins), adaptis-no-named (the tuner without its named-schedule phase, built in Python,
+at the tuner's own wall time like rl+tuner, which skips that phase too: what rl+tuner's policy
+adds beyond the time that saves).
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 With --repeats N every search runs N times per scenario and each method's median run is kept
 (wall-time budgets make rl+tuner's result vary with the machine's load).
@@ -26,6 +30,7 @@ Examples:
   python -m experiments evaluate-agent --models none --heldout 24 --mixed-speeds --heldout-seed 50000 \
       --methods rl,rl-index-order,rl-zero,adaptis                        # what ordering devices by speed buys
   python -m experiments evaluate-agent --models gemma-small --devices 4 --budget 100 --policy runs/t/policy.pth
+  python -m experiments evaluate-agent --heldout 12 --methods adaptis,adaptis@800,adaptis@1600,rl+tuner
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import add_output_args, positive_int, print_json_lines, print_table
+from pipeline.errors import ConfigError
 
 NAME = "evaluate-agent"
 HELP = "compare the RL policy with the tuner on held-out scenarios (quality, calls, wall time)"
@@ -107,10 +113,27 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     return out
 
 
+def _tuner_calls(method: str) -> int | None:
+    """N of an ``adaptis@N`` method (the tuner with N simulator calls), None for other methods."""
+    if not method.startswith("adaptis@"):
+        return None
+    calls = method.removeprefix("adaptis@")
+    if not calls.isdigit() or int(calls) < 1:
+        raise ConfigError(f"method {method!r}: write adaptis@N with N a positive number of simulator calls, "
+                          "e.g. adaptis@800", field="--methods")
+    return int(calls)
+
+
 def _searcher(method: str, args: argparse.Namespace):
     from agents.registry import make_searcher
     from agents.rl import RLSearcher
 
+    if _tuner_calls(method) is not None:
+        return make_searcher("adaptis")
+    if method == "adaptis-no-named":
+        from agents.tuner import AdaptisTuner
+
+        return AdaptisTuner(name="adaptis-no-named", named_plans=False)
     if method == "rl-zero":
         searcher = RLSearcher(name="rl-zero", zero_shot=True)
     elif method == "rl-random":
@@ -142,8 +165,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    # The tuner runs before rl+tuner, which then gets the tuner's own wall time.
-    methods.sort(key=lambda m: m == "rl+tuner")
+    for m in methods:
+        _tuner_calls(m)  # a malformed adaptis@N fails before any search
+    # The tuner runs before rl+tuner (and adaptis-no-named), which then get the tuner's own wall time.
+    timed = ("rl+tuner", "adaptis-no-named")
+    methods.sort(key=lambda m: m in timed)
     budget = Budget(args.budget, args.max_seconds)
     rows: list[dict[str, Any]] = []
     for name, problem in tqdm(_scenarios(args), desc="evaluate-agent", unit="scenario", file=sys.stderr,
@@ -152,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.repeats):
             for m in methods:
                 b = budget
-                if m == "rl+tuner" and runs.get("adaptis"):  # the tuner's wall time in this repeat
+                if _tuner_calls(m) is not None:
+                    b = Budget(_tuner_calls(m), args.max_seconds)
+                if m in timed and runs.get("adaptis"):  # the tuner's wall time in this repeat
                     b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
                 runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))
         results = {m: _median_run(rs) for m, rs in runs.items()}
@@ -187,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         print_json_lines(rows)
     else:
         print_table(rows, COLUMNS, title=f"quality = tuner's iteration time / method's (feasible plans; "
-                    f"tuner budget {args.budget} calls; rl+tuner gets the tuner's wall time)")
+                    f"tuner budget {args.budget} calls; rl+tuner and adaptis-no-named get the tuner's wall time)")
         print()
         print_table([{"method": m, **s} for m, s in summary.items()],
                     ("method", "geomean_quality", "min_quality", "feasible", "wins", "ties", "losses",

@@ -198,3 +198,21 @@ def test_evaluate_agent_mixed_speeds_and_the_index_order_baseline(tmp_path, caps
     rows = {r["method"]: r for r in (json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))}
     assert rows["rl"]["feasible"] and rows["rl"]["sim_calls"] <= 40
     assert rows["rl"]["iter_time"] < 0.8 * rows["rl-index-order"]["iter_time"]
+
+
+def test_evaluate_agent_yardsticks_for_rl_tuner(tmp_path, capsys):
+    """adaptis@N runs the tuner with N calls against the --budget tuner: its path is the same, so
+    more calls are never slower; adaptis-no-named runs at the tuner's wall time like rl+tuner; a
+    malformed N is a usage error naming --methods."""
+    from experiments.cli import main
+
+    assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--budget", "30",
+                 "--methods", "adaptis@90,adaptis-no-named,adaptis", "--out", str(tmp_path), "--json"]) == 0
+    rows = {r["method"]: r for r in (json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))}
+    assert rows["adaptis"]["sim_calls"] <= 30 < rows["adaptis@90"]["sim_calls"] <= 90
+    assert rows["adaptis@90"]["quality"] >= 1.0 - 1e-12
+    assert rows["adaptis-no-named"]["feasible"]
+    assert rows["adaptis-no-named"]["seconds"] <= 1.5 * rows["adaptis"]["seconds"] + 0.5
+    assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--methods", "adaptis,adaptis@x",
+                 "--out", str(tmp_path)]) == 2
+    assert "adaptis@N" in capsys.readouterr().err

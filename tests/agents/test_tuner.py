@@ -296,3 +296,18 @@ def test_slow_first_seeds_put_the_head_on_the_fastest_device() -> None:
     assert slow_first_seeds(uniform, Evaluator(uniform)) == []
     found = AdaptisTuner().search(problem, budget=Budget(200), seed=0)
     assert found.plan is not None and found.plan.placement[-1] in (1, 2)
+
+
+def test_named_plans_false_skips_the_named_schedules(hetero_profile, h100x4) -> None:
+    """``AdaptisTuner(named_plans=False)``: no named schedule is simulated, so its first calls are
+    its own seeds and its best plan is always an editable candidate; the default simulates them
+    first (one call each)."""
+    problem = Problem(hetero_profile, h100x4, 16)
+    skip = AdaptisTuner(named_plans=False)
+    res = skip.search(problem, budget=BUDGET)
+    assert res.ok and res.result.feasible and skip.best_candidate is not None
+    assert res.sim_calls <= BUDGET.sim_calls + 1
+    short = Budget(sim_calls=2 * len(NAMED_METHODS) - 1)  # each at Megatron's and the DP split
+    assert AdaptisTuner().search(problem, budget=short).note in set(NAMED_METHODS) | {
+        f"{m}+dp" for m in NAMED_METHODS}
+    assert AdaptisTuner(named_plans=False).search(problem, budget=short).note.startswith("list ")
