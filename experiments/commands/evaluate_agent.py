@@ -177,9 +177,8 @@ def run(args: argparse.Namespace) -> int:
         runs: dict[str, list] = {m: [] for m in methods}
         for _ in range(args.repeats):
             for m in methods:
-                b = budget
-                if _tuner_calls(m) is not None:
-                    b = Budget(_tuner_calls(m), args.max_seconds)
+                calls = _tuner_calls(m)
+                b = budget if calls is None else Budget(calls, args.max_seconds)
                 if m in timed and runs.get("adaptis"):  # the tuner's wall time in this repeat
                     b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
                 runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))

@@ -216,7 +216,6 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
     assert found.feasible and found.sim_calls <= 5
 
 
-
 def test_zero_shot_simulates_four_starts_then_edits_on_equal_devices():
     """On equal devices zero-shot simulates the ranker's top 4 recipes and spends its fifth call
     on a greedy edit; ``zero_shot_starts`` sets how many."""
