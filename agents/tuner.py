@@ -203,8 +203,8 @@ class AdaptisTuner:
     ordered slowest first, fastest last (:func:`slow_first_seeds`); False: index order only."""
     named_plans: bool | None = None
     """Default of :meth:`search`'s ``named_plans`` (None: with its own seeds). False skips the named
-    schedules, built and simulated in Python (the slowest part per call), for more local search
-    in the same time (``evaluate-agent``'s ``adaptis-no-named``)."""
+    schedules (built in Python, each dearer than a native call) for more local search in the
+    same time (``evaluate-agent``'s ``adaptis-no-named``)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
