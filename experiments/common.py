@@ -23,6 +23,7 @@ __all__ = [
     "resolve_cluster",
     "check_devices",
     "resolve_problem",
+    "output_folder",
     "positive_int",
     "positive_float",
     "non_negative_float",
@@ -65,6 +66,25 @@ def non_negative_float(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
     return value
+
+
+def output_folder(path: str | Path, *, field: str = "--out") -> Path:
+    """``path`` as an output folder, created if missing; refused in one line when it, or a folder
+    above it, is an existing file."""
+    folder = Path(path)
+    for part in (folder, *folder.parents):
+        if part.exists() and not part.is_dir():
+            what = "is a file" if part == folder else f"is inside {str(part)!r}, which is a file"
+            raise ConfigError(f"{str(folder)!r} {what}, not a folder; name a new or existing folder for {field}",
+                              field=field)
+        if part.exists():
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {str(folder)!r}: {exc.strerror}; name a folder you may write for {field}",
+                          field=field) from None
+    return folder
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.common import add_output_args, positive_int, print_json_lines, print_table
+from experiments.common import add_output_args, output_folder, positive_int, print_json_lines, print_table
 from pipeline.errors import ConfigError
 
 NAME = "evaluate-agent"
@@ -162,8 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.tracking_hooks import tracked_run
     from pipeline.bounds import lower_bound
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         _tuner_calls(m)  # a malformed adaptis@N fails before any search

@@ -35,6 +35,7 @@ from experiments.common import (
     add_cluster_args,
     add_model_args,
     add_output_args,
+    output_folder,
     positive_int,
     print_json_lines,
     print_table,
@@ -126,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
             s.policy_path = args.policy
         if args.ranker and hasattr(s, "ranker_path"):
             s.ranker_path = args.ranker
-    out = Path(args.out or f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out or
+                        f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
     problem = Problem(profile, cluster, args.microbatches)
     bound = lower_bound(profile, cluster, args.microbatches)
     writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None)

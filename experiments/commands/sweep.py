@@ -30,6 +30,7 @@ import sys
 from experiments.common import (
     add_cluster_args,
     add_model_args,
+    output_folder,
     positive_int,
     print_json_lines,
     print_table,
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     label = args.model or (Path(args.profile).stem if args.profile else None) or \
         (Path(args.hf_config).stem if args.hf_config else DEFAULT_MODEL)
     group = args.group or f"sweep-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = Path(args.out or f"runs/sweep-{label}")
+    out = output_folder(args.out or f"runs/sweep-{label}")
     size = 1
     for values in params.values():
         size *= len(values)

@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from experiments.common import add_output_args, positive_int
+from experiments.common import add_output_args, output_folder, positive_int
 
 NAME = "train"
 HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.tracking_hooks import tracked_run
     from experiments.tracking_sb3 import make_sb3_logger
 
+    output_folder(args.out)
     config = TrainConfig(algo=args.algo, timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs, vec=args.vec,
                          network=args.network if args.algo == "maskable-ppo" else "mlp",
                          out=args.out, eval_every=args.eval_every, eval_scenarios=args.eval_scenarios,

@@ -1,0 +1,37 @@
+"""Mistakes a new user makes (issue 30): each gets one line naming the field and the fix, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.cli import main
+from tests.conftest import ROOT
+
+PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
+PROBLEM = ["--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8"]
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["search", *PROBLEM, "--method", "megatron"],
+    ["sweep", *PROBLEM, "--param", "seed=0", "--budget", "5"],
+    ["train", "--timesteps", "64"],
+    ["evaluate-agent"],
+    ["reproduce"],
+], ids=lambda a: a[0])
+@pytest.mark.parametrize("inside", [False, True], ids=["file", "inside-a-file"])
+def test_out_naming_a_file_is_one_line(argv, inside, tmp_path, capsys) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    out = taken / "sub" if inside else taken
+    assert main([*argv, "--out", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "field '--out'" in line and str(taken) in line and "not a folder" in line
+    assert taken.read_text() == "not a folder"
