@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,15 +32,19 @@ class Budget:
 
     @classmethod
     def parse(cls, text: str) -> Budget:
-        """``"500"`` = 500 simulator calls, ``"30s"`` = 30 seconds."""
+        """``"500"`` = 500 simulator calls, ``"30s"`` = 30 seconds; at least 1 call or more than 0 seconds."""
         text = text.strip().lower()
         try:
-            if text.endswith("s"):
-                return cls(sim_calls=None, seconds=float(text[:-1]))
-            return cls(sim_calls=int(text), seconds=None)
+            budget = cls(sim_calls=None, seconds=float(text[:-1])) if text.endswith("s") else \
+                cls(sim_calls=int(text), seconds=None)
         except ValueError:
             raise ValueError(f"bad budget {text!r}; write a number of simulator calls (500) or seconds (30s)") \
                 from None
+        calls, seconds = budget.sim_calls, budget.seconds
+        if (calls is not None and calls < 1) or (seconds is not None and not 0 < seconds < math.inf):
+            raise ValueError(f"budget {text!r} is out of range; give at least 1 simulator call (500) or a finite "
+                             "number of seconds above 0 (30s)")
+        return budget
 
 
 class BudgetClock:

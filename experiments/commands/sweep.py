@@ -68,11 +68,17 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from agents.base import Budget
     from experiments.common import DEFAULT_MODEL
     from experiments.tracking import start_run
     from experiments.workflow_sweep import Trial, parse_params, run_sweep, save_trials
+    from pipeline.errors import ConfigError
 
     params = parse_params(args.param or ["seed=0,1"])
+    try:
+        Budget.parse(args.budget)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--budget") from None
     profile, cluster = resolve_problem(args)
     label = args.model or (Path(args.profile).stem if args.profile else None) or \
         (Path(args.hf_config).stem if args.hf_config else DEFAULT_MODEL)

@@ -35,3 +35,17 @@ def test_out_naming_a_file_is_one_line(argv, inside, tmp_path, capsys) -> None:
     line = _one_error_line(capsys.readouterr().err)
     assert "field '--out'" in line and str(taken) in line and "not a folder" in line
     assert taken.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["search", *PROBLEM, "--method", "megatron", "--budget", "0"], "--budget"),
+    (["search", *PROBLEM, "--method", "megatron", "--budget=-5"], "--budget"),
+    (["search", *PROBLEM, "--method", "megatron", "--budget", "0s"], "--budget"),
+    (["sweep", *PROBLEM, "--param", "seed=0", "--budget", "0"], "--budget"),
+    (["sweep", *PROBLEM, "--param", "budget=5,-1s"], "--param budget"),
+], ids=["search-0", "search--5", "search-0s", "sweep-0", "sweep-param--1s"])
+def test_a_budget_with_nothing_to_spend_is_refused(argv, field, tmp_path, capsys) -> None:
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"field '{field}'" in line and "at least 1 simulator call" in line
+    assert not (tmp_path / "plan.json").exists() and not (tmp_path / "trials.jsonl").exists()
