@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_PROJECT",
     "FLUSH_INTERVAL_S",
     "Tracker",
+    "artifact_name",
     "resolve_mode",
     "start_run",
 ]
@@ -80,6 +81,13 @@ def resolve_mode(mode: str | None = None) -> Mode:
         raise ValueError(f"WANDB_MODE={raw!r} is not a tracking mode; use online, offline or disabled "
                          "(unset means offline)")
     return _MODE_ALIASES[text]
+
+
+def artifact_name(text: str) -> str:
+    """``text`` as a valid W&B artifact name: each run of other characters than letters, digits,
+    '.', '_' and '-' becomes one '-' (``"megatron+layout"`` -> ``"megatron-layout"``), at most 128."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).lstrip("._-")[:128]
+    return name or "artifact"
 
 
 def _check_name(name: str, what: str) -> str:
@@ -278,10 +286,11 @@ class Tracker:
         """Log ``plan`` as an artifact of type ``"plan"`` holding ``plan.json`` and ``plan.csv``.
 
         The metadata records devices, micro-batches, stages, layers and method, then
-        ``metadata``. Returns the folder with the two files (``None`` when disabled).
+        ``metadata``. ``name`` is made valid (:func:`artifact_name`), e.g. a plan's method
+        ``megatron+layout``. Returns the folder with the two files (``None`` when disabled).
         """
         self._check_open()
-        _check_name(name, "plan artifact name")
+        name = artifact_name(name)
         meta = {
             "devices": plan.devices,
             "microbatches": plan.microbatches,
@@ -303,10 +312,11 @@ class Tracker:
         """Log a file or folder (e.g. a profile as type ``"profile"``) as artifact ``name``.
 
         The content is copied into the run folder first, so later edits of ``path`` do not
-        change what ``wandb sync`` uploads. Returns that copy's folder (``None`` when disabled).
+        change what ``wandb sync`` uploads; ``name`` is made valid (:func:`artifact_name`). Returns that
+        copy's folder (``None`` when disabled).
         """
         self._check_open()
-        _check_name(name, "artifact name")
+        name = artifact_name(name)
         _check_name(type, "artifact type")
         src = Path(path)
         if not src.exists():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from experiments import tracking
-from experiments.tracking import Tracker, resolve_mode, start_run
+from experiments.tracking import Tracker, artifact_name, resolve_mode, start_run
 from experiments.tracking_offline import OfflineRun, read_offline_run
 from experiments.tracking_sb3 import make_sb3_logger
 from pipeline.plan import Plan, parse_action, validate_plan
@@ -208,10 +208,21 @@ def test_disabled_is_a_noop_that_accepts_every_call(tmp_path: Path, monkeypatch:
         make_sb3_logger(tr, formats=()).record("a", 1.0)
         with pytest.raises(FileNotFoundError):  # arguments are still checked
             tr.log_image("img", tmp_path / "missing.png")
-        with pytest.raises(ValueError, match="artifact name"):
-            tr.log_plan(make_plan(), "no/slash")
+        assert tr.log_plan(make_plan(), "no/slash") is None  # made valid, not refused
+        with pytest.raises(ValueError, match="artifact type"):
+            tr.log_artifact(png, "g", "no/slash")
     assert tr.finished
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text,name", [
+    ("megatron+layout", "megatron-layout"), ("adaptis@torchtitan", "adaptis-torchtitan"),
+    ("plan-gemma-medium", "plan-gemma-medium"), ("runs/a b", "runs-a-b"), ("+x", "x"), ("@@", "artifact"),
+    ("a" * 200, "a" * 128),
+])
+def test_artifact_names_are_made_valid(text: str, name: str) -> None:
+    assert artifact_name(text) == name
+    assert tracking._check_name(name, "artifact name") == name
 
 
 def test_online_without_credentials_fails_instead_of_prompting(tmp_path: Path) -> None:

@@ -49,3 +49,22 @@ def test_a_budget_with_nothing_to_spend_is_refused(argv, field, tmp_path, capsys
     line = _one_error_line(capsys.readouterr().err)
     assert f"field '{field}'" in line and "at least 1 simulator call" in line
     assert not (tmp_path / "plan.json").exists() and not (tmp_path / "trials.jsonl").exists()
+
+
+def test_a_plan_whose_method_is_no_wandb_name_is_simulated_and_logged(tmp_path, capsys, monkeypatch) -> None:
+    """`search --target megatron` may save a plan of method megatron+layout; W&B names allow no '+'."""
+    from dataclasses import replace
+
+    from pipeline.plan import Plan
+
+    assert main(["search", *PROBLEM, "--method", "megatron", "--budget", "5", "--out", str(tmp_path), "--json"]) == 0
+    plan = Plan.load(tmp_path / "plan.json")
+    replace(plan, meta={**plan.meta, "method": "megatron+layout"}).save(tmp_path / "layout.json")
+    capsys.readouterr()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "--profile", PROFILE, "--cluster", CLUSTER, "--plan", "layout.json",
+                 "--trace", "t.json"]) == 0
+    assert "megatron+layout" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "runs/wandb").glob("offline-run-*/artifacts/*")] == ["megatron-layout"]
+    assert (tmp_path / "t.json").stat().st_size > 0
