@@ -1,7 +1,10 @@
-"""Which engine runs the hot loops: the compiled one (``pipeline/_native/engine.cpp``) or the
-pure-Python reference (:mod:`pipeline.list_scheduler`, :mod:`pipeline.simulator`).
+"""The facade over the two engines that run the hot loops: the compiled one
+(``pipeline/_native/engine.cpp``) and the pure-Python reference (:func:`pipeline.event_sim.run_reference`,
+:func:`pipeline.list_scheduler.list_schedule_python`, :func:`pipeline.plan.schedule_problem`).
 
-Selected once, at import, by the environment variable ``ADAPTIS_ENGINE``:
+This is the only module that knows there are two: everything else calls the typed functions below,
+and argument packing for the compiled module is private to it. Selected once, at import, by the
+environment variable ``ADAPTIS_ENGINE``:
 
 * ``auto`` (default): the compiled engine when it is built, else the Python reference;
 * ``native``: the compiled engine, and an ImportError that says how to build it when it is not;
@@ -10,6 +13,8 @@ Selected once, at import, by the environment variable ``ADAPTIS_ENGINE``:
 Both give bit-identical schedules, times and memory peaks (tests/pipeline/
 test_engine_differential.py). Build the compiled one with ``make engine`` (or
 ``python -m pipeline._native.build``); ``make run`` and ``make test`` build it first.
+:func:`python_reference` switches to the reference inside a block (benchmarks and differential
+tests compare the two in one process).
 
 Schedules cross the boundary as flat arrays (:func:`schedule_arrays`): an ``(N, 3)`` int32 array
 of ``(stage, op, micro-batch)`` rows, device after device, and ``devices + 1`` offsets.
@@ -21,15 +26,21 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
-from pipeline.plan import Action, Schedule
+from pipeline.errors import PlanError
+from pipeline.event_sim import StageCosts, TimelineEntry, run_reference
+from pipeline.list_scheduler import ListSchedulerConfig, list_schedule_python
+from pipeline.plan import Action, Plan, Schedule, ScheduleProblem, schedule_problem
 
-__all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "native", "python_reference", "schedule_arrays",
-           "actions_from_arrays"]
+__all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
+           "python_reference", "schedule_arrays", "actions_from_arrays", "simulate_schedule", "list_schedule",
+           "schedule_and_simulate", "schedule_and_simulate_many", "check_schedule"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
+_DEFAULT_CONFIG = ListSchedulerConfig()
 OP_CODES = {"F": 0, "I": 1, "W": 2, "B": 3}
 OP_NAMES = ("F", "I", "W", "B")
 
@@ -50,11 +61,29 @@ def _load() -> ModuleType | None:
     return _engine
 
 
-native: ModuleType | None = _load()
-"""The compiled module, or ``None`` when the Python reference runs."""
-ENGINE = "native" if native is not None else "python"
-"""The engine in use: ``"native"`` or ``"python"``."""
+_native: ModuleType | None = _load()
+ENGINE = "native" if _native is not None else "python"
+"""The engine chosen at import: ``"native"`` or ``"python"``."""
 
+
+def compiled() -> bool:
+    """Whether the compiled engine runs now (``False`` inside :func:`python_reference`)."""
+    return _native is not None
+
+
+@contextmanager
+def python_reference() -> Iterator[None]:
+    """Run the Python reference inside the block. Not thread-safe: it swaps the module-level engine."""
+    global _native
+    saved = _native
+    _native = None
+    try:
+        yield
+    finally:
+        _native = saved
+
+
+# ------------------------------------------------------------------ flat schedules
 
 def schedule_arrays(schedule: Sequence[Sequence[Action]]) -> tuple[np.ndarray, list[int]]:
     """``(rows, offsets)`` of per-device action lists (see the module docstring); a
@@ -81,14 +110,141 @@ def actions_from_arrays(rows: np.ndarray, offsets: Sequence[int]) -> Schedule:
     return out
 
 
-@contextmanager
-def python_reference() -> Iterator[None]:
-    """Run the Python reference inside the block (benchmarks and differential tests compare the two
-    in one process). Not thread-safe: it swaps the module-level engine."""
-    global native
-    saved = native
-    native = None
+# ------------------------------------------------------------------ what comes back
+
+class Outcome(NamedTuple):
+    """The figures of one simulation: whether every action ran, the makespan (without
+    ``StageCosts.post_step``), busy time and peak activation bytes per device."""
+
+    ok: bool
+    makespan: float
+    busy: tuple[float, ...]
+    peak: tuple[float, ...]
+
+
+class SimRun(NamedTuple):
+    """:class:`Outcome` plus the actions run per device (where a deadlock stopped) and the timeline."""
+
+    ok: bool
+    makespan: float
+    busy: tuple[float, ...]
+    peak: tuple[float, ...]
+    ran: tuple[int, ...]
+    timeline: list[TimelineEntry]
+
+
+class ScheduleJob(NamedTuple):
+    """One list-schedule-and-simulate job of :func:`schedule_and_simulate_many`."""
+
+    costs: StageCosts
+    placement: tuple[int, ...]
+    devices: int
+    microbatches: int
+    config: ListSchedulerConfig
+
+
+# ------------------------------------------------------------------ the engine's work
+
+def simulate_schedule(costs: StageCosts, schedule: Sequence[Sequence[Action]], *, devices: int,
+                      microbatches: int, record_timeline: bool = False) -> SimRun:
+    """Event-simulate a per-device order (checked structurally beforehand, see :func:`check_schedule`)."""
+    if _native is None:
+        ok, makespan, busy, peak, ran, timeline = run_reference(
+            schedule, costs, devices=devices, microbatches=microbatches, record_timeline=record_timeline)
+        return SimRun(ok, makespan, tuple(busy), tuple(peak), tuple(ran), timeline)
+    rows, offsets = schedule_arrays(schedule)
+    ok, makespan, busy, peak, ran, starts, ends = _native.simulate(*_vectors(costs), devices, microbatches, rows,
+                                                                   offsets, record_timeline)
+    timeline = []
+    if ok and record_timeline:
+        starts, ends = starts.tolist(), ends.tolist()
+        k = 0
+        for d, acts in enumerate(schedule):
+            for a in acts:
+                timeline.append(TimelineEntry(d, a, starts[k], ends[k]))
+                k += 1
+    return SimRun(ok, makespan, tuple(busy), tuple(peak), tuple(ran), timeline)
+
+
+def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, *, microbatches: int,
+                  config: ListSchedulerConfig = _DEFAULT_CONFIG) -> tuple[tuple[Action, ...], ...]:
+    """Build per-device orders by simulating time: the action that can start earliest runs next.
+
+    On a device, a ready backward (I or B) comes first, then a ready forward whose activations
+    fit under the cap, then a deferred W. Caps are soft: when every device is stuck on its cap,
+    the earliest forward runs anyway, so the scheduler always finishes (see
+    :mod:`pipeline.list_scheduler`). Raises PlanError for a placement that forms no pipeline.
+    """
+    if _native is None:
+        return list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
     try:
-        yield
-    finally:
-        native = saved
+        rows, offsets = _native.list_schedule(*_vectors(costs), list(placement), devices, microbatches,
+                                              *_config_args(config))
+    except RuntimeError as exc:
+        raise PlanError(str(exc), field="placement") from None
+    return actions_from_arrays(rows, offsets)
+
+
+def schedule_and_simulate(costs: StageCosts, placement: Sequence[int], devices: int, *, microbatches: int,
+                          config: ListSchedulerConfig = _DEFAULT_CONFIG) -> Outcome:
+    """:func:`list_schedule` then :func:`simulate_schedule` in one call (no order crosses back from
+    the compiled engine). Raises PlanError like :func:`list_schedule`."""
+    if _native is None:
+        order = list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
+        ok, makespan, busy, peak, _, _ = run_reference(order, costs, devices=devices, microbatches=microbatches,
+                                                      record_timeline=False)
+        return Outcome(ok, makespan, tuple(busy), tuple(peak))
+    try:
+        ok, makespan, busy, peak = _native.schedule_and_simulate(*_job_args(ScheduleJob(
+            costs, tuple(placement), devices, microbatches, config)))
+    except RuntimeError as exc:
+        raise PlanError(str(exc), field="placement") from None
+    return Outcome(ok, makespan, tuple(busy), tuple(peak))
+
+
+#: Threads the compiled engine spreads a batch over (it releases the GIL).
+BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
+def schedule_and_simulate_many(jobs: Sequence[ScheduleJob]) -> list[Outcome | str]:
+    """:func:`schedule_and_simulate` of each job (on :data:`BATCH_THREADS` threads with the compiled
+    engine); a job whose placement forms no pipeline comes back as its error message."""
+    if _native is None or len(jobs) < 2:
+        out: list[Outcome | str] = []
+        for j in jobs:
+            try:
+                out.append(schedule_and_simulate(j.costs, j.placement, j.devices, microbatches=j.microbatches,
+                                                 config=j.config))
+            except PlanError as exc:
+                out.append(str(exc))
+        return out
+    raw = _native.schedule_and_simulate_batch([_job_args(j) for j in jobs], BATCH_THREADS)
+    return [r if isinstance(r, str) else Outcome(r[0], r[1], tuple(r[2]), tuple(r[3])) for r in raw]
+
+
+def check_schedule(plan: Plan) -> ScheduleProblem | None:
+    """The first structural problem of ``plan.schedule`` (see :func:`pipeline.plan.schedule_problem`)."""
+    if _native is None:
+        return schedule_problem(plan)
+    rows, offsets = schedule_arrays(plan.schedule)
+    kind, data = _native.check_schedule(plan.devices, plan.microbatches, list(plan.placement), rows, offsets)
+    return (kind, tuple(data)) if kind else None
+
+
+# ------------------------------------------------------------------ packing (private)
+
+def _vectors(costs: StageCosts) -> tuple[tuple[float, ...], ...]:
+    """``(f, i, w, act, w_keep, comm, backward)``: the compiled engine's per-stage arguments."""
+    return (costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm, costs.backward)
+
+
+def _config_args(config: ListSchedulerConfig) -> tuple:
+    """The compiled list scheduler's arguments after ``devices, microbatches`` (see engine.cpp)."""
+    caps = list(config.caps) if config.caps is not None else []
+    mpw = config.max_pending_w if config.max_pending_w is not None else -1
+    return (caps, config.split_backward, config.eager_w, config.depth_first, mpw, config.cap_counts_w)
+
+
+def _job_args(job: ScheduleJob) -> tuple:
+    """The compiled ``schedule_and_simulate``'s 16 positional arguments."""
+    return (*_vectors(job.costs), list(job.placement), job.devices, job.microbatches, *_config_args(job.config))

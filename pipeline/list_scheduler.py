@@ -6,8 +6,8 @@ frees memory), then a forward whose activations fit under the device's cap, then
 activation budget (:func:`budget_caps`); the knobs (:class:`ListSchedulerConfig`) are what the
 tuner turns. It yields ZB-H1/H2, ZB-V, V-Half, V-Min and DualPipeV (:mod:`pipeline.schedules`).
 
-:func:`list_schedule_python` is the readable reference; :func:`list_schedule` runs the compiled
-engine when it is built (:mod:`pipeline.engine`), with identical results.
+:func:`list_schedule_python` is the readable reference; :func:`pipeline.engine.list_schedule` runs
+the compiled engine when it is built, with identical results.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline import engine
 from pipeline.errors import PlanError
+from pipeline.event_sim import StageCosts
 from pipeline.plan import Action
-from pipeline.simulator import StageCosts
 
-__all__ = ["ListSchedulerConfig", "list_schedule", "list_schedule_python", "native_args", "budget_caps"]
+__all__ = ["ListSchedulerConfig", "list_schedule_python", "budget_caps"]
 
 
 def _sum_in_order(values: Iterable[float]) -> float:
@@ -213,31 +212,6 @@ def list_schedule_python(costs: StageCosts, placement: Sequence[int], devices: i
                 c = cache[e] = best(e, False)
                 heapq.heappush(heap, (c[0], e, version[e]))
     return tuple(tuple(acts) for acts in order)
-
-
-def native_args(config: ListSchedulerConfig) -> tuple:
-    """The compiled engine's list-scheduler arguments after ``devices, microbatches`` (see engine.cpp)."""
-    caps = list(config.caps) if config.caps is not None else []
-    mpw = config.max_pending_w if config.max_pending_w is not None else -1
-    return (caps, config.split_backward, config.eager_w, config.depth_first, mpw, config.cap_counts_w)
-
-
-def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, *, microbatches: int,
-                  config: ListSchedulerConfig = ListSchedulerConfig()) -> tuple[tuple[Action, ...], ...]:
-    """Build per-device orders by simulating time: the action that can start earliest runs next.
-
-    On a device, a ready backward (I or B) comes first, then a ready forward whose activations
-    fit under the cap, then a deferred W. Caps are soft: when every device is stuck on its cap,
-    the earliest forward runs anyway, so the scheduler always finishes.
-    """
-    if engine.native is None:
-        return list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
-    try:
-        rows, offsets = engine.native.list_schedule(*costs.native_vectors(), list(placement), devices, microbatches,
-                                                    *native_args(config))
-    except RuntimeError as exc:
-        raise PlanError(str(exc), field="placement") from None
-    return engine.actions_from_arrays(rows, offsets)
 
 
 def budget_caps(costs: StageCosts, placement: Sequence[int], devices: int, *,

@@ -31,9 +31,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from pipeline import engine
+from pipeline.engine import list_schedule, schedule_and_simulate
 from pipeline.errors import PlanError
-from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule, native_args
+from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.orders import gpipe_order, interleaved_order, looped_bfs_order, one_f_one_b_order, zbv_order
 from pipeline.plan import Action, Plan, interleaved_placement, sequential_placement, v_placement
@@ -166,15 +166,8 @@ def _best_list_schedule(method: str, costs: StageCosts, placement: Sequence[int]
 def _score_list(costs: StageCosts, placement: Sequence[int], devices: int, microbatches: int,
                 config: ListSchedulerConfig) -> tuple[float, tuple[float, ...]]:
     """(iteration time, peak activations per device) of a list-scheduled order."""
-    if engine.native is None:
-        order = list_schedule(costs, placement, devices, microbatches=microbatches, config=config)
-        return simulate_order(order, costs, devices, microbatches=microbatches)
-    try:
-        _, t, _, peaks = engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), devices,
-                                                             microbatches, *native_args(config))
-    except RuntimeError as exc:
-        raise PlanError(str(exc), field="placement") from None
-    return t, tuple(peaks)
+    _, t, _, peaks = schedule_and_simulate(costs, placement, devices, microbatches=microbatches, config=config)
+    return t, peaks
 
 
 def _megatron_plan(profile: ModelProfile, cluster: Cluster, microbatches: int,

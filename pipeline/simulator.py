@@ -36,66 +36,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from pipeline import engine
 from pipeline.errors import PlanError
-from pipeline.plan import (
-    Action,
-    Plan,
-    raise_schedule_problem,
-    schedule_problem,
-    validate_layout,
-)
+from pipeline.event_sim import StageCosts, TimelineEntry
+from pipeline.plan import Action, Plan, raise_schedule_problem, validate_layout
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
 _DUMMY_LAYER = LayerCost("stage", "stage", 0.0, 0.0, 0.0, 0, 0, 0)
 
 __all__ = ["TimelineEntry", "StageCosts", "Result", "stage_costs", "simulate", "simulate_checked", "simulate_order"]
 
-
-class TimelineEntry(NamedTuple):
-    device: int
-    action: Action
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class StageCosts:
-    """Per-stage quantities a simulation needs, precomputed from a profile, a partition and a
-    placement (reused across schedules of the same partition and placement)."""
-
-    f: tuple[float, ...]
-    i: tuple[float, ...]
-    w: tuple[float, ...]
-    act: tuple[float, ...]
-    """Activation bytes ``F`` adds, per stage."""
-    w_keep: tuple[float, ...]
-    """The bytes ``I`` leaves for ``W`` to free (all of ``act`` on a stage whose backward runs
-    entirely at ``W``: the first stage under ``TrainingConfig.first_stage_defers_backward``; more
-    than ``act`` where PyTorch's ``I`` keeps gradients for ``W``:
-    ``TrainingConfig.input_backward_keeps_graph``)."""
-    comm: tuple[float, ...]
-    """``comm[s]``: transfer time between stage ``s`` and ``s+1`` (0 on the same device)."""
-    static_bytes: tuple[float, ...]
-    """Per device."""
-    memory_limit: tuple[float, ...]
-    """Per device, bytes."""
-    fused: tuple[float, ...] | None = None
-    """A fused backward B per stage; ``None``: ``i + w`` (see :func:`stage_costs`)."""
-    post_step: float = 0.0
-    """Time after the last action: the all-reduce of shared weights' gradients across devices
-    (head shards on several devices); added to the makespan."""
-
-    @property
-    def backward(self) -> tuple[float, ...]:
-        """Duration of each stage's fused backward B (read it once per simulation)."""
-        return self.fused if self.fused is not None else tuple(a + b for a, b in zip(self.i, self.w))
-
-    def native_vectors(self) -> tuple[tuple[float, ...], ...]:
-        """``(f, i, w, act, w_keep, comm, backward)``: the compiled engine's per-stage arguments."""
-        return (self.f, self.i, self.w, self.act, self.w_keep, self.comm, self.backward)
 
 
 @dataclass(frozen=True)
@@ -318,14 +270,12 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
     """
     tokens = plan.microbatches * profile.tokens_per_microbatch
     P, M = plan.devices, plan.microbatches
-    arrays = engine.schedule_arrays(plan.schedule) if engine.native is not None else None
     if validate:
         try:
             validate_layout(plan, num_layers=profile.num_layers, devices=cluster.devices)
-            problem = (schedule_problem(plan) if arrays is None else
-                       engine.native.check_schedule(P, M, list(plan.placement), *arrays))
-            if problem is not None and problem[0]:
-                raise_schedule_problem(plan, (problem[0], tuple(problem[1])))
+            problem = engine.check_schedule(plan)
+            if problem is not None:
+                raise_schedule_problem(plan, problem)
         except PlanError as exc:
             dummy = StageCosts((), (), (), (), (), (), tuple(0.0 for _ in range(P)),
                                tuple(cluster.memory_limits_bytes[:P]) if cluster.devices >= P else
@@ -334,19 +284,8 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
     if costs is None:
         costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training,
                             recompute=plan.recompute)
-    if arrays is None:
-        ok, makespan, busy, peak, ran, timeline = _run_python(plan.schedule, costs, P, M, record_timeline)
-    else:
-        ok, makespan, busy, peak, ran, starts, ends = engine.native.simulate(
-            *costs.native_vectors(), P, M, arrays[0], arrays[1], record_timeline)
-        timeline = []
-        if ok and record_timeline:
-            starts, ends = starts.tolist(), ends.tolist()
-            k = 0
-            for d, acts in enumerate(plan.schedule):
-                for a in acts:
-                    timeline.append(TimelineEntry(d, a, starts[k], ends[k]))
-                    k += 1
+    ok, makespan, busy, peak, ran, timeline = engine.simulate_schedule(
+        costs, plan.schedule, devices=P, microbatches=M, record_timeline=record_timeline)
     if not ok:
         S = plan.num_stages
         waiting = [f"device {d} waits at {plan.schedule[d][ran[d]]} ({_needs(plan.schedule[d][ran[d]], S)})"
@@ -358,108 +297,6 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
     return Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
                   costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
 
-
-def _run_python(schedule: Sequence[Sequence[Action]], costs: StageCosts, P: int, M: int, record_timeline: bool
-                ) -> tuple[bool, float, list[float], list[float], list[int], list[TimelineEntry]]:
-    """The readable reference of the event simulation (the compiled engine mirrors it line by line):
-    (completed, makespan, busy per device, peak activations per device, actions run per device,
-    timeline sorted by device and start)."""
-    S = len(costs.f)
-    F, I, W, ACT, KEEP, COMM = costs.f, costs.i, costs.w, costs.act, costs.w_keep, costs.comm
-    BF = costs.backward
-    last = S - 1
-    n = S * M
-    fend: list[float | None] = [None] * n
-    iend: list[float | None] = [None] * n
-    ptr = [0] * P
-    free = [0.0] * P
-    busy = [0.0] * P
-    mem = [0.0] * P
-    peak = [0.0] * P
-    lens = [len(acts) for acts in schedule]
-    total = sum(lens)
-    done = 0
-    timeline: list[TimelineEntry] = []
-    record = timeline.append if record_timeline else None
-    progress = True
-    while progress and done < total:
-        progress = False
-        for d in range(P):
-            acts = schedule[d]
-            k = ptr[d]
-            end_k = lens[d]
-            if k >= end_k:
-                continue
-            t = free[d]
-            cur = mem[d]
-            pk = peak[d]
-            bz = busy[d]
-            while k < end_k:
-                a = acts[k]
-                s, op, m = a
-                idx = s * M + m
-                if op == "F":
-                    if s:
-                        prev = fend[idx - M]
-                        if prev is None:
-                            break
-                        ready = prev + COMM[s - 1]
-                        start = ready if ready > t else t
-                    else:
-                        start = t
-                    dur = F[s]
-                    t = start + dur
-                    fend[idx] = t
-                    cur += ACT[s]
-                    if cur > pk:
-                        pk = cur
-                elif op == "W":
-                    if iend[idx] is None:
-                        break
-                    start = t
-                    dur = W[s]
-                    t = start + dur
-                    cur -= KEEP[s]
-                else:  # I or B
-                    f_done = fend[idx]
-                    if f_done is None:
-                        break
-                    if s != last:
-                        g = iend[idx + M]
-                        if g is None:
-                            break
-                        ready = g + COMM[s]
-                        if f_done > ready:
-                            ready = f_done
-                    else:
-                        ready = f_done
-                    start = ready if ready > t else t
-                    if op == "I":
-                        dur = I[s]
-                        cur -= ACT[s] - KEEP[s]
-                        if cur > pk:  # PyTorch's I can keep more than F added (gradients for W)
-                            pk = cur
-                    else:
-                        dur = BF[s]
-                        cur -= ACT[s]
-                    t = start + dur
-                    iend[idx] = t
-                bz += dur
-                if record is not None:
-                    record(TimelineEntry(d, a, start, t))
-                k += 1
-            if k != ptr[d]:
-                done += k - ptr[d]
-                ptr[d] = k
-                free[d] = t
-                mem[d] = cur
-                peak[d] = pk
-                busy[d] = bz
-                progress = True
-    makespan = max(free) if free else 0.0
-    if record_timeline:
-        timeline.sort(key=lambda e: (e.device, e.start))
-    return done >= total, makespan, busy, peak, ptr, timeline
 
 
 def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int, *,

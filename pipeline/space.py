@@ -11,17 +11,16 @@ candidates, counts simulator calls and caches repeats.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import engine
 from pipeline.balance import device_balanced_sizes
+from pipeline.engine import Outcome, ScheduleJob, list_schedule, schedule_and_simulate_many
 from pipeline.errors import PlanError
-from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule, native_args
+from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import gpipe_order, interleaved_order, looped_bfs_order, one_f_one_b_order, zbv_order
 from pipeline.plan import (
     Plan,
@@ -308,10 +307,10 @@ def objective_key(result: Result) -> tuple[int, float, float]:
 class Evaluator:
     """Simulates candidates for one problem; counts simulator calls and caches repeats.
 
-    :meth:`result` is the search's hot path: with the compiled engine a ``list`` candidate is
-    scheduled and simulated in one native call and no Python plan is built; :meth:`plan` builds
-    the plan only when someone needs it (the best one, say). :meth:`results` evaluates a batch
-    (a phase's neighbours) in one native call that runs them on :data:`BATCH_THREADS` threads.
+    :meth:`result` is the search's hot path: a ``list`` candidate is scheduled and simulated in one
+    engine call (:func:`pipeline.engine.schedule_and_simulate_many`) and no Python plan is built;
+    :meth:`plan` builds the plan only when someone needs it (the best one, say). :meth:`results`
+    evaluates a batch (a phase's neighbours) in one call, which the compiled engine spreads over threads.
     Results are identical on either engine and with or without batching.
     """
 
@@ -397,13 +396,12 @@ class Evaluator:
         return hit
 
     def results(self, candidates: Sequence[Candidate]) -> list[Result]:
-        """:meth:`result` of each candidate; the new ones' native calls run side by side."""
+        """:meth:`result` of each candidate; the new ones' engine calls run side by side."""
         todo = list(dict.fromkeys(c for c in candidates if c not in self._cache))
-        if len(todo) > 1 and engine.native is not None:
+        if len(todo) > 1:
             jobs = [self._start(c) for c in todo]
-            native = [job for job in jobs if job.args is not None]
-            outcomes = engine.native.schedule_and_simulate_batch([job.args for job in native], BATCH_THREADS)
-            for job, outcome in zip(native, outcomes):
+            batch = [job for job in jobs if job.job is not None]
+            for job, outcome in zip(batch, schedule_and_simulate_many([job.job for job in batch])):
                 if isinstance(outcome, str):
                     job.error = outcome
                 else:
@@ -440,22 +438,20 @@ class Evaluator:
     # ------------------------------------------------------------------ internals
 
     def _start(self, c: Candidate) -> _Job:
-        """Everything up to the native call: costs, caps, arguments (or an error, or a plan)."""
+        """Everything up to the engine call: costs, caps, the job (or an error, or a plan)."""
         p = self.problem
         try:
-            if c.order == "list" and engine.native is not None:
-                costs = self.costs(c.sizes, c.placement, c.recompute)
-                config = list_config(c, costs, p.devices)
-                args = (*costs.native_vectors(), list(c.placement), p.devices, p.microbatches, *native_args(config))
-                return _Job(costs=costs, args=args)
             costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
-            return _Job(costs=costs, plan=materialize(c, p, costs=costs))
+            if costs is not None:
+                job = ScheduleJob(costs, c.placement, p.devices, p.microbatches, list_config(c, costs, p.devices))
+                return _Job(costs=costs, job=job)
+            return _Job(plan=materialize(c, p))
         except PlanError as exc:
             return _Job(error=str(exc))
 
     def _finish(self, c: Candidate, job: _Job) -> Result:
         p = self.problem
-        if job.args is not None and job.outcome is None and job.error is None:
+        if job.job is not None and job.outcome is None and job.error is None:
             job = _run_job(job)
         if job.outcome is not None and not job.outcome[0]:
             # Never for the list scheduler's orders; the simulator names the deadlock if it happens.
@@ -482,26 +478,23 @@ class Evaluator:
         return res
 
 
-#: Threads the compiled engine spreads a batch of :meth:`Evaluator.results` over (it releases the GIL).
-BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
-
-
 @dataclass
 class _Job:
     costs: StageCosts | None = None
-    args: tuple | None = None
-    outcome: tuple | None = None
+    job: ScheduleJob | None = None
+    outcome: Outcome | None = None
     plan: Plan | None = None
     error: str | None = None
 
 
 def _run_job(job: _Job) -> _Job:
-    if job.args is None or job.outcome is not None:
+    if job.job is None or job.outcome is not None:
         return job
-    try:
-        job.outcome = engine.native.schedule_and_simulate(*job.args)
-    except RuntimeError as exc:
-        job.error = str(exc)
+    outcome = schedule_and_simulate_many([job.job])[0]
+    if isinstance(outcome, str):
+        job.error = outcome
+    else:
+        job.outcome = outcome
     return job
 
 

@@ -4,9 +4,10 @@ Rows:
 
 * ``schedule+simulate``: list-schedule one candidate and simulate it, the tuner's unit of work,
   on the large case (16 devices, 64 micro-batches, 128 layers) and a small one (4, 16, 32), for
-  ZB-V and ZB-H1 knobs. ``python`` is the reference (:func:`list_schedule_python` + the Python
-  simulation); ``native`` is the search path (one compiled call, no Python plan); ``native-api``
-  goes through the public :func:`list_schedule` and :func:`simulate` (actions built in Python).
+  ZB-V and ZB-H1 knobs. ``python`` is the reference (the facade's :func:`list_schedule` and the
+  simulation under :func:`pipeline.engine.python_reference`); ``native`` is the search path
+  (:func:`pipeline.engine.schedule_and_simulate`: one compiled call, no Python plan); ``native-api``
+  goes through :func:`list_schedule` and :func:`simulate` compiled (actions built in Python).
 * ``simulate``: a fixed order (1F1B, interleaved 1F1B) simulated without validation.
 * ``tuner``: the full 400-call AdaPtis tuner on gemma-large (h100 costs, 4k sequence) at 16
   devices/64 micro-batches and 32/256, native; ``--tuner-python`` adds the reference at 16/64
@@ -28,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline import engine
-from pipeline.list_scheduler import ListSchedulerConfig, budget_caps, list_schedule, list_schedule_python, native_args
+from pipeline.engine import list_schedule, schedule_and_simulate
+from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Plan, even_partition, sequential_placement, v_placement
 from pipeline.schedules import activation_budgets
@@ -77,13 +79,13 @@ def _schedule_timings(profile: ModelProfile, cluster: Cluster, partition: tuple[
     costs = stage_costs(profile, cluster, partition, placement=placement)
 
     def reference() -> None:
-        order = list_schedule_python(costs, placement, P, microbatches=M, config=config)
         with engine.python_reference():
+            order = list_schedule(costs, placement, P, microbatches=M, config=config)
             simulate(Plan(P, M, partition, placement, order), profile, cluster, costs=costs, validate=False,
                      record_timeline=False)
 
     def native() -> None:
-        engine.native.schedule_and_simulate(*costs.native_vectors(), list(placement), P, M, *native_args(config))
+        schedule_and_simulate(costs, placement, P, microbatches=M, config=config)
 
     def native_api() -> None:
         order = list_schedule(costs, placement, P, microbatches=M, config=config)
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tuner", action="store_true", help="skip the tuner rows")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     args = parser.parse_args(argv)
-    if engine.native is None:
+    if not engine.compiled():
         parser.error("the compiled engine is not built (or ADAPTIS_ENGINE=python): run 'make engine' first")
     rows = _schedule_rows(args.repeats) + _simulate_rows(args.repeats)
     if not args.no_tuner:

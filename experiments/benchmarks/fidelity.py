@@ -35,7 +35,8 @@ from executor.fidelity import (  # noqa: E402
 )
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
-from pipeline.list_scheduler import ListSchedulerConfig, list_schedule  # noqa: E402
+from pipeline.engine import list_schedule  # noqa: E402
+from pipeline.list_scheduler import ListSchedulerConfig  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
 from pipeline.schedules import build_plan  # noqa: E402
 from pipeline.simulator import stage_costs  # noqa: E402

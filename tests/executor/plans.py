@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.list_scheduler import ListSchedulerConfig, list_schedule
+from pipeline.engine import list_schedule
+from pipeline.list_scheduler import ListSchedulerConfig
 from pipeline.plan import Plan, partition_from_sizes
 from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
