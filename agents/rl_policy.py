@@ -17,7 +17,8 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 
-__all__ = ["ALGOS", "DEFAULT_POLICY", "space_signature", "save_policy", "load_policy", "read_metadata"]
+__all__ = ["ALGOS", "DEFAULT_POLICY", "space_signature", "save_policy", "load_policy", "read_metadata",
+           "unreadable"]
 
 #: Training algorithms: name -> (sb3 module path, class name).
 ALGOS = {"maskable-ppo": ("sb3_contrib", "MaskablePPO"), "ppo": ("stable_baselines3", "PPO")}
@@ -55,9 +56,21 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"no metadata file {meta_path} beside the policy; policies are saved with one "
                           "(python -m experiments train)", field="--policy")
     try:
-        return json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"bad policy metadata {meta_path}: {exc}", field="--policy") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"bad policy metadata {meta_path}: expected a JSON object, got {type(meta).__name__}",
+                          field="--policy")
+    return meta
+
+
+def unreadable(path: Path, exc: BaseException, *, what: str, field: str) -> ConfigError:
+    """The one-line error for a corrupt or truncated pickle/zip file (whatever the unpickler raised)."""
+    why = str(exc).strip().split("\n")[0].split(". ")[0][:100]
+    return ConfigError(f"{what} {path} cannot be read ({type(exc).__name__}{': ' + why if why else ''}): the file is "
+                       "corrupt, truncated or not one; train a new one with python -m experiments train, or name "
+                       "another", field=field)
 
 
 def load_policy(path: str | Path | None = None) -> tuple[Any, dict[str, Any]]:
@@ -82,15 +95,17 @@ def load_policy(path: str | Path | None = None) -> tuple[Any, dict[str, Any]]:
 
     module, cls_name = ALGOS[algo]
     if path.suffix == ".zip":
-        model_cls = getattr(importlib.import_module(module), cls_name)
-        policy = model_cls.load(str(path), device="cpu").policy
+        loader = getattr(importlib.import_module(module), cls_name)
+    elif meta.get("network", "mlp") == "entity":
+        from agents.rl_net import EntityPolicy as loader
+    elif algo == "maskable-ppo":
+        from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy as loader
     else:
-        if meta.get("network", "mlp") == "entity":
-            from agents.rl_net import EntityPolicy as policy_cls
-        elif algo == "maskable-ppo":
-            from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy as policy_cls
-        else:
-            from stable_baselines3.common.policies import MultiInputActorCriticPolicy as policy_cls
-        policy = policy_cls.load(str(path), device="cpu")
+        from stable_baselines3.common.policies import MultiInputActorCriticPolicy as loader
+    try:
+        loaded = loader.load(str(path), device="cpu")
+    except Exception as exc:  # a corrupt pickle or zip raises anything (EOFError, UnpicklingError, ValueError...)
+        raise unreadable(path, exc, what="policy file", field="--policy") from None
+    policy = loaded.policy if path.suffix == ".zip" else loaded
     policy.set_training_mode(False)
     return policy, meta

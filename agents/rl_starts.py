@@ -410,14 +410,24 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
     if not path.is_file() or not meta_path.is_file():
         raise ConfigError(f"start ranker {path} (and its .json) not found; train one with python -m experiments "
                           "train --ranker-scenarios N", field="--ranker")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"bad start ranker metadata {meta_path}: {exc}", field="--ranker") from None
+    if not isinstance(meta, dict):
+        meta = {}
     if meta.get("arms") != list(ARMS) or meta.get("features") != list(FEATURES):
         raise ConfigError(f"start ranker {path} was trained for other arms or features; retrain it", field="--ranker")
     if meta.get("format") != "adaptis-start-ranker/2":
         raise ConfigError(f"start ranker {path} has format {meta.get('format')!r}, this version reads "
                           "adaptis-start-ranker/2; retrain it", field="--ranker")
-    ranker = StartRanker(hidden=int(meta.get("hidden", 128)), members=int(meta.get("members", 4)))
-    ranker.net.load_state_dict(th.load(path, weights_only=True))
+    try:
+        ranker = StartRanker(hidden=int(meta.get("hidden", 128)), members=int(meta.get("members", 4)))
+        ranker.net.load_state_dict(th.load(path, weights_only=True))
+    except Exception as exc:  # a corrupt or truncated file, or weights of another shape
+        from agents.rl_policy import unreadable
+
+        raise unreadable(path, exc, what="start ranker", field="--ranker") from None
     ranker.net.eval()
     _RANKERS[key] = ranker
     return ranker

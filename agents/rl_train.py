@@ -29,6 +29,7 @@ import numpy as np
 
 from agents.rl_policy import ALGOS, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_problem
+from pipeline.errors import ConfigError
 
 __all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "train", "evaluate_policy_on", "latest_checkpoint",
            "tuner_times"]
@@ -302,7 +303,12 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     vec.seed(config.seed)
     ckpt = latest_checkpoint(out) if config.resume else None
     if ckpt is not None:
-        model = algo_cls.load(str(ckpt), env=vec, device="cpu")
+        try:
+            model = algo_cls.load(str(ckpt), env=vec, device="cpu")
+        except Exception as exc:  # a checkpoint cut short (disk full, killed mid-write) raises anything
+            vec.close()
+            raise ConfigError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}): it is corrupt or truncated; "
+                              "delete it to resume from the one before, or drop --resume", field="--resume") from None
     else:
         if config.resume:
             print(f"no checkpoint in {out / 'checkpoints'}; starting from scratch")

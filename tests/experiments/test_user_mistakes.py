@@ -68,3 +68,15 @@ def test_a_plan_whose_method_is_no_wandb_name_is_simulated_and_logged(tmp_path, 
     assert "megatron+layout" in capsys.readouterr().out
     assert [p.name for p in (tmp_path / "runs/wandb").glob("offline-run-*/artifacts/*")] == ["megatron-layout"]
     assert (tmp_path / "t.json").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", [["evaluate-agent"], ["search", *PROBLEM, "--method", "rl"]], ids=lambda c: c[0])
+def test_a_corrupt_policy_file_is_one_line(command, tmp_path, capsys) -> None:
+    from agents.rl_policy import DEFAULT_POLICY
+
+    policy = tmp_path / "p.pth"
+    policy.write_bytes(DEFAULT_POLICY.read_bytes()[:3000])
+    policy.with_suffix(".json").write_text(DEFAULT_POLICY.with_suffix(".json").read_text())
+    assert main([*command, "--policy", str(policy), "--out", str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "field '--policy'" in line and str(policy) in line and "cannot be read" in line
