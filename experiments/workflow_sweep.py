@@ -8,7 +8,9 @@ Settings (``--param KEY=V1,V2``):
 * problem: ``microbatches``, ``memory_gb``, ``devices``;
 * search: ``budget`` (simulator calls, or seconds as ``30s``), ``seed``, ``method``;
 * anything else is an attribute of the method's searcher, e.g. ``perturb_moves`` (the tuner),
-  ``samples`` or ``max_calls`` (the RL policy); unknown names are refused before any trial runs.
+  ``samples`` or ``max_calls`` (the RL policy); unknown names, values of another type than the
+  setting's (a whole number, a number, true/false, text) and values out of range (below 0; a
+  share outside 0..1) are refused before any trial runs, as are more devices than layers.
 
 W&B's own sweeps need a W&B server (the sweep controller lives there); this runs offline.
 """
@@ -70,8 +72,50 @@ def grid(params: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
         yield dict(zip(keys, combo))
 
 
+#: The type of a searcher's setting, from its dataclass annotation (a string under postponed annotations).
+_SETTING_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str, "str | None": str,
+                                   "int | None": int, "float | None": float, "bool | None": bool}
+#: Settings with a range narrower than "a number >= 0".
+_SETTING_RANGES: dict[str, tuple[float, float]] = {"rl_share": (0.0, 1.0)}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _setting_type(searcher: Any, key: str) -> type | None:
+    """The scalar type of ``searcher``'s setting ``key`` (None: no such setting, or not a scalar one)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(searcher):
+        return type(getattr(searcher, key)) if hasattr(searcher, key) else None
+    for f in dataclasses.fields(searcher):
+        if f.name == key:
+            kind = f.type if isinstance(f.type, type) else _SETTING_TYPES.get(str(f.type).replace("Optional[", ""))
+            return kind if kind in (int, float, bool, str) else None
+    return None
+
+
+def _check_setting(key: str, values: Sequence[Any], kind: type, method: str) -> None:
+    """Each value of searcher setting ``key`` has its type (``kind``) and is in range."""
+    low, high = _SETTING_RANGES.get(key, (0.0, math.inf))
+    field_name = f"--param {key}"
+    for v in values:
+        if kind is bool and not isinstance(v, bool):
+            raise ConfigError(f"{key} of method {method!r} takes true or false, got {v!r}", field=field_name)
+        if kind is int and not _is_int(v):
+            raise ConfigError(f"{key} of method {method!r} takes whole numbers, got {v!r}", field=field_name)
+        if kind is float and not (_is_int(v) or isinstance(v, float)):
+            raise ConfigError(f"{key} of method {method!r} takes numbers, got {v!r}", field=field_name)
+        if kind in (int, float) and not (low <= v <= high and math.isfinite(v)):
+            where = f"between {low:g} and {high:g}" if math.isfinite(high) else f">= {low:g}"
+            raise ConfigError(f"{key} of method {method!r} must be {where}, got {v!r}", field=field_name)
+        if kind is str and not isinstance(v, str):
+            raise ConfigError(f"{key} of method {method!r} takes text, got {v!r}", field=field_name)
+
+
 def check_params(params: dict[str, list[Any]], default_method: str) -> None:
-    """Refuse unknown settings and bad values before any trial runs (names the field and the fix)."""
+    """Refuse unknown settings and bad values (type and range) before any trial runs, naming the field."""
     from agents.registry import make_searcher
 
     methods = params.get("method", [default_method])
@@ -82,16 +126,24 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
                     Budget.parse(str(v))
                 except ValueError as exc:
                     raise ConfigError(str(exc), field="--param budget") from None
-        elif key in ("microbatches", "devices", "seed") and not all(isinstance(v, int) for v in values):
-            raise ConfigError(f"{key} takes whole numbers, got {values}", field=f"--param {key}")
-        elif key == "memory_gb" and not all(isinstance(v, int | float) and v > 0 for v in values):
+        elif key == "method":
+            for m in values:
+                make_searcher(str(m))  # an unknown method is refused here, naming the known ones
+        elif key == "seed" and not all(_is_int(v) for v in values):
+            raise ConfigError(f"seed takes whole numbers, got {values}", field="--param seed")
+        elif key in ("microbatches", "devices") and not all(_is_int(v) and v >= 1 for v in values):
+            raise ConfigError(f"{key} takes whole numbers >= 1, got {values}", field=f"--param {key}")
+        elif key == "memory_gb" and not all((_is_int(v) or isinstance(v, float)) and 0 < v < math.inf
+                                            for v in values):
             raise ConfigError(f"memory_gb takes positive numbers, got {values}", field="--param memory_gb")
         elif key not in PROBLEM_KEYS + SEARCH_KEYS:
             for m in methods:
-                if not hasattr(make_searcher(str(m)), key):
+                kind = _setting_type(make_searcher(str(m)), key)
+                if kind is None:
                     raise ConfigError(f"{key!r} is neither a problem setting ({', '.join(PROBLEM_KEYS)}), a search "
                                       f"setting ({', '.join(SEARCH_KEYS)}) nor a setting of method {m!r}",
                                       field=f"--param {key}")
+                _check_setting(key, values, kind, str(m))
 
 
 @dataclass
@@ -184,6 +236,11 @@ def run_sweep(params: dict[str, list[Any]], *, profile: ModelProfile, cluster: C
               on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
     """Run the trials (grid order, or Optuna's choice), calling ``on_trial`` after each; best first."""
     check_params(params, method)
+    deep = [d for d in params.get("devices", []) if d > profile.num_layers]
+    if deep:
+        raise ConfigError(f"{deep[0]} devices but {profile.name} has only {profile.num_layers} layers; every device "
+                          f"needs a pipeline stage of at least one whole layer: list {profile.num_layers} or fewer",
+                          field="--param devices")
     references: dict[tuple, float | None] = {}
     trials: list[Trial] = []
 

@@ -32,11 +32,40 @@ def test_parse_params_and_grid_order() -> None:
     (["budget=lots"], "budget"),
     (["microbatches=8.5"], "microbatches"),
     (["warp_factor=9"], "warp_factor"),
+    (["budget=0"], "budget"),
+    (["devices=0"], "devices"),
+    (["memory-gb=nan"], "memory_gb"),
+    (["method=adaptis,nope"], "--method"),
+    (["perturb_moves=-3,x"], "'--param perturb_moves': perturb_moves of method 'adaptis' must be >= 0, got -3"),
+    (["perturb_moves=2,x"], "'--param perturb_moves': perturb_moves of method 'adaptis' takes whole numbers, got 'x'"),
+    (["perturb_moves=2.5"], "takes whole numbers"),
+    (["perturb_moves=true"], "takes whole numbers"),
+    (["method=rl+tuner", "rl_share=1.5"], "rl_share of method 'rl+tuner' must be between 0 and 1"),
+    (["method=rl+tuner", "samples=-1"], "samples of method 'rl+tuner' must be >= 0"),
+    (["method=rl", "zero_shot=1"], "zero_shot of method 'rl' takes true or false"),
+    (["method=rl", "policy_path=3"], "policy_path of method 'rl' takes text"),
+    (["best_candidate=1"], "best_candidate"),  # an attribute, not a setting
 ])
 def test_bad_params_are_refused_before_any_trial(items: list[str], field: str) -> None:
     with pytest.raises(ConfigError) as err:
         check_params(parse_params(items), "adaptis")
     assert field in str(err.value)
+
+
+def test_good_searcher_settings_pass(tmp_path: Path) -> None:
+    check_params(parse_params(["perturb_moves=0,2", "method=adaptis"]), "adaptis")
+    check_params(parse_params(["method=rl+tuner", "rl_share=0,0.5,1", "samples=0,4", "policy_path=p.pth"]), "adaptis")
+    check_params(parse_params(["method=rl", "zero_shot=true,false"]), "adaptis")
+
+
+@pytest.mark.parametrize("param", ["perturb_moves=-3,x", "devices=100"])
+def test_sweep_command_refuses_bad_values_before_any_trial(param: str, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sweep"
+    code = main(["sweep", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--budget", "10",
+                 "--param", param, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: field '--param ")
+    assert not (out / "trials.jsonl").exists()
 
 
 def test_searcher_settings_reach_the_searcher(hetero_profile, h100x4) -> None:
