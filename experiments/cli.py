@@ -8,14 +8,17 @@ Commands are discovered, so adding one needs no edit here.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import pkgutil
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 
 from pipeline.errors import AdaptisError
+from pipeline.spec import ProfileWarning
 
 __all__ = ["build_parser", "main"]
 
@@ -54,12 +57,27 @@ def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, *, default=None) -> None:
+    """Warnings about the user's input (:class:`ProfileWarning`) print as one ``warning: ...`` line."""
+    if issubclass(category, ProfileWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        (default or warnings.showwarning)(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
+    with warnings.catch_warnings():
+        warnings.showwarning = functools.partial(_show_warning, default=warnings.showwarning)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's exit code; the user's mistakes are one ``error: ...`` line and code 2."""
     try:
         return int(args._run(args) or 0)
     except AdaptisError as exc:

@@ -10,9 +10,11 @@ bytes, bandwidths are gigabytes per second (``p2p_gbps = 450`` is H100 NVLink's
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+import warnings
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ __all__ = [
     "GIB",
     "TIME_UNITS",
     "DEFAULT_MEMORY_RESERVE_GB",
+    "KNOWN_LAYER_EXTRAS",
+    "ProfileWarning",
 ]
 
 GIB = 2**30
@@ -48,6 +52,33 @@ DEFAULT_MEMORY_RESERVE_GB = 4.0
 #: weight matmuls. For a Megatron transformer layer these are about 8 of the
 #: 34 s*b*h bytes of Korthikanti et al. (2022), hence a quarter.
 W_RETAINED_FRACTION = 0.25
+#: Optional per-layer fields the toolkit writes or reads (``pipeline.costs``, ``executor.profiler``):
+#: any other extra field is kept too, with a :class:`ProfileWarning` naming it (a typo such as ``b_ful``).
+KNOWN_LAYER_EXTRAS = frozenset({"b_full", "shared_group", "grad_sync_bytes", "unique_params", "flops_f", "flops_b",
+                                "flops_w", "bytes_f", "bytes_b", "bytes_w", "block", "part", "shard", "shards",
+                                "mem_retained_bytes", "mem_peak_bytes"})
+
+
+class ProfileWarning(UserWarning):
+    """A profile that reads, with fields nothing uses (perhaps misspelt)."""
+
+
+def _warn_unknown_layer_fields(layers: list[dict[str, Any]], source: str) -> None:
+    """One :class:`ProfileWarning` naming each per-layer field that is neither a cost nor a known extra."""
+    known = {f.name for f in fields(LayerCost)} - {"extra"} | KNOWN_LAYER_EXTRAS
+    unknown: dict[str, list[str]] = {}
+    for raw in layers:
+        for key in raw:
+            if key not in known:
+                unknown.setdefault(key, []).append(str(raw.get("name")))
+    parts = []
+    for key, names in unknown.items():
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        parts.append(f"{key!r} (layer {names[0]!r}{more}" + (f"; did you mean {close[0]!r}?)" if close else ")"))
+    if parts:
+        warnings.warn(f"{source}: unknown layer field{'s' if len(parts) > 1 else ''} {', '.join(parts)}: kept, but "
+                      "not used", ProfileWarning, stacklevel=3)
 
 
 def _number(raw: dict[str, Any], key: str, *, error: type, source: str, minimum: float = 0.0,
@@ -241,9 +272,11 @@ class ModelProfile:
         if not isinstance(name, str):
             raise ProfileError("must be a string", source=source, field="name")
         known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "action_overhead", "layers"}
+        costs = tuple(LayerCost.from_dict(layer, source=source) for layer in layers)
+        _warn_unknown_layer_fields(layers, source)
         return cls(
             name=name,
-            layers=tuple(LayerCost.from_dict(layer, source=source) for layer in layers),
+            layers=costs,
             time_unit=unit,
             seq_len=_number(raw, "seq_len", error=ProfileError, source=source, minimum=1, default=4096,
                             integer=True),

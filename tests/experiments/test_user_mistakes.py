@@ -80,3 +80,17 @@ def test_a_corrupt_policy_file_is_one_line(command, tmp_path, capsys) -> None:
     assert main([*command, "--policy", str(policy), "--out", str(tmp_path / "out")]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "field '--policy'" in line and str(policy) in line and "cannot be read" in line
+
+
+def test_a_misspelt_profile_field_is_one_warning_line(tmp_path, capsys) -> None:
+    import json
+
+    raw = json.loads((ROOT / "experiments/configs/profiles/hetero-head-16.json").read_text())
+    raw["layers"][3]["b_ful"] = 1.0
+    profile = tmp_path / "typo.json"
+    profile.write_text(json.dumps(raw))
+    assert main(["search", "--profile", str(profile), "--cluster", CLUSTER, "--method", "megatron", "--out",
+                 str(tmp_path / "out"), "--json"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "b_ful" in line]
+    assert err == [f"warning: {profile}: unknown layer field 'b_ful' (layer 'layer2'; did you mean 'b_full'?): "
+                   "kept, but not used"]
