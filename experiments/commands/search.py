@@ -26,6 +26,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
@@ -91,22 +92,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _BestPlanWriter:
-    """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it."""
+    """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it;
+    the plan's ``meta.method`` names the method searching (set :attr:`method` before each)."""
 
     def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True) -> None:
         self.out = out
         self.accept = accept
         self.key: tuple | None = None
+        self.method = "candidate"
+        self.best_method: str | None = None
 
     def __call__(self, plan: Plan, result: Result) -> None:
         if not self.accept(plan):
             return
         key = objective_key(result)
         if self.key is None or key < self.key:
-            self.key = key
+            self.key, self.best_method = key, self.method
             tmp = self.out / "plan.json.tmp"
-            plan.save(tmp)
+            replace(plan, meta={**plan.meta, "method": self.method}).save(tmp)
             os.replace(tmp, self.out / "plan.json")
+
+
+def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: _BestPlanWriter,
+                      bound: float) -> int:
+    """What an interrupted search keeps: the finished methods' rows (OUT/results.jsonl) and the best
+    plan so far (OUT/plan.json, already written); one line says what and where. Exit 130 (Ctrl-C) or 143."""
+    mega = next((r for r in results if r.method == "megatron" and r.ok), None)
+    rows = sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])
+    kept = []
+    if rows:
+        with open(out / "results.jsonl", "w") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        kept.append(f"the rows of {len(rows)} finished method{'s' if len(rows) > 1 else ''} "
+                    f"({', '.join(r.method for r in results)}) in {out / 'results.jsonl'}")
+    if writer.best_method is not None:
+        kept.append(f"the best plan so far ({writer.best_method}) in {out / 'plan.json'}")
+    print("interrupted: " + (f"kept {' and '.join(kept)}" if kept else "no method had finished or found a plan; "
+                             "nothing written"), file=sys.stderr)
+    return 130 if isinstance(stop, KeyboardInterrupt) else int(stop.code) if isinstance(stop.code, int) else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,9 +160,14 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     bar = tqdm(searchers, desc="search", unit="method", file=sys.stderr, disable=None)
-    for searcher in bar:
-        bar.set_postfix_str(searcher.name)
-        results.append(searcher.search(problem, budget=budget, seed=args.seed, on_improve=writer))
+    try:
+        for searcher in bar:
+            bar.set_postfix_str(searcher.name)
+            writer.method = searcher.name
+            results.append(searcher.search(problem, budget=budget, seed=args.seed, on_improve=writer))
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
+        bar.close()
+        return _keep_interrupted(stop, out, results, writer, bound.value)
     bar.close()
 
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)

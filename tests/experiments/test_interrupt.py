@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,24 +20,36 @@ CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
+    """It keeps the finished methods' rows and the best plan so far, named by its method, and says where."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "experiments", "search", "--profile", PROFILE, "--cluster", CLUSTER,
-           "--microbatches", "16", "--method", "adaptis", "--budget", "1000000", "--out", str(out)]
+           "--microbatches", "16", "--method", "zbv,adaptis", "--budget", "1000000", "--out", str(out)]
     env = dict(os.environ, WANDB_MODE="disabled")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    def tuner_improved() -> bool:  # megatron and zbv have finished, and the tuner beat them
+        return (out / "plan.json").exists() and json.loads((out / "plan.json").read_text())["meta"].get("method") \
+            in ("adaptis", "candidate")
+
     with reaped(proc):
         deadline = time.monotonic() + 60
-        while not (out / "plan.json").exists() and time.monotonic() < deadline:
+        while not tuner_improved() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert (out / "plan.json").exists(), "no plan written while searching"
-        time.sleep(1.0)
+        assert tuner_improved(), "no plan of the tuner written while searching"
+        time.sleep(0.5)
         _, err, elapsed = exit_after(proc, lambda: proc.send_signal(sig), timeout=30)
     assert proc.returncode == code, err[-2000:]
     assert elapsed < 10
     plan = Plan.load(out / "plan.json")
     validate_plan(plan, num_layers=16, devices=4)
+    assert plan.method == "adaptis"
     assert not (out / "plan.json.tmp").exists()
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rows} == {"megatron", "zbv"}
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (f"interrupted: kept the rows of 2 finished methods (megatron, zbv) in "
+                                            f"{out / 'results.jsonl'} and the best plan so far (adaptis) in "
+                                            f"{out / 'plan.json'}")
 
 
 def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
