@@ -118,6 +118,43 @@ def _make_env(config: TrainConfig, rank: int) -> Callable[[], Any]:
     return thunk
 
 
+class _QuietWorker:
+    """An environment factory for a SubprocVecEnv worker that ignores SIGINT and SIGTERM: Ctrl-C in a
+    terminal reaches the whole process group, and only the parent should act on it (it stops
+    training, saves, then closes the workers; a worker whose parent is gone ends at its pipe's EOF)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Any:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return self.fn()
+
+
+def _subproc_vec_env(fns: list[Callable[[], Any]]) -> Any:
+    """A SubprocVecEnv whose workers ignore SIGINT from birth: multiprocessing's fork server is
+    started with SIGINT ignored (its children inherit that), and each worker ignores it again
+    (:class:`_QuietWorker`) in case the fork server was already running."""
+    import multiprocessing as mp
+
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    if "forkserver" in mp.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, old)
+    return SubprocVecEnv([_QuietWorker(fn) for fn in fns])
+
+
+#: What a SubprocVecEnv raises when a worker is gone (e.g. killed by a signal meant for the parent).
+_WORKER_GONE = (EOFError, ConnectionResetError, BrokenPipeError)
+
+
 def tuner_times(problems: list, *, calls: int, seed: int = 0) -> list[float]:
     """Iteration time of the AdaPtis tuner's plan for each problem (``inf`` when none fits)."""
     from agents.base import Budget
@@ -280,7 +317,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     import importlib
 
     import torch as th
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
     if config.algo not in ALGOS:
         raise ValueError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}")
@@ -298,7 +335,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     module, cls_name = ALGOS[config.algo]
     algo_cls = getattr(importlib.import_module(module), cls_name)
     fns = [_make_env(config, i) if env_fn is None else (lambda i=i: env_fn(i)) for i in range(config.n_envs)]
-    vec = SubprocVecEnv(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
+    vec = _subproc_vec_env(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
     vec = VecMonitor(vec)
     vec.seed(config.seed)
     ckpt = latest_checkpoint(out) if config.resume else None
@@ -337,10 +374,10 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     imitation = None
     if ckpt is None and config.imitation_states > 0:
         imitation = _imitate(model.policy, config, tracker, out)
-    stop = {"now": False}
+    stop: dict[str, Any] = {"now": False, "signal": None}
 
     def on_signal(signum, frame):  # noqa: ARG001
-        stop["now"] = True
+        stop["now"], stop["signal"] = True, signum
 
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in old:
@@ -354,11 +391,20 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
                         progress_bar=config.progress_bar)
         else:  # resumed at its total already: nothing to learn, still save the policy
             callback.init_callback(model)
+    except _WORKER_GONE:
+        if not stop["now"]:  # a worker died on its own: not an interruption
+            raise
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        vec.close()
+        try:
+            vec.close()
+        except _WORKER_GONE:
+            if not stop["now"]:
+                raise
     seconds = time.perf_counter() - t0
+    if getattr(callback, "model", None) is None:  # stopped before learn() set the callback up
+        callback.init_callback(model)
     ckpt_path = callback.save()
     interrupted = stop["now"]
     if not interrupted and config.eval_every:
@@ -367,4 +413,5 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
             "interrupted": interrupted, "imitation": imitation, "ranker": ranker}
     policy_path = save_policy(model, out / "policy.pth", algo=config.algo, extra=meta)
     return {"timesteps": int(model.num_timesteps), "seconds": seconds, "checkpoint": str(ckpt_path),
-            "policy": str(policy_path), "interrupted": interrupted, "eval_log": str(out / "eval.jsonl")}
+            "policy": str(policy_path), "interrupted": interrupted, "signal": stop["signal"],
+            "eval_log": str(out / "eval.jsonl")}

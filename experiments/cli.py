@@ -66,7 +66,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, *, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports every command: a Ctrl-C here is common on a slow machine
+    except KeyboardInterrupt:
+        print("interrupted while starting; nothing was run", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -68,21 +68,41 @@ def run(args: argparse.Namespace) -> int:
                          ranker_scenarios=args.ranker_scenarios, learning_rate=args.learning_rate,
                          progress_bar=not args.no_progress and sys.stderr.isatty())
     command = "python -m experiments train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    with tracked_run(args, command=NAME, config=asdict(config)) as tracker:
-        logger = make_sb3_logger(tracker, formats=("stderr",) if args.json else ())
-        summary = train(config, tracker=tracker, logger=logger, command=command)
-        out = Path(args.out)
-        png = learning_curve(out / "eval.jsonl", out / "learning_curve.png")
-        if png is not None:
-            tracker.log_image("learning_curve", png)
-        tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
+    try:
+        with tracked_run(args, command=NAME, config=asdict(config)) as tracker:
+            logger = make_sb3_logger(tracker, formats=("stderr",) if args.json else ())
+            summary = train(config, tracker=tracker, logger=logger, command=command)
+            out = Path(args.out)
+            png = learning_curve(out / "eval.jsonl", out / "learning_curve.png")
+            if png is not None:
+                tracker.log_image("learning_curve", png)
+            tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
+    except (KeyboardInterrupt, SystemExit) as stop:  # before or after PPO's own stop-and-save (SIGTERM: SystemExit)
+        print(f"interrupted: {kept_checkpoints(Path(args.out))}", file=sys.stderr)
+        return 130 if isinstance(stop, KeyboardInterrupt) else int(stop.code) if isinstance(stop.code, int) else 1
     if args.json:
         print(json.dumps(summary))
+    elif summary["interrupted"]:
+        print(f"interrupted: {summary['timesteps']} steps in {summary['seconds']:.0f} s; checkpoint saved "
+              f"-> {summary['checkpoint']}, policy -> {summary['policy']} (resume: --resume --out {args.out})",
+              file=sys.stderr)
     else:
-        state = "interrupted, checkpoint saved" if summary["interrupted"] else "done"
-        print(f"{state}: {summary['timesteps']} steps in {summary['seconds']:.0f} s -> {summary['policy']} "
+        print(f"done: {summary['timesteps']} steps in {summary['seconds']:.0f} s -> {summary['policy']} "
               f"(resume: --resume --out {args.out})")
-    return 130 if summary["interrupted"] else 0
+    if not summary["interrupted"]:
+        return 0
+    return 128 + summary["signal"] if summary.get("signal") else 130
+
+
+def kept_checkpoints(out: Path) -> str:
+    """What an interrupted training left in ``out``: its latest checkpoint and how to resume, or that there is none."""
+    from agents.rl_train import latest_checkpoint
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return (f"stopped before the first checkpoint; nothing to resume from in {out / 'checkpoints'} "
+                "(run the same command again to start over)")
+    return f"checkpoints kept in {out / 'checkpoints'}, latest {ckpt.name} (resume: --resume --out {out})"
 
 
 def learning_curve(eval_log: Path, png: Path) -> Path | None:

@@ -79,3 +79,55 @@ def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert latest_checkpoint(out).name == f"model_{total}.zip"
+
+
+def _train(out, *extra: str) -> subprocess.Popen:
+    """`train` with two worker processes, started as a terminal starts a job (its own process group)."""
+    cmd = [sys.executable, "-m", "experiments", "train", "--seed", "0", "--n-envs", "2", "--vec", "subproc",
+           "--out", str(out), "--eval-every", "0", "--n-steps", "64", "--no-progress", "--timesteps", "1000000",
+           *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _clean_stop(err: str) -> str:
+    """The last line of an interrupted command's stderr, checked for tracebacks (the workers' too)."""
+    for bad in ("Traceback", "EOFError", "ConnectionResetError", "BrokenPipeError", "KeyboardInterrupt"):
+        assert bad not in err, err[-3000:]
+    return err.strip().splitlines()[-1]
+
+
+def test_ctrl_c_in_the_terminal_stops_training_and_its_workers_cleanly(tmp_path) -> None:
+    """The terminal sends SIGINT to the whole process group, environment workers included: the
+    workers ignore it, the parent saves a checkpoint, closes them and names what it kept."""
+    from agents.rl_train import latest_checkpoint
+
+    out = tmp_path / "train"
+    proc = _train(out, "--checkpoint-every", "128")
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while latest_checkpoint(out) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert latest_checkpoint(out) is not None, "no checkpoint written while training"
+        _, err, elapsed = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert elapsed < 30
+    last = _clean_stop(err)
+    ckpt = latest_checkpoint(out)
+    assert last.startswith("interrupted: ") and f"checkpoint saved -> {ckpt}" in last
+    assert f"resume: --resume --out {out}" in last
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path) -> None:
+    out = tmp_path / "train"
+    proc = _train(out, "--checkpoint-every", "1000000")
+    with reaped(proc):
+        deadline = time.monotonic() + 60
+        while not out.is_dir() and time.monotonic() < deadline:  # `train` has checked --out: it is setting up
+            time.sleep(0.05)
+        time.sleep(0.5)
+        _, err, _ = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert _clean_stop(err) == (f"interrupted: stopped before the first checkpoint; nothing to resume from in "
+                                f"{out / 'checkpoints'} (run the same command again to start over)")
