@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile
+from pipeline.runtime import RUNTIMES
+from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile, TrainingConfig
 
 __all__ = [
     "CONFIG_DIR",
@@ -130,6 +131,25 @@ def add_cluster_args(parser: argparse.ArgumentParser, *, default_devices: int = 
                        help="GiB per device that plans may not use: CUDA context, NCCL buffers, allocator "
                             f"fragmentation (default: the cluster file's, else {DEFAULT_MEMORY_RESERVE_GB:g} "
                             "for a GPU preset)")
+
+
+#: The runtime each deployment target runs a plan on (``--runtime``'s default for ``--target``).
+TARGET_RUNTIMES = {"executor": "pytorch", "torchtitan": "pytorch", "megatron": "megatron"}
+
+
+def add_runtime_arg(parser: argparse.ArgumentParser) -> None:
+    """``--runtime NAME``: the runtime whose execution the prediction models (pipeline.runtime)."""
+    parser.add_argument("--runtime", choices=tuple(RUNTIMES), default=None,
+                        help="runtime model of the prediction: " + "; ".join(f"{r.name}: {r.description}"
+                                                                          for r in RUNTIMES.values())
+                        + " (default: the --target's runtime, pytorch for the executor; see docs/fidelity.md)")
+
+
+def resolve_training(args: argparse.Namespace) -> TrainingConfig:
+    """The TrainingConfig of ``--runtime`` (default: the runtime of ``--target``, else ``pytorch``)."""
+    name = getattr(args, "runtime", None) or TARGET_RUNTIMES.get(getattr(args, "target", None) or "executor",
+                                                                  "pytorch")
+    return TrainingConfig(runtime=name)
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:

@@ -42,11 +42,13 @@ from pipeline import engine
 from pipeline.errors import PlanError
 from pipeline.event_sim import StageCosts, TimelineEntry
 from pipeline.plan import Action, Plan, raise_schedule_problem, validate_layout
+from pipeline.runtime import runtime_named
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
 _DUMMY_LAYER = LayerCost("stage", "stage", 0.0, 0.0, 0.0, 0, 0, 0)
 
-__all__ = ["TimelineEntry", "StageCosts", "Result", "stage_costs", "simulate", "simulate_checked", "simulate_order"]
+__all__ = ["TimelineEntry", "StageCosts", "Result", "stage_costs", "simulate", "simulate_checked", "simulate_order",
+           "steady_period"]
 
 
 
@@ -112,11 +114,12 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         raise PlanError(f"has {len(recompute)} entries for {len(partition)} stages; give one per stage",
                         field="recompute")
     col = _columns(profile)
-    over = profile.action_overhead
+    runtime = runtime_named(training.runtime)
+    unit = profile.seconds_per_unit
+    over = profile.action_overhead + runtime.action_overhead_s / unit
     measured_b = col.b_full is not None
     fused: list[float] = []
-    speeds = cluster.speeds
-    unit = profile.seconds_per_unit
+    speeds = [sp / runtime.compute_scale for sp in cluster.speeds]  # a slower runtime is a slower device
     f, i, w, act, keep, comm = [], [], [], [], [], []
     static = [0.0] * cluster.devices
     scale = training.activation_scale
@@ -166,6 +169,15 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         else:
             comm.append(0.0)
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
+    post += runtime.step_s / unit
+    if runtime.blocking_p2p:  # the sender waits for its transfer: it moves from the link onto the action
+        for s, t in enumerate(comm):
+            if t:
+                f[s] += t
+                i[s + 1] += t
+                if measured_b:
+                    fused[s + 1] += t
+        comm = [0.0] * len(comm)
     static = [x + y for x, y in zip(static, transient)]
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
                       cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
@@ -293,10 +305,23 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
         return _invalid("deadlock: no device can run its next action: " + "; ".join(waiting) +
                         ". Reorder so each action comes after what it needs.", costs, tokens, profile, P)
     static = costs.static_bytes
-    makespan += costs.post_step  # the shared weights' gradient all-reduce after the last action
+    if runtime_named(training.runtime).overlap_iterations:
+        makespan = steady_period(costs, plan.schedule, devices=P, microbatches=M, makespan=makespan)
+    makespan += costs.post_step  # the shared weights' gradient all-reduce and the runtime's step
     return Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
                   costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
 
+
+
+def steady_period(costs: StageCosts, schedule: Sequence[Sequence[Action]], *, devices: int, microbatches: int,
+                  makespan: float) -> float:
+    """Time per iteration when iterations overlap (each device starts the next one as soon as it has
+    finished its own actions): the second of two back-to-back iterations, each device running its
+    list twice (the second time on micro-batches ``M..2M-1``). ``makespan``: one iteration's."""
+    M = microbatches
+    twice = tuple(tuple(acts) + tuple(Action(a[0], a[1], a[2] + M) for a in acts) for acts in schedule)
+    run = engine.simulate_schedule(costs, twice, devices=devices, microbatches=2 * M)
+    return run.makespan - makespan if run.ok else makespan
 
 
 def simulate_order(schedule: Sequence[Sequence[Action]], costs: StageCosts, devices: int, *,

@@ -30,6 +30,7 @@ from pipeline.plan import (
     v_placement,
     wave_placement,
 )
+from pipeline.runtime import runtime_named
 from pipeline.schedules import ACTIVATION_BUDGETS, activation_budgets
 from pipeline.simulator import Result, StageCosts, simulate, stage_costs
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
@@ -324,6 +325,8 @@ class Evaluator:
         self._balanced: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._device_balanced: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
         self._call_numbers: dict[Candidate, int] = {}
+        # Overlapped iterations are timed on the order itself (simulator.steady_period): plans are built.
+        self._overlap = runtime_named(problem.training.runtime).overlap_iterations
 
     @property
     def seconds(self) -> float:
@@ -442,10 +445,10 @@ class Evaluator:
         p = self.problem
         try:
             costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
-            if costs is not None:
+            if costs is not None and not self._overlap:
                 job = ScheduleJob(costs, c.placement, p.devices, p.microbatches, list_config(c, costs, p.devices))
                 return _Job(costs=costs, job=job)
-            return _Job(plan=materialize(c, p))
+            return _Job(costs=costs, plan=materialize(c, p, costs=costs))
         except PlanError as exc:
             return _Job(error=str(exc))
 

@@ -502,3 +502,8 @@ class TrainingConfig:
     leaves only ``w_act_bytes`` (the inputs of the weight matmuls). It omits the output gradients
     that ``W`` needs too (Megatron-LM's ``WeightGradStore`` keeps ``(total_input, grad_output)``
     per linear until ``W``), so it is a lower bound even for such a runtime."""
+    runtime: Any = "ideal"
+    """The runtime that executes the plan (:data:`pipeline.runtime.RUNTIMES`): ``ideal`` is the
+    performance model alone; ``megatron``, ``zb``, ``zb-sync`` and ``pytorch`` add what that runtime
+    does (per-action overhead, blocking transfers, the optimizer step, overlapped iterations). A
+    :class:`pipeline.runtime.Runtime` may stand here too (calibration tries its own values)."""

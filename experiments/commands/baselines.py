@@ -16,10 +16,12 @@ from experiments.common import (
     add_cluster_args,
     add_model_args,
     add_output_args,
+    add_runtime_arg,
     positive_int,
     print_json_lines,
     print_table,
     resolve_problem,
+    resolve_training,
 )
 from experiments.results import result_row, sort_rows
 from experiments.tracking_hooks import tracked_run
@@ -40,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=",".join(NAMED_METHODS),
                         help="comma-separated methods (default: all named ones; i1f1b-vN for N chunks)")
     parser.add_argument("--gantt-dir", metavar="DIR", help="write a Gantt chart per method here")
+    add_runtime_arg(parser)
     add_output_args(parser)
 
 
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "megatron" not in methods:
         methods.append("megatron")
-    problem = Problem(profile, cluster, args.microbatches)
+    problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
     results = [make_searcher(m).search(problem) for m in methods]
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
     bound = lower_bound(profile, cluster, args.microbatches).value

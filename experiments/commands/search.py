@@ -36,11 +36,13 @@ from experiments.common import (
     add_cluster_args,
     add_model_args,
     add_output_args,
+    add_runtime_arg,
     output_folder,
     positive_int,
     print_json_lines,
     print_table,
     resolve_problem,
+    resolve_training,
 )
 from experiments.deploy import (
     Searched,
@@ -88,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "hand-written starts)")
     add_target_arguments(parser)
     add_trace_argument(parser, "the best plan's predicted timeline")
+    add_runtime_arg(parser)
     add_output_args(parser)
 
 
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             s.ranker_path = args.ranker
     out = output_folder(args.out or
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
-    problem = Problem(profile, cluster, args.microbatches)
+    problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
     bound = lower_bound(profile, cluster, args.microbatches)
     writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None)
     results: list[SearchResult] = []

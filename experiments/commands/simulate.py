@@ -12,7 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from experiments.common import add_cluster_args, add_model_args, add_output_args, resolve_cluster, resolve_profile
+from experiments.common import (
+    add_cluster_args,
+    add_model_args,
+    add_output_args,
+    add_runtime_arg,
+    resolve_cluster,
+    resolve_profile,
+    resolve_training,
+)
 from experiments.deploy import add_trace_argument, write_plan_trace
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
@@ -31,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gantt", metavar="PNG", help="write the Gantt chart to this file")
     parser.add_argument("--text", action="store_true", help="print a text Gantt chart")
     add_trace_argument(parser)
+    add_runtime_arg(parser)
     add_output_args(parser)
 
 
@@ -38,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     profile = resolve_profile(args)
     cluster = resolve_cluster(args)
     plan = Plan.load(args.plan)
-    result = simulate(plan, profile, cluster)
+    training = resolve_training(args)
+    result = simulate(plan, profile, cluster, training=training)
     row = {"method": plan.method, **result.summary()}
     if result.valid:
         bound = lower_bound(profile, cluster, plan.microbatches).value

@@ -1,0 +1,91 @@
+"""Models of the runtimes that execute a plan: what each one adds to the ideal event simulation.
+
+The ideal model (:data:`IDEAL`, the simulator's rules in :mod:`pipeline.simulator`) runs every
+action for its profiled time, overlaps every transfer with compute and ends the iteration at the
+last action. Real runtimes differ in four ways, each one a field of :class:`Runtime`:
+
+* **compute under pipelining** (``compute_scale``): kernels inside a pipelined step run slower
+  than the same kernels profiled alone (allocator, launch queue, NCCL's SMs);
+* **per-action overhead** (``action_overhead_s``): launch and framework work of one F/I/W/B;
+* **blocking transfers** (``blocking_p2p``): Megatron-LM's 1F1B and interleaved schedules wait on
+  their batched send/recv before the next compute (megatron-core 0.16.1
+  ``_communicate(wait_on_reqs=True)``), so a stage's device is held until the tensor it sends has
+  arrived; in the simulation the transfer moves from the link onto the sender's action;
+* **the iteration boundary** (``overlap_iterations``, ``step_s``): a runtime that synchronises
+  before the optimizer step (Megatron-LM: the gradient-norm all-reduce) ends the iteration at the
+  last action of any device, plus the step; the zero-bubble runtime's post-validation lets each
+  device start the next iteration as soon as its own step is done, so iterations overlap and the
+  steady-state period, not the single iteration's makespan, is the time per step (simulated as the
+  second of two back-to-back iterations).
+
+Every field is per runtime and hardware, never per plan. Where a value was fitted, ``fitted_on``
+names the data and the command that prints the fit (``python -m experiments.benchmarks.published
+FILE --fit``); docs/fidelity.md lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import PlanError
+
+__all__ = ["Runtime", "RUNTIMES", "IDEAL", "runtime_named"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What one runtime adds to the ideal simulation (see the module docstring)."""
+
+    name: str
+    """The ``--runtime`` name."""
+    description: str
+    """One line for ``--help`` and docs."""
+    compute_scale: float = 1.0
+    """Multiplier on every profiled F/I/W/B time."""
+    action_overhead_s: float = 0.0
+    """Seconds added to every action, on top of the profile's own ``action_overhead``."""
+    blocking_p2p: bool = False
+    """The sender's device waits until its activation or gradient has arrived."""
+    overlap_iterations: bool = False
+    """Iterations overlap across devices (zero-bubble post-validation): time per step is the
+    steady-state period of back-to-back iterations."""
+    step_s: float = 0.0
+    """Seconds per iteration outside the pipeline (optimizer step and its synchronisation)."""
+    fitted_on: str = ""
+    """Where the values come from (empty: nothing fitted)."""
+
+
+#: The Zero Bubble paper's runtime (a Megatron-LM fork) on 8 A100 SXM 80GB, fitted once on the
+#: 24 Table 4 rows of shared/data/published/zero_bubble_qi2024_dev.json with the authors' own
+#: profiled stage times (``python -m experiments.benchmarks.published FILE --fit``): the same three
+#: numbers for every row, schedule and model.
+_A100_FIT = dict(compute_scale=1.03, action_overhead_s=0.0001, step_s=0.0)
+_A100_SOURCE = ("Zero Bubble (Qi et al. 2024) Table 4, 8x A100, authors' profiled stage times; "
+                "benchmarks.published --fit")
+
+IDEAL = Runtime("ideal", "the performance model alone: profiled times, transfers overlap compute, no step cost")
+
+RUNTIMES: dict[str, Runtime] = {
+    r.name: r for r in (
+        IDEAL,
+        Runtime("megatron", "Megatron-LM 1F1B/interleaved: blocking p2p, synchronised optimizer step",
+                blocking_p2p=True, fitted_on=_A100_SOURCE, **_A100_FIT),
+        Runtime("zb", "the zero-bubble runtime: overlapped p2p, post-validation lets iterations overlap",
+                overlap_iterations=True, fitted_on=_A100_SOURCE, **_A100_FIT),
+        Runtime("zb-sync", "the zero-bubble runtime with an all-reduce before the optimizer step",
+                fitted_on=_A100_SOURCE, **_A100_FIT),
+        Runtime("pytorch", "torch.distributed.pipelining's _PipelineScheduleRuntime (our executor, "
+                "torchtitan): isend waited at the end of the step, overheads from the profile"),
+    )
+}
+
+
+def runtime_named(name: str | Runtime) -> Runtime:
+    """The runtime called ``name`` (a :class:`Runtime` is returned as it is: calibration tries its own
+    values); a PlanError naming the choices otherwise."""
+    if isinstance(name, Runtime):
+        return name
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise PlanError(f"unknown runtime {name!r}; use one of {', '.join(RUNTIMES)}", field="runtime") from None

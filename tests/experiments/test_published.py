@@ -1,0 +1,58 @@
+"""benchmarks.published: published GPU measurements beside the runtime model's predictions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.benchmarks import published
+
+DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "published" / "zero_bubble_qi2024_dev.json"
+needs_dev = pytest.mark.skipif(not DEV.exists(), reason=f"{DEV} is not beside the repository")
+
+
+@needs_dev
+def test_the_zero_bubble_rows_meet_the_fidelity_targets() -> None:
+    rows = json.loads(DEV.read_text())["rows"]
+    summary = published.summarize(published.predict_rows(rows))
+    assert summary["predicted"] == len(rows)
+    assert summary["median_abs_error"] <= 0.03
+    assert summary["max_abs_error"] <= 0.075
+    assert summary["median_ratio_to_1f1b_error"] <= 0.03
+    assert summary["groups_misranked"] == [] and summary["groups_ranked_as_measured"] == summary["groups"] > 0
+
+
+@needs_dev
+def test_json_prints_one_object_per_row_then_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert published.main([str(DEV), "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[-1]["summary"] is True
+    for row in lines[:-1]:
+        assert set(row) >= {"id", "unit", "measured", "predicted"}
+        assert row["unit"] == "samples/s/GPU" and row["predicted"] > 0
+
+
+def _row(**parallel: int) -> dict:
+    return {"id": "x", "model": {"name": "m", "layers": 8}, "schedule": "1F1B",
+            "parallel": {"tp": 1, "pp": 4, "dp": 1, "cp": 1, **parallel},
+            "batch": {"micro_batch_size": 1, "num_microbatches": 8},
+            "measured": {"throughput": 1.0, "throughput_unit": "samples/s/GPU"},
+            "profiled_inputs": {"T_F": 1.0, "T_B": 1.0, "T_W": 0.5, "T_comm": 0.1}}
+
+
+def test_rows_it_cannot_predict_say_why() -> None:
+    tp = published.predict_row(_row(tp=2), [])
+    assert tp.predicted is None and "tensor" in tp.reason
+    plain = published.predict_row(_row(), [])
+    assert plain.predicted is not None and plain.reason is None
+    unknown = published.predict_row({**_row(), "schedule": "GPipe-X"}, [])
+    assert unknown.predicted is None and "GPipe-X" in unknown.reason
+
+
+def test_a_file_that_is_not_a_table_gets_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": 3}')
+    with pytest.raises(SystemExit, match="'rows' must be a list"):
+        published.main([str(bad)])

@@ -1,0 +1,103 @@
+"""The runtime models (pipeline.runtime) as the simulator applies them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import engine
+from pipeline.errors import PlanError
+from pipeline.plan import Action, Plan, even_partition, sequential_placement
+from pipeline.runtime import IDEAL, RUNTIMES, Runtime, runtime_named
+from pipeline.schedules import build_plan
+from pipeline.simulator import simulate, stage_costs
+from pipeline.space import Candidate, Evaluator, Problem
+from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
+
+PLAIN_BLOCKING = Runtime("blocking", "test", blocking_p2p=True)
+PLAIN_OVERLAP = Runtime("overlap", "test", overlap_iterations=True)
+
+
+def _profile(stages: int = 8) -> ModelProfile:
+    return ModelProfile("t", tuple(LayerCost(f"l{k}", "block", 2.0 + 0.1 * k, 2.0, 1.0, 1000, 1 << 20, 1 << 20)
+                                   for k in range(stages)))
+
+
+def _cluster(devices: int = 4) -> Cluster:
+    return Cluster(devices=devices, latency_us=300.0, p2p_gbps=100.0)
+
+
+def test_ideal_and_pytorch_leave_the_stage_costs_as_they_were() -> None:
+    profile, cluster = _profile(), _cluster()
+    part, place = even_partition(8, 4), sequential_placement(4)
+    base = stage_costs(profile, cluster, part, placement=place)
+    for name in ("ideal", "pytorch"):
+        assert stage_costs(profile, cluster, part, placement=place, training=TrainingConfig(runtime=name)) == base
+
+
+def test_a_blocking_runtime_moves_each_transfer_onto_its_sender() -> None:
+    profile, cluster = _profile(), _cluster()
+    part, place = even_partition(8, 4), sequential_placement(4)
+    ideal = stage_costs(profile, cluster, part, placement=place)
+    held = stage_costs(profile, cluster, part, placement=place, training=TrainingConfig(runtime=PLAIN_BLOCKING))
+    assert all(c > 0 for c in ideal.comm[:-1]) and held.comm == (0.0,) * 4
+    assert held.f == tuple(f + c for f, c in zip(ideal.f, ideal.comm))
+    assert held.i == (ideal.i[0],) + tuple(i + c for i, c in zip(ideal.i[1:], ideal.comm))
+    plan = build_plan("1f1b", profile, cluster, microbatches=8)
+    slow = simulate(plan, profile, cluster, training=TrainingConfig(runtime=PLAIN_BLOCKING)).iteration_time
+    assert slow > simulate(plan, profile, cluster).iteration_time
+
+
+def test_scale_overhead_and_step_add_what_they_say() -> None:
+    profile, cluster = _profile(), _cluster()
+    part, place = even_partition(8, 4), sequential_placement(4)
+    ideal = stage_costs(profile, cluster, part, placement=place)
+    rt = Runtime("r", "test", compute_scale=2.0, action_overhead_s=0.5e-3, step_s=7e-3)
+    got = stage_costs(profile, cluster, part, placement=place, training=TrainingConfig(runtime=rt))
+    assert got.f == pytest.approx([2 * f + 0.5 for f in ideal.f])
+    assert got.w == pytest.approx([2 * w + 0.5 for w in ideal.w])
+    assert got.post_step == pytest.approx(ideal.post_step + 7.0)
+
+
+def test_overlapped_iterations_take_their_steady_period() -> None:
+    # Device 1 defers its W's to the end: device 0 starts the next iteration while they run.
+    profile, cluster = _profile(2), _cluster(2)
+    dev1 = [a for m in range(4) for a in (Action(1, "F", m), Action(1, "I", m))] + [Action(1, "W", m) for m in range(4)]
+    dev0 = [Action(0, "F", m) for m in range(4)] + [a for m in range(4) for a in (Action(0, "I", m), Action(0, "W", m))]
+    plan = Plan(2, 4, ((0, 1), (1, 2)), (0, 1), (tuple(dev0), tuple(dev1)))
+    one = simulate(plan, profile, cluster)
+    steady = simulate(plan, profile, cluster, training=TrainingConfig(runtime=PLAIN_OVERLAP))
+    assert one.valid and steady.valid
+    assert max(one.busy) - 1e-9 <= steady.iteration_time < one.iteration_time
+    order = build_plan("1f1b", profile, cluster, microbatches=4)  # device 0 ends last: nothing to overlap
+    assert simulate(order, profile, cluster, training=TrainingConfig(runtime=PLAIN_OVERLAP)).iteration_time == \
+        pytest.approx(simulate(order, profile, cluster).iteration_time)
+
+
+def test_the_search_sees_the_same_time_as_simulate_under_an_overlapping_runtime() -> None:
+    profile, cluster = _profile(), _cluster()
+    problem = Problem(profile, cluster, 8, TrainingConfig(runtime="zb"))
+    ev = Evaluator(problem)
+    c = Candidate((2, 2, 2, 2), (0, 1, 2, 3))
+    plan, result = ev.evaluate(c)
+    assert result.iteration_time == simulate(plan, profile, cluster, training=problem.training).iteration_time
+
+
+@pytest.mark.skipif(not engine.compiled(), reason="the compiled engine is not built (make engine)")
+@pytest.mark.parametrize("name", sorted(RUNTIMES))
+def test_both_engines_agree_under_every_runtime(name: str) -> None:
+    profile, cluster = _profile(), _cluster()
+    training = TrainingConfig(runtime=name)
+    for method in ("1f1b", "zb-h1", "zbv"):
+        plan = build_plan(method, profile, cluster, microbatches=6, training=training)
+        native = simulate(plan, profile, cluster, training=training)
+        with engine.python_reference():
+            reference = simulate(plan, profile, cluster, training=training)
+        assert (native.iteration_time, native.busy, native.peak_memory) == \
+            (reference.iteration_time, reference.busy, reference.peak_memory)
+
+
+def test_an_unknown_runtime_is_named_with_the_choices() -> None:
+    with pytest.raises(PlanError, match="unknown runtime 'megatorn'.*ideal") as info:
+        runtime_named("megatorn")
+    assert info.value.field == "runtime"
+    assert runtime_named(IDEAL) is IDEAL
