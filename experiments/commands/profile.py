@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from experiments.common import add_granularity_args, positive_int
+from experiments.common import add_granularity_args, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from pipeline.arch import Architecture
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
@@ -27,7 +31,8 @@ HELP = "measure every layer's F/I/W time and memory on this device (and the p2p 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-hybrid", help="zoo model (default tiny-hybrid)")
-    parser.add_argument("--scale", type=float, default=1.0, help="shrink the model's widths by this factor (0, 1]")
+    parser.add_argument("--scale", type=positive_float, default=1.0,
+                        help="shrink the model's widths by this factor (0, 1]")
     add_granularity_args(parser)
     parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
     parser.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
@@ -58,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = ProfileConfig(seq_len=args.seq_len or default_seq_len(arch), microbatch_size=args.microbatch_size,
                            warmup=args.warmup, repeats=args.repeats, dtype=args.dtype)
+    if torch.device(device).type == "cpu":
+        check_memory(args, arch, seq_len=config.seq_len, microbatch_size=config.microbatch_size)
     log = None if args.json else print
     if log:
         print(f"profiling {arch.name} ({len(arch.layers)} layers) on {device}, seq_len {config.seq_len}, "
@@ -78,3 +85,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(profile.to_dict()))
     return 0
+
+
+def check_memory(args: argparse.Namespace, arch: Architecture, *, seq_len: int, microbatch_size: int) -> None:
+    """Refuse, before any tensor is allocated, a CPU profile that would not fit in the available memory."""
+    from executor.model import resolve_architecture
+    from executor.preflight import HEADROOM, available_bytes, check_fits, fitting_scale, profile_estimate
+    from pipeline.spec import GIB
+
+    available = available_bytes()
+    if available is None:
+        return
+
+    def estimate(scale: float):
+        narrowed = arch if scale == args.scale else resolve_architecture(
+            args.model, scale=scale, granularity=args.granularity, head_shards=args.head_shards)
+        return profile_estimate(narrowed, seq_len=seq_len, microbatch_size=microbatch_size)
+
+    found = estimate(args.scale)
+    if found.total <= HEADROOM * available:
+        return
+    fit = fitting_scale(estimate, args.scale, available)
+    fixes = [f"--scale {fit[0]:g} (about {fit[1] / GIB:.1f} GiB)"] if fit is not None else []
+    fixes.append("or a smaller model (--model tiny-hybrid)")
+    check_fits(found, what=f"profiling {args.model} on the CPU", fixes=fixes, available=available)

@@ -22,8 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from experiments.common import add_granularity_args, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from pipeline.arch import Architecture
+    from pipeline.plan import Plan
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
@@ -71,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
     given = ModelProfile.load(args.profile) if args.profile else None
     seq_len = args.seq_len or (given.seq_len if given else default_seq_len(arch))
     mbs = args.microbatch_size or (given.microbatch_size if given else 1)
+    measure = given is None or not args.cluster
+    check_memory(args, plan, arch, seq_len=seq_len, microbatch_size=mbs, measure=measure)  # before torchrun
     options = ReplayOptions(model=args.model, scale=args.scale, granularity=args.granularity,
                             head_shards=args.head_shards, seq_len=seq_len, microbatch_size=mbs,
                             steps=args.steps, warmup=args.warmup, check=args.check, threads=args.threads,
                             transfer_timeout=args.transfer_timeout, backend=args.backend)
-    result = run_job([plan], options, measure=given is None or not args.cluster, timeout=args.timeout)
+    result = run_job([plan], options, measure=measure, timeout=args.timeout)
     profile = given or ModelProfile.from_dict(result["profile"], source="measured profile")
     if args.cluster:
         cluster = Cluster.load(args.cluster)
@@ -149,3 +156,46 @@ def run(args: argparse.Namespace) -> int:
           + f" -> {out_dir / 'calibrated_profile.json'} (use with search --profile)")
     print(f"timelines and Gantt chart: {out_dir} ({png.name})")
     return 0
+
+
+def on_gpu(backend: str | None) -> bool:
+    """Whether the ranks run on GPUs (NCCL): their tensors then live in GPU, not host, memory."""
+    if backend is not None:
+        return backend == "nccl"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_memory(args: argparse.Namespace, plan: Plan, arch: Architecture, *, seq_len: int, microbatch_size: int,
+                 measure: bool) -> None:
+    """Refuse a CPU replay whose ranks would not fit in this machine's available memory, with the fixes
+    (:mod:`executor.preflight`); GPU replays are not checked."""
+    from executor.model import resolve_architecture
+    from executor.preflight import HEADROOM, available_bytes, check_fits, fitting_scale, replay_estimate
+    from pipeline.spec import GIB
+
+    available = available_bytes()
+    if available is None or on_gpu(args.backend):
+        return
+
+    def estimate(scale: float, *, profiling: bool = measure):
+        narrowed = arch if scale == args.scale else resolve_architecture(
+            args.model, scale=scale, granularity=args.granularity, head_shards=args.head_shards)
+        return replay_estimate(plan, narrowed, seq_len=seq_len, microbatch_size=microbatch_size,
+                               measure=profiling, check=args.check)
+
+    found = estimate(args.scale)
+    if found.total <= HEADROOM * available:
+        return
+    fixes = []
+    fit = fitting_scale(estimate, args.scale, available)
+    if fit is not None:
+        fixes.append(f"--scale {fit[0]:g} (about {fit[1] / GIB:.1f} GiB)")
+    if measure:
+        fixes.append(f"--profile P.json --cluster C.json, so the ranks do not profile the whole model (about "
+                     f"{estimate(args.scale, profiling=False).total / GIB:.1f} GiB)")
+    if plan.devices > 1 and max(found.per_process) <= HEADROOM * available:
+        fixes.append(f"a plan for fewer ranks (search --devices N; this one has {plan.devices})")
+    fixes.append("or a smaller model (--model tiny-hybrid)")
+    check_fits(found, what=f"replaying {args.plan} on {plan.devices} CPU ranks", fixes=fixes, available=available)
