@@ -120,13 +120,14 @@ def test_ctrl_c_in_the_terminal_stops_training_and_its_workers_cleanly(tmp_path)
 
 
 def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path) -> None:
+    """Interrupted while it labels states for imitation (before PPO and its stop-and-save)."""
     out = tmp_path / "train"
-    proc = _train(out, "--checkpoint-every", "1000000")
+    proc = _train(out, "--imitation-states", "100000")
     with reaped(proc):
         deadline = time.monotonic() + 60
         while not out.is_dir() and time.monotonic() < deadline:  # `train` has checked --out: it is setting up
             time.sleep(0.05)
-        time.sleep(0.5)
+        time.sleep(1.0)
         _, err, _ = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert _clean_stop(err) == (f"interrupted: stopped before the first checkpoint; nothing to resume from in "
