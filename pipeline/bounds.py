@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pipeline.runtime import Runtime, runtime_named
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["LowerBound", "lower_bound", "packing_load", "MAX_PACKING_STATES", "MAX_PACKING_WORK"]
@@ -81,15 +82,28 @@ def _backward_costs(profile: ModelProfile) -> tuple[list[float], list[float]]:
     return [x.b + x.w for x in layers], [x.b for x in layers]
 
 
-def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, packing: bool = True) -> LowerBound:
+def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, packing: bool = True,
+                runtime: str | Runtime = "ideal") -> LowerBound:
     """Lower bounds on iteration time, in the profile's time unit; communication counts as free.
 
     ``packing=False`` skips the packing and critical-layer bounds (the first three only, which the
-    RL environment's observation was trained on)."""
-    speeds = cluster.speeds
+    RL environment's observation was trained on). ``runtime`` (:mod:`pipeline.runtime`) scales the
+    compute, adds its per-action overhead and step time; where iterations overlap, the bounds that
+    count one micro-batch's path through the pipeline (chain, critical layer) do not hold and are 0."""
+    rt = runtime_named(runtime)
+    speeds = [sp / rt.compute_scale for sp in cluster.speeds]
     fastest = max(speeds)
     M = microbatches
-    over = profile.action_overhead
+    over = profile.action_overhead + rt.action_overhead_s / profile.seconds_per_unit
+    if rt.step_s or rt.overlap_iterations:
+        base = lower_bound(profile, cluster, microbatches, packing=packing,
+                           runtime=replace(rt, step_s=0.0, overlap_iterations=False))
+        step = rt.step_s / profile.seconds_per_unit
+        path = not rt.overlap_iterations  # one micro-batch's path bounds a single iteration only
+        return LowerBound(work=base.work + step, heaviest_layer=base.heaviest_layer + step,
+                          chain=base.chain + step if path else 0.0,
+                          critical_layer=base.critical_layer + step if path and base.critical_layer else 0.0,
+                          packing=base.packing + step if base.packing else 0.0)
     back, grad = _backward_costs(profile)
     layers = profile.layers
     per_mb = [x.f + bk for x, bk in zip(layers, back)]

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
     results = [make_searcher(m).search(problem) for m in methods]
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
-    bound = lower_bound(profile, cluster, args.microbatches).value
+    bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime).value
     rows = sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])
     for row in rows:
         if row.get("peak_memory_gb"):

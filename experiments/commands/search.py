@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     out = output_folder(args.out or
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
     problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
-    bound = lower_bound(profile, cluster, args.microbatches)
+    bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
     writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None)
     results: list[SearchResult] = []
     from tqdm import tqdm

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(plan, profile, cluster, training=training)
     row = {"method": plan.method, **result.summary()}
     if result.valid:
-        bound = lower_bound(profile, cluster, plan.microbatches).value
+        bound = lower_bound(profile, cluster, plan.microbatches, runtime=training.runtime).value
         row["vs_lower_bound"] = result.iteration_time / bound
     with tracked_run(args, command=NAME, config={"plan": args.plan, "profile": profile.name,
                                                  "devices": cluster.devices}) as tracker:

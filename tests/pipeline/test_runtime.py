@@ -101,3 +101,16 @@ def test_an_unknown_runtime_is_named_with_the_choices() -> None:
         runtime_named("megatorn")
     assert info.value.field == "runtime"
     assert runtime_named(IDEAL) is IDEAL
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIMES))
+def test_the_lower_bound_holds_under_every_runtime(name: str) -> None:
+    from pipeline.bounds import lower_bound
+
+    profile, cluster = _profile(), _cluster()
+    training = TrainingConfig(runtime=name)
+    bound = lower_bound(profile, cluster, 8, runtime=name).value
+    assert bound >= lower_bound(profile, cluster, 8).value * (1 - 1e-12) or runtime_named(name).overlap_iterations
+    for method in ("1f1b", "zb-h1", "zbv", "i1f1b-v2"):
+        plan = build_plan(method, profile, cluster, microbatches=8, training=training)
+        assert simulate(plan, profile, cluster, training=training).iteration_time >= bound * (1 - 1e-12)
