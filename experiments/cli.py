@@ -94,3 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         # Output piped into e.g. `head`: stop quietly, as Unix tools do.
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a path named on the command line: inside a file, not writable, disk full
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
+from experiments.common import output_folder
 from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow_phases import (
     Costs,
@@ -260,8 +261,7 @@ def _gantts(best: SearchResult, mega: SearchResult | None, measured: dict[str, M
 def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     """Run every phase (see the module docstring) and return the report; files go to ``cfg.out``."""
     t_start = time.perf_counter()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(cfg.out)
     slug = _slug(cfg.label)
     group = cfg.group or f"run-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
     runs = _Runs(cfg, group)

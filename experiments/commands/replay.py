@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.common import add_granularity_args, positive_float, positive_int
+from experiments.common import add_granularity_args, output_folder, positive_float, positive_int
 
 if TYPE_CHECKING:
     from pipeline.arch import Architecture
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     mbs = args.microbatch_size or (given.microbatch_size if given else 1)
     measure = given is None or not args.cluster
     check_memory(args, plan, arch, seq_len=seq_len, microbatch_size=mbs, measure=measure)  # before torchrun
+    out_dir = output_folder(args.out if args.out else Path(args.plan).resolve().parent / "replay")
     options = ReplayOptions(model=args.model, scale=args.scale, granularity=args.granularity,
                             head_shards=args.head_shards, seq_len=seq_len, microbatch_size=mbs,
                             steps=args.steps, warmup=args.warmup, check=args.check, threads=args.threads,
@@ -95,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if to_ms != 1.0:
         pred_tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in pred_tl["events"]]
         pred_tl["time_unit"] = "ms"
-    out_dir = Path(args.out) if args.out else Path(args.plan).resolve().parent / "replay"
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "measured_timeline.json").write_text(json.dumps(comp.measured_timeline) + "\n")
     (out_dir / "predicted_timeline.json").write_text(json.dumps(pred_tl) + "\n")
     if args.trace:

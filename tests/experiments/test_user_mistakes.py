@@ -25,6 +25,7 @@ def _one_error_line(err: str) -> str:
     ["train", "--timesteps", "64"],
     ["evaluate-agent"],
     ["reproduce"],
+    ["run", "--model", "tiny-hybrid", "--devices", "2"],
 ], ids=lambda a: a[0])
 @pytest.mark.parametrize("inside", [False, True], ids=["file", "inside-a-file"])
 def test_out_naming_a_file_is_one_line(argv, inside, tmp_path, capsys) -> None:
@@ -94,3 +95,21 @@ def test_a_misspelt_profile_field_is_one_warning_line(tmp_path, capsys) -> None:
     err = [line for line in capsys.readouterr().err.splitlines() if "b_ful" in line]
     assert err == [f"warning: {profile}: unknown layer field 'b_ful' (layer 'layer2'; did you mean 'b_full'?): "
                    "kept, but not used"]
+
+
+def test_replay_checks_out_before_torchrun_starts(tmp_path, capsys) -> None:
+    """It used to write --out only after the whole job had run, and then end in a traceback."""
+    assert main(["search", "--model", "tiny-hybrid", "--devices", "2", "--method", "megatron", "--budget", "1",
+                 "--out", str(tmp_path / "s"), "--json"]) == 0
+    capsys.readouterr()
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["replay", "--plan", str(tmp_path / "s/plan.json"), "--backend", "gloo", "--out", str(taken)]) == 2
+    assert "field '--out'" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_file_output_inside_a_file_is_one_line(tmp_path, capsys) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["profile-info", "--model", "tiny-hybrid", "--out", str(taken / "p.json")]) == 2
+    assert _one_error_line(capsys.readouterr().err) == f"error: {taken / 'p.json'}: Not a directory"
