@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds for set-up and every transfer")
     p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
+    p.add_argument("--lowering", choices=("early", "torch"), default="early",
+                   help="early: post every receive at the start of the step (default); torch: PyTorch's lock-step "
+                        "placement (executor/lowering.py)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="stages' and profile's dtype (bfloat16 on GPUs; --check compares with an fp32 model)")
     p.add_argument("--out", default=None, help="result JSON written by rank 0")
@@ -135,7 +138,8 @@ def _prepare(plan: Any, arch: Any, args: argparse.Namespace, rank: int, device: 
     from executor.model import make_batch
     from executor.runtime import PipelineExecutor
 
-    ex = PipelineExecutor(plan, arch, rank=rank, device=device, seed=args.seed, dtype=getattr(torch, args.dtype))
+    ex = PipelineExecutor(plan, arch, rank=rank, device=device, seed=args.seed, dtype=getattr(torch, args.dtype),
+                          lowering=args.lowering)
     if args.inject_failure == rank:
         def boom(*_a: Any, **_k: Any) -> Any:
             raise RuntimeError(f"injected failure on rank {rank}")

@@ -91,13 +91,15 @@ class ReplayOptions:
     """``gloo`` or ``nccl`` (default: by device)."""
     seed: int = 0
     """Weights and data seed."""
+    lowering: str = "early"
+    """How receives are placed in each rank's program (:mod:`executor.lowering`): ``early`` or ``torch``."""
 
     def worker_args(self) -> list[str]:
         args = ["--model", self.model, "--scale", str(self.scale), "--granularity", self.granularity,
                 "--head-shards", str(self.head_shards), "--seq-len", str(self.seq_len),
                 "--microbatch-size", str(self.microbatch_size), "--steps", str(self.steps),
                 "--warmup", str(self.warmup), "--threads", str(self.threads),
-                "--timeout", str(self.transfer_timeout), "--seed", str(self.seed)]
+                "--timeout", str(self.transfer_timeout), "--seed", str(self.seed), "--lowering", self.lowering]
         if self.check:
             args.append("--check")
         if self.backend:

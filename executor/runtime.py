@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
+from executor.lowering import lower
 from executor.model import build_stage
 from pipeline.arch import Architecture
 from pipeline.plan import Plan
@@ -123,11 +124,14 @@ class PipelineExecutor:
 
     ``step(tokens, labels)`` runs one training step (forward, backward, gradient scaling; no
     optimizer) of ``plan.microbatches`` micro-batches; ``tokens`` and ``labels`` are the whole
-    batch, ``(microbatches * microbatch_size, seq_len)``, the same on every rank.
+    batch, ``(microbatches * microbatch_size, seq_len)``, the same on every rank. ``lowering``
+    (:mod:`executor.lowering`): ``early`` posts every receive at the start of the step, ``torch``
+    keeps PyTorch's lock-step placement of receives.
     """
 
     def __init__(self, plan: Plan, arch: Architecture, *, rank: int, device: torch.device,
-                 seed: int = 0, group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32) -> None:
+                 seed: int = 0, group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
+                 lowering: str = "early") -> None:
         self.plan, self.arch, self.rank, self.device = plan, arch, rank, device
         self.records: list[ActionRecord] = []
         self.modules: list[nn.Module] = []
@@ -150,6 +154,7 @@ class PipelineExecutor:
             self.schedule._load_csv(path, format="compute_only")
         finally:
             os.unlink(path)
+        lower(self.schedule, lowering)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for module in self.modules:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,13 @@ def test_schedule_matches_one_process(checked_runs: dict[str, dict], name: str) 
         assert {"I", "W"} <= ops  # the I/W split really ran
     assert run["measured_iteration_time"] > 0
     assert {e["device"] for e in run["timeline"]["events"]} == {0, 1}
+
+
+def test_pytorchs_own_lowering_matches_one_process_too() -> None:
+    plans = [p for name, p in named_plans(microbatches=4) if name in ("zbv", "uneven-custom")]
+    result = run_job(plans, replace(OPTIONS, lowering="torch"), timeout=240)
+    for run in result["runs"]:
+        assert run["max_grad_error"] <= TOL and run["loss_error"] <= TOL and run["max_weight_error"] <= TOL
 
 
 def test_plan_kinds_are_what_they_claim() -> None:
