@@ -6,8 +6,8 @@ profile the model on this device, measure the link, predict each plan with
 relative error and whether the model orders the plans as the measurements do.
 
 Measurements feed back: :func:`calibrate` turns replays into one factor per kind of operation
-(F, I, W, the first stage's W, fused B; from the measured action timelines) and a per-action
-overhead (from the measured iteration times), which :func:`runtime_profile` applies and
+(F, I, W, the first stage's W, fused B; from the measured action timelines), a per-action
+overhead and a per-transfer overhead (from the measured iteration times), which :func:`runtime_profile` applies and
 :func:`calibrated_profile` bakes into a profile for search; :func:`cross_validated` checks them
 on plans they were not fitted on (random :func:`calibration_plans`, or leave one out).
 """
@@ -19,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["SCALE_KEYS", "PlanComparison", "measured_cluster", "runtime_profile", "fit_runtime_scales",
-           "fit_action_overhead", "calibrate", "calibration_plans", "calibrated_profile", "compare_plans",
-           "cross_validated", "rank_agreement", "fidelity_summary"]
+           "fit_overheads", "fit_action_overhead", "calibrate", "calibration_plans", "calibrated_profile",
+           "compare_plans", "cross_validated", "rank_agreement", "fidelity_summary"]
 
 
 #: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
@@ -52,6 +54,8 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales or {})
     if "overhead" in k:
         profile = replace(profile, action_overhead=float(k["overhead"]))
+    if "transfer" in k:
+        profile = replace(profile, transfer_overhead=float(k["transfer"]))
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
     for s, (start, end) in enumerate(plan.partition):
@@ -100,41 +104,56 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
-def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
-                        runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None) -> float:
-    """The per-action overhead (profile time unit) that makes the simulated iteration times of
-    the replayed plans closest to the measured ones (least squared relative error; grid search,
-    then a finer grid around the best). Measured action timelines cover compute only, so what the
-    runtime spends between actions shows up here."""
+def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
+                  runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None,
+                  transfers: bool = True) -> dict[str, float]:
+    """The per-action overhead (``"overhead"``) and the per-transfer-end overhead (``"transfer"``,
+    :attr:`pipeline.spec.ModelProfile.transfer_overhead`), profile time unit, that make the simulated
+    iteration times of the replayed plans closest to the measured ones (least squared relative
+    error), by Gauss-Newton steps from zero (the simulated time is piecewise linear in both).
+    Measured action timelines cover compute only, so what the runtime spends between actions and on transfers
+    shows up here. ``transfers=False`` fits the per-action overhead alone."""
     from pipeline.simulator import simulate
 
     ms_per_unit = profile.seconds_per_unit * 1e3
     targets = [(plan, run["measured_iteration_time"] / ms_per_unit) for (_, plan), run in zip(named_plans, runs)]
     if not targets:
-        return 0.0
-    base = {key: v for key, v in (scales or {}).items() if key != "overhead"}
+        return {"overhead": 0.0} | ({"transfer": 0.0} if transfers else {})
+    base = {key: v for key, v in (scales or {}).items() if key not in ("overhead", "transfer")}
 
-    def loss(o: float) -> float:
-        total = 0.0
-        for plan, measured in targets:
-            predicted = simulate(plan, runtime_profile(profile, plan, base | {"overhead": o}), cluster,
-                                 validate=False, record_timeline=False).iteration_time
-            total += ((predicted - measured) / measured) ** 2
-        return total
+    measured = np.array([m for _, m in targets])
 
-    hi = max(m / max(len(acts) for acts in plan.schedule) for plan, m in targets)
-    step = hi / 40
-    best = min((step * i for i in range(41)), key=loss)
-    fine = [max(0.0, best + step * (i - 10) / 10) for i in range(21)]
-    return min(fine, key=loss)
+    def predict(values: dict[str, float]) -> np.ndarray:
+        return np.array([simulate(plan, runtime_profile(profile, plan, base | values), cluster, validate=False,
+                                  record_timeline=False).iteration_time for plan, _ in targets])
+
+    keys = ["overhead", "transfer"] if transfers else ["overhead"]
+    x = np.zeros(len(keys))
+    h = 1e-3 * float(measured.min())
+    for _ in range(8):  # Gauss-Newton on the relative errors: times are piecewise linear in the overheads
+        now = predict(dict(zip(keys, x)))
+        jac = np.stack([(predict(dict(zip(keys, x + h * np.eye(len(keys))[k]))) - now) / h
+                        for k in range(len(keys))], axis=1) / measured[:, None]
+        step, *_ = np.linalg.lstsq(jac, (measured - now) / measured, rcond=None)
+        new = np.maximum(0.0, x + step)
+        if np.allclose(new, x, rtol=1e-9, atol=1e-12):
+            break
+        x = new
+    return {key: float(v) for key, v in zip(keys, x)}
+
+
+def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
+                        runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None) -> float:
+    """The per-action overhead alone (:func:`fit_overheads` without the per-transfer term)."""
+    return fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=False)["overhead"]
 
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
               runs: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` from
-    :func:`fit_action_overhead`."""
+    """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
+    ``"transfer"`` from :func:`fit_overheads`."""
     scales = fit_runtime_scales(named_plans, profile, runs)
-    return scales | {"overhead": fit_action_overhead(named_plans, profile, cluster, runs=runs, scales=scales)}
+    return scales | fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales)
 
 
 def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *, count: int,
@@ -185,6 +204,7 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
             extra["b_full"] = float(extra["b_full"]) * k["B"]
         layers.append(replace(layer, f=layer.f * k["F"], b=layer.b * k["I"], w=layer.w * k["W"], extra=extra))
     return replace(profile, layers=tuple(layers), action_overhead=float(k.get("overhead", profile.action_overhead)),
+                   transfer_overhead=float(k.get("transfer", profile.transfer_overhead)),
                    extra={**profile.extra, "runtime_scales": {key: round(v, 6) for key, v in k.items()}})
 
 

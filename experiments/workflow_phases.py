@@ -121,8 +121,10 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
         return costs
     scales = calibrate(plans, profile, cluster, runs=result["runs"])
     to_ms = profile.seconds_per_unit * 1e3
-    log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items() if k != "overhead")
-        + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms")
+    log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items()
+                                           if k not in ("overhead", "transfer"))
+        + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms"
+        + f", per transfer end {scales.get('transfer', 0.0) * to_ms:.3f} ms")
     return replace(costs, scales=scales)
 
 

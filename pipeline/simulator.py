@@ -170,6 +170,17 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             comm.append(0.0)
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
     post += runtime.step_s / unit
+    ends = profile.transfer_overhead  # each end of a transfer between devices pays it
+    if ends:
+        for s in range(len(partition) - 1):
+            if placement[s] != placement[s + 1]:
+                f[s] += ends  # sends the activation
+                f[s + 1] += ends  # receives it
+                i[s + 1] += ends  # sends the gradient
+                i[s] += ends  # receives it
+                if measured_b:
+                    fused[s] += ends
+                    fused[s + 1] += ends
     if runtime.blocking_p2p:  # the sender waits for its transfer: it moves from the link onto the action
         for s, t in enumerate(comm):
             if t:

@@ -215,13 +215,19 @@ class ModelProfile:
     bookkeeping and transfer posting (a fused B counts as I + W). 0 for analytic profiles;
     fitted from replays by ``executor.fidelity.calibrate``."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    transfer_overhead: float = 0.0
+    """Time a transfer between devices costs each of its two ends on top of the link's time: the
+    runtime posting the send and the receive, and the transport's copies competing with compute
+    (gloo's threads on a CPU). Added to the action that sends and to the action that receives.
+    0 for analytic profiles; fitted from replays by ``executor.fidelity.calibrate``."""
 
     def __post_init__(self) -> None:
         if not self.layers:
             raise ProfileError("a profile needs at least one layer", source=self.name, field="layers")
-        o = self.action_overhead
-        if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or o < 0:
-            raise ProfileError(f"must be a number >= 0, got {o!r}", source=self.name, field="action_overhead")
+        for name in ("action_overhead", "transfer_overhead"):
+            o = getattr(self, name)
+            if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or o < 0:
+                raise ProfileError(f"must be a number >= 0, got {o!r}", source=self.name, field=name)
         if self.time_unit not in TIME_UNITS:
             raise ProfileError(f"unknown unit {self.time_unit!r}; use one of {sorted(TIME_UNITS)}",
                                source=self.name, field="time_unit")
@@ -249,6 +255,8 @@ class ModelProfile:
         }
         if self.action_overhead:
             out["action_overhead"] = self.action_overhead
+        if self.transfer_overhead:
+            out["transfer_overhead"] = self.transfer_overhead
         out.update(self.extra)
         out["layers"] = [layer.to_dict() for layer in self.layers]
         return out
@@ -271,7 +279,8 @@ class ModelProfile:
         name = raw.get("name", Path(source).stem)
         if not isinstance(name, str):
             raise ProfileError("must be a string", source=source, field="name")
-        known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "action_overhead", "layers"}
+        known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "action_overhead", "transfer_overhead",
+                 "layers"}
         costs = tuple(LayerCost.from_dict(layer, source=source) for layer in layers)
         _warn_unknown_layer_fields(layers, source)
         return cls(
@@ -284,6 +293,8 @@ class ModelProfile:
                                     default=1, integer=True),
             action_overhead=_number(raw, "action_overhead", error=ProfileError, source=source, minimum=0,
                                     default=0.0),
+            transfer_overhead=_number(raw, "transfer_overhead", error=ProfileError, source=source, minimum=0,
+                                      default=0.0),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -295,7 +306,8 @@ class ModelProfile:
         """The same profile with every time multiplied by ``factor``."""
         return replace(self, layers=tuple(replace(layer, f=layer.f * factor, b=layer.b * factor,
                                                   w=layer.w * factor) for layer in self.layers),
-                       action_overhead=self.action_overhead * factor)
+                       action_overhead=self.action_overhead * factor,
+                       transfer_overhead=self.transfer_overhead * factor)
 
 
 @dataclass(frozen=True)

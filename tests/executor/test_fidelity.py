@@ -40,13 +40,17 @@ def _measured_profile() -> ModelProfile:
 def _runs_with(scales: dict[str, float], plans, profile: ModelProfile, cluster: Cluster) -> list[dict]:
     """What a replay would report if the runtime spent exactly the scaled costs, plus the
     per-action overhead between actions (outside the timed compute, as in the executor)."""
-    over = scales.get("overhead", 0.0)
+    over, ends = scales.get("overhead", 0.0), scales.get("transfer", 0.0)
     runs = []
     for _, plan in plans:
         res = simulate(plan, runtime_profile(profile, plan, scales), cluster)
         timeline = res.timeline_dict()
+        place, last = plan.placement, plan.num_stages - 1
         for e in timeline["events"]:  # compute only: a fused B carries two overheads (I + W)
-            e["end"] -= over * (2 if parse_action(e["action"]).op == "B" else 1)
+            s, op, _ = parse_action(e["action"])
+            crossings = 0 if op == "W" else (
+                (s > 0 and place[s - 1] != place[s]) + (s < last and place[s + 1] != place[s]))
+            e["end"] -= over * (2 if op == "B" else 1) + ends * crossings
         runs.append({"measured_iteration_time": res.iteration_time, "timeline": timeline})
     return runs
 
@@ -86,6 +90,21 @@ def test_calibrate_recovers_scales_and_overhead() -> None:
     held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=runs, calibration=(
         calib, _runs_with(truth, calib, profile, cluster))))
     assert held_out["max_abs_error_pct"] < 1.0 and held_out["same_order"]
+
+
+def test_calibrate_recovers_the_transfer_overhead_too() -> None:
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2}
+    calib = calibration_plans(profile, cluster, 4, count=6, seed=1)
+    fitted = calibrate(calib, profile, cluster, runs=_runs_with(truth, calib, profile, cluster))
+    assert fitted["transfer"] == pytest.approx(0.2, rel=0.1)
+    assert fitted["overhead"] == pytest.approx(0.05, rel=0.2)
+    assert calibrated_profile(profile, fitted).transfer_overhead == fitted["transfer"]
+    plans = named_plans(4)
+    runs = _runs_with(truth, plans, profile, cluster)
+    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=runs,
+                                                calibration=(calib, _runs_with(truth, calib, profile, cluster))))
+    assert held_out["max_abs_error_pct"] < 1.0
 
 
 def test_calibration_plans_are_random_but_reproducible() -> None:
