@@ -3,7 +3,8 @@
 One torchrun job (2 ranks, one thread each by default) measures the gloo link and profiles the
 model on every rank at once, then runs several plans round-robin (1F1B, interleaved 1F1B,
 ZB-H1, ZB-V and a hand-made plan with an uneven partition and a non-sequential placement that
-stands in for a searched plan). The plans are built from a first quick profile of this machine.
+stands in for a searched plan) and the plans the AdaPtis tuner and the RL policy pick
+(``--tuner-calls``). The plans are built from a first quick profile of this machine.
 The same job also replays --calibration-plans random plans (random partitions and placements).
 Prints per plan the prediction error, then the median error and whether the model ranks the
 plans in the measured order, twice: from the per-layer profile alone ("profile"), and calibrated
@@ -11,7 +12,8 @@ on the random plans' replays only ("calibrated": one factor per kind of operatio
 per-action overhead, executor.fidelity.calibrate; the benchmark plans never inform their own
 predictions).
 
-  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 15] [--calibration-plans 8] [--json]
+  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 15] [--calibration-plans 8]
+      [--tuner-calls 400] [--lowering early|torch] [--json]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +50,22 @@ __all__ = ["main", "benchmark_plans"]
 METHODS = ("1f1b", "i1f1b-v2", "zb-h1", "zbv")
 
 
-def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> list[tuple[str, Plan]]:
-    """The named plans plus a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1)."""
+def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *,
+                    tuner_calls: int = 0) -> list[tuple[str, Plan]]:
+    """The named plans, a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1) and, with
+    ``tuner_calls``, the AdaPtis tuner's plan and the RL policy's (the plans a search picks, which
+    exploit whatever the model gets wrong)."""
     plans = [(m, build_plan(m, profile, cluster, microbatches=microbatches)) for m in METHODS]
+    if tuner_calls:
+        from agents.base import Budget
+        from agents.registry import make_searcher
+        from pipeline.space import Problem
+
+        problem = Problem(profile, cluster, microbatches)
+        for method in ("adaptis", "rl"):
+            found = make_searcher(method).search(problem, budget=Budget(sim_calls=tuner_calls), seed=0)
+            if found.ok and found.plan is not None:
+                plans.append((method, replace(found.plan, meta={**found.plan.meta, "method": method})))
     partition = partition_from_sizes([3, 1, 2, 2]) if profile.num_layers == 8 else None
     if partition is not None:
         placement = (1, 0, 0, 1)
@@ -71,15 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration plans")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tuner-calls", type=int, default=400,
+                   help="also replay the tuner's and the RL policy's plans searched with this many calls (0: none)")
+    p.add_argument("--lowering", choices=("early", "torch"), default="early",
+                   help="receives posted at the start of the step (early) or where PyTorch's lowering puts them")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     options = ReplayOptions(model=args.model, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
-                            steps=args.steps, warmup=args.warmup, threads=args.threads)
+                            steps=args.steps, warmup=args.warmup, threads=args.threads, lowering=args.lowering)
     first = run_job([], options, measure=True, profile_repeats=3)
     if args.calibration_plans < 1:
         p.error("--calibration-plans must be at least 1")
     first_profile, first_cluster = ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"])
-    plans = benchmark_plans(first_profile, first_cluster, args.microbatches)
+    plans = benchmark_plans(first_profile, first_cluster, args.microbatches, tuner_calls=args.tuner_calls)
     calib = calibration_plans(first_profile, first_cluster, args.microbatches, count=args.calibration_plans,
                               seed=args.seed)
     result = run_job([plan for _, plan in plans + calib], options, measure=True)
@@ -94,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"plans": [c.row() for c in comps], **summary,
                           "calibrated": {"plans": [c.row() for c in cv], **cv_summary}, "p2p": result["p2p"]}))
         return 0
-    print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each), {args.microbatches} "
+    print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each, {args.lowering} receives), "
+          f"{args.microbatches} "
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
     rows = [{**a.row(), "calibrated_ms": b.predicted, "calibrated_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
