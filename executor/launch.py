@@ -314,7 +314,13 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _worker(args)
+        code = _worker(args)
+        # Leave without the interpreter's teardown: on a loaded machine a native thread still
+        # joinable when its static owner is destroyed aborted a finished job ("terminate called
+        # without an active exception", SIGABRT after the result was written).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     except Exception as exc:  # noqa: BLE001 - report and leave at once so the launcher stops the others
         from pipeline.errors import AdaptisError
 
