@@ -96,11 +96,16 @@ def shrink(command: str) -> str:
 
 
 def _scratch(tmp: Path) -> Path:
+    """A checkout of links in ``tmp/repo``, with ``shared/`` beside it as beside the real one."""
+    repo = tmp / "repo"
+    repo.mkdir()
     for entry in ROOT.iterdir():
         if entry.name not in NOT_LINKED:
-            (tmp / entry.name).symlink_to(entry)
-    (tmp / "docs").mkdir()
-    return tmp
+            (repo / entry.name).symlink_to(entry)
+    (repo / "docs").mkdir()
+    if (ROOT.parent / "shared").exists():
+        (tmp / "shared").symlink_to(ROOT.parent / "shared")
+    return repo
 
 
 def test_shrink_and_skip_rules() -> None:

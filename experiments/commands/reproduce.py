@@ -31,8 +31,9 @@ from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
+from pipeline.runtime import RUNTIMES
 from pipeline.space import Problem
-from pipeline.spec import ModelProfile
+from pipeline.spec import ModelProfile, TrainingConfig
 from pipeline.zoo import zoo_profile
 
 NAME = "reproduce"
@@ -65,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-shards", default="1", metavar="K|auto",
                         help="also search plans with the head cut into K units over the tokens; auto: the head "
                              "in units no heavier than the heaviest other unit (at most 16)")
+    parser.add_argument("--runtime", choices=tuple(RUNTIMES), default="ideal",
+                        help="runtime model every plan and the baseline are predicted on (pipeline.runtime; "
+                             "default ideal: the performance model alone)")
     parser.add_argument("--out", default="docs/results", help="folder for reproduce.md/.jsonl/.png")
     parser.add_argument("--wandb-project", default="adaptis")
 
@@ -131,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"{model} {seq}")
         profile = zoo_profile(model, gpu=args.gpu, seq_len=seq)
         cluster = build_cluster(args.gpu, devices=devices, gpus_per_node=8)
-        problem = Problem(profile, cluster, args.microbatches)
-        bound = lower_bound(profile, cluster, args.microbatches).value
+        training = TrainingConfig(runtime=args.runtime)
+        problem = Problem(profile, cluster, args.microbatches, training)
+        bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
         results = {m: make_searcher(m).search(problem, budget=budget, seed=args.seed) for m in methods}
         mega = results["megatron"]
         rich: dict[str, Any] = {}
@@ -142,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
             fine = zoo_profile(model, gpu=args.gpu, seq_len=seq, granularity=args.granularity, head_shards=k)
             # the richer space holds the whole-layer plans too (blocks kept together), but a head
             # cut into shards costs a little more than the whole head: bound the union by the lower
-            fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches).value)
-            found = make_searcher("adaptis").search(Problem(fine, cluster, args.microbatches), budget=budget,
+            fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches, runtime=args.runtime).value)
+            found = make_searcher("adaptis").search(Problem(fine, cluster, args.microbatches, training), budget=budget,
                                                     seed=args.seed)
             ok = found.ok and found.result.feasible and mega.ok
             rows.append({"model": model, "seq_len": seq, "devices": devices, "method": "adaptis-richer",
@@ -229,8 +234,10 @@ def _write_markdown(path: Path, summary: list[dict[str, Any]], args: argparse.Na
         "# The paper's grid in simulation",
         "",
         f"Command: `python -m experiments reproduce --budget {args.budget} --microbatches {args.microbatches} "
-        f"--gpu {args.gpu} --seed {args.seed}` (analytic {args.gpu.upper()} costs, {args.microbatches} "
-        f"micro-batches, {_usable_gib(args.gpu)}). Speedups are over the Megatron baseline: interleaved 1F1B at "
+        f"--gpu {args.gpu} --seed {args.seed}" + (f" --runtime {args.runtime}" if args.runtime != "ideal" else "")
+        + f"` (analytic {args.gpu.upper()} costs, {args.microbatches} "
+        f"micro-batches, {_usable_gib(args.gpu)}, runtime model `{args.runtime}`: see docs/fidelity.md). Speedups "
+        "are over the Megatron baseline: interleaved 1F1B at "
         "Megatron's even split and its **best** chunk count (1-8). Times in ms per iteration.",
         "",
         "| model | seq | devices | megatron (v) | best baseline | adaptis | speedup | paper | vs i1f1b-v2 "
