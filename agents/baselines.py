@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan, method_placement
-from pipeline.simulator import simulate
 from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
 
 __all__ = ["NamedSearcher", "RandomSearcher", "PLACEMENT_CHOICES", "random_candidate"]
@@ -43,8 +42,7 @@ class NamedSearcher:
                               training=p.training)
         except PlanError as exc:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=str(exc))
-        ev.calls += 1
-        result = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
+        result = ev.simulate_plan(plan)
         if on_improve is not None and result.valid:
             on_improve(plan, result)
         return finish(self.name, problem, plan, evaluator=ev, history=[(1, result.iteration_time)])

@@ -216,7 +216,6 @@ def named_result(arm: Arm, problem: Problem, ev: Evaluator):
     """(plan, result) of a named arm (one counted simulator call), or (None, None) when it does not apply."""
     from pipeline.plan import partition_from_sizes
     from pipeline.schedules import build_plan, method_placement
-    from pipeline.simulator import simulate
 
     try:
         partition = None
@@ -226,9 +225,7 @@ def named_result(arm: Arm, problem: Problem, ev: Evaluator):
                           partition=partition, training=problem.training)
     except PlanError:
         return None, None
-    ev.calls += 1
-    return plan, simulate(plan, problem.profile, problem.cluster, training=problem.training, validate=False,
-                          record_timeline=False)
+    return plan, ev.simulate_plan(plan)
 
 
 def _arm_times(problem: Problem) -> np.ndarray:

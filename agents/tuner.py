@@ -31,7 +31,7 @@ from pipeline.errors import PlanError
 from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan, partition_from_sizes
 from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
-from pipeline.simulator import Result, simulate
+from pipeline.simulator import Result
 from pipeline.space import (
     Candidate,
     Evaluator,
@@ -243,9 +243,7 @@ class AdaptisTuner:
                 continue
             if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
                 continue
-            ev.calls += 1
-            result = simulate(plan, problem.profile, problem.cluster, training=problem.training, validate=False,
-                              record_timeline=False)
+            result = ev.simulate_plan(plan)
             state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
         seeds = list(start) + (seed_candidates(problem, ev, speed_order=self.speed_order) if own_seeds else [])

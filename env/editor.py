@@ -209,13 +209,12 @@ class SharedEvaluator(Evaluator):
         super().__init__(problem)
         self._memo: dict[Candidate, Result] = {}
         if share is not None and share.problem is problem:
-            self._balanced = share._balanced
-            self._costs = share._costs
+            self.share_scenario_caches(share)
             if results:
                 self._memo = share._memo
 
     def result(self, c: Candidate) -> Result:
-        hit = self._cache.get(c)
+        hit = self.cached(c)
         if hit is not None:
             return hit
         hit = self._memo.get(c)
@@ -225,10 +224,7 @@ class SharedEvaluator(Evaluator):
                 self._memo.clear()
             self._memo[c] = hit
             return hit
-        self.calls += 1
-        self._cache[c] = hit
-        self._call_numbers[c] = self.calls
-        return hit
+        return self.adopt(c, hit)
 
 
 class PlanEditor:

@@ -339,6 +339,25 @@ class Evaluator:
             raise ValueError("share_scenario_caches needs an evaluator of the same problem object")
         self._costs, self._balanced, self._device_balanced = other._costs, other._balanced, other._device_balanced
 
+    def simulate_plan(self, plan: Plan) -> Result:
+        """Simulate a plan built outside the candidate space (a named schedule from
+        :func:`pipeline.schedules.build_plan`), counting one simulator call; not cached."""
+        p = self.problem
+        self.calls += 1
+        return simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
+
+    def adopt(self, c: Candidate, result: Result) -> Result:
+        """Take ``result`` of ``c``, found elsewhere (a memo shared across evaluators of the same
+        problem), as this evaluator's own: it counts one call, as evaluating it here would."""
+        self.calls += 1
+        self._cache[c] = result
+        self._call_numbers[c] = self.calls
+        return result
+
+    def cached(self, c: Candidate) -> Result | None:
+        """The result of ``c`` if this evaluator has it (free), else None."""
+        return self._cache.get(c)
+
     def known(self, c: Candidate) -> bool:
         """Whether ``c`` was evaluated already (its result is free)."""
         return c in self._cache

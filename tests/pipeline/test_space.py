@@ -133,3 +133,22 @@ def test_slow_first_orders_devices_by_speed_and_budgets_follow_their_position():
     order = slow_first((1.0, 0.5, 2.0, 0.5))
     assert order == (1, 3, 0, 2)
     assert by_position((4.0, 3.0, 2.0, 1.0), order) == (2.0, 4.0, 1.0, 3.0)
+
+
+def test_the_evaluator_counts_every_call_made_through_it() -> None:
+    from pipeline.schedules import build_plan
+    from pipeline.simulator import simulate
+    from pipeline.space import Candidate, Evaluator, Problem
+    from pipeline.spec import Cluster, LayerCost, ModelProfile
+
+    profile = ModelProfile("t", tuple(LayerCost(f"l{k}", "block", 1.0, 1.0, 0.5, 10, 100, 100) for k in range(8)))
+    cluster = Cluster(devices=4)
+    ev = Evaluator(Problem(profile, cluster, 8))
+    plan = build_plan("1f1b", profile, cluster, microbatches=8)
+    assert ev.simulate_plan(plan).iteration_time == simulate(plan, profile, cluster).iteration_time
+    assert ev.calls == 1
+    c = Candidate((2, 2, 2, 2), (0, 1, 2, 3))
+    other = Evaluator(ev.problem)
+    found = other.result(c)
+    assert ev.cached(c) is None and ev.adopt(c, found) is found
+    assert ev.calls == 2 and ev.known(c) and ev.call_number(c) == 2 and ev.result(c) is found and ev.calls == 2
