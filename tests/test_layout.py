@@ -1,10 +1,10 @@
-"""The house rules of DESIGN.md, read from the source: imports, module sizes, signatures.
+"""The house rules of docs/architecture.md, read from the source: imports, module sizes, signatures.
 
 * The import graph of the project's modules (every ``import``, at module level, inside
-  functions and under ``TYPE_CHECKING``) has no cycle, and its arrows point down DESIGN.md's
-  list only: experiments -> agents -> env -> pipeline, executor -> pipeline. So pipeline imports
-  nothing of ours, nothing but experiments imports experiments, executor imports neither agents
-  nor env.
+  functions and under ``TYPE_CHECKING``) has no cycle, and its arrows point down the layers of
+  docs/architecture.md only: experiments -> agents -> env -> pipeline, executor -> pipeline. So
+  pipeline imports nothing of ours, nothing but experiments imports experiments, executor imports
+  neither agents nor env. The page's table of layers says the same as :data:`ALLOWED`.
 * No module is over 600 lines unless its docstring has a line starting ``Over 600 lines:``.
 * Public functions taking more than three parameters take the ones past the third by keyword.
 """
@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "env", "agents", "executor", "experiments")
-#: Package -> the packages of ours it may import (DESIGN.md, "Layout and direction of imports").
+#: Package -> the packages of ours it may import (docs/architecture.md, "Direction of imports").
 ALLOWED = {
     "pipeline": {"pipeline"},
     "env": {"env", "pipeline"},
@@ -114,7 +115,17 @@ def test_no_import_cycle() -> None:
 def test_imports_point_down_the_layers() -> None:
     wrong = [f"{module} imports {target}" for module, targets in sorted(import_graph().items())
              for target in sorted(targets) if target.split(".")[0] not in ALLOWED[module.split(".")[0]]]
-    assert wrong == [], "against DESIGN.md's direction of imports:\n" + "\n".join(wrong)
+    assert wrong == [], "against docs/architecture.md's direction of imports:\n" + "\n".join(wrong)
+
+
+def test_the_architecture_page_states_these_rules() -> None:
+    """docs/architecture.md's table of layers: the last column is what :data:`ALLOWED` allows."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    stated = {}
+    for package, allowed in re.findall(r"^\| `(\w+)/` \|[^|]*\| ([^|]*) \|$", text, flags=re.M):
+        names = set(re.findall(r"`(\w+)`", allowed))
+        stated[package] = set(PACKAGES) if allowed.strip() == "everything" else names | {package}
+    assert {p: stated.get(p) for p in PACKAGES} == ALLOWED
 
 
 @pytest.mark.parametrize("package", [*PACKAGES, "tests"])
