@@ -56,9 +56,9 @@ class Runtime:
 
 
 #: The Zero Bubble paper's runtime (a Megatron-LM fork) on 8 A100 SXM 80GB, fitted once on the
-#: 24 Table 4 rows of shared/data/published/zero_bubble_qi2024_dev.json with the authors' own
-#: profiled stage times (``python -m experiments.benchmarks.published FILE --fit``): the same three
-#: numbers for every row, schedule and model.
+#: 38 rows of shared/data/published/zero_bubble_qi2024_dev.json (Tables 4, 10, 12) with the
+#: authors' own profiled stage times (``python -m experiments.benchmarks.published FILE --fit``):
+#: the same three numbers for every row, schedule and model.
 _A100_FIT = dict(compute_scale=1.03, action_overhead_s=0.0001, step_s=0.0)
 _A100_SOURCE = ("Zero Bubble (Qi et al. 2024) Table 4, 8x A100, authors' profiled stage times; "
                 "benchmarks.published --fit")
