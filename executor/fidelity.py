@@ -151,9 +151,13 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
               runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
-    ``"transfer"`` from :func:`fit_overheads`."""
+    ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
+    apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
+    all the time between actions, as before the per-transfer term existed."""
     scales = fit_runtime_scales(named_plans, profile, runs)
-    return scales | fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales)
+    both = len(named_plans) >= 2
+    fitted = fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=both)
+    return scales | {"transfer": 0.0} | fitted
 
 
 def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *, count: int,
