@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ __all__ = [
     "resolve_profile",
     "resolve_cluster",
     "check_devices",
+    "check_microbatches",
+    "MAX_MICROBATCH_DEVICES",
+    "interrupt_code",
+    "interrupted",
     "resolve_problem",
     "output_folder",
     "positive_int",
@@ -222,6 +227,44 @@ def check_devices(devices: int, layers: int, *, model: str, cluster_file: str | 
         raise ConfigError(f"{why}: set devices to {layers} or fewer in this cluster file, or pick a deeper model",
                           source=cluster_file, field="devices")
     raise ConfigError(f"{why}: use --devices {layers} or fewer, or a deeper model", field="--devices")
+
+
+#: The most micro-batches x pipeline devices a command simulates. Measured on `baselines` (every
+#: named schedule, each result kept, gemma-small, 4-16 devices, 500-8,000 micro-batches): about
+#: 16 KB of memory and 0.22 ms per micro-batch per device, so the limit is about 1 GiB and 15 s there
+#: (100,000 micro-batches on 4 devices was 6 GiB and minutes without a line of output).
+MAX_MICROBATCH_DEVICES = 65_536
+#: Memory per micro-batch per device measured as above, quoted in the refusal.
+KB_PER_MICROBATCH_DEVICE = 16
+
+
+def check_microbatches(microbatches: int, devices: int, *, field: str = "--microbatches") -> None:
+    """Refuse work that grows past :data:`MAX_MICROBATCH_DEVICES` before any of it starts, naming the field,
+    the limit and the most micro-batches that fit on ``devices``."""
+    if microbatches * devices <= MAX_MICROBATCH_DEVICES:
+        return
+    need_gib = microbatches * devices * KB_PER_MICROBATCH_DEVICE / 2**20
+    most = max(1, MAX_MICROBATCH_DEVICES // devices)
+    raise ConfigError(f"{microbatches} micro-batches on {devices} devices is {microbatches * devices:,} (micro-batch, "
+                      f"device) steps to simulate, above the limit of {MAX_MICROBATCH_DEVICES:,} (measured: about "
+                      f"{KB_PER_MICROBATCH_DEVICE} KB of memory each, ~{need_gib:.1f} GiB here); use {field} {most} "
+                      f"or fewer on {devices} devices", field=field)
+
+
+def interrupt_code(stop: BaseException) -> int:
+    """The exit code of a command stopped by ``stop``: 130 for Ctrl-C (KeyboardInterrupt), 128+N for a
+    signal N that :mod:`experiments.cli` turned into SystemExit (SIGTERM: 143)."""
+    if isinstance(stop, KeyboardInterrupt):
+        return 130
+    code = getattr(stop, "code", None)
+    return code if isinstance(code, int) else 1
+
+
+def interrupted(stop: BaseException, kept: str) -> int:
+    """Print the one line an interrupted command ends with (``interrupted: <what was kept, where>``)
+    and return its exit code (:func:`interrupt_code`)."""
+    print(f"interrupted: {kept}", file=sys.stderr, flush=True)
+    return interrupt_code(stop)
 
 
 def resolve_problem(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:

@@ -17,6 +17,7 @@ from experiments.common import (
     add_model_args,
     add_output_args,
     add_runtime_arg,
+    check_microbatches,
     positive_int,
     print_json_lines,
     print_table,
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     profile, cluster = resolve_problem(args)
+    check_microbatches(args.microbatches, cluster.devices)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "megatron" not in methods:
         methods.append("megatron")

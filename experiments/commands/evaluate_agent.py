@@ -42,7 +42,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.common import add_output_args, output_folder, positive_int, print_json_lines, print_table
+from experiments.common import (
+    add_output_args,
+    check_microbatches,
+    interrupted,
+    output_folder,
+    positive_int,
+    print_json_lines,
+    print_table,
+)
 from pipeline.errors import ConfigError
 
 NAME = "evaluate-agent"
@@ -103,7 +111,8 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     profiles = [(name, zoo_profile(name, gpu=args.gpu)) for name in names]
     for path in args.hf_config:
         profiles.append((Path(path).stem, profile_from_architecture(load_hf_config(path), gpu=args.gpu)))
-    devices = [int(d) for d in args.devices.split(",") if d.strip()]
+    devices = _device_counts(args.devices)
+    check_microbatches(args.microbatches, max(devices, default=1))
     out = [(name, Problem(prof, build_cluster(args.gpu, devices=P), args.microbatches))
            for name, prof in profiles for P in devices if prof.num_layers >= P]
     config = HELDOUT_MIXED_SPEEDS if args.mixed_speeds else HELDOUT_SCENARIO
@@ -111,6 +120,17 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
         p = sample_problem(np.random.default_rng(args.heldout_seed + i), config)
         out.append((f"{p.profile.name}#{i}", p))
     return out
+
+
+def _device_counts(text: str) -> list[int]:
+    """``"8,16"`` -> [8, 16]; anything but whole numbers >= 1 is one error naming --devices."""
+    try:
+        counts = [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        counts = [0]
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"expected comma-separated whole numbers >= 1 (e.g. 8,16), got {text!r}", field="--devices")
+    return counts
 
 
 def _tuner_calls(method: str) -> int | None:
@@ -156,11 +176,8 @@ def _searcher(method: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from agents.base import Budget
     from experiments.tracking_hooks import tracked_run
-    from pipeline.bounds import lower_bound
 
     out = output_folder(args.out)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -171,27 +188,11 @@ def run(args: argparse.Namespace) -> int:
     methods.sort(key=lambda m: m in timed)
     budget = Budget(args.budget, args.max_seconds)
     rows: list[dict[str, Any]] = []
-    for name, problem in tqdm(_scenarios(args), desc="evaluate-agent", unit="scenario", file=sys.stderr,
-                              disable=None):
-        runs: dict[str, list] = {m: [] for m in methods}
-        for _ in range(args.repeats):
-            for m in methods:
-                calls = _tuner_calls(m)
-                b = budget if calls is None else Budget(calls, args.max_seconds)
-                if m in timed and runs.get("adaptis"):  # the tuner's wall time in this repeat
-                    b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
-                runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))
-        results = {m: _median_run(rs) for m, rs in runs.items()}
-        ref = results.get("adaptis")
-        bound = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
-        for m, r in results.items():
-            row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "method": m,
-                   "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
-                   "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3)}
-            if ref is not None and ref.feasible:
-                row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
-                row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0
-            rows.append(row)
+    scenarios = _scenarios(args)
+    try:
+        _evaluate(scenarios, methods, timed, budget, args, rows, out / "results.jsonl")
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
+        return interrupted(stop, _keep_finished(out, rows, methods, len(scenarios)))
     summary = _summarise(rows, methods)
     with open(out / "results.jsonl", "w") as fh:
         for row in rows:
@@ -219,6 +220,55 @@ def run(args: argparse.Namespace) -> int:
                     ("method", "geomean_quality", "min_quality", "feasible", "wins", "ties", "losses",
                      "wins_where_tuner_gap_over_1pct", "mean_calls", "mean_seconds"))
     return 0
+
+
+def _keep_finished(out: Path, rows: list[dict[str, Any]], methods: list[str], total: int) -> str:
+    """Write the finished scenarios' rows (OUT/results.jsonl) and their summary (OUT/summary.json);
+    what was kept and where, for the line an interrupted evaluation ends with."""
+    if not rows:
+        return f"no scenario of {total} had finished; nothing written to {out}"
+    with open(out / "results.jsonl", "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    (out / "summary.json").write_text(json.dumps(_summarise(rows, methods), indent=1) + "\n")
+    done = len(dict.fromkeys((r["scenario"], r["devices"]) for r in rows))
+    return (f"kept the rows of {done} finished scenario{'s' if done > 1 else ''} of {total} in {out / 'results.jsonl'} "
+            f"and their summary in {out / 'summary.json'}")
+
+
+def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple[str, ...], budget: Any,
+              args: argparse.Namespace, rows: list[dict[str, Any]], log: Path) -> None:
+    """Search every scenario with every method, appending each finished scenario's rows to ``rows``
+    and to the file ``log`` (so a killed evaluation keeps them too)."""
+    from tqdm import tqdm
+
+    from agents.base import Budget
+    from pipeline.bounds import lower_bound
+
+    for name, problem in tqdm(scenarios, desc="evaluate-agent", unit="scenario", file=sys.stderr, disable=None):
+        runs: dict[str, list] = {m: [] for m in methods}
+        for _ in range(args.repeats):
+            for m in methods:
+                calls = _tuner_calls(m)
+                b = budget if calls is None else Budget(calls, args.max_seconds)
+                if m in timed and runs.get("adaptis"):  # the tuner's wall time in this repeat
+                    b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
+                runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))
+        results = {m: _median_run(rs) for m, rs in runs.items()}
+        ref = results.get("adaptis")
+        bound = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
+        scenario_rows = []
+        for m, r in results.items():
+            row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "method": m,
+                   "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
+                   "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3)}
+            if ref is not None and ref.feasible:
+                row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
+                row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0
+            scenario_rows.append(row)
+        rows.extend(scenario_rows)  # whole scenarios only: an interruption keeps no half of one
+        with open(log, "a" if len(rows) > len(scenario_rows) else "w") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in scenario_rows)
 
 
 def _median_run(runs: list) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget
 from agents.registry import make_searcher
-from experiments.common import output_folder, positive_int
+from experiments.common import check_microbatches, output_folder, positive_int
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     methods = _split(args.methods)
     if "megatron" not in methods:
         methods.insert(0, "megatron")
+    for s in sizes:
+        check_microbatches(args.microbatches, SIZES[s])
     out = output_folder(args.out)
     cases = [(f, s, q) for f in families for s in sizes for q in seq_lens]
     from tqdm import tqdm

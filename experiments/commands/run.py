@@ -28,9 +28,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from agents.base import DEFAULT_CALLS
-from experiments.common import add_granularity_args, non_negative_float, positive_float, positive_int, print_table
+from experiments.common import (
+    add_granularity_args,
+    check_microbatches,
+    interrupted,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    print_table,
+)
 from experiments.deploy import add_target_arguments, add_trace_argument, print_targets
 from experiments.workflow import DEFAULT_METHODS, WorkflowConfig, WorkflowReport, run_workflow
 
@@ -95,8 +104,6 @@ def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
     methods = tuple(m.strip() for m in args.method.split(",") if m.strip())
     label = model or "model"
     if args.hf_config or (args.profile and not model):
-        from pathlib import Path
-
         label = Path(args.hf_config or args.profile).stem
     return WorkflowConfig(
         model=model, hf_config=args.hf_config, profile_path=args.profile, cluster_path=args.cluster, gpu=args.gpu,
@@ -165,8 +172,28 @@ def print_report(report: WorkflowReport) -> None:
     print(f"took {report.seconds.get('total', 0):.0f} s")
 
 
+#: What the workflow writes to --out, in the order its phases write them.
+KEPT_FILES = ("profile.json", "cluster.json", "calibrated_profile.json", "policy/policy.pth", "plan.json", "plan.csv",
+              "megatron_args.txt", "torchtitan.toml", "summary.json")
+
+
+def kept_files(out: Path) -> str:
+    """What an interrupted workflow left in ``out`` (for its last line): the files written so far, or none."""
+    kept = [name for name in KEPT_FILES if (out / name).is_file()]
+    if not kept:
+        return f"stopped before any file was written to {out}"
+    missing = "" if "plan.json" in kept else "; the search had not finished: no plan yet"
+    return f"kept {', '.join(kept)} in {out}{missing}"
+
+
 def run(args: argparse.Namespace) -> int:
-    report = run_workflow(config_from_args(args))
+    cfg = config_from_args(args)
+    if args.microbatches is not None:
+        check_microbatches(args.microbatches, args.devices)
+    try:
+        report = run_workflow(cfg)
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit);
+        return interrupted(stop, kept_files(Path(cfg.out)))  # a torchrun job was stopped by the executor
     if args.json:
         print(json.dumps(report.to_dict(), default=str))
     else:

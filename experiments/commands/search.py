@@ -37,6 +37,8 @@ from experiments.common import (
     add_model_args,
     add_output_args,
     add_runtime_arg,
+    check_microbatches,
+    interrupted,
     output_folder,
     positive_int,
     print_json_lines,
@@ -131,13 +133,13 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
                     f"({', '.join(r.method for r in results)}) in {out / 'results.jsonl'}")
     if writer.best_method is not None:
         kept.append(f"the best plan so far ({writer.best_method}) in {out / 'plan.json'}")
-    print("interrupted: " + (f"kept {' and '.join(kept)}" if kept else "no method had finished or found a plan; "
-                             "nothing written"), file=sys.stderr)
-    return 130 if isinstance(stop, KeyboardInterrupt) else int(stop.code) if isinstance(stop.code, int) else 1
+    return interrupted(stop, f"kept {' and '.join(kept)}" if kept else "no method had finished or found a plan; "
+                       "nothing written")
 
 
 def run(args: argparse.Namespace) -> int:
     profile, cluster = resolve_problem(args)
+    check_microbatches(args.microbatches, cluster.devices)
     try:
         budget = Budget.parse(args.budget)
     except ValueError as exc:

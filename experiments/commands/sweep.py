@@ -25,11 +25,15 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from experiments.common import (
     add_cluster_args,
     add_model_args,
+    check_microbatches,
+    interrupted,
     output_folder,
     positive_int,
     print_json_lines,
@@ -64,7 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from tqdm import tqdm
 
@@ -80,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc), field="--budget") from None
     profile, cluster = resolve_problem(args)
+    mbs = [v for v in params.get("microbatches", [args.microbatches]) if isinstance(v, int)]
+    devs = [v for v in params.get("devices", [cluster.devices]) if isinstance(v, int)]
+    check_microbatches(max(mbs, default=1), max(devs, default=1),
+                       field="--param microbatches" if "microbatches" in params else "--microbatches")
     label = args.model or (Path(args.profile).stem if args.profile else None) or \
         (Path(args.hf_config).stem if args.hf_config else DEFAULT_MODEL)
     group = args.group or f"sweep-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -92,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
     base = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
             "method": args.method, "budget": args.budget, "seed": args.seed, "sampler": args.sampler}
 
+    finished: list[Trial] = []
+
     def on_trial(trial: Trial) -> None:
+        finished.append(trial)
+        with open(out / "trials.jsonl", "a" if len(finished) > 1 else "w") as fh:  # rewritten best first at the end
+            fh.write(json.dumps(trial.row()) + "\n")
         with start_run(command=NAME, config={**base, **trial.params, "trial": trial.index},
                        project=args.wandb_project, group=group, name=f"{group}-t{trial.index}",
                        job_type="trial") as tracker:
@@ -103,9 +115,13 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
         bar.set_postfix_str(f"t{trial.index}: {trial.iteration_time or float('nan'):.4g}")
 
-    trials = run_sweep(params, profile=profile, cluster=cluster, microbatches=args.microbatches, method=args.method,
-                       budget=args.budget, seed=args.seed, max_trials=args.max_trials, sampler=args.sampler,
-                       on_trial=on_trial)
+    try:
+        trials = run_sweep(params, profile=profile, cluster=cluster, microbatches=args.microbatches,
+                           method=args.method, budget=args.budget, seed=args.seed, max_trials=args.max_trials,
+                           sampler=args.sampler, on_trial=on_trial)
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
+        bar.close()
+        return interrupted(stop, _keep_finished(finished, out, total))
     bar.close()
     save_trials(trials, out)
     rows = [t.row() for t in trials]
@@ -132,3 +148,21 @@ def run(args: argparse.Namespace) -> int:
         if best is None:
             print("no trial found a plan that fits in memory", file=sys.stderr)
     return 0 if best is not None else 3
+
+
+def _keep_finished(finished: list, out: Path, total: int) -> str:
+    """An interrupted sweep writes its finished trials (OUT/trials.jsonl, best first) and the best plan
+    among them (OUT/best_plan.json); what was kept and where, for its last line."""
+    import math
+
+    from experiments.workflow_sweep import save_trials
+
+    if not finished:
+        return f"no trial of {total} had finished; nothing written to {out}"
+    trials = sorted(finished, key=lambda t: (t.objective, t.index))
+    save_trials(trials, out)
+    kept = (f"kept the rows of {len(trials)} finished trial{'s' if len(trials) > 1 else ''} of {total} in "
+            f"{out / 'trials.jsonl'}")
+    if math.isfinite(trials[0].objective) and trials[0].plan is not None:
+        kept += f" and the best plan so far (trial {trials[0].index}) in {out / 'best_plan.json'}"
+    return kept

@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from experiments.common import add_output_args, output_folder, positive_int
+from experiments.common import add_output_args, interrupted, output_folder, positive_int
 
 NAME = "train"
 HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 tracker.log_image("learning_curve", png)
             tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
     except (KeyboardInterrupt, SystemExit) as stop:  # before or after PPO's own stop-and-save (SIGTERM: SystemExit)
-        print(f"interrupted: {kept_checkpoints(Path(args.out))}", file=sys.stderr)
-        return 130 if isinstance(stop, KeyboardInterrupt) else int(stop.code) if isinstance(stop.code, int) else 1
+        return interrupted(stop, kept_checkpoints(Path(args.out)))
     if args.json:
         print(json.dumps(summary))
     elif summary["interrupted"]:

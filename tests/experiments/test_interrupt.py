@@ -132,3 +132,64 @@ def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path) -> None:
     assert proc.returncode == 130, err[-2000:]
     assert _clean_stop(err) == (f"interrupted: stopped before the first checkpoint; nothing to resume from in "
                                 f"{out / 'checkpoints'} (run the same command again to start over)")
+
+
+def _interrupt_when(cmd: list[str], ready, sig: int, *, wait: float = 90) -> tuple[int, str]:
+    """Start ``cmd``, send ``sig`` once ``ready()`` holds, and return its exit code and stderr."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with reaped(proc):
+        deadline = time.monotonic() + wait
+        while not ready() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert ready(), "the command never reached the point to interrupt"
+        time.sleep(0.5)
+        _, err, elapsed = exit_after(proc, lambda: proc.send_signal(sig), timeout=30)
+    assert elapsed < 10
+    return proc.returncode, err
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_sweep_keeps_its_finished_trials(tmp_path, sig, code) -> None:
+    """Trial 0 (5 calls) finishes, trial 1 (a million calls) is interrupted: trial 0's row and plan are kept."""
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "experiments", "sweep", "--profile", PROFILE, "--cluster", CLUSTER,
+           "--microbatches", "16", "--param", "budget=5,1000000", "--out", str(out)]
+    rc, err = _interrupt_when(cmd, lambda: len(_lines(out / "trials.jsonl")) == 1, sig)
+    assert rc == code, err[-2000:]
+    last = _clean_stop(err)
+    assert last == (f"interrupted: kept the rows of 1 finished trial of 2 in {out / 'trials.jsonl'} and the best "
+                    f"plan so far (trial 0) in {out / 'best_plan.json'}")
+    assert [r["budget"] for r in _lines(out / "trials.jsonl")] == [5]
+    validate_plan(Plan.load(out / "best_plan.json"), num_layers=16, devices=4)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_evaluation_keeps_its_finished_scenarios(tmp_path, sig, code) -> None:
+    """tiny-hybrid's tuner ends at once (its plan space is small); the synthetic draw after it is interrupted."""
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "experiments", "evaluate-agent", "--models", "tiny-hybrid", "--devices", "2",
+           "--heldout", "1", "--methods", "adaptis", "--budget", "1000000", "--max-seconds", "300", "--out", str(out)]
+    rc, err = _interrupt_when(cmd, lambda: len(_lines(out / "results.jsonl")) == 1, sig)
+    assert rc == code, err[-2000:]
+    assert _clean_stop(err) == (f"interrupted: kept the rows of 1 finished scenario of 2 in {out / 'results.jsonl'} "
+                                f"and their summary in {out / 'summary.json'}")
+    assert [r["scenario"] for r in _lines(out / "results.jsonl")] == ["tiny-hybrid"]
+    assert json.loads((out / "summary.json").read_text())["adaptis"]["feasible"] == 1
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_workflow_names_the_files_it_kept(tmp_path, sig, code) -> None:
+    """`run` on analytic costs, interrupted in its search: the costs it wrote are named, and that no plan is."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments", "run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4",
+           "--method", "megatron,adaptis", "--budget", "1000000", "--max-seconds", "300", "--out", str(out)]
+    rc, err = _interrupt_when(cmd, lambda: (out / "cluster.json").is_file(), sig)
+    assert rc == code, err[-2000:]
+    assert _clean_stop(err) == (f"interrupted: kept profile.json, cluster.json in {out}; the search had not "
+                                "finished: no plan yet")

@@ -113,3 +113,35 @@ def test_a_file_output_inside_a_file_is_one_line(tmp_path, capsys) -> None:
     taken.write_text("not a folder")
     assert main(["profile-info", "--model", "tiny-hybrid", "--out", str(taken / "p.json")]) == 2
     assert _one_error_line(capsys.readouterr().err) == f"error: {taken / 'p.json'}: Not a directory"
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["baselines", "--model", "gemma-small", "--devices", "4", "--microbatches", "100000"], "--microbatches"),
+    (["search", "--model", "gemma-small", "--devices", "4", "--microbatches", "100000"], "--microbatches"),
+    (["sweep", "--model", "gemma-small", "--devices", "4", "--param", "microbatches=8,100000"],
+     "--param microbatches"),
+    (["evaluate-agent", "--models", "gemma-small", "--devices", "4,8", "--microbatches", "10000"], "--microbatches"),
+    (["reproduce", "--sizes", "large", "--microbatches", "5000"], "--microbatches"),
+    (["run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4", "--microbatches", "100000"],
+     "--microbatches"),
+], ids=lambda a: a[0] if isinstance(a, list) else None)
+def test_too_many_microbatches_are_refused_before_any_work(argv, field, tmp_path, capsys) -> None:
+    """`baselines ... --microbatches 100000` grew ~90 MB/s for minutes without a line: now one line at once."""
+    import time
+
+    from experiments.common import MAX_MICROBATCH_DEVICES
+
+    start = time.monotonic()
+    assert main([*argv, "--out", str(tmp_path / "out")] if argv[0] != "baselines" else argv) == 2
+    assert time.monotonic() - start < 5
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"field '{field}'" in line and f"{MAX_MICROBATCH_DEVICES:,}" in line and "KB" in line
+
+
+def test_the_microbatch_limit_allows_what_fits() -> None:
+    from experiments.common import MAX_MICROBATCH_DEVICES, check_microbatches
+
+    check_microbatches(MAX_MICROBATCH_DEVICES // 4, 4)
+    check_microbatches(1024, 64)
+    with pytest.raises(Exception, match="use --microbatches 16384 or fewer"):
+        check_microbatches(MAX_MICROBATCH_DEVICES // 4 + 1, 4)
