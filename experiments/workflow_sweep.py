@@ -26,10 +26,10 @@ from typing import Any
 
 from agents.base import Budget
 from pipeline.errors import ConfigError
-from pipeline.spec import Cluster, ModelProfile
+from pipeline.spec import GIB, Cluster, ModelProfile
 
 __all__ = ["PROBLEM_KEYS", "SEARCH_KEYS", "Trial", "parse_params", "grid", "check_params", "run_trial", "run_sweep",
-           "save_trials"]
+           "save_trials", "infeasible_reason"]
 
 #: Settings that change the problem, not the searcher.
 PROBLEM_KEYS = ("microbatches", "memory_gb", "devices")
@@ -163,6 +163,8 @@ class Trial:
     seconds: float = 0.0
     plan: Any = field(default=None, repr=False)
     run_dir: str | None = None
+    reason: str | None = None
+    """Why the trial has no plan that fits (None when it has one): what ``search`` says of the same result."""
 
     @property
     def objective(self) -> float:
@@ -173,7 +175,7 @@ class Trial:
         return {"trial": self.index, **self.params, "method": self.method, "iteration_time": self.iteration_time,
                 "speedup": self.speedup, "bubble_pct": None if self.bubble is None else 100 * self.bubble,
                 "peak_memory_gb": self.peak_memory_gb, "feasible": self.feasible, "sim_calls": self.sim_calls,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "reason": self.reason}
 
 
 def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
@@ -209,7 +211,22 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
         trial.iteration_time, trial.feasible = r.iteration_time, r.feasible
         trial.speedup = ref / r.iteration_time if ref else None
         trial.bubble, trial.peak_memory_gb = r.mean_bubble, max(r.peak_memory_gb)
+    trial.reason = infeasible_reason(res, cl)
     return trial
+
+
+def infeasible_reason(res: Any, cluster: Cluster) -> str | None:
+    """Why a search result has no plan that fits, in the words ``search`` uses: the simulator's error
+    (or the searcher's note) for no valid plan; for one out of memory, its peak against the usable memory."""
+    if res.ok and res.result.feasible:
+        return None
+    if not res.ok:
+        return res.note or (res.result.error if res.result is not None else None) or "no plan"
+    peak = max(res.result.peak_memory) / GIB
+    usable = cluster.memory_gb - cluster.memory_reserve_gb
+    return (f"out of memory: the peak is {peak:.2f} GiB against {usable:g} GiB usable per device "
+            f"({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or "
+            "use fewer micro-batches in flight")
 
 
 def _optuna_combos(params: dict[str, list[Any]], trials: int, seed: int,

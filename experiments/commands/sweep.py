@@ -137,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
         print_json_lines(rows)
     else:
         keys = list(params)
-        print_table(rows, [COLUMNS[0], *keys, *COLUMNS[1:]],
+        why = ["reason"] if any(r.get("reason") for r in rows) else []
+        for r in rows:
+            r["reason"] = (r.get("reason") or "")[:70]
+        print_table(rows, [COLUMNS[0], *keys, *COLUMNS[1:], *why],
                     title=f"{profile.name} on {cluster.devices} devices: {len(trials)} trials of {args.method} "
                           f"(sampler {args.sampler}; time in {profile.time_unit}; speedup over megatron), best first")
         if best is not None:
@@ -146,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
                   + (f", {best.speedup:.2f}x megatron" if best.speedup else "")
                   + f" -> {out / 'best_plan.json'}; W&B group {group!r}")
         if best is None:
-            print("no trial found a plan that fits in memory", file=sys.stderr)
+            near = min(trials, key=lambda t: (t.peak_memory_gb is None, t.peak_memory_gb or 0.0), default=None)
+            why = f"; trial {near.index}: {near.reason}" if near is not None and near.reason else ""
+            print(f"no trial found a plan that fits in memory{why}", file=sys.stderr)
     return 0 if best is not None else 3
 
 

@@ -104,3 +104,31 @@ def test_sweep_command_logs_each_trial_in_one_group(tmp_path: Path, monkeypatch,
     summary = next(r for r in runs if r.job_type == "summary")
     assert len(summary.tables["trials"]) == 4
     assert summary.artifact("sweep-best-hetero-head-16").type == "plan"
+
+
+def test_an_infeasible_trial_carries_the_reason_search_gives(tmp_path: Path, capsys) -> None:
+    """A trial out of memory names its peak against the usable memory, as `search` does, in its row,
+    its table and the last line; it was all None/infeasible with no reason (issue 30)."""
+    common = ["--model", "gemma-small", "--devices", "4", "--memory-gb", "8", "--budget", "20"]
+    assert main(["search", *common, "--method", "megatron", "--out", str(tmp_path / "search")]) == 3
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    searched = said.split(" against ", 1)[1]  # search: "... the smallest peak found is P GiB (m) against ..."
+    out = tmp_path / "sweep"
+    assert main(["sweep", *common, "--param", "seed=0,1", "--method", "megatron", "--out", str(out)]) == 3
+    cap = capsys.readouterr()
+    rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert all(not r["feasible"] and r["reason"].startswith("out of memory: the peak is ") for r in rows)
+    assert all(r["reason"].endswith(" against " + searched) for r in rows)
+    assert "reason" in cap.out.splitlines()[1] and "out of memory" in cap.out
+    last = cap.err.strip().splitlines()[-1]
+    assert last == f"no trial found a plan that fits in memory; trial 0: {rows[0]['reason']}"
+
+
+def test_a_trial_without_a_plan_says_why() -> None:
+    from agents.base import SearchResult
+    from experiments.workflow_sweep import infeasible_reason
+    from tests.conftest import ideal_cluster
+
+    cluster = ideal_cluster(4)
+    assert infeasible_reason(SearchResult("rl", None, None, note="skipped: no policy"), cluster) == "skipped: no policy"
+    assert infeasible_reason(SearchResult("x", None, None), cluster) == "no plan"
