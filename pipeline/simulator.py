@@ -30,6 +30,11 @@ Rules (the contract every other part relies on):
   computes the weight gradients too (its W is empty).
 * Bounded: the loop makes at most ``actions + 1`` passes over the devices; a plan whose
   devices all wait on each other is reported as a deadlock naming the waiting actions.
+* The runtime (``TrainingConfig.runtime``, :mod:`pipeline.runtime`) adds what a real runtime does
+  to these ideal rules: a compute scale and a per-action overhead on every action, the profile's
+  ``transfer_overhead`` on both ends of each transfer between devices, blocking transfers (moved
+  from the link onto the sending action), a step time after the last action, and, where
+  iterations overlap, the steady-state period (:func:`steady_period`) instead of the makespan.
 """
 
 from __future__ import annotations
@@ -109,7 +114,13 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     the stage's input; I re-runs F, then runs the whole backward, weight gradients included, so
     W is empty and nothing waits for it (a separate weight pass over checkpointed activations
     would re-run the forward per parameter group); B costs ``f + b + w``; the device's static
-    memory reserves one micro-batch of the stage's full activations for the recomputation."""
+    memory reserves one micro-batch of the stage's full activations for the recomputation.
+
+    ``training.runtime`` (:mod:`pipeline.runtime`) scales every time by its ``compute_scale``, adds
+    its ``action_overhead_s`` to the profile's, its ``step_s`` to ``post_step``, and with
+    ``blocking_p2p`` moves each transfer onto the action that sends it (``comm`` becomes 0). The
+    profile's ``transfer_overhead`` is added to both actions at the ends of each transfer between
+    devices (F of the sender and of the receiver, I/B of both on the way back)."""
     if recompute is not None and len(recompute) != len(partition):
         raise PlanError(f"has {len(recompute)} entries for {len(partition)} stages; give one per stage",
                         field="recompute")
