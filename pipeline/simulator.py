@@ -21,8 +21,8 @@ Rules (the contract every other part relies on):
   (``I`` is a no-op there and ``W`` runs the whole backward), ``I`` frees nothing and ``W`` frees
   all (``TrainingConfig.first_stage_defers_backward``, on by default). Since a device's actions
   run in list order, its activation curve follows that order exactly. The limit is each device's
-  capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step are not
-  modelled.
+  capacity less ``Cluster.memory_reserve_gb``. Transfer buffers and the optimizer step's memory
+  are not modelled (its time is the runtime's ``step_s``, below).
 * Finer units (see :func:`stage_costs`): units of a ``shared_group`` (a head cut into shards)
   hold one copy of their weights per device, and the all-reduce of their gradients across the
   devices that hold them runs after the step (``StageCosts.post_step``, added to the makespan).
