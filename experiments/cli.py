@@ -72,12 +72,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted while starting; nothing was run", file=sys.stderr)
         return 130
     args = parser.parse_args(argv)
+    _check_single_values(parser, args)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
     with warnings.catch_warnings():
         warnings.showwarning = functools.partial(_show_warning, default=warnings.showwarning)
         return _run(args)
+
+
+def _check_single_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as argparse refuses a missing value, a flag of one value that parsed to a list:
+    Python 3.11's argparse reads ``--method=--`` as ``[]`` (the ``--`` dropped), which the command
+    would meet as a list instead of text."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = sub.choices[args.command]
+    for action in command._actions:
+        value = getattr(args, action.dest, None)
+        if action.option_strings and action.nargs is None and isinstance(value, list) \
+                and not isinstance(action.default, list):
+            command.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
 
 
 def _run(args: argparse.Namespace) -> int:

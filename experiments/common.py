@@ -32,6 +32,8 @@ __all__ = [
     "output_folder",
     "positive_int",
     "positive_float",
+    "non_negative_int",
+    "seed_int",
     "non_negative_float",
     "print_table",
     "print_json_lines",
@@ -51,6 +53,27 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def seed_int(text: str, *, most: int = 2**32 - 1) -> int:
+    """A random seed: a whole number from 0 to ``most`` (NumPy's and Gymnasium's seeds cannot be negative)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {most}, got {value}")
     return value
 
 

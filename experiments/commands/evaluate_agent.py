@@ -46,10 +46,12 @@ from experiments.common import (
     add_output_args,
     check_microbatches,
     interrupted,
+    non_negative_int,
     output_folder,
     positive_int,
     print_json_lines,
     print_table,
+    seed_int,
 )
 from pipeline.errors import ConfigError
 
@@ -62,14 +64,15 @@ COLUMNS = ("scenario", "devices", "mb", "method", "iter_time", "feasible", "qual
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="policy file (default: the shipped policy)")
     parser.add_argument("--ranker", default=None, help="start ranker file (default: the shipped one)")
-    parser.add_argument("--heldout-seed", type=int, default=20_000,
+    parser.add_argument("--heldout-seed", type=seed_int, default=20_000,
                         help="seed of the first synthetic held-out draw (20000; another range gives fresh scenarios)")
     parser.add_argument("--models", default="heldout",
                         help="comma-separated zoo models, 'heldout' (models training never saw), 'all' or 'none'")
     parser.add_argument("--hf-config", action="append", default=[], help="extra HF config.json files")
     parser.add_argument("--devices", default="8,16", help="comma-separated device counts for the zoo models")
     parser.add_argument("--microbatches", type=positive_int, default=32)
-    parser.add_argument("--heldout", type=int, default=0, help="synthetic held-out scenarios to draw as well")
+    parser.add_argument("--heldout", type=non_negative_int, default=0,
+                        help="synthetic held-out scenarios to draw as well")
     parser.add_argument("--mixed-speeds", action="store_true",
                         help="draw every synthetic held-out scenario on devices of mixed speeds (default: a quarter)")
     parser.add_argument("--gpu", default="h100")
@@ -77,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
     parser.add_argument("--methods", default="rl,rl-random,no-learning,rl-zero,adaptis,rl+tuner")
-    parser.add_argument("--samples", type=int, default=4, help="K: sampled rollouts of the policy (method rl)")
+    parser.add_argument("--samples", type=positive_int, default=4, help="K: sampled rollouts of the policy (method rl)")
     parser.add_argument("--rl-tuner-order", choices=("tuner-first", "policy-first"), default=None,
                         help="rl+tuner's order (default: RLTunerSearcher's)")
     parser.add_argument("--repeats", type=positive_int, default=1,

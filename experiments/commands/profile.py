@@ -18,7 +18,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from experiments.common import add_granularity_args, positive_float, positive_int
+from experiments.common import add_granularity_args, non_negative_int, positive_float, positive_int
 
 if TYPE_CHECKING:
     from pipeline.arch import Architecture
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
     parser.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
     parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per layer (median kept)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed runs first")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.common import add_granularity_args, output_folder, positive_float, positive_int
+from experiments.common import add_granularity_args, non_negative_int, output_folder, positive_float, positive_int
 
 if TYPE_CHECKING:
     from pipeline.arch import Architecture
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", metavar="C.json", help="predict with this cluster instead of the measured link")
     parser.add_argument("--nproc", type=positive_int, default=None, help="processes (must equal the plan's devices)")
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
     parser.add_argument("--check", action="store_true", help="compare loss/gradients/weights with one process")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     parser.add_argument("--timeout", type=positive_float, default=600.0, help="seconds for the whole job")

@@ -36,6 +36,7 @@ from experiments.common import (
     check_microbatches,
     interrupted,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     print_table,
@@ -79,14 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     se.add_argument("--seed", type=int, default=0)
     se.add_argument("--perturb-moves", type=positive_int, default=None, help="the tuner's perturbation strength")
     se.add_argument("--policy", default=None, help="RL policy file (default: the shipped one)")
-    se.add_argument("--train-policy", type=int, default=0, metavar="TIMESTEPS",
+    se.add_argument("--train-policy", type=non_negative_int, default=0, metavar="TIMESTEPS",
                     help="first train an RL policy this many steps and use it (0: no training)")
     rp = parser.add_argument_group("replay (this machine only)")
     rp.add_argument("--no-replay", action="store_true", help="search only")
     rp.add_argument("--steps", type=positive_int, default=5, help="timed steps per plan (median kept)")
-    rp.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    rp.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
     rp.add_argument("--profile-repeats", type=positive_int, default=5, help="timed repeats per layer when profiling")
-    rp.add_argument("--calibration-plans", type=int, default=6, metavar="N",
+    rp.add_argument("--calibration-plans", type=non_negative_int, default=6, metavar="N",
                     help="random plans replayed to calibrate the profile before the search (0: none)")
     rp.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     rp.add_argument("--timeout", type=positive_float, default=900.0, help="seconds for each torchrun job")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from experiments.common import (
     add_cluster_args,
@@ -24,6 +25,7 @@ from experiments.common import (
 from experiments.deploy import add_trace_argument, write_plan_trace
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
+from pipeline.errors import ConfigError
 from pipeline.plan import Plan
 from pipeline.render import gantt_png, gantt_text
 from pipeline.simulator import simulate
@@ -43,7 +45,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
+def check_image_path(path: str, field: str) -> None:
+    """Refuse an image path whose suffix matplotlib cannot write (e.g. ``.txt``, or none), naming the field."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in kinds:
+        what = f": '.{suffix}' is not an image format" if suffix else " has no image suffix"
+        raise ConfigError(f"{path!r}{what}; name a .png file (or {', '.join('.' + k for k in sorted(kinds))})",
+                          field=field)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.gantt:
+        check_image_path(args.gantt, "--gantt")
     profile = resolve_profile(args)
     cluster = resolve_cluster(args)
     plan = Plan.load(args.plan)

@@ -23,16 +23,22 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from experiments.common import add_output_args, interrupted, output_folder, positive_int
+from experiments.common import add_output_args, interrupted, non_negative_int, output_folder, positive_int, seed_int
+from pipeline.errors import ConfigError
 
 NAME = "train"
 HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
 
 
+def _train_seed(text: str) -> int:
+    return seed_int(text, most=(2**32 - 1) // 1000 - 1)  # environment i gets seed 1000 x seed + i
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo", choices=("maskable-ppo", "ppo"), default="maskable-ppo")
     parser.add_argument("--timesteps", type=positive_int, default=20_000, help="environment steps in total")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_train_seed, default=0,
+                        help="seed (0 to 4294966: environment i is seeded 1000 x seed + i)")
     parser.add_argument("--n-envs", type=positive_int, default=8, help="parallel environments")
     parser.add_argument("--vec", choices=("dummy", "subproc"), default="subproc",
                         help="vectorisation (subproc: one process per environment, all cores step)")
@@ -40,14 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="entity: per-stage/per-device network for any size (maskable-ppo); mlp: SB3's MLP")
     parser.add_argument("--out", default="runs/train", help="output folder")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--eval-every", type=int, default=5_000, help="steps between evaluations (0: none)")
+    parser.add_argument("--eval-every", type=non_negative_int, default=5_000,
+                        help="steps between evaluations (0: none)")
     parser.add_argument("--eval-scenarios", type=positive_int, default=6, help="held-out scenarios per evaluation")
     parser.add_argument("--checkpoint-every", type=positive_int, default=10_000)
     parser.add_argument("--n-steps", type=positive_int, default=128, help="PPO rollout length per environment")
-    parser.add_argument("--imitation-states", type=int, default=0,
+    parser.add_argument("--imitation-states", type=non_negative_int, default=0,
                         help="states labelled by the one-step look-ahead oracle before PPO (0: PPO alone)")
     parser.add_argument("--imitation-epochs", type=positive_int, default=12, help="passes over the labelled states")
-    parser.add_argument("--ranker-scenarios", type=int, default=0,
+    parser.add_argument("--ranker-scenarios", type=non_negative_int, default=0,
                         help="training scenarios labelled for the start ranker, saved as OUT/starts.pt (0: none)")
     parser.add_argument("--learning-rate", type=float, default=5e-4, help="PPO's learning rate")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -59,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     from experiments.tracking_hooks import tracked_run
     from experiments.tracking_sb3 import make_sb3_logger
 
+    if args.n_steps * args.n_envs < 2:  # PPO normalises advantages over a batch: one sample gives NaN
+        raise ConfigError(f"a rollout of --n-steps {args.n_steps} x --n-envs {args.n_envs} is one step; PPO needs at "
+                          "least 2 per update: use --n-steps 2 or more", field="--n-steps")
     output_folder(args.out)
     config = TrainConfig(algo=args.algo, timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs, vec=args.vec,
                          network=args.network if args.algo == "maskable-ppo" else "mlp",

@@ -145,3 +145,27 @@ def test_the_microbatch_limit_allows_what_fits() -> None:
     check_microbatches(1024, 64)
     with pytest.raises(Exception, match="use --microbatches 16384 or fewer"):
         check_microbatches(MAX_MICROBATCH_DEVICES // 4 + 1, 4)
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["search", *PROBLEM, "--method=--"], "--method"),
+    (["evaluate-agent", "--models", "tiny-hybrid", "--devices", "x"], "--devices"),
+    (["evaluate-agent", "--heldout-seed", "-5"], "--heldout-seed"),
+    (["train", "--seed", "99999999999"], "--seed"),
+    (["train", "--imitation-states", "-1"], "--imitation-states"),
+    (["train", "--n-steps", "1", "--n-envs", "1"], "--n-steps"),
+    (["simulate", "--profile", PROFILE, "--cluster", CLUSTER, "--plan", "p.json", "--gantt", "chart.txt"], "--gantt"),
+], ids=lambda a: " ".join(a[:1] + a[-2:]) if isinstance(a, list) else None)
+def test_what_the_cli_fuzz_found_is_one_line(argv, field, tmp_path, capsys) -> None:
+    """Each was a traceback (AttributeError, ValueError, a NaN in PPO, matplotlib) found by the CLI fuzz
+    (tests/experiments/test_cli_fuzz.py); argparse's refusals exit through SystemExit(2)."""
+    if argv[0] != "simulate":
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert field in last and "error" in last, err
