@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from experiments.common import (
@@ -81,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
                          title=f"{plan.method} on {profile.name}")
     if args.json:
         print(json.dumps(row))
-    elif not result.valid:
-        print(f"invalid plan: {result.error}")
+    elif not result.valid:  # one line on stderr, as every refusal; exit 1 (the plan, not the command line)
+        print(f"error: invalid plan: {result.error}", file=sys.stderr)
     else:
         unit = result.time_unit
         print(f"plan {args.plan}: {plan.method}, {plan.num_stages} stages on {plan.devices} devices, "

@@ -23,7 +23,15 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from experiments.common import add_output_args, interrupted, non_negative_int, output_folder, positive_int, seed_int
+from experiments.common import (
+    add_output_args,
+    interrupted,
+    non_negative_int,
+    output_folder,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from pipeline.errors import ConfigError
 
 NAME = "train"
@@ -32,6 +40,14 @@ HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
 
 def _train_seed(text: str) -> int:
     return seed_int(text, most=(2**32 - 1) // 1000 - 1)  # environment i gets seed 1000 x seed + i
+
+
+def _learning_rate(text: str) -> float:
+    """PPO's step size: above 0 and at most 1 (beyond, the policy's weights blow up to NaN in one update)."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be at most 1 (e.g. 5e-4), got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--imitation-epochs", type=positive_int, default=12, help="passes over the labelled states")
     parser.add_argument("--ranker-scenarios", type=non_negative_int, default=0,
                         help="training scenarios labelled for the start ranker, saved as OUT/starts.pt (0: none)")
-    parser.add_argument("--learning-rate", type=float, default=5e-4, help="PPO's learning rate")
+    parser.add_argument("--learning-rate", type=_learning_rate, default=5e-4, help="PPO's learning rate (0, 1]")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_output_args(parser)
 

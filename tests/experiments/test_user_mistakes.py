@@ -155,6 +155,7 @@ def test_the_microbatch_limit_allows_what_fits() -> None:
     (["train", "--imitation-states", "-1"], "--imitation-states"),
     (["train", "--n-steps", "1", "--n-envs", "1"], "--n-steps"),
     (["simulate", "--profile", PROFILE, "--cluster", CLUSTER, "--plan", "p.json", "--gantt", "chart.txt"], "--gantt"),
+    (["train", "--learning-rate", "1e9"], "--learning-rate"),
 ], ids=lambda a: " ".join(a[:1] + a[-2:]) if isinstance(a, list) else None)
 def test_what_the_cli_fuzz_found_is_one_line(argv, field, tmp_path, capsys) -> None:
     """Each was a traceback (AttributeError, ValueError, a NaN in PPO, matplotlib) found by the CLI fuzz
@@ -169,3 +170,13 @@ def test_what_the_cli_fuzz_found_is_one_line(argv, field, tmp_path, capsys) -> N
     assert code == 2 and "Traceback" not in err
     last = err.strip().splitlines()[-1]
     assert field in last and "error" in last, err
+
+
+def test_an_invalid_plan_is_one_error_line_on_stderr(tmp_path, capsys) -> None:
+    """simulate of a plan for another model: the CLI fuzz saw exit 1 with nothing on stderr (it was on stdout)."""
+    plan = tmp_path / "search" / "plan.json"
+    assert main(["search", *PROBLEM, "--method", "megatron", "--budget", "1", "--out", str(plan.parent)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--plan", str(plan), "--model", "gemma-small", "--devices", "4"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: invalid plan: ") and "field 'partition'" in line
