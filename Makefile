@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test engine lint bench clean
+.PHONY: run test test-fast engine lint bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ run: engine
 test: engine
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The unit tests without the slow ones (torchrun jobs, training, the docs' commands, long searches):
+# about a minute on 2 cores. `make test` (CI) still runs everything.
+test-fast: engine
+	$(PY) -m pytest -q -m "not slow"
 
 bench: engine
 	$(PY) -m experiments.benchmarks.engine_speed

@@ -158,6 +158,7 @@ def _timed_runs(searches) -> int:
     return timed
 
 
+@pytest.mark.slow  # training, then evaluate-agent and search
 def test_commands_with_tiny_budgets(tmp_path, capsys, monkeypatch):
     from experiments.cli import main
 

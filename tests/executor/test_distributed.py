@@ -14,6 +14,8 @@ import pytest
 from executor.replay import ReplayOptions, run_job, run_torchrun
 from tests.executor.plans import named_plans, uneven_plan
 
+pytestmark = pytest.mark.slow  # torchrun jobs
+
 TOL = 1e-5
 OPTIONS = ReplayOptions(model="tiny-hybrid", seq_len=32, steps=1, warmup=0, check=True, transfer_timeout=60)
 

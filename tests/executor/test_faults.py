@@ -10,9 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from executor.replay import REPO_ROOT, torchrun_command
 from tests.conftest import exit_after, reaped
 from tests.executor.plans import named_plans
+
+pytestmark = pytest.mark.slow  # torchrun jobs, killed
 
 EXIT_BOUND_S = 30.0
 

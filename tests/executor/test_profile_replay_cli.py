@@ -54,6 +54,7 @@ def test_profile_command_writes_a_profile(tmp_path: Path, units: list[str], coun
         assert all(x.f > 0 and x.b > 0 and x.w > 0 for x in heads)
 
 
+@pytest.mark.slow  # a torchrun job
 def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = dict(named_plans(4))["zbv"]
     plan.save(tmp_path / "plan.json")

@@ -52,6 +52,7 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
                                             f"{out / 'plan.json'}")
 
 
+@pytest.mark.slow  # training
 def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
     """Ctrl-C during `train` stops at the next step, saves a checkpoint and a policy; --resume
     continues from that checkpoint up to the requested total."""
@@ -98,6 +99,7 @@ def _clean_stop(err: str) -> str:
     return err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # training
 def test_ctrl_c_in_the_terminal_stops_training_and_its_workers_cleanly(tmp_path) -> None:
     """The terminal sends SIGINT to the whole process group, environment workers included: the
     workers ignore it, the parent saves a checkpoint, closes them and names what it kept."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from tests.conftest import ideal_cluster, uniform_profile
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "2500"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+pytestmark = pytest.mark.slow  # 2,500 examples a test: ~50 s in all (make test-fast leaves them out)
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**10), st.floats(allow_nan=True),
                          st.text(max_size=6))

@@ -105,6 +105,7 @@ def test_our_megatron_order_is_megatron_cores(devices: int, chunks: int, microba
         assert list(ours[rank]) == theirs, rank
 
 
+@pytest.mark.slow  # torchrun jobs
 def test_torchtitan_builds_and_trains_our_plans(tiny, tmp_path: Path) -> None:
     """torchtitan's own _pipeline_module_split and _build_pipeline_schedule, fed our fragments,
     run the torchtitan-target search's plan and a plan of the other placement style (V, or loop
