@@ -106,6 +106,8 @@ def _read_json(path: str | Path, error: type) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise error(f"cannot read file ({exc.strerror}); check the path", source=str(path)) from None
+    except UnicodeDecodeError:
+        raise error("not a text file (JSON is UTF-8 text); check the path", source=str(path)) from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -310,6 +312,10 @@ class ModelProfile:
                        transfer_overhead=self.transfer_overhead * factor)
 
 
+#: Pipeline devices a cluster may hold (a guard: larger counts are a whole job's GPUs, not a pipeline).
+MAX_CLUSTER_DEVICES = 65_536
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator of a cluster."""
@@ -350,6 +356,10 @@ class Cluster:
         if isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1:
             raise ClusterError(f"must be a whole number >= 1, got {self.devices!r}", source=self.name,
                                field="devices")
+        if self.devices > MAX_CLUSTER_DEVICES:
+            raise ClusterError(f"{self.devices} pipeline devices: plans hold at most {MAX_CLUSTER_DEVICES}; "
+                               "give the pipeline's size, not the whole job's GPU count", source=self.name,
+                               field="devices")
         for key in ("memory_gb", "p2p_gbps", "inter_node_gbps"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -364,7 +374,8 @@ class Cluster:
             if len(self.device_list) != self.devices:
                 raise ClusterError(f"lists {len(self.device_list)} devices but 'devices' is {self.devices}; "
                                    "make them agree", source=self.name, field="device_list")
-        smallest = min(self.device(d).memory_gb for d in range(self.devices))
+        smallest = (min(d.memory_gb for d in self.device_list) if self.device_list is not None
+                    else self.memory_gb)
         if reserve >= smallest:
             raise ClusterError(f"{reserve:g} GiB leaves nothing of a {smallest:g} GiB device; lower "
                                "memory_reserve_gb (--memory-reserve-gb) or raise memory_gb (--memory-gb)",

@@ -132,3 +132,25 @@ def test_memory_reserve_comes_off_every_device_and_round_trips(tmp_path) -> None
     assert saved["version"] == 2 and saved["memory_reserve_gb"] == 2.5
     assert Cluster.load(path) == cluster
     assert Cluster(devices=1).memory_reserve_gb == 0.0  # built in code: an ideal device unless told
+
+
+def test_a_binary_file_is_a_clear_error_not_a_decode_traceback(tmp_path) -> None:
+    from pipeline.errors import ClusterError, ProfileError
+    from pipeline.spec import Cluster, ModelProfile
+
+    blob = tmp_path / "blob.json"
+    blob.write_bytes(bytes(range(256)))
+    with pytest.raises(ClusterError, match="not a text file"):
+        Cluster.load(blob)
+    with pytest.raises(ProfileError, match="not a text file"):
+        ModelProfile.load(blob)
+
+
+def test_a_whole_jobs_gpu_count_is_refused_before_anything_is_built() -> None:
+    from pipeline.errors import ClusterError
+    from pipeline.spec import MAX_CLUSTER_DEVICES, Cluster
+
+    with pytest.raises(ClusterError, match="at most") as info:
+        Cluster(devices=10**10)
+    assert info.value.field == "devices"
+    assert Cluster(devices=MAX_CLUSTER_DEVICES, memory_gb=80).memory_gb == 80
