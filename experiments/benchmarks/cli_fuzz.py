@@ -264,6 +264,9 @@ def _child(argv: list[str], scratch: Path, out_path: Path, err_path: Path) -> No
         err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
+        # Under a test runner sys.stdout/sys.stderr are its capture objects, not fds 1 and 2.
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)  # noqa: SIM115
         sys.argv = ["experiments", *argv]
         from experiments.cli import main
 
