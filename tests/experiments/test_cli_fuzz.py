@@ -20,6 +20,7 @@ def test_every_command_is_drawn_from_its_parser() -> None:
     assert all(any("--" in s for a in actions for s in a.option_strings) for actions in flags.values())
 
 
+@pytest.mark.slow  # fuzzing: 150 invocations, 25-50 s on 2 cores
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the fuzz forks one child per invocation")
 def test_random_command_lines_end_cleanly(tmp_path) -> None:
     start = time.monotonic()
