@@ -263,6 +263,8 @@ class Plan:
             raise PlanError(f"cannot read file ({exc.strerror}); check the path", source=str(path)) from None
         except json.JSONDecodeError as exc:
             raise PlanError(f"not valid JSON (line {exc.lineno}: {exc.msg})", source=str(path)) from None
+        except UnicodeDecodeError:
+            raise PlanError("not a text file (a plan is UTF-8 JSON); check the path", source=str(path)) from None
         return cls.from_dict(raw, source=str(path))
 
 

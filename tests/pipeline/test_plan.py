@@ -145,3 +145,13 @@ def test_newer_plan_version_is_refused() -> None:
     with pytest.raises(PlanError, match="newer") as exc:
         Plan.from_dict(raw)
     assert exc.value.field == "version"
+
+
+def test_a_binary_plan_file_is_one_plan_error(tmp_path) -> None:
+    from pipeline.errors import PlanError
+    from pipeline.plan import Plan
+
+    blob = tmp_path / "plan.json"
+    blob.write_bytes(bytes(range(256)))
+    with pytest.raises(PlanError, match="not a text file"):
+        Plan.load(blob)
