@@ -46,24 +46,22 @@ DEFAULT_MODEL = "gemma-medium"
 FALLBACK_PROFILE = CONFIG_DIR / "profiles" / "hetero-head-16.json"
 
 
-def positive_int(text: str) -> int:
+def _whole_number_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _whole_number_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _whole_number_at_least(text, 0)
 
 
 def seed_int(text: str, *, most: int = 2**32 - 1) -> int:
