@@ -21,6 +21,7 @@ from executor.fidelity import measured_cluster
 from executor.replay import ReplayOptions, run_job
 from experiments.benchmarks.fidelity import benchmark_plans
 from experiments.common import positive_int, print_table
+from experiments.workflow_report import timeline_busy
 from pipeline.spec import ModelProfile
 
 __all__ = ["main"]
@@ -28,10 +29,8 @@ __all__ = ["main"]
 
 def _bubble(run: dict) -> float:
     """Measured idle share of the iteration, averaged over devices (compute-only timeline)."""
-    events = run["timeline"]["events"]
-    devices = {e["device"] for e in events}
+    busy, _ = timeline_busy(run["timeline"])
     span = run["measured_iteration_time"]
-    busy = [sum(e["end"] - e["start"] for e in events if e["device"] == d) for d in devices]
     return statistics.fmean(max(0.0, 1 - b / span) for b in busy)
 
 

@@ -36,7 +36,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -103,20 +103,22 @@ def _stage_times(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> tuple[d
     return {k: statistics.fmean(s[k] for s in same) for k in ("T_F", "T_B", "T_W", "T_comm")}, "same model"
 
 
-def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches: int, budget: float,
-              plan_of: Any, training: TrainingConfig) -> Plan:
-    """The fastest list-scheduled order (on the runtime) within ``budget`` micro-batches per device."""
+def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches: int, *, budget: float,
+              make: Callable[[Any], Plan], profile: ModelProfile, cluster: Cluster,
+              training: TrainingConfig) -> Plan:
+    """The fastest list-scheduled order (on the runtime) within ``budget`` micro-batches per device,
+    as the plan ``make`` builds from it."""
     caps = budget_caps(costs, placement, devices, microbatches_per_device=[budget] * devices)
     best: tuple[float, Plan] | None = None
     pendings = (None, 1, 2, 4, max(1, devices // 2), devices, 2 * devices)
     for counts_w, pending, depth, eager in itertools.product((True, False), pendings, (True, False), (False, True)):
         config = ListSchedulerConfig(caps=caps, cap_counts_w=counts_w, max_pending_w=pending, depth_first=depth,
                                      eager_w=eager)
-        plan = plan_of(list_schedule(costs, placement, devices, microbatches=microbatches, config=config))
-        result = simulate(plan[0], plan[1], plan[2], training=training, validate=False, record_timeline=False)
+        plan = make(list_schedule(costs, placement, devices, microbatches=microbatches, config=config))
+        result = simulate(plan, profile, cluster, training=training, validate=False, record_timeline=False)
         fits = max(result.peak_memory) <= budget * max(costs.act) * (1 + 1e-9)
         if fits and (best is None or result.iteration_time < best[0]):
-            best = (result.iteration_time, plan[0])
+            best = (result.iteration_time, plan)
     assert best is not None  # budget >= 1 micro-batch always fits
     return best[1]
 
@@ -152,16 +154,17 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
     partition = even_partition(S, S)
 
-    def plan_of(order: Any) -> tuple[Plan, ModelProfile, Cluster]:
-        return Plan(P, M, partition, placement, order), profile, cluster
+    def make(order: Any) -> Plan:
+        return Plan(P, M, partition, placement, order)
 
     if schedule == "1f1b":
-        plan = plan_of(one_f_one_b_order(P, M))[0]
+        plan = make(one_f_one_b_order(P, M))
     elif schedule == "interleaved":
-        plan = plan_of(interleaved_order(P, v, M))[0]
+        plan = make(interleaved_order(P, v, M))
     else:
         costs = stage_costs(profile, cluster, partition, placement=placement, training=training)
-        plan = _zb_order(costs, placement, P, M, P if schedule == "zb-1p" else 2 * P, plan_of, training)
+        plan = _zb_order(costs, placement, P, M, budget=P if schedule == "zb-1p" else 2 * P, make=make,
+                         profile=profile, cluster=cluster, training=training)
     result = simulate(plan, profile, cluster, training=training, record_timeline=False)
     if not result.valid:
         return replace(out, reason=result.error)
