@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'id':36} {'schedule':10} {'measured':>9} {'predicted':>9} {'error':>7}")
     for p in preds:
         if p.predicted is None:
-            print(f"{p.id:36} {p.schedule[:10]:10} {p.measured!s:>9} {'-':>9}  {p.reason}")
+            print(f"{p.id:36} {str(p.schedule or '-')[:10]:10} {p.measured!s:>9} {'-':>9}  {p.reason}")
         else:
             print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
                   f"{100 * (p.predicted / p.measured - 1):+6.1f}%")

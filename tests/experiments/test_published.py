@@ -56,3 +56,13 @@ def test_a_file_that_is_not_a_table_gets_one_line(tmp_path: Path) -> None:
     bad.write_text('{"rows": 3}')
     with pytest.raises(SystemExit, match="'rows' must be a list"):
         published.main([str(bad)])
+
+
+def test_rows_without_a_schedule_print_without_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    table = tmp_path / "t.json"
+    row = {**_row(tp=8), "schedule": None}
+    table.write_text(json.dumps({"rows": [row]}))
+    assert published.main([str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "x " in out and "tensor" in out
