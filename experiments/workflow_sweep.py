@@ -5,7 +5,7 @@ as its own offline W&B run in the sweep's group; :func:`run_sweep` returns every
 
 Settings (``--param KEY=V1,V2``):
 
-* problem: ``microbatches``, ``memory_gb``, ``devices``;
+* problem: ``microbatches``, ``memory_gb``, ``devices``, ``runtime``;
 * search: ``budget`` (simulator calls, or seconds as ``30s``), ``seed``, ``method``;
 * anything else is an attribute of the method's searcher, e.g. ``perturb_moves`` (the tuner),
   ``samples`` or ``max_calls`` (the RL policy); unknown names, values of another type than the
@@ -26,13 +26,14 @@ from typing import Any
 
 from agents.base import Budget
 from pipeline.errors import ConfigError
-from pipeline.spec import GIB, Cluster, ModelProfile
+from pipeline.runtime import RUNTIMES
+from pipeline.spec import GIB, Cluster, ModelProfile, TrainingConfig
 
 __all__ = ["PROBLEM_KEYS", "SEARCH_KEYS", "Trial", "parse_params", "grid", "check_params", "run_trial", "run_sweep",
            "save_trials", "infeasible_reason"]
 
 #: Settings that change the problem, not the searcher.
-PROBLEM_KEYS = ("microbatches", "memory_gb", "devices")
+PROBLEM_KEYS = ("microbatches", "memory_gb", "devices", "runtime")
 #: Settings of the search call itself.
 SEARCH_KEYS = ("budget", "seed", "method")
 
@@ -133,6 +134,9 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
             raise ConfigError(f"seed takes whole numbers, got {values}", field="--param seed")
         elif key in ("microbatches", "devices") and not all(_is_int(v) and v >= 1 for v in values):
             raise ConfigError(f"{key} takes whole numbers >= 1, got {values}", field=f"--param {key}")
+        elif key == "runtime" and not all(str(v) in RUNTIMES for v in values):
+            bad = next(v for v in values if str(v) not in RUNTIMES)
+            raise ConfigError(f"unknown runtime {bad!r}; use one of {', '.join(RUNTIMES)}", field="--param runtime")
         elif key == "memory_gb" and not all((_is_int(v) or isinstance(v, float)) and 0 < v < math.inf
                                             for v in values):
             raise ConfigError(f"memory_gb takes positive numbers, got {values}", field="--param memory_gb")
@@ -179,8 +183,10 @@ class Trial:
 
 
 def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
-              method: str, budget: str, seed: int, references: dict[tuple, float | None]) -> Trial:
-    """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time."""
+              method: str, budget: str, seed: int, references: dict[tuple, float | None],
+              runtime: str = "pytorch") -> Trial:
+    """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time
+    (priced on the trial's runtime, as the searched plan is)."""
     from agents.registry import make_searcher
     from pipeline.space import Problem
 
@@ -192,7 +198,8 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
         cl = replace(cl, devices=int(params["devices"]), device_list=None)
     if "memory_gb" in params:
         cl = cl.with_memory(float(params["memory_gb"]))
-    problem = Problem(profile, cl, mb)
+    rt = str(params.get("runtime", runtime))
+    problem = Problem(profile, cl, mb, TrainingConfig(runtime=rt))
     name = str(params.get("method", method))
     searcher = make_searcher(name)
     for key, value in params.items():
@@ -200,7 +207,7 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
             setattr(searcher, key, value)
     res = searcher.search(problem, budget=Budget.parse(str(params.get("budget", budget))),
                           seed=int(params.get("seed", seed)))
-    ref_key = (mb, cl.devices, cl.memory_gb)
+    ref_key = (mb, cl.devices, cl.memory_gb, rt)
     if ref_key not in references:
         mega = make_searcher("megatron").search(problem, budget=Budget(1))
         references[ref_key] = mega.iteration_time if mega.ok else None
@@ -250,7 +257,7 @@ def _optuna_combos(params: dict[str, list[Any]], trials: int, seed: int,
 
 def run_sweep(params: dict[str, list[Any]], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
               method: str, budget: str, seed: int, max_trials: int | None = None, sampler: str = "grid",
-              on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
+              on_trial: Callable[[Trial], None] | None = None, runtime: str = "pytorch") -> list[Trial]:
     """Run the trials (grid order, or Optuna's choice), calling ``on_trial`` after each; best first."""
     check_params(params, method)
     deep = [d for d in params.get("devices", []) if d > profile.num_layers]
@@ -263,7 +270,7 @@ def run_sweep(params: dict[str, list[Any]], *, profile: ModelProfile, cluster: C
 
     def evaluate(combo: dict[str, Any]) -> float:
         trial = run_trial(len(trials), combo, profile=profile, cluster=cluster, microbatches=microbatches,
-                          method=method, budget=budget, seed=seed, references=references)
+                          method=method, budget=budget, seed=seed, references=references, runtime=runtime)
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)

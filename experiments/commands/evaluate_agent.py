@@ -39,11 +39,13 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from experiments.common import (
     add_output_args,
+    add_runtime_arg,
     check_microbatches,
     interrupted,
     non_negative_int,
@@ -51,6 +53,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
+    resolve_training,
     seed_int,
 )
 from pipeline.errors import ConfigError
@@ -76,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-speeds", action="store_true",
                         help="draw every synthetic held-out scenario on devices of mixed speeds (default: a quarter)")
     parser.add_argument("--gpu", default="h100")
+    add_runtime_arg(parser)
     parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
@@ -122,7 +126,8 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     for i in range(args.heldout):
         p = sample_problem(np.random.default_rng(args.heldout_seed + i), config)
         out.append((f"{p.profile.name}#{i}", p))
-    return out
+    training = resolve_training(args)  # every method and yardstick priced on the same runtime
+    return [(name, replace(p, training=training)) for name, p in out]
 
 
 def _device_counts(text: str) -> list[int]:

@@ -11,13 +11,15 @@ The sampler is a plain grid (Optuna is not a dependency). With Optuna installed,
 lets its TPE sampler choose --max-trials combinations among the same values. W&B's own sweeps
 need a W&B server (the sweep controller lives there); use them when you have one.
 
-Settings (--param KEY=V1,V2, repeatable): problem settings microbatches, memory-gb, devices;
+Settings (--param KEY=V1,V2, repeatable): problem settings microbatches, memory_gb, devices, runtime
+(the runtime model every trial's plan and its Megatron reference are priced on; default --runtime);
 search settings budget (calls, or seconds as 30s), seed, method; and any setting of the method's
 searcher, e.g. perturb_moves (adaptis) or samples, max_calls (rl).
 
 Examples:
   python -m experiments sweep --param budget=100,400 --param seed=0,1 --param perturb_moves=2,4
-  python -m experiments sweep --model deepseek-small --devices 4 --param memory-gb=40,80 --param microbatches=16,32
+  python -m experiments sweep --model deepseek-small --devices 4 --param memory_gb=40,80 --param microbatches=16,32
+  python -m experiments sweep --param runtime=ideal,megatron,zb --param seed=0
   python -m experiments sweep --profile runs/run-tiny-hybrid/profile.json \\
       --cluster runs/run-tiny-hybrid/cluster.json --param seed=0,1,2
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 from experiments.common import (
     add_cluster_args,
     add_model_args,
+    add_runtime_arg,
     check_microbatches,
     interrupted,
     output_folder,
@@ -39,7 +42,9 @@ from experiments.common import (
     print_json_lines,
     print_table,
     resolve_problem,
+    resolve_training,
 )
+from pipeline.runtime import runtime_named
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
@@ -57,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", type=positive_int, default=32, help="micro-batches (unless swept)")
     parser.add_argument("--budget", default="200", help="per trial: simulator calls or seconds (30s), unless swept")
     parser.add_argument("--seed", type=int, default=0, help="seed (unless swept); also Optuna's")
+    add_runtime_arg(parser)
     parser.add_argument("--sampler", choices=("grid", "optuna"), default="grid",
                         help="grid: every combination; optuna: TPE over the values (needs optuna installed)")
     parser.add_argument("--max-trials", type=positive_int, default=None, help="stop after this many trials")
@@ -97,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     total = min(size, args.max_trials or size)
     bar = tqdm(total=total, desc="sweep", unit="trial", file=sys.stderr, disable=None)
     base = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
-            "method": args.method, "budget": args.budget, "seed": args.seed, "sampler": args.sampler}
+            "method": args.method, "budget": args.budget, "seed": args.seed, "sampler": args.sampler,
+            "runtime": runtime_named(resolve_training(args).runtime).name}
 
     finished: list[Trial] = []
 
@@ -118,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trials = run_sweep(params, profile=profile, cluster=cluster, microbatches=args.microbatches,
                            method=args.method, budget=args.budget, seed=args.seed, max_trials=args.max_trials,
-                           sampler=args.sampler, on_trial=on_trial)
+                           sampler=args.sampler, on_trial=on_trial, runtime=base["runtime"])
     except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
         bar.close()
         return interrupted(stop, _keep_finished(finished, out, total))

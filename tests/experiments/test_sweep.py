@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.base import Budget
 from experiments.cli import main
 from experiments.tracking_offline import read_offline_run
 from experiments.workflow_sweep import check_params, grid, parse_params, run_sweep
@@ -45,6 +46,7 @@ def test_parse_params_and_grid_order() -> None:
     (["method=rl", "zero_shot=1"], "zero_shot of method 'rl' takes true or false"),
     (["method=rl", "policy_path=3"], "policy_path of method 'rl' takes text"),
     (["best_candidate=1"], "best_candidate"),  # an attribute, not a setting
+    (["runtime=ideal,megatronn"], "unknown runtime 'megatronn'"),
 ])
 def test_bad_params_are_refused_before_any_trial(items: list[str], field: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -74,6 +76,22 @@ def test_searcher_settings_reach_the_searcher(hetero_profile, h100x4) -> None:
     assert sorted(t.params["perturb_moves"] for t in trials) == [1, 5]
     assert all(t.feasible and t.speedup and t.speedup >= 1.0 for t in trials)
     assert [t.objective for t in trials] == sorted(t.objective for t in trials)
+
+
+def test_each_trial_is_priced_on_its_runtime_and_so_is_its_reference(hetero_profile, h100x4) -> None:
+    from agents.registry import make_searcher
+    from pipeline.space import Problem
+    from pipeline.spec import TrainingConfig
+
+    trials = run_sweep({"runtime": ["ideal", "megatron"]}, profile=hetero_profile, cluster=h100x4,
+                       microbatches=8, method="megatron", budget="1", seed=0)
+    by_runtime = {t.params["runtime"]: t for t in trials}
+    for name, trial in by_runtime.items():
+        alone = make_searcher("megatron").search(Problem(hetero_profile, h100x4, 8, TrainingConfig(runtime=name)),
+                                                 budget=Budget(1))
+        assert trial.iteration_time == pytest.approx(alone.iteration_time)
+        assert trial.speedup == pytest.approx(1.0)  # Megatron against itself on the same runtime
+    assert by_runtime["megatron"].iteration_time > by_runtime["ideal"].iteration_time
 
 
 def test_optuna_missing_is_a_clear_error(hetero_profile, h100x4, monkeypatch) -> None:
