@@ -258,6 +258,16 @@ def _gantts(best: SearchResult, mega: SearchResult | None, measured: dict[str, M
     return files
 
 
+#: The rows of the search's finished methods, rewritten as each ends (kept by an interrupted run).
+SEARCH_ROWS = "search_rows.jsonl"
+
+
+def _write_rows(path: Path, outcomes: list[SearchResult], time_unit: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in method_rows(outcomes, time_unit=time_unit)))
+    tmp.replace(path)
+
+
 def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     """Run every phase (see the module docstring) and return the report; files go to ``cfg.out``."""
     t_start = time.perf_counter()
@@ -308,7 +318,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     problem = Problem(profile, cluster, microbatches)
     settings = {"adaptis": {"perturb_moves": cfg.perturb_moves}} if cfg.perturb_moves is not None else {}
     outcomes = search_methods(problem, methods, budget=budget, seed=cfg.seed, settings=settings, policy=policy,
-                              log=log)
+                              log=log, on_result=lambda done: _write_rows(out / SEARCH_ROWS, done, profile.time_unit))
     notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
     feasible = [o for o in outcomes if o.feasible]
     mega = next((o for o in outcomes if o.method == "megatron" and o.ok), None)

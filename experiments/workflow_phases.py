@@ -172,11 +172,14 @@ def _configure(searcher: Any, settings: dict[str, Any]) -> None:
 
 def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed: int,
                    settings: dict[str, dict[str, Any]] | None = None, policy: str | None = None,
-                   log: Log = print) -> list[SearchResult]:
+                   log: Log = print, on_result: Callable[[list[SearchResult]], None] | None = None,
+                   ) -> list[SearchResult]:
     """Run every method on ``problem``; a method that cannot run (e.g. no RL policy yet) gets a note.
 
     ``settings`` maps a method name to attributes of its searcher, e.g.
-    ``{"adaptis": {"perturb_moves": 2}}``; ``policy`` is the RL policy file for ``rl`` methods.
+    ``{"adaptis": {"perturb_moves": 2}}``; ``policy`` is the RL policy file for ``rl`` methods;
+    ``on_result`` is called with the outcomes so far each time a method ends (an interrupted
+    workflow keeps what it wrote).
     """
     from agents.registry import make_searcher
 
@@ -193,6 +196,8 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
                 raise
             outcomes.append(SearchResult(name, None, None, note=f"skipped: {exc}"))
             log(f"  {name:<10} skipped: {exc}")
+            if on_result is not None:
+                on_result(outcomes)
             continue
         except (ImportError, OSError, RuntimeError, ValueError) as exc:
             if not name.startswith("rl"):
@@ -200,10 +205,14 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
             note = f"skipped: the RL agent is not available ({type(exc).__name__}: {exc})"
             outcomes.append(SearchResult(name, None, None, note=note))
             log(f"  {name:<10} {note}")
+            if on_result is not None:
+                on_result(outcomes)
             continue
         outcomes.append(res)
         shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
         log(f"  {name:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
+        if on_result is not None:
+            on_result(outcomes)
     return outcomes
 
 

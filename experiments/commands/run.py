@@ -42,7 +42,7 @@ from experiments.common import (
     print_table,
 )
 from experiments.deploy import add_target_arguments, add_trace_argument, print_targets
-from experiments.workflow import DEFAULT_METHODS, WorkflowConfig, WorkflowReport, run_workflow
+from experiments.workflow import DEFAULT_METHODS, SEARCH_ROWS, WorkflowConfig, WorkflowReport, run_workflow
 
 __all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report"]
 
@@ -164,7 +164,7 @@ def print_report(report: WorkflowReport) -> None:
         print_targets(s["targets"], cfg.target, unit)
     for note in report.notes:
         print(f"note: {note}")
-    print(f"\nfiles: {cfg.out}/ (plan.json, plan.csv, profile.json, cluster.json, "
+    print(f"\nfiles: {cfg.out}/ (plan.json, plan.csv, profile.json, cluster.json, {SEARCH_ROWS}, "
           + ", ".join(sorted({k.split('/')[-1] for k in report.files if k.startswith('gantt')})) + " gantt PNGs, "
           "summary.json)")
     if report.run_dirs:
@@ -174,17 +174,30 @@ def print_report(report: WorkflowReport) -> None:
 
 
 #: What the workflow writes to --out, in the order its phases write them.
-KEPT_FILES = ("profile.json", "cluster.json", "calibrated_profile.json", "policy/policy.pth", "plan.json", "plan.csv",
-              "megatron_args.txt", "torchtitan.toml", "summary.json")
+KEPT_FILES = ("profile.json", "cluster.json", "calibrated_profile.json", "policy/policy.pth", SEARCH_ROWS, "plan.json",
+              "plan.csv", "megatron_args.txt", "torchtitan.toml", "summary.json")
 
 
 def kept_files(out: Path) -> str:
-    """What an interrupted workflow left in ``out`` (for its last line): the files written so far, or none."""
+    """What an interrupted workflow left in ``out`` (for its last line): the files written so far, with
+    the methods whose search rows were kept, or none."""
     kept = [name for name in KEPT_FILES if (out / name).is_file()]
     if not kept:
         return f"stopped before any file was written to {out}"
-    missing = "" if "plan.json" in kept else "; the search had not finished: no plan yet"
-    return f"kept {', '.join(kept)} in {out}{missing}"
+    line = f"kept {', '.join(kept)} in {out}"
+    if "plan.json" not in kept:
+        methods = []
+        if SEARCH_ROWS in kept:
+            for text in (out / SEARCH_ROWS).read_text().splitlines():
+                try:
+                    methods.append(str(json.loads(text)["method"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        if methods:
+            line += (f" ({SEARCH_ROWS}: the rows of {len(methods)} finished method{'s' if len(methods) > 1 else ''}, "
+                     f"{', '.join(methods)})")
+        line += "; the search had not finished: no plan yet"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:

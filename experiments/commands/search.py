@@ -119,9 +119,10 @@ class _BestPlanWriter:
 
 
 def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: _BestPlanWriter,
-                      bound: float) -> int:
-    """What an interrupted search keeps: the finished methods' rows (OUT/results.jsonl) and the best
-    plan so far (OUT/plan.json, already written); one line says what and where. Exit 130 (Ctrl-C) or 143."""
+                      bound: float, *, args: argparse.Namespace, title: str) -> int:
+    """What an interrupted search keeps: the finished methods' rows (OUT/results.jsonl, and printed as
+    the finished search prints them) and the best plan so far (OUT/plan.json, already written); one
+    line says what and where. Exit 130 (Ctrl-C) or 143."""
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
     rows = sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])
     kept = []
@@ -129,12 +130,33 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
         with open(out / "results.jsonl", "w") as fh:
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
+        _print_rows(rows, args=args, title=f"{title} (interrupted: the finished methods only)")
         kept.append(f"the rows of {len(rows)} finished method{'s' if len(rows) > 1 else ''} "
                     f"({', '.join(r.method for r in results)}) in {out / 'results.jsonl'}")
     if writer.best_method is not None:
         kept.append(f"the best plan so far ({writer.best_method}) in {out / 'plan.json'}")
     return interrupted(stop, f"kept {' and '.join(kept)}" if kept else "no method had finished or found a plan; "
                        "nothing written")
+
+
+def _print_rows(rows: list[dict], *, args: argparse.Namespace, title: str) -> None:
+    """The rows on stdout: JSON lines with --json, else the table (``rows`` are not changed)."""
+    if args.json:
+        print_json_lines(rows)
+        return
+    shown = []
+    for row in rows:
+        r = dict(row)
+        r["iter_time"] = r.get("iteration_time") if r.get("iteration_time") else "n/a: " + str(r.get("error"))[:50]
+        r["tokens_per_s"] = r.get("throughput")
+        r["bubble_pct"] = 100 * r["bubble"] if r.get("bubble") is not None else None
+        r["peak_mem_gb"] = max(r["peak_memory_gb"]) if r.get("peak_memory_gb") else None
+        r["vs_bound"] = r.get("vs_lower_bound")
+        if r.get("valid") and not r.get("feasible"):
+            r["method"] += " (OOM)"
+        shown.append(r)
+    print_table(shown, COLUMNS, title=title)
+    sys.stdout.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
     bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
     writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None)
+    title = (f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, {args.microbatches} "
+             f"micro-batches, {cluster.memory_gb:g} GiB per device ({cluster.memory_reserve_gb:g} GiB reserved) "
+             f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
     results: list[SearchResult] = []
     from tqdm import tqdm
 
@@ -172,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             results.append(searcher.search(problem, budget=budget, seed=args.seed, on_improve=writer))
     except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
         bar.close()
-        return _keep_interrupted(stop, out, results, writer, bound.value)
+        return _keep_interrupted(stop, out, results, writer, bound.value, args=args, title=title)
     bar.close()
 
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
@@ -210,21 +235,7 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
 
-    if args.json:
-        print_json_lines(rows)
-    else:
-        for r in rows:
-            r["iter_time"] = r.get("iteration_time") if r.get("iteration_time") else "n/a: " + str(r.get("error"))[:50]
-            r["tokens_per_s"] = r.get("throughput")
-            r["bubble_pct"] = 100 * r["bubble"] if r.get("bubble") is not None else None
-            r["peak_mem_gb"] = max(r["peak_memory_gb"]) if r.get("peak_memory_gb") else None
-            r["vs_bound"] = r.get("vs_lower_bound")
-            if r.get("valid") and not r.get("feasible"):
-                r["method"] += " (OOM)"
-        print_table(rows, COLUMNS, title=f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, "
-                    f"{args.microbatches} micro-batches, {cluster.memory_gb:g} GiB per device "
-                    f"({cluster.memory_reserve_gb:g} GiB reserved) "
-                    f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
+    _print_rows(rows, args=args, title=title)
     if not args.json:
         print_targets(targets, args.target, profile.time_unit)
     cannot = model_reason(args.target, profile)

@@ -29,7 +29,7 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
                             start_new_session=True)
     def tuner_improved() -> bool:  # megatron and zbv have finished, and the tuner beat them
         return (out / "plan.json").exists() and json.loads((out / "plan.json").read_text())["meta"].get("method") \
-            in ("adaptis", "candidate")
+            == "adaptis"
 
     with reaped(proc):
         deadline = time.monotonic() + 60
@@ -37,9 +37,11 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
             time.sleep(0.1)
         assert tuner_improved(), "no plan of the tuner written while searching"
         time.sleep(0.5)
-        _, err, elapsed = exit_after(proc, lambda: proc.send_signal(sig), timeout=30)
+        shown, err, elapsed = exit_after(proc, lambda: proc.send_signal(sig), timeout=30)
     assert proc.returncode == code, err[-2000:]
     assert elapsed < 10
+    table = shown[shown.index("(interrupted: the finished methods only)"):].splitlines()
+    assert sorted(line.split()[0] for line in table[3:] if line.strip()) == ["megatron", "zbv"]
     plan = Plan.load(out / "plan.json")
     validate_plan(plan, num_layers=16, devices=4)
     assert plan.method == "adaptis"
@@ -187,11 +189,15 @@ def test_interrupted_evaluation_keeps_its_finished_scenarios(tmp_path, sig, code
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_workflow_names_the_files_it_kept(tmp_path, sig, code) -> None:
-    """`run` on analytic costs, interrupted in its search: the costs it wrote are named, and that no plan is."""
+    """`run` on analytic costs, interrupted in its search after megatron: the costs it wrote and the
+    finished method's search row are named, and that no plan is."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "experiments", "run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4",
            "--method", "megatron,adaptis", "--budget", "1000000", "--max-seconds", "300", "--out", str(out)]
-    rc, err = _interrupt_when(cmd, lambda: (out / "cluster.json").is_file(), sig)
+    rc, err = _interrupt_when(cmd, lambda: (out / "search_rows.jsonl").is_file(), sig)
     assert rc == code, err[-2000:]
-    assert _clean_stop(err) == (f"interrupted: kept profile.json, cluster.json in {out}; the search had not "
+    assert _clean_stop(err) == (f"interrupted: kept profile.json, cluster.json, search_rows.jsonl in {out} "
+                                "(search_rows.jsonl: the rows of 1 finished method, megatron); the search had not "
                                 "finished: no plan yet")
+    (row,) = _lines(out / "search_rows.jsonl")
+    assert row["method"] == "megatron" and row["predicted"] > 0 and row["feasible"]
