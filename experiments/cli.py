@@ -96,8 +96,11 @@ def _check_single_values(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def _run(args: argparse.Namespace) -> int:
     """The command's exit code; the user's mistakes are one ``error: ...`` line and code 2."""
+    from experiments.common import strict_profiles
+
     try:
-        return int(args._run(args) or 0)
+        with strict_profiles(getattr(args, "strict", False)):
+            return int(args._run(args) or 0)
     except AdaptisError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

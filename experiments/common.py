@@ -6,13 +6,15 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, ProfileError
 from pipeline.runtime import RUNTIMES
-from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile, TrainingConfig
+from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile, ProfileWarning, TrainingConfig
 
 __all__ = [
     "CONFIG_DIR",
@@ -21,6 +23,8 @@ __all__ = [
     "add_granularity_args",
     "add_cluster_args",
     "add_output_args",
+    "add_strict_arg",
+    "strict_profiles",
     "resolve_profile",
     "resolve_cluster",
     "check_devices",
@@ -126,6 +130,38 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                        help="sequence length (default: the model's, or 4096)")
     group.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
     add_granularity_args(group)
+    add_strict_arg(group)
+
+
+def add_strict_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--strict``, for every command that reads a profile (``--profile``): :func:`strict_profiles`."""
+    parser.add_argument("--strict", action="store_true",
+                        help="an unknown field in a profile layer (a typo such as b_ful) is an error naming it, "
+                             "not a warning")
+
+
+@contextmanager
+def strict_profiles(strict: bool) -> Iterator[None]:
+    """Under ``strict``, a profile with unknown per-layer fields (:class:`pipeline.spec.ProfileWarning`)
+    is refused: one :class:`ProfileError` naming the field and the closest known field. Without it the
+    warning stands (``experiments.cli`` prints it as one ``warning:`` line)."""
+    if not strict:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
+        try:
+            yield
+        except ProfileWarning as found:
+            fields = found.fields or {"?": None}
+            name, close = next(iter(fields.items()))
+            hint = f"did you mean {close!r}? " if close else ""
+            others = [k for k in fields if k != name]
+            also = f" (also unknown: {', '.join(map(repr, others))})" if others else ""
+            detail = str(found).split(": ", 1)[-1].removesuffix(": kept, but not used")
+            raise ProfileError(f"unknown layer field{also}, refused under --strict: {hint}rename it or remove it, or "
+                               f"drop --strict to keep it with a warning ({detail})", source=found.source,
+                               field=name) from None
 
 
 def add_granularity_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -60,7 +60,16 @@ KNOWN_LAYER_EXTRAS = frozenset({"b_full", "shared_group", "grad_sync_bytes", "un
 
 
 class ProfileWarning(UserWarning):
-    """A profile that reads, with fields nothing uses (perhaps misspelt)."""
+    """A profile that reads, with fields nothing uses (perhaps misspelt).
+
+    ``source`` is the file; ``fields`` maps each unknown per-layer field to the closest known
+    field, or None (``experiments --strict`` turns it into an error naming them)."""
+
+    def __init__(self, message: str, *, source: str | None = None,
+                 fields: dict[str, str | None] | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.fields = dict(fields or {})
 
 
 def _warn_unknown_layer_fields(layers: list[dict[str, Any]], source: str) -> None:
@@ -72,13 +81,16 @@ def _warn_unknown_layer_fields(layers: list[dict[str, Any]], source: str) -> Non
             if key not in known:
                 unknown.setdefault(key, []).append(str(raw.get("name")))
     parts = []
+    closest: dict[str, str | None] = {}
     for key, names in unknown.items():
         close = difflib.get_close_matches(key, sorted(known), n=1)
+        closest[key] = close[0] if close else None
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
         parts.append(f"{key!r} (layer {names[0]!r}{more}" + (f"; did you mean {close[0]!r}?)" if close else ")"))
     if parts:
-        warnings.warn(f"{source}: unknown layer field{'s' if len(parts) > 1 else ''} {', '.join(parts)}: kept, but "
-                      "not used", ProfileWarning, stacklevel=3)
+        warnings.warn(ProfileWarning(f"{source}: unknown layer field{'s' if len(parts) > 1 else ''} "
+                                     f"{', '.join(parts)}: kept, but not used", source=source, fields=closest),
+                      stacklevel=3)
 
 
 def _number(raw: dict[str, Any], key: str, *, error: type, source: str, minimum: float = 0.0,
@@ -502,7 +514,15 @@ class TrainingConfig:
 
     bytes_per_param: float = 18.0
     """Weights + gradients + Adam states per parameter: 18 in mixed precision with fp32 master
-    weights and no sharded optimizer (Korthikanti et al. 2022 quote 16-18)."""
+    weights and no sharded optimizer (Korthikanti et al. 2022 quote 16-18): 2 of bf16 weights, 4 of
+    fp32 gradients and the rest (12) of fp32 master weights and Adam's two moments."""
+    data_parallel: int = 1
+    """Data-parallel replicas over which :attr:`zero_stage` shards the per-parameter state."""
+    zero_stage: int = 0
+    """Sharding of the per-parameter state over :attr:`data_parallel` ranks: 0 none (every rank
+    holds all :attr:`bytes_per_param`); 1 the optimizer states (Megatron-LM's distributed optimizer,
+    ZeRO-1: ``6 + 12/d`` bytes); 2 the gradients too (ZeRO-2: ``2 + 16/d``); 3 the weights too
+    (FSDP / ZeRO-3: ``18/d``). See :attr:`param_bytes`."""
     activation_scale: float = 1.0
     """Multiplier on every layer's activation bytes (e.g. < 1 with selective recomputation)."""
     first_stage_defers_backward: bool = True
@@ -530,3 +550,18 @@ class TrainingConfig:
     performance model alone; ``megatron``, ``zb``, ``zb-sync`` and ``pytorch`` add what that runtime
     does (per-action overhead, blocking transfers, the optimizer step, overlapped iterations). A
     :class:`pipeline.runtime.Runtime` may stand here too (calibration tries its own values)."""
+
+    @property
+    def param_bytes(self) -> float:
+        """Static bytes one device holds per parameter of its stages, after :attr:`zero_stage`
+        sharding over :attr:`data_parallel` ranks (:attr:`bytes_per_param` when either is off)."""
+        d, z = self.data_parallel, self.zero_stage
+        if d <= 1 or z <= 0:
+            return self.bytes_per_param
+        weights, grads = 2.0, 4.0
+        state = max(0.0, self.bytes_per_param - weights - grads)
+        if z == 1:
+            return weights + grads + state / d
+        if z == 2:
+            return weights + (grads + state) / d
+        return self.bytes_per_param / d

@@ -24,7 +24,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.common import add_granularity_args, non_negative_int, output_folder, positive_float, positive_int
+from experiments.common import (
+    add_granularity_args,
+    add_strict_arg,
+    non_negative_int,
+    output_folder,
+    positive_float,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from pipeline.arch import Architecture
@@ -44,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence")
     parser.add_argument("--microbatch-size", type=positive_int, default=None, help="sequences per micro-batch")
     parser.add_argument("--profile", metavar="P.json", help="predict with this profile instead of measuring one")
+    add_strict_arg(parser)
     parser.add_argument("--cluster", metavar="C.json", help="predict with this cluster instead of the measured link")
     parser.add_argument("--nproc", type=positive_int, default=None, help="processes (must equal the plan's devices)")
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps")

@@ -33,6 +33,7 @@ from pathlib import Path
 from agents.base import DEFAULT_CALLS
 from experiments.common import (
     add_granularity_args,
+    add_strict_arg,
     check_microbatches,
     interrupted,
     non_negative_float,
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("--model", default=None, help="zoo model (default tiny-hybrid: built and run here)")
     ex.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json (needs --gpu)")
     model.add_argument("--profile", metavar="FILE", help="use this profile JSON instead of profiling")
+    add_strict_arg(model)
     model.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
     model.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
     model.add_argument("--scale", type=positive_float, default=1.0, help="shrink the local model's widths (0, 1]")

@@ -97,6 +97,51 @@ def test_a_misspelt_profile_field_is_one_warning_line(tmp_path, capsys) -> None:
                    "kept, but not used"]
 
 
+def _typo_profile(tmp_path) -> str:
+    import json
+
+    raw = json.loads((ROOT / "experiments/configs/profiles/hetero-head-16.json").read_text())
+    raw["layers"][3]["b_ful"] = 1.0
+    profile = tmp_path / "typo.json"
+    profile.write_text(json.dumps(raw))
+    return str(profile)
+
+
+def test_every_command_that_reads_a_profile_has_strict() -> None:
+    """--strict comes with --profile (experiments.common.add_strict_arg), whatever the command."""
+    import argparse
+
+    from experiments.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    readers = {name for name, p in sub.choices.items() if "--profile" in p._option_string_actions}
+    assert {"search", "simulate", "run", "replay", "sweep"} <= readers
+    assert [name for name in sorted(readers) if "--strict" not in sub.choices[name]._option_string_actions] == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["search", "--cluster", CLUSTER, "--method", "megatron", "--json"],
+    ["sweep", "--cluster", CLUSTER, "--param", "seed=0", "--budget", "5"],
+    ["profile-info"],
+    ["run", "--gpu", "h100", "--devices", "4", "--method", "megatron"],
+    ["replay", "--plan", "no-such-plan-is-read.json"],
+], ids=lambda a: a[0])
+def test_strict_makes_an_unknown_profile_field_an_error(argv, tmp_path, capsys) -> None:
+    """Under --strict the typo is one error line naming the field and the likely one, before any work."""
+    profile = _typo_profile(tmp_path)
+    if argv[0] == "replay":  # a real plan, so that the profile is what is refused
+        assert main(["search", "--model", "tiny-hybrid", "--devices", "2", "--method", "megatron", "--budget", "1",
+                     "--out", str(tmp_path / "s"), "--json"]) == 0
+        capsys.readouterr()
+        argv = ["replay", "--plan", str(tmp_path / "s/plan.json"), "--backend", "gloo"]
+    out = tmp_path / ("out.json" if argv[0] == "profile-info" else "out")
+    assert main([*argv, "--profile", profile, "--strict", "--out", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {profile}: field 'b_ful': unknown layer field, refused under --strict: "
+                           "did you mean 'b_full'?"), line
+    assert not (out / "plan.json").exists() and not (out / "trials.jsonl").exists() and not out.is_file()
+
+
 def test_replay_checks_out_before_torchrun_starts(tmp_path, capsys) -> None:
     """It used to write --out only after the whole job had run, and then end in a traceback."""
     assert main(["search", "--model", "tiny-hybrid", "--devices", "2", "--method", "megatron", "--budget", "1",
