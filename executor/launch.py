@@ -245,6 +245,20 @@ def _p2p_bench(rank: int, device: Any) -> dict[str, Any] | None:
             "t_small_us": t_small * 1e6, "t_large_us": t_large * 1e6}
 
 
+def _check_memory(plans: Sequence[Any], args: argparse.Namespace, *, rank: int, world: int) -> None:
+    """Local rank 0 refuses (one error line, exit 2; the launcher then stops the others) a CPU job whose
+    ranks on this machine would not fit in its available memory (:func:`executor.preflight.check_job`),
+    unless the launcher checked it before starting (``run_job`` does)."""
+    from executor.preflight import check_job, checked_before_start
+
+    if checked_before_start():
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    check_job(plans, model=args.model, scale=args.scale, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
+              measure=args.measure, check=args.check, nproc=world, granularity=args.granularity,
+              head_shards=args.head_shards, backend="gloo", ranks=range(rank, min(rank + local, world)))
+
+
 def _worker(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -274,6 +288,8 @@ def _worker(args: argparse.Namespace) -> int:
             print("error: give at least one --plan (or --measure)", file=sys.stderr)
             return 2
     cuda = torch.cuda.is_available() and args.backend != "gloo"
+    if not cuda and not args.p2p_bench and local_rank == 0:
+        _check_memory(plans, args, rank=rank, world=world)  # before this job allocates any layer
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

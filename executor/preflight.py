@@ -25,7 +25,8 @@ scale 0.5 (10.3 bytes); ``replay`` of a 2-rank plan of nemotronh-small (megatron
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from pipeline.plan import Plan
 from pipeline.spec import GIB, ModelProfile
 
 __all__ = ["PROCESS_BYTES", "BYTES_PER_PARAM", "HEADROOM", "MemoryEstimate", "available_bytes", "profile_estimate",
-           "replay_estimate", "check_fits", "fitting_scale"]
+           "replay_estimate", "job_estimate", "check_fits", "check_job", "fitting_scale", "runs_on_gpu", "CHECKED_ENV"]
 
 #: Python, torch, gloo and the executor in one process (max RSS of ``profile --model tiny-hybrid``).
 PROCESS_BYTES = int(0.35 * GIB)
@@ -124,14 +125,28 @@ def replay_estimate(plan: Plan, arch: Architecture, *, seq_len: int, microbatch_
                     check: bool = False) -> MemoryEstimate:
     """``replay``: one rank per device of ``plan``; with ``measure`` each rank first profiles the whole
     model (all at once), then runs its stages; ``check`` adds a reference model in every rank."""
+    return job_estimate([plan], arch, seq_len=seq_len, microbatch_size=microbatch_size, measure=measure, check=check)
+
+
+def job_estimate(plans: Sequence[Plan], arch: Architecture, *, seq_len: int, microbatch_size: int, measure: bool,
+                 check: bool = False, nproc: int | None = None) -> MemoryEstimate:
+    """One ``torchrun`` job of :func:`executor.replay.run_job` (``python -m executor.launch``): one rank
+    per device of ``plans`` (all for the same devices; ``nproc`` ranks when there is none); with
+    ``measure`` each rank first profiles the whole model, then builds the stages of every plan (they
+    are alive together: the plans are timed round-robin); ``check`` adds a reference model."""
     profile = _analytic(arch, seq_len, microbatch_size)
-    whole = _profiling_bytes(profile)
-    stages = _stage_bytes(plan, profile)
+    world = plans[0].devices if plans else (nproc or 2)
+    stages = [0] * world
+    for plan in plans:
+        for rank, used in enumerate(_stage_bytes(plan, profile)):
+            stages[rank] += used
+    whole = _profiling_bytes(profile) if measure else 0
     reference = int(1.5 * sum(x.params for x in profile.layers) * BYTES_PER_PARAM) if check else 0
-    per_rank = tuple(PROCESS_BYTES + (whole if measure else 0) + s + reference for s in stages)
-    parts = (["profiling the whole model in every rank"] if measure else []) + ["the rank's stages"] + \
+    per_rank = tuple(PROCESS_BYTES + whole + s + reference for s in stages)
+    parts = (["profiling the whole model in every rank"] if measure else []) + \
+        ([f"the rank's stages{f' of {len(plans)} plans' if len(plans) > 1 else ''}"] if plans else []) + \
         (["a reference model for --check"] if check else [])
-    return MemoryEstimate(per_rank, ", then ".join(parts))
+    return MemoryEstimate(per_rank, ", then ".join(parts) or "Python and torch")
 
 
 def fitting_scale(estimate: Callable[[float], MemoryEstimate], scale: float,
@@ -155,3 +170,65 @@ def check_fits(estimate: MemoryEstimate, *, what: str, fixes: list[str], availab
         return
     raise ConfigError(f"{what} needs about {estimate.describe()}, and this machine has {available / GIB:.1f} GiB "
                       f"available: {'; '.join(fixes)}", field="memory")
+
+
+#: Set in the environment of a job whose memory was checked before ``torchrun`` started it, so its
+#: ranks (:mod:`executor.launch`) do not check again against memory their siblings already took.
+CHECKED_ENV = "ADAPTIS_MEMORY_CHECKED"
+
+
+def runs_on_gpu(backend: str | None) -> bool:
+    """Whether the ranks run on GPUs (NCCL): their tensors then live in GPU, not host, memory."""
+    if backend is not None:
+        return backend == "nccl"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_job(plans: Sequence[Plan], *, model: str, scale: float, seq_len: int, microbatch_size: int,
+              measure: bool, check: bool = False, nproc: int | None = None, granularity: str = "layer",
+              head_shards: int = 1, backend: str | None = None, available: int | None = None,
+              ranks: Sequence[int] | None = None) -> None:
+    """Refuse, before any process starts, a CPU job of ``plans`` (or, with none, ``nproc`` ranks that
+    ``measure``) whose ranks would not fit in this machine's available memory (:func:`job_estimate`):
+    one :class:`ConfigError` with the figures and the fixes (a ``--scale`` that fits, fewer ranks, a
+    smaller model). ``ranks``: only those ranks run on this machine (a job over several nodes).
+    GPU jobs (NCCL) and machines without ``/proc/meminfo`` are not checked."""
+    if available is None:
+        available = available_bytes()
+    if available is None or runs_on_gpu(backend):
+        return
+    from executor.model import resolve_architecture
+
+    def estimate(s: float) -> MemoryEstimate:
+        arch = resolve_architecture(model, scale=s, granularity=granularity, head_shards=head_shards)
+        found = job_estimate(plans, arch, seq_len=seq_len, microbatch_size=microbatch_size, measure=measure,
+                             check=check, nproc=nproc)
+        if ranks is None:
+            return found
+        return MemoryEstimate(tuple(found.per_process[r] for r in ranks if r < len(found.per_process)), found.cause)
+
+    found = estimate(scale)
+    if found.total <= HEADROOM * available:
+        return
+    fixes = []
+    fit = fitting_scale(estimate, scale, available)
+    if fit is not None:
+        fixes.append(f"--scale {fit[0]:g} (about {fit[1] / GIB:.1f} GiB)")
+    ranks = len(found.per_process)
+    if ranks > 1:
+        fitting = int(HEADROOM * available // max(found.per_process))
+        if 1 <= fitting < ranks:
+            fixes.append(f"fewer ranks ({fitting} or fewer of this size fit; this job has {ranks}: --devices or a plan "
+                         "for fewer devices)")
+    fixes.append("or a smaller model (--model tiny-hybrid)")
+    where = f"on {ranks} CPU rank{'s' if ranks > 1 else ''}"
+    what = (f"replaying {len(plans)} plan{'s' if len(plans) != 1 else ''} of {model} {where}" if plans
+            else f"profiling {model} {where}")
+    check_fits(found, what=what, fixes=fixes, available=available)
+
+
+def checked_before_start() -> bool:
+    """Whether the launcher that started this rank has checked the job's memory (:data:`CHECKED_ENV`)."""
+    return os.environ.get(CHECKED_ENV) == "1"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from executor.preflight import CHECKED_ENV
 from pipeline.arch import Architecture
 from pipeline.errors import PlanError
 from pipeline.plan import Plan, validate_plan
@@ -119,6 +120,7 @@ def run_torchrun(nproc: int, worker_args: Sequence[str], *, timeout: float = 600
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env[CHECKED_ENV] = "1"  # run_job checked the job's memory before this start (executor.preflight)
     env.setdefault("TORCHELASTIC_ERROR_FILE", "")
     env.pop("TORCHELASTIC_ERROR_FILE")
     proc = subprocess.Popen(torchrun_command(nproc, worker_args), cwd=REPO_ROOT, env=env, text=True,
@@ -175,6 +177,12 @@ def run_job(plans: Sequence[Plan], options: ReplayOptions, *, measure: bool = Fa
     if len(sizes) > 1:
         raise PlanError(f"plans for different world sizes {sorted(sizes)} cannot share a job", field="devices")
     world = sizes.pop() if sizes else (nproc or 2)
+    from executor.preflight import check_job
+
+    check_job(plans, model=options.model, scale=options.scale, seq_len=options.seq_len,
+              microbatch_size=options.microbatch_size, measure=measure, check=options.check, nproc=world,
+              granularity=options.granularity, head_shards=options.head_shards,
+              backend=options.backend)  # before torchrun starts a process
     with tempfile.TemporaryDirectory(prefix="adaptis-plans-") as tmp:
         args = options.worker_args()
         if measure:
