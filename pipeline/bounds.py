@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pipeline.hardware import memory_bandwidth
 from pipeline.runtime import Runtime, runtime_named
 from pipeline.spec import Cluster, ModelProfile
 
@@ -95,10 +96,11 @@ def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, p
     fastest = max(speeds)
     M = microbatches
     over = profile.action_overhead + rt.action_overhead_s / profile.seconds_per_unit
-    if rt.step_s or rt.overlap_iterations:
+    optimizer = _optimizer_floor(profile, cluster, rt)
+    if rt.step_s or rt.overlap_iterations or optimizer:
         base = lower_bound(profile, cluster, microbatches, packing=packing,
-                           runtime=replace(rt, step_s=0.0, overlap_iterations=False))
-        step = rt.step_s / profile.seconds_per_unit
+                           runtime=replace(rt, step_s=0.0, overlap_iterations=False, optimizer_bytes_per_param=0.0))
+        step = rt.step_s / profile.seconds_per_unit + optimizer
         path = not rt.overlap_iterations  # one micro-batch's path bounds a single iteration only
         return LowerBound(work=base.work + step, heaviest_layer=base.heaviest_layer + step,
                           chain=base.chain + step if path else 0.0,
@@ -121,6 +123,25 @@ def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, p
         g_before += g
     pack = M * packing_load(per_mb, speeds) + 3 * over * M
     return LowerBound(work=work, heaviest_layer=heaviest, chain=chain, critical_layer=critical, packing=pack)
+
+
+def _optimizer_floor(profile: ModelProfile, cluster: Cluster, rt: Runtime) -> float:
+    """The least optimizer step any plan can have (:func:`pipeline.simulator.optimizer_step_seconds`),
+    profile time units: every parameter is held by some device, so the busiest holds at least an
+    even share of the distinct ones."""
+    bandwidth = memory_bandwidth(cluster) if rt.optimizer_bytes_per_param else None
+    if bandwidth is None:
+        return 0.0
+    distinct: dict[str, int] = {}
+    total = 0
+    for x in profile.layers:
+        group = x.extra.get("shared_group")
+        if group is None:
+            total += x.params
+        else:
+            distinct[str(group)] = x.params
+    total += sum(distinct.values())
+    return rt.optimizer_bytes_per_param * total / cluster.devices / bandwidth / profile.seconds_per_unit
 
 
 def packing_load(costs: Sequence[float], speeds: Sequence[float]) -> float:

@@ -166,3 +166,14 @@ def build_cluster(gpu: str | GPUSpec = "h100", *, devices: int, gpus_per_node: i
         name=name or f"{spec.name}x{devices}",
         extra={"gpu": spec.name},
     )
+
+
+def memory_bandwidth(cluster: Cluster) -> float | None:
+    """Achievable memory bandwidth of one of the cluster's devices, bytes/s: its GPU preset's
+    (:attr:`GPUSpec.memory_bytes_per_s`, named by the cluster's ``gpu`` field, as
+    :func:`build_cluster` and the cluster files it writes carry it); None for a cluster without one
+    (a measured CPU cluster, a hand-written file)."""
+    name = cluster.extra.get("gpu")
+    if not isinstance(name, str) or name.lower() not in GPUS:
+        return None
+    return GPUS[name.lower()].memory_bytes_per_s

@@ -2,7 +2,7 @@
 
 The ideal model (:data:`IDEAL`, the simulator's rules in :mod:`pipeline.simulator`) runs every
 action for its profiled time, overlaps every transfer with compute and ends the iteration at the
-last action. Real runtimes differ in four ways, each one a field of :class:`Runtime`:
+last action. Real runtimes differ in four ways, each one a field (or two) of :class:`Runtime`:
 
 * **compute under pipelining** (``compute_scale``): kernels inside a pipelined step run slower
   than the same kernels profiled alone (allocator, launch queue, NCCL's SMs);
@@ -11,9 +11,10 @@ last action. Real runtimes differ in four ways, each one a field of :class:`Runt
   their batched send/recv before the next compute (megatron-core 0.16.1
   ``_communicate(wait_on_reqs=True)``), so a stage's device is held until the tensor it sends has
   arrived; in the simulation the transfer moves from the link onto the sender's action;
-* **the iteration boundary** (``overlap_iterations``, ``step_s``): a runtime that synchronises
-  before the optimizer step (Megatron-LM: the gradient-norm all-reduce) ends the iteration at the
-  last action of any device, plus the step; the zero-bubble runtime's post-validation lets each
+* **the iteration boundary** (``overlap_iterations``, ``step_s``, ``optimizer_bytes_per_param``): a
+  runtime that synchronises before the optimizer step (Megatron-LM: the gradient-norm all-reduce)
+  ends the iteration at the last action of any device, plus the step (its memory traffic over the
+  GPU's bandwidth, on the device holding the most parameters); the zero-bubble runtime's post-validation lets each
   device start the next iteration as soon as its own step is done, so iterations overlap and the
   steady-state period, not the single iteration's makespan, is the time per step (simulated as the
   second of two back-to-back iterations).
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import PlanError
 
-__all__ = ["Runtime", "RUNTIMES", "IDEAL", "runtime_named"]
+__all__ = ["Runtime", "RUNTIMES", "IDEAL", "MEGATRON_ADAM_BYTES_PER_PARAM", "runtime_named"]
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,29 @@ class Runtime:
     """Iterations overlap across devices (zero-bubble post-validation): time per step is the
     steady-state period of back-to-back iterations."""
     step_s: float = 0.0
-    """Seconds per iteration outside the pipeline (optimizer step and its synchronisation)."""
+    """Seconds per iteration outside the pipeline besides the optimizer's own streaming (its
+    synchronisation, other per-step work)."""
+    optimizer_bytes_per_param: float = 0.0
+    """Memory traffic of the optimizer step per parameter a device holds, bytes: the step is priced
+    from the device's parameters and its GPU's memory bandwidth
+    (:func:`pipeline.simulator.optimizer_step_seconds`); 0: not priced."""
     fitted_on: str = ""
     """Where the values come from (empty: nothing fitted)."""
 
 
+#: Megatron-LM's mixed-precision Adam (megatron-core 0.16.1 ``Float16OptimizerWithFloat16Params``, no
+#: distributed optimizer) per parameter: the fp32 main weight, its fp32 gradient and the two moments
+#: read (16 bytes) and the weight and moments written (12), the bf16 model weight written from the
+#: fp32 one just updated (2) and the gradient buffer zeroed (4): 34 bytes, streamed at the GPU's
+#: achievable bandwidth. A count from the code, not a fit.
+MEGATRON_ADAM_BYTES_PER_PARAM = 34.0
+
 #: The Zero Bubble paper's runtime (a Megatron-LM fork) on 8 A100 SXM 80GB, fitted once on the
 #: 38 rows of shared/data/published/zero_bubble_qi2024_dev.json (Tables 4, 10, 12) with the
 #: authors' own profiled stage times (``python -m experiments.benchmarks.published FILE --fit``):
-#: the same three numbers for every row, schedule and model.
-_A100_FIT = dict(compute_scale=1.03, action_overhead_s=0.0001, step_s=0.0)
+#: the same three fitted numbers for every row, schedule and model (the optimizer's bytes are counted).
+_A100_FIT = dict(compute_scale=1.03, action_overhead_s=0.0001, step_s=0.0,
+                 optimizer_bytes_per_param=MEGATRON_ADAM_BYTES_PER_PARAM)
 _A100_SOURCE = ("Zero Bubble (Qi et al. 2024) Table 4, 8x A100, authors' profiled stage times; "
                 "benchmarks.published --fit")
 

@@ -46,8 +46,9 @@ from typing import Any
 from pipeline import engine
 from pipeline.errors import PlanError
 from pipeline.event_sim import StageCosts, TimelineEntry
+from pipeline.hardware import memory_bandwidth
 from pipeline.plan import Action, Plan, raise_schedule_problem, validate_layout
-from pipeline.runtime import runtime_named
+from pipeline.runtime import Runtime, runtime_named
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
 _DUMMY_LAYER = LayerCost("stage", "stage", 0.0, 0.0, 0.0, 0, 0, 0)
@@ -117,7 +118,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     memory reserves one micro-batch of the stage's full activations for the recomputation.
 
     ``training.runtime`` (:mod:`pipeline.runtime`) scales every time by its ``compute_scale``, adds
-    its ``action_overhead_s`` to the profile's, its ``step_s`` to ``post_step``, and with
+    its ``action_overhead_s`` to the profile's, its ``step_s`` and its optimizer step
+    (:func:`optimizer_step_seconds`) to ``post_step``, and with
     ``blocking_p2p`` moves each transfer onto the action that sends it (``comm`` becomes 0). The
     profile's ``transfer_overhead`` is added to both actions at the ends of each transfer between
     devices (F of the sender and of the receiver, I/B of both on the way back)."""
@@ -203,6 +205,36 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     static = [x + y for x, y in zip(static, transient)]
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
                       cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
+
+
+def optimizer_step_seconds(col: Any, cluster: Cluster, partition: Sequence[tuple[int, int]],
+                           placement: Sequence[int], runtime: Runtime, training: TrainingConfig) -> float:
+    """Seconds of the optimizer step after the iteration's last action: every device updates the
+    parameters it holds at once (a shared group once per device), streaming
+    ``runtime.optimizer_bytes_per_param`` bytes of weights, gradients and optimizer state per
+    parameter through its memory; the slowest device sets the time. Parameters whose optimizer
+    state is sharded over data-parallel ranks (``training.zero_stage`` >= 1) count ``1 / dp``.
+    0 where the runtime does not price the step or the cluster's GPU (and so its memory
+    bandwidth) is unknown (:func:`pipeline.hardware.memory_bandwidth`)."""
+    if not runtime.optimizer_bytes_per_param:
+        return 0.0
+    bandwidth = memory_bandwidth(cluster)
+    if bandwidth is None:
+        return 0.0
+    held = [0.0] * cluster.devices
+    seen: set[tuple[str, int]] = set()
+    for s, (a, b) in enumerate(partition):
+        d = placement[s]
+        for k in range(a, b):
+            group = col.groups[k] if col.groups is not None else None
+            if group is not None:
+                if (group[0], d) in seen:
+                    continue
+                seen.add((group[0], d))
+            held[d] += col.params[k]
+    if getattr(training, "zero_stage", 0) >= 1:
+        held = [h / getattr(training, "data_parallel", 1) for h in held]
+    return runtime.optimizer_bytes_per_param * max(held) / bandwidth
 
 
 def _ring_all_reduce(cluster: Cluster, devices: Sequence[int], nbytes: float) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipeline import engine
@@ -114,3 +116,27 @@ def test_the_lower_bound_holds_under_every_runtime(name: str) -> None:
     for method in ("1f1b", "zb-h1", "zbv", "i1f1b-v2"):
         plan = build_plan(method, profile, cluster, microbatches=8, training=training)
         assert simulate(plan, profile, cluster, training=training).iteration_time >= bound * (1 - 1e-12)
+
+
+def test_the_optimizer_step_is_priced_from_the_busiest_devices_parameters() -> None:
+    from pipeline.bounds import lower_bound
+    from pipeline.hardware import build_cluster, get_gpu
+
+    uneven = ModelProfile("t", tuple(LayerCost(f"l{k}", "block", 2.0, 2.0, 1.0, 10**8 * (4 if k == 7 else 1),
+                                               1 << 20, 1 << 20) for k in range(8)), time_unit="ms")
+    gpu = build_cluster("h100", devices=4)
+    part, place = even_partition(8, 4), sequential_placement(4)
+    adam = Runtime("adam", "test", optimizer_bytes_per_param=34.0)
+    got = stage_costs(uneven, gpu, part, placement=place, training=TrainingConfig(runtime=adam))
+    busiest = 10**8 + 4 * 10**8  # the last device holds layers 6 and 7
+    assert got.post_step == pytest.approx(34.0 * busiest / get_gpu("h100").memory_bytes_per_s / 1e-3)
+    # no GPU named (a measured or hand-written cluster): nothing to price it with
+    plain = Cluster(devices=4, latency_us=300.0, p2p_gbps=100.0)
+    assert stage_costs(uneven, plain, part, placement=place, training=TrainingConfig(runtime=adam)).post_step == 0.0
+    # Megatron's runtime counts it; the bound counts the least any plan can have, and still holds
+    megatron = TrainingConfig(runtime="megatron")
+    bound = lower_bound(uneven, gpu, 8, runtime="megatron").value
+    assert bound > lower_bound(uneven, gpu, 8, runtime=replace(RUNTIMES["megatron"], optimizer_bytes_per_param=0)).value
+    for method in ("1f1b", "zb-h1", "zbv", "i1f1b-v2"):
+        plan = build_plan(method, uneven, gpu, microbatches=8, training=megatron)
+        assert simulate(plan, uneven, gpu, training=megatron).iteration_time >= bound * (1 - 1e-12)
