@@ -84,19 +84,21 @@ def _backward_costs(profile: ModelProfile) -> tuple[list[float], list[float]]:
 
 
 def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, packing: bool = True,
-                runtime: str | Runtime = "ideal") -> LowerBound:
+                runtime: str | Runtime = "ideal", optimizer_shards: int = 1) -> LowerBound:
     """Lower bounds on iteration time, in the profile's time unit; communication counts as free.
 
     ``packing=False`` skips the packing and critical-layer bounds (the first three only, which the
     RL environment's observation was trained on). ``runtime`` (:mod:`pipeline.runtime`) scales the
     compute, adds its per-action overhead and step time; where iterations overlap, the bounds that
-    count one micro-batch's path through the pipeline (chain, critical layer) do not hold and are 0."""
+    count one micro-batch's path through the pipeline (chain, critical layer) do not hold and are 0.
+    ``optimizer_shards``: the data-parallel ranks a sharded optimizer spreads each device's
+    optimizer step over (``TrainingConfig.data_parallel`` under ZeRO >= 1; 1 otherwise)."""
     rt = runtime_named(runtime)
     speeds = [sp / rt.compute_scale for sp in cluster.speeds]
     fastest = max(speeds)
     M = microbatches
     over = profile.action_overhead + rt.action_overhead_s / profile.seconds_per_unit
-    optimizer = _optimizer_floor(profile, cluster, rt)
+    optimizer = _optimizer_floor(profile, cluster, rt) / optimizer_shards
     if rt.step_s or rt.overlap_iterations or optimizer:
         base = lower_bound(profile, cluster, microbatches, packing=packing,
                            runtime=replace(rt, step_s=0.0, overlap_iterations=False, optimizer_bytes_per_param=0.0))
