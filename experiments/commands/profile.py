@@ -9,16 +9,22 @@ processes (gloo on CPU, NCCL on GPU) and writes a cluster JSON, so that
   python -m experiments profile --model tiny-hybrid --out prof.json --cluster-out cluster.json
   python -m experiments search --profile prof.json --cluster cluster.json --out DIR
 
-searches with measured instead of analytic costs.
+searches with measured instead of analytic costs. With --calibrate N it then replays N random plans
+on --devices local ranks and fits what the per-layer profile misses (each operation's time inside a
+pipelined step, the per-action and per-transfer overheads; executor.fidelity.calibrate) into the
+profile it writes, as `run` does before its search:
+
+  python -m experiments profile --model tiny-hybrid --calibrate 6 --out prof.json --cluster-out cluster.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from experiments.common import add_granularity_args, non_negative_int, positive_float, positive_int
+from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
     from pipeline.arch import Architecture
@@ -46,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="P.json", help="write the profile here")
     parser.add_argument("--cluster-out", metavar="C.json", help="also measure the p2p link and write a cluster JSON")
     parser.add_argument("--devices", type=positive_int, default=2, help="devices of the written cluster")
+    parser.add_argument("--calibrate", type=non_negative_int, default=0, metavar="N",
+                        help="then replay N random plans on --devices local ranks and fit the runtime's terms "
+                             "(per-operation factors, per-action and per-transfer overheads) into the written "
+                             "profile, as run does (0: the per-layer profile alone)")
+    parser.add_argument("--calibration-microbatches", type=positive_int, default=8,
+                        help="micro-batches of the calibration plans")
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
 
 
@@ -57,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from executor.profiler import ProfileConfig, profile_architecture
     from executor.replay import p2p_bench
 
+    if args.calibrate and args.devices < 2:
+        raise ConfigError("calibration replays plans across ranks and needs --devices 2 or more", field="--calibrate")
     torch.set_num_threads(args.threads)
     arch = resolve_architecture(args.model, scale=args.scale, granularity=args.granularity,
                                 head_shards=args.head_shards)
@@ -71,12 +85,16 @@ def run(args: argparse.Namespace) -> int:
               f"micro-batch {config.microbatch_size}, {config.torch_dtype(torch.device(device))}, "
               f"{args.threads} thread(s)")
     profile = profile_architecture(arch, device=device, config=config, name=args.model, log=log)
+    bench = None
+    if args.cluster_out or args.calibrate:
+        bench = p2p_bench(backend="nccl" if device.startswith("cuda") else "gloo")
+    if args.calibrate:
+        profile = _calibrated(args, profile, measured_cluster(args.devices, bench), bench, device, log)
     if args.out:
         profile.save(args.out)
         if log:
             print(f"profile written to {args.out}")
     if args.cluster_out:
-        bench = p2p_bench(backend="nccl" if device.startswith("cuda") else "gloo")
         cluster = measured_cluster(args.devices, bench, name=f"{device}-{bench.get('backend') or 'p2p'}")
         cluster.save(args.cluster_out)
         if log:
@@ -85,6 +103,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(profile.to_dict()))
     return 0
+
+
+def _calibrated(args: argparse.Namespace, profile: Any, cluster: Any, bench: dict[str, Any], device: str,
+                log: Any) -> Any:
+    """``profile`` with what replays of ``--calibrate`` random plans teach it (unchanged, with a line
+    saying so, if the replays could not run)."""
+    from executor.fidelity import calibrated_profile
+    from experiments.workflow_phases import Costs, calibrate_here
+
+    costs = Costs(profile, cluster, "measured", True, bench, bench.get("backend"), device)
+    costs = calibrate_here(costs, model=args.model, scale=args.scale, microbatches=args.calibration_microbatches,
+                           count=args.calibrate, seed=0, steps=5, warmup=2, threads=args.threads, timeout=900.0,
+                           granularity=args.granularity, head_shards=args.head_shards,
+                           log=log or (lambda _line: None))
+    return calibrated_profile(profile, costs.scales) if costs.scales else profile
 
 
 def check_memory(args: argparse.Namespace, arch: Architecture, *, seq_len: int, microbatch_size: int) -> None:

@@ -55,6 +55,25 @@ def test_profile_command_writes_a_profile(tmp_path: Path, units: list[str], coun
 
 
 @pytest.mark.slow  # a torchrun job
+def test_profile_calibrate_fits_the_runtime_terms_into_the_profile(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "tiny-hybrid", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
+                 "--calibrate", "2", "--calibration-microbatches", "4", "--out", str(out)]) == 0
+    prof = ModelProfile.load(out)
+    scales = prof.extra["runtime_scales"]
+    assert set(scales) >= {"F", "I", "W", "overhead", "transfer"} and all(v >= 0 for v in scales.values())
+    assert prof.action_overhead == pytest.approx(scales["overhead"], rel=1e-5)
+    assert prof.transfer_overhead == pytest.approx(scales["transfer"], rel=1e-5)
+
+
+def test_profile_calibrate_needs_two_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--model", "tiny-hybrid", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
+                 "--calibrate", "2", "--devices", "1", "--out", str(tmp_path / "p.json")]) == 2
+    assert "--devices 2 or more" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.slow  # a torchrun job
 def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = dict(named_plans(4))["zbv"]
     plan.save(tmp_path / "plan.json")
