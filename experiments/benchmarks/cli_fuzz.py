@@ -13,7 +13,8 @@ three ``error`` lines (argparse's usage block, warnings and progress lines aside
 runs in a forked child of one process that imported the commands once (so hundreds take a minute
 or two), in its own scratch folder.
 
-Not drawn: ``replay`` (its torchrun job) and ``profile --cluster-out`` (a torchrun link test);
+Not drawn: ``replay`` (its torchrun job), ``profile --cluster-out`` (a torchrun link test) and
+``profile --calibrate`` (torchrun replays);
 ``run`` always gets ``--gpu`` (no local torchrun profiling); ``train``'s and the searches' sizes
 come from small pools.
 
@@ -49,7 +50,7 @@ KNOWN: tuple[tuple[str, str], ...] = ()
 #: Commands never drawn: they start torchrun jobs.
 SKIPPED = ("replay",)
 #: Flags never drawn, per command ("*": every command).
-NOT_DRAWN = {"*": ("-h", "--help"), "run": ("--gpu",), "profile": ("--cluster-out", "--device")}
+NOT_DRAWN = {"*": ("-h", "--help"), "run": ("--gpu",), "profile": ("--cluster-out", "--calibrate", "--device")}
 
 #: The base command line of each command: short work, so that the drawn flags decide what happens.
 BASE = {
