@@ -6,7 +6,8 @@ imports no agent at load time, so no agent module needs to import it back.
 
 * the named schedules (:data:`pipeline.schedules.NAMED_METHODS`, plus ``i1f1b-vN`` for any
   chunk count), each also with ``+dp`` (the cost-aware DP split instead of the even one);
-* :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, the deployment targets' own searches
+* :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, ``zb-opt`` (the exact schedule at ZB-H2's memory,
+  :mod:`agents.exact`), the deployment targets' own searches
   ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.targets`), and ``adaptis``.
 
 :func:`all_methods` is what ``--method all`` runs: every name above (``i1f1b-v2`` for the
@@ -43,6 +44,12 @@ def _rl_tuner() -> Searcher:
     return RLTunerSearcher()
 
 
+def _zb_opt() -> Searcher:
+    from agents.exact import ZbOptSearcher
+
+    return ZbOptSearcher()
+
+
 def _megatron_layout() -> Searcher:
     from agents.targets import MegatronLayoutSearch
 
@@ -66,6 +73,7 @@ SEARCHERS: Mapping[str, Callable[[], Searcher]] = MappingProxyType({
     "random": _random,
     "rl": _rl,
     "rl+tuner": _rl_tuner,
+    "zb-opt": _zb_opt,
     "megatron+layout": _megatron_layout,
     "adaptis@torchtitan": _adaptis_torchtitan,
     "adaptis": _adaptis,
