@@ -94,6 +94,9 @@ class Op:
     kind: str
     flops: float
     bytes: float
+    tag: str = ""
+    """``"core"`` for the weight-free attention/SSD/delta-rule cores (what context parallelism's ring
+    overlaps its transfers with); empty otherwise."""
 
 
 @dataclass
@@ -174,14 +177,21 @@ class LayerWork:
 class _Builder:
     """Accumulates ops, parameters and saved activations of one layer."""
 
-    def __init__(self, work: LayerWork, tokens: int, tp: int, options: CostOptions) -> None:
+    def __init__(self, work: LayerWork, tokens: int, tp: int, options: CostOptions, *, cp: int = 1, ep: int = 1,
+                 sequence_parallel: bool = False) -> None:
         self.work = work
         self.T = tokens
         self.tp = tp
         self.opt = options
+        self.cp = cp
+        self.ep = ep
+        self.sp = sequence_parallel
 
     def _div(self, shard: bool) -> int:
-        return self.tp if shard else 1
+        """Sharded work and saved tensors are split ``tp`` ways; with sequence parallelism the
+        rest too (norms, residuals, dropout and the inputs of column-parallel matmuls live on
+        ``T / tp`` tokens; Korthikanti et al. 2022)."""
+        return self.tp if shard or self.sp else 1
 
     def linear(self, n_in: int, n_out: int, *, tokens: int | None = None, shard: bool = True,
                shared: bool = False) -> None:
@@ -206,8 +216,8 @@ class _Builder:
     def core(self, flops: float, io_bytes: float, *, backward_factor: float, shard: bool = True) -> None:
         """A weight-free matmul-class core (attention, SSD, delta rule): all of its backward is I."""
         d = self._div(shard)
-        self.work.f.ops.append(Op("matmul", flops / d, io_bytes / d))
-        self.work.i.ops.append(Op("matmul", backward_factor * flops / d, 2.0 * io_bytes / d))
+        self.work.f.ops.append(Op("matmul", flops / d, io_bytes / d, tag="core"))
+        self.work.i.ops.append(Op("matmul", backward_factor * flops / d, 2.0 * io_bytes / d, tag="core"))
 
     def vector(self, passes: str, nbytes: float, flops: float = 0.0, *, shard: bool = True) -> None:
         """An element-wise kernel in each pass named in ``passes`` (a subset of ``"fiw"``)."""
@@ -252,8 +262,13 @@ class _Builder:
 
 # --------------------------------------------------------------------------------------------- mixers
 
-def _pairs(s: int, window: int | None, causal: bool) -> float:
-    """Query-key pairs per sequence and head: ``s*min(s, w)``, or their causal part."""
+def _pairs(s: int, window: int | None, causal: bool, cp: int = 1) -> float:
+    """Query-key pairs per sequence and head: ``s*min(s, w)``, or their causal part. With context
+    parallelism ``s`` is the rank's share of a sequence of ``cp*s`` tokens: its queries meet every
+    key of the sequence (ring attention), and a load-balanced split gives each rank ``1/cp`` of the
+    causal pairs."""
+    if cp > 1:
+        return _pairs(cp * s, window, causal) / cp
     w = s if window is None else min(window, s)
     if not causal:
         return float(s) * w
@@ -263,14 +278,18 @@ def _pairs(s: int, window: int | None, causal: bool) -> float:
 def _attention_core(bld: _Builder, *, batch: int, s: int, heads: int, kv_heads: int, d_qk: int, d_v: int,
                     window: int | None, causal: bool) -> None:
     """Scores ``Q K^T`` and ``P V``: 2*pairs*(d_qk + d_v) FLOPs per head; FlashAttention I/O."""
-    flops = 2.0 * batch * heads * _pairs(s, window, causal) * (d_qk + d_v)
+    pairs = _pairs(s, window, causal, bld.cp)
+    flops = 2.0 * batch * heads * pairs * (d_qk + d_v)
     io = BF16 * batch * s * (heads * d_qk + kv_heads * (d_qk + d_v) + heads * d_v) + FP32 * batch * s * heads
     bld.core(flops, io, backward_factor=bld.opt.attention_backward_factor)
     if bld.opt.flash_attention:
         bld.save(FP32 * batch * s * heads)  # log-sum-exp; the output is saved as the out-proj input
     else:
-        keys = s if window is None else min(window, s)
-        scores = batch * heads * s * keys
+        # materialised scores (Megatron-LM before FlashAttention): QK^T writes them, the fused
+        # scale-mask-softmax reads and writes them, PV reads them; backward twice that
+        scores = batch * heads * pairs
+        bld.vector("f", 4 * BF16 * scores, 5.0 * scores)
+        bld.vector("i", 8 * BF16 * scores, 5.0 * scores)
         bld.save(BF16 * scores)  # softmax output (Korthikanti: 2as^2b)
         if bld.opt.dropout:
             bld.save(1 * scores + BF16 * scores)  # dropout mask (as^2b) and output (2as^2b)
@@ -446,12 +465,13 @@ def _moe(bld: _Builder, arch: Architecture) -> None:
     # grouped GEMMs over T*k rows; all E experts' weights are held and read
     width = 2 * f if arch.gated_mlp else f
     d = bld.tp
+    held = E // bld.ep  # expert parallelism: each rank holds E / ep experts and runs T*k rows through them
     for n_in, n_out in ((h, width), (f, h)):
         flops = 2.0 * routed * n_in * n_out / d
-        nbytes = BF16 * (routed * n_in + E * n_in * n_out + routed * n_out) / d
+        nbytes = BF16 * (routed * n_in + held * n_in * n_out + routed * n_out) / d
         for p in (bld.work.f, bld.work.i, bld.work.w):
             p.ops.append(Op("matmul", flops, nbytes))
-        bld.params(E * n_in * n_out)
+        bld.params(held * n_in * n_out)
         bld.weight_grad(BF16 * routed * n_out)
     bld.vector("fi", BF16 * routed * (width + f), 8.0 * routed * f)
     bld.save(BF16 * routed * width)
@@ -503,7 +523,7 @@ def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None
     h, V, T = arch.hidden_size, arch.vocab_size, bld.T
     bld.params(V * h)
     bld.vector("f", INT64 * T + 2 * BF16 * T * h, 1.0 * T * h)
-    bld.vector("w", 2 * BF16 * V * h / bld.tp, 0.0, shard=False)  # zero + accumulate the dense gradient
+    bld.work.w.ops.append(Op("vector", 0.0, 2 * BF16 * V * h / bld.tp))  # zero + accumulate the dense gradient
     bld.vector("w", INT64 * T + 3 * BF16 * T * h, 1.0 * T * h)  # scatter-add of the rows
     bld.save(INT64 * T, for_w=True, shard=False)  # token ids
     bld.all_reduce("f", BF16 * T * h)
@@ -615,16 +635,23 @@ def _layer_names(arch: Architecture) -> list[str]:
 
 
 def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN, microbatch_size: int = 1,
-               tp: int = 1, options: CostOptions | None = None, name: str | None = None) -> LayerWork:
-    """FLOPs, bytes, parameters and activations of layer ``index`` of ``arch`` for one micro-batch."""
-    for key, value in (("seq_len", seq_len), ("microbatch_size", microbatch_size), ("tp", tp)):
+               tp: int = 1, options: CostOptions | None = None, name: str | None = None, cp: int = 1,
+               ep: int = 1, sequence_parallel: bool = False) -> LayerWork:
+    """FLOPs, bytes, parameters and activations of layer ``index`` of ``arch`` for one micro-batch.
+
+    Whole-job degrees (:mod:`pipeline.parallelism`; all 1 / False by default): ``cp`` context
+    parallelism, ``seq_len`` then being the rank's share of a ``cp * seq_len`` sequence (attention
+    pairs as ring attention computes them); ``ep`` expert parallelism (each rank holds
+    ``num_experts / ep`` experts); ``sequence_parallel`` shards what TP keeps whole by ``tp``."""
+    for key, value in (("seq_len", seq_len), ("microbatch_size", microbatch_size), ("tp", tp), ("cp", cp),
+                       ("ep", ep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"must be a whole number >= 1, got {value!r}", source=arch.name, field=key)
     spec = arch.layers[index]
     opt = options or CostOptions()
     T = seq_len * microbatch_size
     work = LayerWork(name=name or _layer_names(arch)[index], kind=spec.label, tp=tp)
-    bld = _Builder(work, T, tp, opt)
+    bld = _Builder(work, T, tp, opt, cp=cp, ep=ep, sequence_parallel=sequence_parallel)
     has_vision = any(layer.kind == "vision" for layer in arch.layers)
     vision_tokens = microbatch_size * arch.vision_tokens if has_vision else 0
     if spec.kind == "embedding":
@@ -651,11 +678,13 @@ def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN
 
 
 def architecture_work(arch: Architecture, *, seq_len: int = DEFAULT_SEQ_LEN, microbatch_size: int = 1,
-                      tp: int = 1, options: CostOptions | None = None) -> list[LayerWork]:
+                      tp: int = 1, options: CostOptions | None = None, cp: int = 1, ep: int = 1,
+                      sequence_parallel: bool = False) -> list[LayerWork]:
     """:func:`layer_work` for every layer, in order."""
     names = _layer_names(arch)
     return [layer_work(arch, i, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp, options=options,
-                       name=names[i]) for i in range(len(arch.layers))]
+                       name=names[i], cp=cp, ep=ep, sequence_parallel=sequence_parallel)
+            for i in range(len(arch.layers))]
 
 
 def count_params(arch: Architecture) -> int:

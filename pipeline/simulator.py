@@ -11,7 +11,7 @@ Rules (the contract every other part relies on):
   and overlap computation.
 * Durations: the stage's summed layer costs divided by the device's speed factor. ``B`` costs
   ``b + w``.
-* Memory of a device = static (parameters of every stage it holds x ``bytes_per_param``) +
+* Memory of a device = static (parameters of every stage it holds x ``TrainingConfig.param_bytes``) +
   activations. ``F`` adds the stage's ``act_bytes``; ``I`` leaves what ``W`` needs and ``W``
   frees it; ``B`` frees all. What ``I`` leaves follows the runtime: PyTorch's
   (``TrainingConfig.input_backward_keeps_graph``, on by default) keeps the autograd graph and the
@@ -166,23 +166,24 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             else:
                 keep.append(scale * sum(col.keep[a:b]))
         if col.groups is None:
-            static[d] += training.bytes_per_param * sum(col.params[a:b])
+            static[d] += training.param_bytes * sum(col.params[a:b])
         else:
             for k in range(a, b):
                 group = col.groups[k]
                 if group is None:
-                    static[d] += training.bytes_per_param * col.params[k]
+                    static[d] += training.param_bytes * col.params[k]
                     continue
                 devices = holders.setdefault(group[0], (group[1], set()))[1]
                 if d not in devices:
                     devices.add(d)
-                    static[d] += training.bytes_per_param * col.params[k]
+                    static[d] += training.param_bytes * col.params[k]
         if s + 1 < len(partition):
             comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)
         else:
             comm.append(0.0)
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
     post += runtime.step_s / unit
+    post += optimizer_step_seconds(col, cluster, partition, placement, runtime, training) / unit
     ends = profile.transfer_overhead  # each end of a transfer between devices pays it
     if ends:
         for s in range(len(partition) - 1):

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ClusterError, ProfileError
+from pipeline.errors import ClusterError, ConfigError, ProfileError
 
 __all__ = [
     "W_RETAINED_FRACTION",
@@ -550,6 +550,13 @@ class TrainingConfig:
     performance model alone; ``megatron``, ``zb``, ``zb-sync`` and ``pytorch`` add what that runtime
     does (per-action overhead, blocking transfers, the optimizer step, overlapped iterations). A
     :class:`pipeline.runtime.Runtime` may stand here too (calibration tries its own values)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_parallel, bool) or not isinstance(self.data_parallel, int) or self.data_parallel < 1:
+            raise ConfigError(f"must be a whole number >= 1, got {self.data_parallel!r}", field="data_parallel")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"must be 0 (none), 1 (optimizer states), 2 (+ gradients) or 3 (FSDP), got "
+                              f"{self.zero_stage!r}", field="zero_stage")
 
     @property
     def param_bytes(self) -> float:

@@ -1,0 +1,416 @@
+"""The whole job: tensor, pipeline, data, context and expert parallel degrees around the pipeline plan.
+
+A training job on ``gpus = tp * pp * dp * cp`` GPUs (``ep`` is carved out of the ``dp * cp``
+ranks, as in Megatron-LM) is one pipeline of ``pp`` stages, replicated ``dp * cp`` times, each
+stage run by ``tp`` ranks. The pipeline part is what the rest of the toolkit plans and simulates;
+this module adds what the other degrees do to it (docs/whole-job.md):
+
+* **per-layer costs** (:func:`job_profile`): :func:`pipeline.costs.architecture_work` with the
+  degrees (``tp``-way matrices, ``cp``-way sequence shares, ``ep``-way experts, sequence
+  parallelism), each pass's non-communication kernels priced by the cost model's roofline and its
+  communication by the links of the group that runs it:
+
+  - TP all-reduces (or, with sequence parallelism, reduce-scatter + all-gather, the same bytes) on
+    the stage's critical path over NVLink, or the NIC when the TP group spans nodes; with
+    ``tp_comm_overlap`` (Megatron-core's ``--tp-comm-overlap``) only what exceeds the pass's
+    matmul time stays exposed;
+  - CP ring attention: ``cp - 1`` exchanges of the rank's K and V in F, of K, V, dK and dV in I,
+    overlapped with the attention core (only what exceeds the core's time is exposed);
+  - EP all-to-all: dispatch and combine of the ``T * top_k`` routed tokens' hidden states in F and
+    again in I, per MoE layer, not overlapped;
+  - the stage-to-stage tensor is split ``tp`` ways (Megatron's scatter/gather optimisation, or
+    sequence parallelism's sharded activations) and each TP rank sends its share on its own link;
+
+* **memory** (:meth:`Parallelism.training`): the per-parameter state sharded over the ``dp * cp``
+  ranks by ZeRO stage (:attr:`pipeline.spec.TrainingConfig.zero_stage`);
+* **the data-parallel tail** (:func:`dp_tail`): gradient all-reduce (ZeRO-0) or reduce-scatter
+  plus parameter all-gather (ZeRO-1/2), or FSDP's gathers and reduce-scatter (ZeRO-3), priced on
+  the DP group's links (hierarchical: NVLink inside a node, the NIC across nodes), overlapped with
+  the last micro-batch's backward on the device as ``--overlap-grad-reduce`` does (the last bucket
+  never overlaps). The optimizer step itself is the runtime's (``Runtime.optimizer_bytes_per_param``,
+  divided by ``dp * cp`` under ZeRO >= 1 through :meth:`Parallelism.training`).
+
+Rank order is Megatron-LM's default ``tp-cp-ep-dp-pp``: TP ranks are adjacent, so a group of
+``n`` ranks ``stride`` apart fits in a node when ``n * stride <= gpus_per_node``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipeline.arch import Architecture
+from pipeline.costs import CostOptions, LayerWork, PassWork, architecture_work, layer_cost
+from pipeline.errors import ConfigError
+from pipeline.hardware import GPUSpec, build_cluster, get_gpu
+from pipeline.megatron import megatron_chunk_counts, megatron_partition
+from pipeline.orders import interleaved_order, one_f_one_b_order
+from pipeline.plan import Plan, interleaved_placement, sequential_placement
+from pipeline.simulator import Result, simulate
+from pipeline.spec import Cluster, ModelProfile, TrainingConfig
+
+__all__ = ["Parallelism", "ZERO_STAGES", "validate_job", "job_profile", "job_cluster", "dp_tail", "DPTail",
+           "JobEstimate", "estimate_job", "megatron_job_plan", "model_flops", "group_link", "GRAD_BUCKET_PARAMS",
+           "GRAD_BYTES"]
+
+#: ZeRO stage by name (``--zero``): none, Megatron's distributed optimizer (ZeRO-1), ZeRO-2, FSDP.
+ZERO_STAGES = {"none": 0, "zero1": 1, "dist-opt": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+#: Megatron-core's gradient bucket (``bucket_size``: max(40M, 1M * dp) parameters); the last one
+#: is reduced after the backward, never overlapped.
+GRAD_BUCKET_PARAMS = 40_000_000
+#: Bytes per gradient element in the data-parallel reduction (bf16: ``grad_reduce_in_fp32`` off).
+GRAD_BYTES = 2.0
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """The degrees and the data-parallel and micro-batch settings of one job."""
+
+    tp: int = 1
+    """Tensor-parallel degree (ranks per stage sharing every matrix)."""
+    pp: int = 1
+    """Pipeline-parallel degree (devices of the pipeline plan)."""
+    dp: int = 1
+    """Data-parallel replicas of the pipeline."""
+    cp: int = 1
+    """Context-parallel degree: each rank holds ``seq_len / cp`` tokens of every sequence (ring attention)."""
+    ep: int = 1
+    """Expert-parallel degree: each rank holds ``num_experts / ep`` experts; carved out of ``dp * cp``."""
+    microbatch_size: int = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    global_batch: int | None = None
+    """Sequences per iteration over the whole job; None: one micro-batch per replica."""
+    sequence_parallel: bool = True
+    """Megatron's sequence parallelism with ``tp > 1`` (norms and dropout sharded, RS/AG for AR)."""
+    zero_stage: int = 1
+    """Sharding of the per-parameter state over the ``dp * cp`` ranks (see :data:`ZERO_STAGES`)."""
+    overlap_grad_reduce: bool = True
+    """Gradient reduction overlapped with the last micro-batch's backward (``--overlap-grad-reduce``)."""
+    overlap_param_gather: bool = True
+    """The distributed optimizer's parameter all-gather overlapped with the next forward."""
+    tp_comm_overlap: bool = False
+    """TP communication overlapped with the matmuls (``--tp-comm-overlap``)."""
+    recompute: bool = False
+    """Full activation recomputation on every stage (``--recompute-granularity full``)."""
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks that hold the same weights: the data-parallel group of the gradient reduction."""
+        return self.dp * self.cp
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else self.dp * self.microbatch_size
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per iteration through each pipeline replica."""
+        return self.batch // (self.dp * self.microbatch_size)
+
+    def training(self, base: TrainingConfig = TrainingConfig()) -> TrainingConfig:
+        """``base`` with this job's ZeRO sharding over its ``dp * cp`` replicas."""
+        return replace(base, data_parallel=self.replicas, zero_stage=self.zero_stage)
+
+    def describe(self) -> str:
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} cp={self.cp} ep={self.ep} mbs={self.microbatch_size} "
+                f"m={self.microbatches}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep,
+                "microbatch_size": self.microbatch_size, "microbatches": self.microbatches,
+                "global_batch": self.batch, "sequence_parallel": self.sequence_parallel and self.tp > 1,
+                "zero_stage": self.zero_stage, "recompute": self.recompute}
+
+
+def _whole(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"must be a whole number >= 1, got {value!r}", field=name)
+    return value
+
+
+def validate_job(arch: Architecture, par: Parallelism, *, seq_len: int, gpus: int | None = None) -> None:
+    """Raise a :class:`ConfigError` naming the field and the fix when ``par`` cannot run ``arch``."""
+    for name in ("tp", "pp", "dp", "cp", "ep", "microbatch_size"):
+        _whole(getattr(par, name), name)
+    _whole(seq_len, "seq_len")
+    if par.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"must be 0, 1, 2 or 3 (or one of {', '.join(ZERO_STAGES)}), got {par.zero_stage!r}",
+                          field="zero_stage")
+    if gpus is not None and par.gpus != gpus:
+        raise ConfigError(f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {par.gpus}, not {gpus}; choose "
+                          "degrees whose product is the number of GPUs", field="gpus")
+    if par.global_batch is not None:
+        _whole(par.global_batch, "global_batch")
+        step = par.dp * par.microbatch_size
+        if par.global_batch % step:
+            raise ConfigError(f"{par.global_batch} is not a multiple of dp*microbatch_size = {step}; use a global "
+                              f"batch divisible by {step} or a smaller micro-batch", field="global_batch")
+    heads, groups = arch.num_attention_heads, arch.num_key_value_heads
+    mixers = {layer.mixer for layer in arch.layers if layer.kind == "block"}
+    if mixers & {"attention", "sliding_attention", "mla"}:
+        if heads % par.tp:
+            raise ConfigError(f"{heads} attention heads do not split {par.tp} ways; use a tp that divides {heads}",
+                              source=arch.name, field="tp")
+        if "mla" not in mixers and groups % par.tp:
+            raise ConfigError(f"{groups} key/value heads do not split {par.tp} ways (Megatron needs "
+                              f"num_query_groups % tp == 0); use a tp that divides {groups}", source=arch.name,
+                              field="tp")
+    blocks = arch.num_blocks
+    if par.pp > max(1, blocks):
+        raise ConfigError(f"{par.pp} pipeline stages for {blocks} blocks; use pp <= {blocks}", source=arch.name,
+                          field="pp")
+    if par.cp > 1:
+        if mixers - {"attention", "sliding_attention", "mla", "none"}:
+            raise ConfigError(f"context parallelism is modelled for attention only, the model has "
+                              f"{sorted(mixers - {'none'})}; use cp=1", source=arch.name, field="cp")
+        if seq_len % (2 * par.cp):
+            raise ConfigError(f"seq_len {seq_len} is not a multiple of 2*cp = {2 * par.cp} (ring attention's "
+                              "load-balanced chunks); use a cp that divides seq_len / 2", field="cp")
+    if par.sequence_parallel and par.tp > 1 and (seq_len // par.cp) % par.tp:
+        raise ConfigError(f"seq_len / cp = {seq_len // par.cp} does not split {par.tp} ways for sequence "
+                          "parallelism; use a tp that divides it or sequence_parallel=False", field="tp")
+    if par.ep > 1:
+        experts = arch.num_experts
+        if experts < 1:
+            raise ConfigError("expert parallelism needs an MoE model; use ep=1", source=arch.name, field="ep")
+        if experts % par.ep:
+            raise ConfigError(f"{experts} experts do not split {par.ep} ways; use an ep that divides {experts}",
+                              source=arch.name, field="ep")
+        if par.replicas % par.ep:
+            raise ConfigError(f"ep={par.ep} must divide dp*cp = {par.replicas} (expert-parallel ranks are "
+                              "data-parallel ranks); raise dp or lower ep", field="ep")
+
+
+def group_link(size: int, stride: int, *, gpu: GPUSpec, gpus_per_node: int | None) -> tuple[float, float]:
+    """(bytes/s, latency s) of a group of ``size`` ranks ``stride`` apart: NVLink when it fits in a node."""
+    if gpus_per_node is None or size * stride <= gpus_per_node:
+        return gpu.nvlink_gbps * 1e9, gpu.nvlink_latency_us * 1e-6
+    return gpu.inter_node_gbps * 1e9, gpu.inter_node_latency_us * 1e-6
+
+
+def _ring_seconds(nbytes: float, size: int, stride: int, gpu: GPUSpec, gpus_per_node: int | None, *,
+                  factor: float) -> float:
+    """A ring collective moving ``factor * (n-1)/n * nbytes`` per rank (2 all-reduce, 1 RS or AG),
+    hierarchical across nodes: inside a node over NVLink among the ``k`` members there, across
+    the ``N`` nodes over the NIC on a ``1/k`` share."""
+    if size <= 1 or nbytes <= 0:
+        return 0.0
+    if gpus_per_node is None or size * stride <= gpus_per_node:
+        return gpu.nvlink_latency_us * 1e-6 + factor * (size - 1) / size * nbytes / (gpu.nvlink_gbps * 1e9)
+    k = max(1, min(size, gpus_per_node // stride))
+    nodes = math.ceil(size / k)
+    intra = factor * (k - 1) / k * nbytes / (gpu.nvlink_gbps * 1e9) if k > 1 else 0.0
+    inter = factor * (nodes - 1) / nodes * (nbytes / k) / (gpu.inter_node_gbps * 1e9)
+    return gpu.nvlink_latency_us * 1e-6 * (k > 1) + gpu.inter_node_latency_us * 1e-6 + intra + inter
+
+
+def _kv_width(arch: Architecture, mixer: str) -> int:
+    """Elements per token of K and V together that ring attention exchanges."""
+    if mixer == "mla":
+        a = arch.num_attention_heads
+        return a * (arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim)
+    return 2 * arch.num_key_value_heads * arch.attn_head_dim
+
+
+def _pass_seconds(p: PassWork, gpu: GPUSpec, *, tp_link: tuple[float, float], overlap_tp: bool,
+                  ring_s: float = 0.0, a2a_s: float = 0.0) -> float:
+    compute = PassWork([op for op in p.ops if op.kind != "comm"]).seconds(gpu)
+    bw, lat = tp_link
+    tp_comm = sum(lat + op.bytes / bw for op in p.ops if op.kind == "comm")
+    if overlap_tp:
+        tp_comm = max(0.0, tp_comm - PassWork([op for op in p.ops if op.kind == "matmul"]).seconds(gpu))
+    core = PassWork([op for op in p.ops if op.tag == "core"]).seconds(gpu)
+    return compute + tp_comm + max(0.0, ring_s - core) + a2a_s
+
+
+def job_profile(arch: Architecture, par: Parallelism, *, gpu: str | GPUSpec, seq_len: int,
+                gpus_per_node: int | None = 8, options: CostOptions | None = None,
+                name: str | None = None) -> ModelProfile:
+    """Per-layer costs (ms) of one TP x CP rank of ``arch`` under ``par`` (see the module docstring)."""
+    spec = get_gpu(gpu)
+    validate_job(arch, par, seq_len=seq_len)
+    sp = par.sequence_parallel and par.tp > 1
+    s_local = seq_len // par.cp
+    works = architecture_work(arch, seq_len=s_local, microbatch_size=par.microbatch_size, tp=par.tp,
+                              options=options, cp=par.cp, ep=par.ep, sequence_parallel=sp)
+    tp_link = group_link(par.tp, 1, gpu=spec, gpus_per_node=gpus_per_node)
+    cp_bw, cp_lat = group_link(par.cp, par.tp, gpu=spec, gpus_per_node=gpus_per_node)
+    ep_bw, ep_lat = group_link(par.ep, par.tp * par.cp, gpu=spec, gpus_per_node=gpus_per_node)
+    tokens = par.microbatch_size * s_local
+    layers = []
+    for spec_layer, work in zip(arch.layers, works, strict=True):
+        ring_f = ring_i = a2a = 0.0
+        if par.cp > 1 and spec_layer.kind == "block" and spec_layer.mixer in ("attention", "sliding_attention",
+                                                                                "mla"):
+            kv = 2.0 * tokens * _kv_width(arch, spec_layer.mixer) / par.tp
+            ring_f = (par.cp - 1) * (cp_lat + kv / cp_bw)
+            ring_i = (par.cp - 1) * (cp_lat + 2 * kv / cp_bw)
+        if par.ep > 1 and spec_layer.kind == "block" and spec_layer.ffn == "moe":
+            routed = 2.0 * tokens * arch.num_experts_per_tok * arch.hidden_size / (par.tp if sp else 1)
+            a2a = 2 * (ep_lat + (par.ep - 1) / par.ep * routed / ep_bw)  # dispatch + combine
+        cost = layer_cost(work, spec)
+        overlap = par.tp_comm_overlap
+        f = _pass_seconds(work.f, spec, tp_link=tp_link, overlap_tp=overlap, ring_s=ring_f, a2a_s=a2a)
+        i = _pass_seconds(work.i, spec, tp_link=tp_link, overlap_tp=overlap, ring_s=ring_i, a2a_s=a2a)
+        w = _pass_seconds(work.w, spec, tp_link=tp_link, overlap_tp=overlap)
+        layers.append(replace(cost, f=f * 1e3, b=i * 1e3, w=w * 1e3, out_bytes=int(cost.out_bytes // par.tp),
+                              extra={**cost.extra, "expert": bool(spec_layer.ffn == "moe")}))
+    return ModelProfile(
+        name=name or f"{arch.name}-{par.describe().replace(' ', '-')}",
+        layers=tuple(layers), time_unit="ms", seq_len=s_local, microbatch_size=par.microbatch_size,
+        extra={"model_type": arch.model_type, "gpu": spec.name, "source": "analytic", **par.as_dict(),
+               "params_total": sum(w.unique_params for w in _whole_model(arch, options)),
+               "seq_len_total": seq_len},
+    )
+
+
+def _whole_model(arch: Architecture, options: CostOptions | None) -> list[LayerWork]:
+    return architecture_work(arch, seq_len=1, options=options)
+
+
+def job_cluster(par: Parallelism, *, gpu: str | GPUSpec, gpus_per_node: int | None = 8,
+                memory_gb: float | None = None) -> Cluster:
+    """The ``pp`` devices of one pipeline replica: consecutive stages are ``tp*cp*dp`` ranks apart,
+    so they share a node only when that stride is below ``gpus_per_node``."""
+    stride = par.tp * par.cp * par.dp
+    per_node = None if gpus_per_node is None else max(1, gpus_per_node // stride)
+    return build_cluster(gpu, devices=par.pp, gpus_per_node=per_node, memory_gb=memory_gb)
+
+
+@dataclass(frozen=True)
+class DPTail:
+    """What the data-parallel collectives add after the pipeline, per device."""
+
+    comm_s: tuple[float, ...]
+    """Data-parallel collective seconds per device (before overlap)."""
+    exposed_s: tuple[float, ...]
+    """Of them, what the backward did not hide."""
+
+    @property
+    def seconds(self) -> float:
+        """The iteration ends when the slowest device's tail does."""
+        return max(self.exposed_s, default=0.0)
+
+
+def dp_tail(profile: ModelProfile, plan: Plan, par: Parallelism, *, gpu: str | GPUSpec,
+            gpus_per_node: int | None = 8, result: Result | None = None) -> DPTail:
+    """The data-parallel tail of ``plan`` (see the module docstring); ``result`` (the pipeline's
+    simulation) gives the per-device busy time FSDP's gathers hide behind."""
+    spec = get_gpu(gpu)
+    n, stride = par.replicas, par.tp
+    unit = profile.seconds_per_unit
+    devices = plan.devices
+    params = [0.0] * devices
+    window = [0.0] * devices
+    busy = [0.0] * devices
+    for s, (a, b) in enumerate(plan.partition):
+        d = plan.placement[s]
+        for layer in profile.layers[a:b]:
+            params[d] += layer.params
+            window[d] += (layer.b + layer.w + (layer.f if par.recompute else 0.0)) * unit
+            busy[d] += (layer.f + layer.b + layer.w) * unit * plan.microbatches
+    comm, exposed = [], []
+    for d in range(devices):
+        grads = GRAD_BYTES * params[d]
+        bucket = GRAD_BYTES * min(params[d], GRAD_BUCKET_PARAMS)
+        if par.zero_stage == 0:
+            c = _ring_seconds(grads, n, stride, spec, gpus_per_node, factor=2.0)
+            tail = _ring_seconds(bucket, n, stride, spec, gpus_per_node, factor=2.0)
+            gather = 0.0
+        else:
+            c = _ring_seconds(grads, n, stride, spec, gpus_per_node, factor=1.0)
+            tail = _ring_seconds(bucket, n, stride, spec, gpus_per_node, factor=1.0)
+            gather = _ring_seconds(2.0 * params[d], n, stride, spec, gpus_per_node, factor=1.0)
+        if par.zero_stage == 3:  # gathered for F and again for the backward, gradients reduce-scattered
+            total = c + 2 * gather
+            e = max(tail, total - busy[d]) if result is not None or busy[d] else total
+            comm.append(total)
+        else:
+            e = max(tail, c - window[d]) if par.overlap_grad_reduce else c
+            g_exposed = _ring_seconds(2.0 * min(params[d], GRAD_BUCKET_PARAMS), n, stride, spec, gpus_per_node,
+                                      factor=1.0) if par.overlap_param_gather else gather
+            e += g_exposed if par.zero_stage else 0.0
+            comm.append(c + gather)
+        exposed.append(e)
+    return DPTail(tuple(comm), tuple(exposed))
+
+
+def model_flops(profile: ModelProfile, par: Parallelism) -> float:
+    """Matmul-class FLOPs of one iteration over the whole job (recomputation not counted: MFU, not HFU)."""
+    per_rank = sum(float(x.extra.get("flops_f", 0)) + float(x.extra.get("flops_b", 0))
+                   + float(x.extra.get("flops_w", 0)) for x in profile.layers)
+    return per_rank * par.tp * par.cp * par.dp * par.microbatches
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """One job's predicted step: the pipeline, the data-parallel tail, throughput, memory."""
+
+    par: Parallelism
+    plan: Plan
+    result: Result
+    pipeline_s: float
+    tail: DPTail
+    iteration_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    peak_memory_gb: float
+    memory_limit_gb: float
+
+    @property
+    def fits(self) -> bool:
+        return self.result.feasible
+
+    def row(self) -> dict[str, Any]:
+        return {**self.par.as_dict(), "iteration_ms": 1e3 * self.iteration_s, "pipeline_ms": 1e3 * self.pipeline_s,
+                "dp_exposed_ms": 1e3 * self.tail.seconds,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
+                "peak_memory_gb": self.peak_memory_gb, "fits": self.fits}
+
+
+def estimate_job(profile: ModelProfile, cluster: Cluster, plan: Plan, *, par: Parallelism,
+                 training: TrainingConfig | None = None, gpu: str | GPUSpec | None = None,
+                 gpus_per_node: int | None = 8, seq_len: int | None = None) -> JobEstimate:
+    """Simulate ``plan`` on one replica and add the data-parallel tail: the whole job's step."""
+    spec = get_gpu(gpu if gpu is not None else cluster.extra.get("gpu", "h100"))
+    train = par.training(training or TrainingConfig(runtime="megatron"))
+    result = simulate(plan, profile, cluster, training=train, record_timeline=False)
+    pipeline_s = result.iteration_time * profile.seconds_per_unit
+    tail = dp_tail(profile, plan, par, gpu=spec, gpus_per_node=gpus_per_node, result=result)
+    it = pipeline_s + tail.seconds
+    s_total = seq_len if seq_len is not None else int(profile.extra.get("seq_len_total", profile.seq_len or 0))
+    tokens = par.batch * s_total
+    flops = model_flops(profile, par)
+    peak = max(result.peak_memory, default=0.0) / 2**30
+    limit = min(result.memory_limit, default=math.inf) / 2**30
+    return JobEstimate(par, plan, result, pipeline_s, tail, it, tokens / it / par.gpus if it > 0 else 0.0,
+                       flops / (it * par.gpus * spec.peak_bf16_tflops * 1e12) if it > 0 else 0.0, peak, limit)
+
+
+def megatron_job_plan(profile: ModelProfile, cluster: Cluster, par: Parallelism, *,
+                      training: TrainingConfig | None = None, chunks: Sequence[int] | None = None) -> Plan:
+    """Megatron-LM's usual choice for one replica: its even split, 1F1B or interleaved 1F1B at the
+    fastest chunk count it can run (``chunks``: only these), every stage recomputing with
+    ``par.recompute``."""
+    P, M = par.pp, par.microbatches
+    train = par.training(training or TrainingConfig(runtime="megatron"))
+    allowed = megatron_chunk_counts(profile, P, M)
+    tries = [v for v in (chunks or allowed) if v in allowed] or [1]
+    best: tuple[float, Plan] | None = None
+    for v in tries:
+        S = P * v
+        placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
+        order = one_f_one_b_order(P, M) if v == 1 else interleaved_order(P, v, M)
+        plan = Plan(P, M, megatron_partition(profile, S), placement, order,
+                    {"method": "megatron", "chunks": v}, recompute=(True,) * S if par.recompute else None)
+        t = simulate(plan, profile, cluster, training=train, validate=False, record_timeline=False).iteration_time
+        if best is None or t < best[0]:
+            best = (t, plan)
+    assert best is not None
+    return best[1]
