@@ -6,8 +6,10 @@ per-stage F/B/W and transfer times). For each pure-pipeline row (tp = dp = cp = 
 times are known, it builds the row's pipeline from those times, schedules it as the row's schedule
 does, simulates it under the runtime that ran it (:mod:`pipeline.runtime`) and predicts the row's
 throughput in the row's unit. Rows without stage times take those of the same model and micro-batch
-size from another row of the file (an input the authors published, not a fit); rows that need
-tensor or data parallelism, or a schedule we do not know, get ``"predicted": null`` and a reason.
+size from another row of the file (an input the authors published, not a fit). Rows in TFLOP/s per
+GPU (Megatron-LM's multi-dimensional runs: TP x PP x DP) are rebuilt analytically by the whole-job
+model (:mod:`experiments.benchmarks.published_job`, docs/whole-job.md). Rows without their degrees
+or stage times, or with a schedule we do not know, get ``"predicted": null`` and a reason.
 
 Schedules: ``1F1B`` and ``1F1B-I`` (every layer its own chunk: ceil(layers / p) chunks per device)
 run Megatron-LM's orders on the ``megatron`` runtime; ``ZB-1p`` / ``ZB-2p`` are the best
@@ -20,7 +22,8 @@ throughput error, the median error of each schedule's ratio to 1F1B in its group
 micro-batches), and the groups whose schedules are ranked as measured (ties within 1%). ``--json``
 prints one object per row, ``{"id", "unit", "measured", "predicted"}`` (plus ``"reason"`` where
 it cannot predict), then the summary object. ``--fit`` grid-searches the runtime's three shared
-parameters (compute scale, per-action overhead, step time) on the file's rows and prints the best.
+parameters (compute scale, per-action overhead, step time) on the file's rows and prints the best
+(on a file of whole-job rows: the source's compute scale and per-iteration time).
 
   python -m experiments.benchmarks.published ../shared/data/published/zero_bubble_qi2024_dev.json
   python -m experiments.benchmarks.published FILE --json
@@ -41,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from experiments.benchmarks.published_job import TFLOPS_UNITS, fit_job_source, predict_job_row
 from pipeline.engine import list_schedule
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import interleaved_order, one_f_one_b_order
@@ -130,7 +134,13 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     M = batch.get("num_microbatches")
     group = f"{row['model']['name']} m={M}"
     unit = meas.get("throughput_unit") or "?"
-    out = Prediction(row["id"], group, row["schedule"], unit, meas.get("throughput"), None)
+    out = Prediction(row["id"], group, row["schedule"] or "-", unit, meas.get("throughput"), None)
+    if meas.get("throughput") is None:
+        return replace(out, reason="no throughput published (the row gives "
+                       + ("its MFU only" if meas.get("mfu") else "no measurement") + ", and no degrees)")
+    if unit in TFLOPS_UNITS:
+        predicted, reason = predict_job_row(row)
+        return replace(out, predicted=predicted, reason=reason)
     if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
         return replace(out, reason="needs tensor/data/context parallelism (the whole-job issue), not a pure pipeline")
     if unit != SAMPLES_PER_GPU:
@@ -251,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = _load(args.file)
     forced = {n: RUNTIMES[args.runtime] for n in ("megatron", "zb", "zb-sync")} if args.runtime else None
+    if args.fit and any((r.get("measured") or {}).get("throughput_unit") in TFLOPS_UNITS for r in rows):
+        values, errors = fit_job_source(rows)
+        print(json.dumps({"fit": values, **errors}))
+        return 0
     if args.fit:
         values, summary = _fit(rows)
         print(json.dumps({"fit": values, **summary}))

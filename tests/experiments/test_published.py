@@ -66,3 +66,35 @@ def test_rows_without_a_schedule_print_without_a_traceback(capsys: pytest.Captur
     assert published.main([str(table)]) == 0
     out = capsys.readouterr().out
     assert "x " in out and "tensor" in out
+
+
+MEGATRON = [DEV.parent / "megatron_narayanan2021.json", DEV.parent / "megatron_core_h100_readme.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", MEGATRON, ids=lambda p: p.stem)
+def test_the_megatron_rows_meet_the_whole_job_targets(path: Path) -> None:
+    if not path.exists():
+        pytest.skip(f"{path} is not beside the repository")
+    rows = json.loads(path.read_text())["rows"]
+    preds = published.predict_rows(rows)
+    full = [p for p, r in zip(preds, rows, strict=True) if r["parallel"].get("tp") and r["model"].get("layers")
+            and r["measured"].get("throughput")]
+    assert full and all(p.predicted is not None for p in full)  # every row with its degrees is predicted
+    summary = published.summarize(preds)
+    assert summary["median_abs_error"] <= 0.10 and summary["max_abs_error"] <= 0.20
+    assert all(p.reason for p in preds if p.predicted is None)
+
+
+def test_a_whole_job_row_without_its_degrees_says_why() -> None:
+    row = {"id": "y", "model": {"name": "gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 51200,
+                                "seq_len": 2048},
+           "parallel": {"tp": None, "pp": None, "dp": 4}, "batch": {"micro_batch_size": 1, "global_batch": 64},
+           "schedule": None, "gpu_type": "A100 80GB", "measured": {"throughput": 150,
+                                                                    "throughput_unit": "achieved TFLOP/s per GPU"}}
+    pred = published.predict_row(row, [row])
+    assert pred.predicted is None and "degrees" in pred.reason
+    row["parallel"] = {"tp": 2, "pp": 2, "dp": 4, "cp": 1}
+    row["schedule"] = "1F1B"
+    pred = published.predict_row(row, [row])
+    assert pred.predicted is not None and 50 < pred.predicted < 312

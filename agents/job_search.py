@@ -1,0 +1,442 @@
+"""The job search: choose tp, pp, dp, cp, ep and the micro-batch size, with the pipeline plan inside.
+
+Given a model, ``gpus``, a global batch (sequences per iteration), a sequence length and a GPU
+preset, :func:`search_job`
+
+1. enumerates the configurations :func:`candidate_degrees` allows (TP inside a node, CP for
+   attention-only models, EP for MoE models out of the ``dp * cp`` ranks, micro-batch sizes that
+   divide the per-replica batch; every one checked by :func:`pipeline.parallelism.validate_job`);
+2. prices each with a cheap bound: the pipeline's lower bound (:func:`pipeline.bounds.lower_bound`
+   on the job's per-layer costs, under the runtime) and the least memory any plan can need on
+   its fullest device (the replica's weights, optimizer state and one micro-batch of activations
+   spread evenly over its ``pp`` devices); configurations that cannot fit are dropped;
+3. builds Megatron-LM's usual choice for every configuration in bound order (its even split, 1F1B
+   or interleaved 1F1B at its best chunk count, :func:`pipeline.parallelism.megatron_job_plan`),
+   skipping those whose bound is already above the best Megatron step found: the best of these is
+   **Megatron's best even-split configuration**, the baseline;
+4. runs the AdaPtis tuner (:class:`agents.tuner.AdaptisTuner`, ``calls_per_config`` simulator
+   calls) on the ``tune_top`` configurations with the fastest Megatron steps, and on no
+   configuration whose bound is above the best tuned step found so far;
+5. returns every evaluated configuration as a row (``tp, pp, dp, cp, ep, microbatch_size,
+   microbatches, tokens_per_s_per_gpu, mfu, peak_memory_gb``, the method and the plan), the best
+   first, beside Megatron's row for the same degrees.
+
+Outer configurations are independent: ``workers > 1`` fans them out over local processes
+(:class:`concurrent.futures.ProcessPoolExecutor`) in waves of :data:`WAVE`; results do not depend on
+``workers``.
+
+The tuner optimises the pipeline's step; the data-parallel tail (gradient reduce-scatter and the
+parameter all-gather, :func:`pipeline.parallelism.dp_tail`) is added to every plan afterwards.
+
+``add_job_arguments(parser)`` and ``run_job(args)`` are the command-line face
+(``search --gpus N --global-batch B``); ``python -m agents.job_search`` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.base import Budget
+from agents.tuner import AdaptisTuner
+from pipeline.arch import Architecture
+from pipeline.bounds import lower_bound
+from pipeline.errors import AdaptisError, ConfigError
+from pipeline.hardware import get_gpu
+from pipeline.parallelism import (
+    ZERO_STAGES,
+    JobEstimate,
+    Parallelism,
+    estimate_job,
+    job_cluster,
+    job_profile,
+    megatron_job_plan,
+    validate_job,
+)
+from pipeline.plan import Plan
+from pipeline.space import Problem
+from pipeline.spec import TrainingConfig
+
+__all__ = ["JobConfig", "JobRow", "JobSearchResult", "candidate_degrees", "search_job", "add_job_arguments",
+           "run_job", "main"]
+
+#: Simulator calls the tuner spends on one configuration (small: many configurations are tuned).
+DEFAULT_CALLS_PER_CONFIG = 1000
+#: Configurations the tuner runs on (those with the fastest Megatron steps).
+DEFAULT_TUNE_TOP = 8
+#: Configurations evaluated between two updates of the best step the bound prunes against.
+WAVE = 8
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What the search is asked: the model, the machine, the batch, and the fixed settings."""
+
+    arch: Architecture
+    gpus: int
+    global_batch: int
+    seq_len: int
+    gpu: str = "h100"
+    gpus_per_node: int = 8
+    memory_gb: float | None = None
+    """Capacity per GPU in GiB (default the preset's)."""
+    runtime: str = "megatron"
+    """The runtime both the baseline and the searched plans are priced on."""
+    zero_stage: int = 1
+    """1: Megatron's distributed optimizer (the default in practice); 0 plain DDP; 3 FSDP."""
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4)
+    max_cp: int = 8
+    calls_per_config: int = DEFAULT_CALLS_PER_CONFIG
+    tune_top: int = DEFAULT_TUNE_TOP
+    seed: int = 0
+
+
+@dataclass
+class JobRow:
+    """One evaluated configuration with one method's plan."""
+
+    par: Parallelism
+    method: str
+    estimate: JobEstimate | None
+    bound_s: float
+    note: str = ""
+
+    @property
+    def iteration_s(self) -> float:
+        return self.estimate.iteration_s if self.estimate is not None else math.inf
+
+    @property
+    def feasible(self) -> bool:
+        return self.estimate is not None and self.estimate.fits
+
+    def as_dict(self, *, with_plan: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, **self.par.as_dict(), "bound_ms": 1e3 * self.bound_s}
+        if self.estimate is not None:
+            row = self.estimate.row()
+            out.update({k: row[k] for k in ("iteration_ms", "pipeline_ms", "dp_exposed_ms", "tokens_per_s_per_gpu",
+                                            "mfu", "fits")})
+            out["peak_memory"] = row["peak_memory_gb"]
+            out["plan_summary"] = _plan_summary(self.estimate.plan)
+            if with_plan:
+                out["plan"] = self.estimate.plan.to_dict()
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass
+class JobSearchResult:
+    rows: list[JobRow]
+    """Best feasible plan per tuned configuration (method ``adaptis``) and Megatron's per evaluated one."""
+    configurations: int
+    """Configurations enumerated (valid degrees)."""
+    pruned_memory: int
+    pruned_bound: int
+    seconds: float
+    best: JobRow | None = None
+    megatron_best: JobRow | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best is None or self.megatron_best is None or not self.best.feasible:
+            return None
+        return self.megatron_best.iteration_s / self.best.iteration_s
+
+
+def _plan_summary(plan: Plan) -> str:
+    sizes = [b - a for a, b in plan.partition]
+    kind = plan.meta.get("method", "")
+    chunks = plan.num_stages // plan.devices
+    return f"{kind} {plan.num_stages} stages ({chunks}/device) sizes {min(sizes)}-{max(sizes)}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
+    """Every valid (tp, pp, dp, cp, ep, micro-batch size) for ``cfg`` (see the module docstring)."""
+    arch = cfg.arch
+    mixers = {layer.mixer for layer in arch.layers if layer.kind == "block"} - {"none"}
+    attention_only = bool(mixers) and mixers <= {"attention", "sliding_attention", "mla"}
+    out = []
+    for tp in _divisors(cfg.gpus):
+        if tp > cfg.gpus_per_node:
+            continue
+        for cp in _divisors(cfg.gpus // tp):
+            if cp > 1 and (not attention_only or cp > cfg.max_cp):
+                continue
+            for pp in _divisors(cfg.gpus // (tp * cp)):
+                dp = cfg.gpus // (tp * cp * pp)
+                eps = [e for e in _divisors(dp * cp) if arch.num_experts and arch.num_experts % e == 0] or [1]
+                for ep in eps:
+                    for mbs in cfg.microbatch_sizes:
+                        par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs,
+                                          global_batch=cfg.global_batch, zero_stage=cfg.zero_stage)
+                        try:
+                            validate_job(arch, par, seq_len=cfg.seq_len, gpus=cfg.gpus)
+                        except ConfigError:
+                            continue
+                        out.append(par)
+    return out
+
+
+def _training(cfg: JobConfig, par: Parallelism) -> TrainingConfig:
+    return par.training(TrainingConfig(runtime=cfg.runtime))
+
+
+def _setup(cfg: JobConfig, par: Parallelism):
+    profile = job_profile(cfg.arch, par, gpu=cfg.gpu, seq_len=cfg.seq_len, gpus_per_node=cfg.gpus_per_node)
+    cluster = job_cluster(par, gpu=cfg.gpu, gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb)
+    return profile, cluster, _training(cfg, par)
+
+
+def _bound(cfg: JobConfig, par: Parallelism) -> tuple[float, bool]:
+    """(lower bound on the step in seconds, whether any plan can fit the memory)."""
+    profile, cluster, training = _setup(cfg, par)
+    shards = training.data_parallel if training.zero_stage >= 1 else 1
+    lb = lower_bound(profile, cluster, par.microbatches, runtime=training.runtime, optimizer_shards=shards)
+    # every device holds its stages' weights and state, and at some moment at least one micro-batch of
+    # their activations (a recomputing stage reserves one too): the average device bounds the fullest
+    static = (training.param_bytes * sum(x.params for x in profile.layers)
+              + training.activation_scale * sum(x.act_bytes for x in profile.layers)) / par.pp
+    limit = min(cluster.memory_limits_bytes)
+    return lb.value * profile.seconds_per_unit, static <= limit
+
+
+def _megatron(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
+    cfg, par, bound = task
+    try:
+        profile, cluster, training = _setup(cfg, par)
+        plan = megatron_job_plan(profile, cluster, par, training=training)
+        est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=cfg.gpu,
+                           gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
+    except AdaptisError as exc:
+        return JobRow(par, "megatron", None, bound, note=str(exc))
+    return JobRow(par, "megatron", est, bound)
+
+
+def _tune(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
+    cfg, par, bound = task
+    try:
+        profile, cluster, training = _setup(cfg, par)
+        problem = Problem(profile, cluster, par.microbatches, training)
+        found = AdaptisTuner().search(problem, budget=Budget(sim_calls=cfg.calls_per_config), seed=cfg.seed)
+        if found.plan is None:
+            return JobRow(par, "adaptis", None, bound, note=found.note or "no plan")
+        est = estimate_job(profile, cluster, found.plan, par=par, training=training, gpu=cfg.gpu,
+                           gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
+    except AdaptisError as exc:
+        return JobRow(par, "adaptis", None, bound, note=str(exc))
+    return JobRow(par, "adaptis", est, bound, note=f"{found.sim_calls} calls")
+
+
+def _map(fn, tasks: list, workers: int) -> list:
+    if workers <= 1 or len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+        return list(pool.map(fn, tasks))
+
+
+def _key(row: JobRow) -> tuple[int, float]:
+    return (0 if row.feasible else 1, row.iteration_s)
+
+
+def search_job(cfg: JobConfig, *, workers: int = 1) -> JobSearchResult:
+    """Search the degrees and the pipeline plan of one job (see the module docstring)."""
+    t0 = time.perf_counter()
+    pars = candidate_degrees(cfg)
+    if not pars:
+        raise ConfigError(f"no valid (tp, pp, dp, cp, ep, micro-batch size) for {cfg.gpus} GPUs and a global batch "
+                          f"of {cfg.global_batch}: use a global batch divisible by the data-parallel degrees, "
+                          "or other GPU counts", field="global_batch")
+    bounds = [(par, *_bound(cfg, par)) for par in pars]
+    fitting = sorted(((par, b) for par, b, fits in bounds if fits), key=lambda x: x[1])
+    pruned_memory = len(bounds) - len(fitting)
+    # Megatron's usual choice, in bound order, in waves of `workers`; a bound above the best feasible
+    # Megatron step cannot hold Megatron's best
+    megatron: list[JobRow] = []
+    best_m = math.inf
+    pruned = 0
+    wave = WAVE  # fixed, so that the pruning (and the result) does not depend on the number of workers
+    i = 0
+    while i < len(fitting):
+        batch = []
+        while i < len(fitting) and len(batch) < wave:
+            par, b = fitting[i]
+            i += 1
+            if b >= best_m:
+                pruned += 1
+                continue
+            batch.append((cfg, par, b))
+        for row in _map(_megatron, batch, workers):
+            megatron.append(row)
+            if row.feasible:
+                best_m = min(best_m, row.iteration_s)
+    # the tuner on the most promising configurations
+    order = sorted(megatron, key=_key)
+    tuned: list[JobRow] = []
+    best_t = min((r.iteration_s for r in megatron if r.feasible), default=math.inf)
+    todo = [(cfg, r.par, r.bound_s) for r in order[:cfg.tune_top] if r.bound_s < best_t or not r.feasible]
+    for k in range(0, len(todo), wave):
+        batch = [t for t in todo[k:k + wave] if t[2] < best_t]
+        pruned += len(todo[k:k + wave]) - len(batch)
+        for row in _map(_tune, batch, workers):
+            tuned.append(row)
+            if row.feasible:
+                best_t = min(best_t, row.iteration_s)
+    rows = sorted(tuned + megatron, key=_key)
+    best = min((r for r in rows if r.feasible), key=lambda r: r.iteration_s, default=None)
+    m_best = min((r for r in megatron if r.feasible), key=lambda r: r.iteration_s, default=None)
+    return JobSearchResult(rows, len(pars), pruned_memory, pruned, time.perf_counter() - t0, best, m_best)
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers >= 1 separated by commas, e.g. 1,2,4")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
+    return value
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The whole-job options (``--gpus N --global-batch B`` switch ``search`` to the job search).
+    Shares ``--model/--hf-config``, ``--seq-len``, ``--gpu``, ``--gpus-per-node``, ``--memory-gb``,
+    ``--runtime``, ``--seed``, ``--out`` and ``--json`` with the pipeline search."""
+    group = parser.add_argument_group("whole job (tp x pp x dp x cp x ep; instead of --devices)")
+    group.add_argument("--gpus", type=_positive, default=None, help="GPUs of the whole job")
+    group.add_argument("--global-batch", type=_positive, default=None, help="sequences per iteration (whole job)")
+    group.add_argument("--microbatch-sizes", type=_sizes, default=(1, 2, 4),
+                       help="micro-batch sizes to try, comma-separated (default 1,2,4)")
+    group.add_argument("--zero", choices=tuple(ZERO_STAGES), default="dist-opt",
+                       help="data-parallel sharding: none, dist-opt/zero1 (Megatron's distributed optimizer, the "
+                            "default), zero2, fsdp/zero3")
+    group.add_argument("--max-cp", type=_positive, default=8, help="largest context-parallel degree to try")
+    group.add_argument("--calls-per-config", type=_positive, default=DEFAULT_CALLS_PER_CONFIG,
+                       help=f"tuner simulator calls per configuration (default {DEFAULT_CALLS_PER_CONFIG})")
+    group.add_argument("--tune-top", type=_positive, default=DEFAULT_TUNE_TOP,
+                       help=f"configurations the tuner runs on (default {DEFAULT_TUNE_TOP})")
+    group.add_argument("--workers", type=_positive, default=1, help="local processes for the configurations")
+    group.add_argument("--top", type=_positive, default=5, help="configurations to print")
+
+
+def _architecture(args: argparse.Namespace) -> Architecture:
+    if getattr(args, "profile", None):
+        raise ConfigError("the job search needs the model's architecture to price tp/cp/ep; give --model or "
+                          "--hf-config instead of --profile", field="profile")
+    hf = getattr(args, "hf_config", None)
+    if hf:
+        from pipeline.hf import load_hf_config
+        return load_hf_config(hf)
+    from pipeline.zoo import load_zoo_architecture
+    return load_zoo_architecture(getattr(args, "model", None) or "gemma-medium")
+
+
+def config_from_args(args: argparse.Namespace) -> JobConfig:
+    if args.gpus is None or args.global_batch is None:
+        raise ConfigError("the job search needs both --gpus and --global-batch", field="gpus")
+    arch = _architecture(args)
+    seq_len = getattr(args, "seq_len", None) or arch.seq_len or 4096
+    gpu = get_gpu(getattr(args, "gpu", None) or "h100").name
+    return JobConfig(arch=arch, gpus=args.gpus, global_batch=args.global_batch, seq_len=seq_len, gpu=gpu,
+                     gpus_per_node=getattr(args, "gpus_per_node", None) or 8,
+                     memory_gb=getattr(args, "memory_gb", None), runtime=getattr(args, "runtime", None) or "megatron",
+                     zero_stage=ZERO_STAGES[args.zero], microbatch_sizes=tuple(args.microbatch_sizes),
+                     max_cp=args.max_cp, calls_per_config=args.calls_per_config, tune_top=args.tune_top,
+                     seed=getattr(args, "seed", 0) or 0)
+
+
+def _fmt(row: JobRow) -> str:
+    p = row.par
+    if row.estimate is None:
+        return f"{row.method:9} tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep} mbs={p.microbatch_size}: {row.note}"
+    e = row.estimate
+    return (f"{row.method:9} tp={p.tp} pp={p.pp:<2} dp={p.dp:<2} cp={p.cp} ep={p.ep} mbs={p.microbatch_size} "
+            f"m={p.microbatches:<4} {1e3 * e.iteration_s:9.1f} ms {e.tokens_per_s_per_gpu:8.0f} tok/s/GPU "
+            f"MFU {100 * e.mfu:4.1f}% {e.peak_memory_gb:5.1f} GiB{'' if e.fits else ' (over memory)'}  "
+            f"{_plan_summary(e.plan)}")
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Run the job search from parsed arguments; print the best configurations; 0 on success."""
+    try:
+        cfg = config_from_args(args)
+        found = search_job(cfg, workers=args.workers)
+    except AdaptisError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = getattr(args, "out", None)
+    m_by_par = {r.par: r for r in found.rows if r.method == "megatron"}
+    if getattr(args, "json", False):
+        for r in found.rows:
+            print(json.dumps(r.as_dict()))
+        print(json.dumps({"summary": True, "configurations": found.configurations,
+                          "pruned_memory": found.pruned_memory, "pruned_bound": found.pruned_bound,
+                          "seconds": found.seconds, "speedup_over_megatron": found.speedup,
+                          "best": found.best.as_dict() if found.best else None,
+                          "megatron_best": found.megatron_best.as_dict() if found.megatron_best else None}))
+    else:
+        print(f"{cfg.arch.name}: {cfg.gpus} x {cfg.gpu}, global batch {cfg.global_batch} x {cfg.seq_len} tokens; "
+              f"{found.configurations} configurations, {found.pruned_memory} cannot fit, {found.pruned_bound} "
+              f"pruned by the bound; {found.seconds:.0f} s")
+        shown = [r for r in found.rows if r.method == "adaptis"][:args.top]
+        for r in shown:
+            print(_fmt(r))
+            same = m_by_par.get(r.par)
+            if same is not None:
+                print("  same degrees, " + _fmt(same))
+        if found.megatron_best is not None:
+            print("Megatron's best even-split configuration:\n  " + _fmt(found.megatron_best))
+        if found.speedup is not None:
+            print(f"best: {found.best.par.describe()} {found.best.method}, {found.speedup:.2f}x Megatron's best "
+                  "configuration on the same GPUs")
+    if out and found.best is not None:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "job_rows.jsonl").write_text("".join(json.dumps(r.as_dict()) + "\n" for r in found.rows))
+        found.best.estimate.plan.save(path / "plan.json")
+        (path / "job.json").write_text(json.dumps(found.best.as_dict(), indent=1))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gemma-medium")
+    parser.add_argument("--hf-config", default=None)
+    parser.add_argument("--seq-len", type=_positive, default=None)
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--gpus-per-node", type=_positive, default=8)
+    parser.add_argument("--memory-gb", type=float, default=None)
+    parser.add_argument("--runtime", default="megatron")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--json", action="store_true")
+    add_job_arguments(parser)
+    return run_job(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

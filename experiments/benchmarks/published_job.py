@@ -1,0 +1,188 @@
+"""Published multi-dimensional Megatron-LM runs (TP x PP x DP) beside the whole-job model's predictions.
+
+Used by :mod:`experiments.benchmarks.published` for rows whose throughput is in TFLOP/s per GPU
+(Narayanan et al. 2021 Table 1 on A100; Megatron-Core's H100 weak-scaling table). A row is
+rebuilt analytically (docs/whole-job.md): a GPT of the row's dimensions (4h MLP, multi-head
+attention unless ``kv_heads`` is given), the GPU preset as it is, the row's degrees, micro-batch
+size and schedule, priced by :mod:`pipeline.parallelism` (TP/DP/CP pieces) around a simulation
+of one pipeline replica under the ``megatron`` runtime model, and its throughput given in the
+row's own FLOP convention (Megatron's formula: ``(72 or 96 with full recomputation) * B*s*L*h^2 *
+(1 + s/6h) + 6*B*s*h*V`` for a 4h-MLP MHA GPT).
+
+What each source's codebase did is a fact of that codebase (:data:`SOURCES`); two numbers per
+source are fitted once across all of the source's rows (``--fit``): the runtime's compute scale
+(kernels in a real step against the preset's roofline) and a fixed per-iteration time (data
+loading, logging, the gradient-norm and the optimizer's synchronisation). Nothing is per row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipeline.arch import Architecture, LayerSpec
+from pipeline.costs import CostOptions
+from pipeline.errors import AdaptisError
+from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_profile, megatron_job_plan
+from pipeline.runtime import RUNTIMES
+from pipeline.spec import TrainingConfig
+
+__all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "source_of", "predict_job_row", "fit_job_source"]
+
+#: Throughput units the whole-job model predicts.
+TFLOPS_UNITS = ("achieved TFLOP/s per GPU", "TFLOP/s per GPU")
+
+
+@dataclass(frozen=True)
+class JobSource:
+    """What one published codebase ran (facts) and the two values fitted across its rows."""
+
+    name: str
+    gpu: str
+    """The preset, as it is."""
+    flash_attention: bool
+    """FlashAttention (Transformer Engine) or materialised softmax scores (Megatron-LM 2021)."""
+    sequence_parallel: bool
+    tp_comm_overlap: bool
+    zero_stage: int
+    """0: plain DDP; 1: the distributed optimizer."""
+    tied_embeddings: bool
+    """Megatron-LM 2021's GPT ties the output layer to the embedding; the Megatron-Core table's
+    parameter counts (1.7B = 12*L*h^2 + 2*V*h) say untied."""
+    default_microbatch_size: int
+    """Where the row does not say (Megatron-Core's table)."""
+    compute_scale: float
+    """Fitted across the source's rows (``--fit``): F/I/W times over the preset's roofline."""
+    step_s: float
+    """Fitted likewise: seconds per iteration outside the pipeline and the DP tail."""
+    fitted_on: str
+
+
+SOURCES = {
+    "a100": JobSource("megatron-lm-2021-a100", "a100", flash_attention=False, sequence_parallel=False,
+                      tp_comm_overlap=False, zero_stage=0, tied_embeddings=True, default_microbatch_size=1,
+                      compute_scale=1.13, step_s=0.0,
+                      fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit)"),
+    "h100": JobSource("megatron-core-r0.8-h100", "h100", flash_attention=True, sequence_parallel=True,
+                      tp_comm_overlap=True, zero_stage=1, tied_embeddings=False, default_microbatch_size=1,
+                      compute_scale=1.08, step_s=0.1,
+                      fitted_on="megatron_core_h100_readme.json weak-scaling table, 9 rows (published --fit)"),
+}
+
+
+def source_of(row: dict[str, Any]) -> JobSource | None:
+    """The source whose codebase and GPU ran ``row`` (by its ``gpu_type``), or None."""
+    gpu = str(row.get("gpu_type") or "").lower()
+    for key, source in SOURCES.items():
+        if key in gpu:
+            return source
+    return None
+
+
+def _gpt(model: dict[str, Any], *, tied: bool) -> Architecture:
+    h, L = int(model["hidden"]), int(model["layers"])
+    heads = int(model["heads"])
+    layers = (LayerSpec("embedding"),) + (LayerSpec(),) * L + (LayerSpec("head"),)
+    return Architecture(model.get("name", "gpt"), "gpt", h, int(model["vocab"]), layers, num_attention_heads=heads,
+                        num_key_value_heads=int(model.get("kv_heads") or heads),
+                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=False,
+                        tie_word_embeddings=tied, seq_len=int(model["seq_len"]))
+
+
+def megatron_flops(model: dict[str, Any], *, batch: int, recompute: bool) -> float:
+    """FLOPs of one iteration by Megatron-LM's formula (Narayanan et al. 2021 eq. 3 with full
+    recomputation; Megatron-Core's ``num_floating_point_operations`` without), generalised to
+    GQA and any MLP width: per layer and pass ``2*B*s*(h*(a*d + 2*g*d) + a*d*h + 2*h*f) + 4*B*s^2*a*d``."""
+    h, L, s, V = int(model["hidden"]), int(model["layers"]), int(model["seq_len"]), int(model["vocab"])
+    a = int(model["heads"])
+    g = int(model.get("kv_heads") or a)
+    f = int(model.get("ffn_hidden") or 4 * h)
+    d = h // a
+    fwd = 2 * batch * s * (h * (a * d + 2 * g * d) + a * d * h + 2 * h * f) + 4 * batch * s * s * a * d
+    return (4 if recompute else 3) * L * fwd + 6 * batch * s * h * V
+
+
+def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] | str:
+    """The row's degrees and chunk count, or why they cannot be read."""
+    par, batch = row.get("parallel", {}), row.get("batch", {})
+    if any(par.get(k) is None for k in ("tp", "pp", "dp")) or not row.get("model", {}).get("layers"):
+        return "degrees or model dimensions not published (only tp*pp)"
+    schedule = str(row.get("schedule") or "")
+    flags = row.get("training_flags") or {}
+    recompute = "full" in str(flags.get("activation_recompute") or "")
+    pp = int(par["pp"])
+    if schedule == "no pipeline" or pp == 1:
+        chunks = 1
+    elif schedule == "interleaved 1F1B":
+        chunks = int(par.get("vpp") or 1)
+    elif schedule == "1F1B" or schedule.startswith("1F1B family"):
+        chunks = 1  # Megatron's default without --num-layers-per-virtual-pipeline-stage
+    else:
+        return f"unknown schedule {schedule!r}"
+    mbs = int(batch.get("micro_batch_size") or source.default_microbatch_size)
+    ddp = str(flags.get("ddp_impl") or "")
+    # torch DDP overlaps its bucketed all-reduce with the backward; Megatron-LM 2021's "local" DDP
+    # all-reduces after the backward; Megatron-Core overlaps (--overlap-grad-reduce, README)
+    overlap = ddp != "local"
+    return Parallelism(tp=int(par["tp"]), pp=pp, dp=int(par["dp"]), cp=int(par.get("cp") or 1), microbatch_size=mbs,
+                       global_batch=int(batch["global_batch"]), sequence_parallel=source.sequence_parallel,
+                       zero_stage=source.zero_stage, overlap_grad_reduce=overlap, overlap_param_gather=True,
+                       tp_comm_overlap=source.tp_comm_overlap, recompute=recompute), chunks
+
+
+def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> tuple[float | None, str | None]:
+    """(predicted TFLOP/s per GPU, None) for a whole-job row, or (None, reason)."""
+    source = source or source_of(row)
+    if source is None:
+        return None, f"no whole-job source for GPU {row.get('gpu_type')!r}"
+    got = _degrees(row, source)
+    if isinstance(got, str):
+        return None, got
+    par, chunks = got
+    model = row["model"]
+    s = int(model["seq_len"])
+    try:
+        arch = _gpt(model, tied=source.tied_embeddings)
+        profile = job_profile(arch, par, gpu=source.gpu, seq_len=s,
+                              options=CostOptions(flash_attention=source.flash_attention))
+        cluster = job_cluster(par, gpu=source.gpu)
+        runtime = replace(RUNTIMES["megatron"], name=source.name, compute_scale=source.compute_scale,
+                          step_s=source.step_s, fitted_on=source.fitted_on)
+        training = TrainingConfig(runtime=runtime)
+        plan = megatron_job_plan(profile, cluster, par, training=training, chunks=[chunks])
+        est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=source.gpu, seq_len=s)
+    except AdaptisError as exc:
+        return None, str(exc)
+    if not est.result.valid:
+        return None, est.result.error
+    flops = megatron_flops(model, batch=par.batch, recompute=par.recompute)
+    return flops / est.iteration_s / par.gpus / 1e12, None
+
+
+def fit_job_source(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Grid search of (compute_scale, step_s) shared by every row of one source: the least median
+    absolute error, then the least maximum. Returns the values and {median, max}."""
+    usable = [r for r in rows if source_of(r) is not None and (r.get("measured") or {}).get("throughput")]
+    if not usable:
+        raise SystemExit("no whole-job rows to fit")
+    source = source_of(usable[0])
+    assert source is not None
+    best: tuple[tuple[float, float], dict[str, float], dict[str, float]] | None = None
+    for scale, step in itertools.product([1.0 + k / 100 for k in range(31)], (0.0, 0.025, 0.05, 0.1, 0.15, 0.2)):
+        trial = replace(source, compute_scale=scale, step_s=step)
+        errors = []
+        for r in usable:
+            pred, _ = predict_job_row(r, source=trial)
+            if pred is not None:
+                errors.append(abs(pred / r["measured"]["throughput"] - 1))
+        if not errors:
+            continue
+        key = (statistics.median(errors), max(errors))
+        if best is None or key < best[0]:
+            best = (key, {"compute_scale": scale, "step_s": step}, {"median_abs_error": key[0],
+                                                                     "max_abs_error": key[1]})
+    assert best is not None
+    return best[1], best[2]

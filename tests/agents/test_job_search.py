@@ -1,0 +1,77 @@
+"""agents.job_search: degrees, micro-batch size and the pipeline plan inside, on a small model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from agents.job_search import JobConfig, add_job_arguments, candidate_degrees, main, run_job, search_job
+from pipeline.arch import Architecture, LayerSpec
+from pipeline.parallelism import Parallelism, validate_job
+
+
+def small() -> Architecture:
+    layers = (LayerSpec("embedding"),) + (LayerSpec(),) * 12 + (LayerSpec("head"),)
+    return Architecture("small", "gpt", 1024, 128000, layers, num_attention_heads=8, num_key_value_heads=8,
+                        intermediate_size=4096, gated_mlp=False, seq_len=2048)
+
+
+def cfg(**kw) -> JobConfig:
+    base = dict(arch=small(), gpus=8, global_batch=32, seq_len=2048, calls_per_config=60, tune_top=2,
+                microbatch_sizes=(1, 2))
+    return JobConfig(**{**base, **kw})
+
+
+def test_candidates_are_valid_and_multiply_to_the_gpus() -> None:
+    c = cfg()
+    pars = candidate_degrees(c)
+    assert pars and len(set(pars)) == len(pars)
+    for par in pars:
+        assert par.gpus == 8 and par.tp <= 8 and par.ep == 1
+        validate_job(c.arch, par, seq_len=2048, gpus=8)
+    assert Parallelism(tp=2, pp=2, dp=2, global_batch=32, microbatch_size=1) in pars
+    assert all(par.cp == 1 for par in candidate_degrees(cfg(max_cp=1)))
+
+
+def test_search_returns_rows_with_the_degrees_and_beats_or_ties_megatron() -> None:
+    found = search_job(cfg())
+    assert found.best is not None and found.best.feasible
+    assert found.megatron_best is not None
+    assert found.best.iteration_s <= found.megatron_best.iteration_s * (1 + 1e-9)
+    assert found.speedup is not None and found.speedup >= 1.0
+    row = found.best.as_dict(with_plan=True)
+    assert {"tp", "pp", "dp", "cp", "ep", "microbatch_size", "microbatches", "tokens_per_s_per_gpu", "mfu",
+            "peak_memory", "plan"} <= set(row)
+    assert row["tp"] * row["pp"] * row["dp"] * row["cp"] == 8
+    assert row["microbatches"] * row["microbatch_size"] * row["dp"] == 32
+    assert found.configurations >= len({(r.par, r.method) for r in found.rows})
+
+
+def test_a_batch_no_degrees_can_split_is_one_error() -> None:
+    from pipeline.errors import ConfigError
+    with pytest.raises(ConfigError, match="global_batch"):
+        search_job(cfg(global_batch=3, microbatch_sizes=(2,)))
+
+
+def test_workers_give_the_same_result_as_one_process() -> None:
+    one, two = search_job(cfg()), search_job(cfg(), workers=2)
+    assert [r.as_dict() for r in one.rows] == [r.as_dict() for r in two.rows]
+
+
+def test_run_job_prints_json_rows_and_writes_the_plan(tmp_path, capsys) -> None:
+    assert main(["--model", "llama-control", "--gpus", "8", "--global-batch", "16", "--seq-len", "1024",
+                 "--calls-per-config", "40", "--tune-top", "1", "--microbatch-sizes", "1", "--max-cp", "1",
+                 "--json", "--out", str(tmp_path)]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[-1]["summary"] is True and lines[-1]["best"]["tp"] >= 1
+    assert (tmp_path / "plan.json").exists() and (tmp_path / "job_rows.jsonl").exists()
+
+
+def test_run_job_needs_gpus_and_batch(capsys) -> None:
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    args = parser.parse_args(["--gpus", "8"])
+    assert run_job(args) == 2
+    assert "--global-batch" in capsys.readouterr().err
