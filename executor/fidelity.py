@@ -24,9 +24,9 @@ import numpy as np
 from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
-__all__ = ["SCALE_KEYS", "PlanComparison", "measured_cluster", "runtime_profile", "fit_runtime_scales",
-           "fit_overheads", "fit_action_overhead", "calibrate", "calibration_plans", "calibrated_profile",
-           "compare_plans", "cross_validated", "rank_agreement", "fidelity_summary"]
+__all__ = ["SCALE_KEYS", "BLOCKS", "PlanComparison", "block_medians", "measured_cluster", "runtime_profile",
+           "fit_runtime_scales", "fit_overheads", "fit_action_overhead", "calibrate", "calibration_plans",
+           "calibrated_profile", "compare_plans", "cross_validated", "rank_agreement", "fidelity_summary"]
 
 
 #: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
@@ -286,20 +286,45 @@ def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     return out
 
 
+#: Interleaved subsamples of a plan's timed steps (steps k, k + BLOCKS, ...) that must all order a
+#: pair alike for the pair's measured order to count as resolved (see :func:`rank_agreement`).
+BLOCKS = 3
+
+
+def block_medians(c: PlanComparison) -> list[float] | None:
+    """The median of each of :data:`BLOCKS` interleaved subsamples of a plan's timed steps (None: too few)."""
+    times = c.run.get("measured_iteration_times") or []
+    if len(times) < BLOCKS:
+        return None
+    return [statistics.median(times[k::BLOCKS]) for k in range(BLOCKS)]
+
+
 def rank_agreement(comparisons: Sequence[PlanComparison], *, tie: float = 0.02) -> dict[str, Any]:
     """Whether the model ranks the plans in the measured order. Pairs whose measured times are
-    within ``tie`` (relative) of each other count as ties and are not held against the model."""
-    pairs = agree = 0
+    within ``tie`` (relative) of each other count as ties and are not held against the model.
+
+    ``resolved_pairs`` / ``concordant_resolved``: the same count over the pairs whose measured order
+    the measurement itself repeats: beyond ``tie``, and the same in each of :data:`BLOCKS`
+    interleaved subsamples of the timed steps (a pair the same job orders both ways is noise, not a
+    ranking the model can miss). Plans timed round-robin share the machine's drift, so the
+    subsamples compare like with like."""
+    pairs = agree = resolved = agree_resolved = 0
     for i, a in enumerate(comparisons):
         for b in comparisons[i + 1:]:
             if abs(a.measured - b.measured) <= tie * min(a.measured, b.measured):
                 continue
             pairs += 1
-            agree += (a.predicted < b.predicted) == (a.measured < b.measured)
+            hit = (a.predicted < b.predicted) == (a.measured < b.measured)
+            agree += hit
+            ma, mb = block_medians(a), block_medians(b)
+            if ma is not None and mb is not None and len({x < y for x, y in zip(ma, mb)}) == 1:
+                resolved += 1
+                agree_resolved += hit
     measured_order = [c.name for c in sorted(comparisons, key=lambda c: c.measured)]
     predicted_order = [c.name for c in sorted(comparisons, key=lambda c: c.predicted)]
     return {"measured_order": measured_order, "predicted_order": predicted_order,
-            "same_order": measured_order == predicted_order, "pairs": pairs, "concordant_pairs": agree}
+            "same_order": measured_order == predicted_order, "pairs": pairs, "concordant_pairs": agree,
+            "resolved_pairs": resolved, "concordant_resolved": agree_resolved}
 
 
 def fidelity_summary(comparisons: Sequence[PlanComparison]) -> dict[str, Any]:

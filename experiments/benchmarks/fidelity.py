@@ -7,12 +7,13 @@ stands in for a searched plan) and the plans the AdaPtis tuner and the RL policy
 (``--tuner-calls``). The plans are built from a first quick profile of this machine.
 The same job also replays --calibration-plans random plans (random partitions and placements).
 Prints per plan the prediction error, then the median error and whether the model ranks the
-plans in the measured order, twice: from the per-layer profile alone ("profile"), and calibrated
+plans in the measured order (every pair, and the pairs the measurement itself resolves: ordered alike
+by each third of the timed steps), twice: from the per-layer profile alone ("profile"), and calibrated
 on the random plans' replays only ("calibrated": one factor per kind of operation and a
 per-action overhead, executor.fidelity.calibrate; the benchmark plans never inform their own
 predictions).
 
-  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 15] [--calibration-plans 8]
+  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
       [--tuner-calls 400] [--lowering early|torch] [--json]
 """
 
@@ -30,6 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from executor.fidelity import (  # noqa: E402
+    PlanComparison,
+    block_medians,
     calibration_plans,
     compare_plans,
     cross_validated,
@@ -76,13 +79,21 @@ def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, 
     return plans
 
 
+def _spread_pct(c: PlanComparison) -> float | None:
+    """How far apart the medians of each third of a plan's timed steps are, % of its median: what the
+    measurement alone cannot tell apart."""
+    blocks = block_medians(c)
+    return None if blocks is None else 100 * (max(blocks) - min(blocks)) / c.measured
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-hybrid")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--microbatch-size", type=int, default=1)
     p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--steps", type=int, default=30, help="timed steps per plan (the median is its time; "
+                   "each third of them is also timed alone, to tell which pairs the measurement resolves)")
     p.add_argument("--calibration-plans", type=int, default=8, help="random plans replayed to calibrate (>= 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration plans")
     p.add_argument("--warmup", type=int, default=2)
@@ -118,14 +129,17 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.microbatches} "
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
-    rows = [{**a.row(), "calibrated_ms": b.predicted, "calibrated_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
-    print_table(rows, ["plan", "measured_ms", "predicted_ms", "error_pct", "calibrated_ms", "calibrated_error_pct"])
+    rows = [{**a.row(), "spread_pct": _spread_pct(a), "calibrated_ms": b.predicted,
+             "calibrated_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
+    print_table(rows, ["plan", "measured_ms", "spread_pct", "predicted_ms", "error_pct", "calibrated_ms",
+                       "calibrated_error_pct"])
     print(f"calibrated on {len(calib)} random plans replayed in the same job")
     print(f"measured order  {' < '.join(summary['measured_order'])}")
     for label, s in (("profile", summary), ("calibrated", cv_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
               f"predicted order {' < '.join(s['predicted_order'])} "
-              f"({s['concordant_pairs']}/{s['pairs']} pairs agree; ties within 2% skipped)")
+              f"({s['concordant_pairs']}/{s['pairs']} pairs agree, ties within 2% skipped; "
+              f"{s['concordant_resolved']}/{s['resolved_pairs']} of the pairs every third of the steps orders alike)")
     return 0
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from executor.fidelity import (
     SCALE_KEYS,
+    PlanComparison,
+    block_medians,
     calibrate,
     calibrated_profile,
     calibration_plans,
@@ -15,6 +17,7 @@ from executor.fidelity import (
     cross_validated,
     fidelity_summary,
     fit_runtime_scales,
+    rank_agreement,
     runtime_profile,
 )
 from executor.host_memory import pin_malloc_thresholds
@@ -148,3 +151,24 @@ def test_malloc_thresholds_pin_once() -> None:
     assert pin_malloc_thresholds() == first
     if sys.platform.startswith("linux"):
         assert first  # glibc: what CI and the executor's workers run on
+
+
+def _comparison(name: str, predicted: float, steps: list[float]) -> PlanComparison:
+    import statistics
+
+    return PlanComparison(name, predicted, statistics.median(steps), {}, {}, {"measured_iteration_times": steps})
+
+
+def test_only_pairs_every_third_of_the_steps_orders_alike_count_as_resolved() -> None:
+    steady_fast = _comparison("a", 10.0, [100.0, 101.0, 99.0] * 4)
+    steady_slow = _comparison("b", 11.0, [110.0, 111.0, 109.0] * 4)
+    # median 105, but one third of its steps is faster than "a": the job orders (a, c) both ways
+    flipping = _comparison("c", 9.0, [105.0, 95.0, 106.0] * 4)
+    got = rank_agreement([steady_fast, steady_slow, flipping])
+    assert got["pairs"] == 3 and got["concordant_pairs"] == 2  # the model puts c before a: measured after
+    assert got["resolved_pairs"] == 2  # (a, b) and (b, c); (a, c) is noise
+    assert got["concordant_resolved"] == 2  # the one miss was the pair the measurement cannot order
+    worse = rank_agreement([steady_fast, replace(steady_slow, predicted=8.0), flipping])
+    assert worse["resolved_pairs"] == 2 and worse["concordant_resolved"] == 0  # b predicted first: both wrong
+    assert block_medians(flipping) == [105.0, 95.0, 106.0]
+    assert block_medians(_comparison("short", 1.0, [1.0, 2.0])) is None
