@@ -98,3 +98,19 @@ def test_a_whole_job_row_without_its_degrees_says_why() -> None:
     row["schedule"] = "1F1B"
     pred = published.predict_row(row, [row])
     assert pred.predicted is not None and 50 < pred.predicted < 312
+
+
+@needs_dev
+def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts(capsys) -> None:
+    from experiments.cli import main
+
+    root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
+    assert main(["baselines", "--profile", str(root / "profiles" / "zb-1.5b-stages.json"), "--cluster",
+                 str(root / "clusters" / "zb-a100x8-stages.json"), "--microbatches", "24", "--runtime", "megatron",
+                 "--method", "1f1b", "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    one_f_one_b = next(r for r in rows if r["method"] == "1f1b")
+    per_gpu = 144 / (one_f_one_b["iteration_time"] / 1e3) / 8  # 24 micro-batches of 6 samples, 8 GPUs
+    rows = json.loads(DEV.read_text())["rows"]
+    row = next(r for r in rows if r["id"] == "zb_t4_1.5B_m24_1F1B")
+    assert per_gpu == pytest.approx(published.predict_row(row, rows).predicted, rel=1e-3)
