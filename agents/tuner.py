@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import chain
 
-from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
+from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
+from agents.tuner_budget import NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from pipeline.balance import device_loads
 from pipeline.errors import PlanError
 from pipeline.megatron import megatron_partition
@@ -44,7 +46,8 @@ from pipeline.space import (
     slow_first,
 )
 
-__all__ = ["AdaptisTuner", "seed_candidates", "slow_first_seeds", "with_filled_budgets", "with_roomy_budgets"]
+__all__ = ["AdaptisTuner", "seed_candidates", "iter_seed_candidates", "slow_first_seeds", "with_filled_budgets",
+           "with_roomy_budgets"]
 
 Key = tuple[int, float, float]
 #: Rounds in a row without a new simulator call after which the tuner stops early.
@@ -57,10 +60,18 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
     stages per device) the device-balanced split, under the activation budgets of the named
     schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited) and under budgets that fill each
     device's memory; with ``speed_order``, on mixed device speeds, :func:`slow_first_seeds` too."""
+    return list(iter_seed_candidates(problem, evaluator, speed_order=speed_order))
+
+
+def iter_seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
+                         speed_order: bool = True) -> Iterator[Candidate]:
+    """:func:`seed_candidates` one placement family at a time, so a search under a budget in seconds
+    evaluates the first ones before it spends time splitting the later ones (the device-balanced
+    splits of 32 devices were 0.4-0.8 s)."""
     P, L = problem.devices, problem.profile.num_layers
     ev = evaluator if evaluator is not None else Evaluator(problem)
-    out: list[Candidate] = []
     for kind, chunks in PLACEMENT_CHOICES:
+        out: list[Candidate] = []
         S = P * chunks
         if S > L:
             continue
@@ -82,7 +93,9 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
                 out += [with_filled_budgets(c, ev) for c in lighter]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
-    return out + (slow_first_seeds(problem, ev) if speed_order else [])
+        yield from out
+    if speed_order:
+        yield from slow_first_seeds(problem, ev)
 
 
 def slow_first_seeds(problem: Problem, ev: Evaluator) -> list[Candidate]:
@@ -220,7 +233,7 @@ class AdaptisTuner:
         self.best_candidate = None
         if scenario_caches is not None:
             ev.share_scenario_caches(scenario_caches)
-        clock = BudgetClock(budget, ev)
+        clock = TunerClock(budget, ev)
         history: list[tuple[int, float]] = []
         state = _State(ev, on_improve, history, self.allowed)
 
@@ -229,24 +242,38 @@ class AdaptisTuner:
         named_plans = self.named_plans if named_plans is None else named_plans
         named_plans = own_seeds if named_plans is None else named_plans
         named = [(m, b) for b in (False, True) for m in NAMED_METHODS] if named_plans else []
+        timed = NamedTimer(clock)
         for method, balanced in named:
             if balanced and method == "megatron":
                 continue
-            try:
-                partition = None
-                if balanced:
-                    placement = method_placement(method, problem.devices)
-                    partition = partition_from_sizes(ev.balanced_sizes(placement))
-                plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
-                                  partition=partition, training=problem.training)
-            except PlanError:
-                continue
-            if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
-                continue
-            result = ev.simulate_plan(plan)
-            state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
+            for chunks in timed.megatron_chunks(problem) if method == "megatron" else (None,):
+                if not timed.room():  # a budget in seconds: leave most of it to the local search
+                    break
+                t0 = clock.now()
+                try:
+                    partition = None
+                    if balanced:
+                        placement = method_placement(method, problem.devices)
+                        partition = partition_from_sizes(ev.balanced_sizes(placement))
+                    if chunks is not None:  # megatron one chunk count at a time (see _NamedTimer)
+                        name = "1f1b" if chunks == 1 else f"i1f1b-v{chunks}"
+                        plan = build_plan(name, problem.profile, problem.cluster, microbatches=problem.microbatches,
+                                          partition=megatron_partition(problem.profile, problem.devices * chunks),
+                                          training=problem.training)
+                        plan = replace(plan, meta={"method": "megatron", "chunks": chunks})
+                    else:
+                        plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
+                                          partition=partition, training=problem.training)
+                except PlanError:
+                    continue
+                if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
+                    continue
+                result = ev.simulate_plan(plan)
+                state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
+                timed.took(clock.now() - t0)
+        clock.keep_back(timed.first)  # the winner's plan and its validated simulation at the end
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
-        seeds = list(start) + (seed_candidates(problem, ev, speed_order=self.speed_order) if own_seeds else [])
+        seeds = chain(start, iter_seed_candidates(problem, ev, speed_order=self.speed_order) if own_seeds else ())
         current: Candidate | None = None
         current_key: Key | None = None
         for c, key in state.offer_all(seeds, clock, at_least_one=True):
@@ -442,6 +469,11 @@ class _State:
         self.best_candidate: Candidate | None = None
         self._best_is_candidate = False
         self.best_note = ""
+        self._seconds_per_call: dict[str, float] = {}
+        """Per kind of candidate (:func:`agents.tuner_budget.candidate_kind`), seconds per new one in its
+        last batch (sizes the batches of a budget in seconds)."""
+        self._last_batch: dict[str, int] = {}
+        """Per kind, new candidates in its last batch (under a budget in seconds the next is at most twice as many)."""
 
     @property
     def best_is_candidate(self) -> bool:
@@ -473,39 +505,55 @@ class _State:
             self._improved(self.ev.plan(c) if self.on_improve is not None else None, result, c)
         return key
 
-    def offer_all(self, candidates: list[Candidate], clock: BudgetClock, *, at_least_one: bool = False):
+    def offer_all(self, candidates: Iterable[Candidate], clock: TunerClock, *, at_least_one: bool = False):
         """Offer candidates in order until the budget is spent, yielding (candidate, key); the new
-        ones are evaluated in batches, each no larger than the calls the budget has left, so the
-        outcome is the same as offering them one by one. Candidates ``allowed`` refuses are skipped."""
+        ones are evaluated in batches, each no larger than the calls the budget has left (and, for a
+        budget in seconds, than the time left holds: :func:`_calls_room`), so the outcome is the same
+        as offering them one by one. Candidates ``allowed`` refuses are skipped. ``candidates`` is
+        read lazily, one batch at a time."""
+        it = iter(candidates)
         if self.allowed is not None:
-            candidates = [c for c in candidates if self.allowed(c)]
-        i = 0
-        while i < len(candidates):
-            if clock.spent() and not (at_least_one and i == 0):
+            it = (c for c in it if self.allowed(c))
+        timed = clock.budget.seconds is not None
+        ahead: list[Candidate] = []  # a candidate read but left for the next batch
+        first = True
+        while True:
+            if clock.spent() and not (at_least_one and first):
                 return
-            j = i + _batch_length(candidates, i, self.ev, clock.calls_left())
-            self.ev.results(candidates[i:j])
-            for c in candidates[i:j]:
+            t0 = clock.now()
+            c = ahead.pop() if ahead else next(it, None)
+            if c is None:
+                return
+            kind = candidate_kind(c)
+            known = self.ev.known(c)
+            if timed and not known and not (at_least_one and first) and \
+                    would_overrun(clock, self._seconds_per_call.get(kind)):
+                clock.stop()  # the next one, at its kind's time per call, would end past the budget
+                return
+            room = calls_room(clock, self._seconds_per_call.get(kind), self._last_batch.get(kind, 0))
+            batch, new = [c], (set() if known else {c})
+            while room is None or len(new) < room:
+                if timed and clock.spent():
+                    break  # making the candidates (e.g. the seeds' splits) took the time
+                c = next(it, None)
+                if c is None:
+                    break
+                if timed and candidate_kind(c) != kind:
+                    ahead.append(c)  # a budget in seconds times each kind of candidate on its own
+                    break
+                batch.append(c)
+                if not self.ev.known(c):
+                    new.add(c)
+            self.ev.results(batch)
+            for c in batch:
                 yield c, self.offer(c)
-            i = j
+            if new:  # the whole round: making, evaluating and offering (plans written on improvement)
+                self._seconds_per_call[kind] = (clock.now() - t0) / len(new)
+                self._last_batch[kind] = len(new)
+            first = False
 
     def _improved(self, plan: Plan | None, result: Result, candidate: Candidate | None = None) -> None:
         calls = self.ev.calls if candidate is None else self.ev.call_number(candidate)
         self.history.append((calls, result.iteration_time))
         if self.on_improve is not None and plan is not None:
             self.on_improve(plan, result)
-
-
-def _batch_length(candidates: list[Candidate], start: int, ev: Evaluator, calls_left: int | None) -> int:
-    """How many candidates from ``start`` fit in ``calls_left`` new simulator calls (at least one)."""
-    if calls_left is None:
-        return len(candidates) - start
-    new: set[Candidate] = set()
-    n = 0
-    for c in candidates[start:]:
-        if len(new) >= calls_left:
-            break  # one by one, the budget would be spent here
-        n += 1
-        if not ev.known(c):
-            new.add(c)
-    return max(1, n)
