@@ -28,6 +28,9 @@ Outer configurations are independent: ``workers > 1`` fans them out over local p
 The tuner optimises the pipeline's step; the data-parallel tail (gradient reduce-scatter and the
 parameter all-gather, :func:`pipeline.parallelism.dp_tail`) is added to every plan afterwards.
 
+With an output folder, :func:`write_job_exports` writes the rows, the best plan, and its
+deployment files with every degree (:mod:`pipeline.job_targets`).
+
 ``add_job_arguments(parser)`` and ``run_job(args)`` are the command-line face
 (``search --gpus N --global-batch B``); ``python -m agents.job_search`` runs it standalone.
 """
@@ -51,6 +54,7 @@ from pipeline.arch import Architecture
 from pipeline.bounds import lower_bound
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.hardware import get_gpu
+from pipeline.job_targets import megatron_job_args, torchtitan_job_fragment
 from pipeline.parallelism import (
     ZERO_STAGES,
     JobEstimate,
@@ -66,7 +70,7 @@ from pipeline.space import Problem
 from pipeline.spec import TrainingConfig
 
 __all__ = ["JobConfig", "JobRow", "JobSearchResult", "candidate_degrees", "search_job", "add_job_arguments",
-           "run_job", "main"]
+           "run_job", "write_job_exports", "main"]
 
 #: Simulator calls the tuner spends on one configuration (small: many configurations are tuned).
 DEFAULT_CALLS_PER_CONFIG = 1000
@@ -414,12 +418,50 @@ def run_job(args: argparse.Namespace) -> int:
             print(f"best: {found.best.par.describe()} {found.best.method}, {found.speedup:.2f}x Megatron's best "
                   "configuration on the same GPUs")
     if out and found.best is not None:
-        path = Path(out)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "job_rows.jsonl").write_text("".join(json.dumps(r.as_dict()) + "\n" for r in found.rows))
-        found.best.estimate.plan.save(path / "plan.json")
-        (path / "job.json").write_text(json.dumps(found.best.as_dict(), indent=1))
+        files = write_job_exports(Path(out), cfg, found)
+        if not getattr(args, "json", False):
+            print(f"-> {', '.join(str(Path(out) / f) for f in files)}")
     return 0
+
+
+def write_job_exports(out: Path, cfg: JobConfig, found: JobSearchResult) -> list[str]:
+    """``job_rows.jsonl`` (every row), ``job.json`` (the best, with its plan), ``plan.json`` and
+    ``plan.csv`` of the best plan, ``megatron_args.txt`` (the best plan if Megatron-LM can run it,
+    else Megatron's best configuration) and ``torchtitan.toml`` (the best plan, where torchtitan
+    can run it). Returns the names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    best = found.best
+    assert best is not None and best.estimate is not None
+    (out / "job_rows.jsonl").write_text("".join(json.dumps(r.as_dict()) + "\n" for r in found.rows))
+    plan = best.estimate.plan
+    plan.save(out / "plan.json")
+    plan.save_csv(out / "plan.csv")
+    files = ["job_rows.jsonl", "job.json", "plan.json", "plan.csv"]
+    exports: dict[str, str] = {}
+    for row in (best, found.megatron_best):
+        if row is None or row.estimate is None:
+            continue
+        profile = _setup(cfg, row.par)[0]
+        try:
+            (out / "megatron_args.txt").write_text(megatron_job_args(row.estimate.plan, profile, row.par,
+                                                                     seq_len=cfg.seq_len))
+        except ConfigError as exc:
+            exports.setdefault("megatron_args_note", f"the best plan: {exc}")
+            continue
+        exports["megatron_args.txt"] = "the best plan" if row is best else "Megatron's best configuration"
+        files.append("megatron_args.txt")
+        break
+    try:
+        (out / "torchtitan.toml").write_text(torchtitan_job_fragment(plan, _setup(cfg, best.par)[0], best.par,
+                                                                     csv_path=str(out / "plan.csv"),
+                                                                     seq_len=cfg.seq_len))
+        exports["torchtitan.toml"] = "the best plan"
+        files.append("torchtitan.toml")
+    except ConfigError as exc:
+        exports["torchtitan_note"] = str(exc)
+    (out / "job.json").write_text(json.dumps({**best.as_dict(with_plan=True), "exports": exports,
+                                              "speedup_over_megatron": found.speedup}, indent=1))
+    return files
 
 
 def main(argv: Sequence[str] | None = None) -> int:

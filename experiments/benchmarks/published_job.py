@@ -64,11 +64,11 @@ class JobSource:
 SOURCES = {
     "a100": JobSource("megatron-lm-2021-a100", "a100", flash_attention=False, sequence_parallel=False,
                       tp_comm_overlap=False, zero_stage=0, tied_embeddings=True, default_microbatch_size=1,
-                      compute_scale=1.13, step_s=0.0,
+                      compute_scale=1.11, step_s=0.15,
                       fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit)"),
     "h100": JobSource("megatron-core-r0.8-h100", "h100", flash_attention=True, sequence_parallel=True,
                       tp_comm_overlap=True, zero_stage=1, tied_embeddings=False, default_microbatch_size=1,
-                      compute_scale=1.08, step_s=0.1,
+                      compute_scale=1.02, step_s=0.15,
                       fitted_on="megatron_core_h100_readme.json weak-scaling table, 9 rows (published --fit)"),
 }
 

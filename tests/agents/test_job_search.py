@@ -66,7 +66,13 @@ def test_run_job_prints_json_rows_and_writes_the_plan(tmp_path, capsys) -> None:
                  "--json", "--out", str(tmp_path)]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert lines[-1]["summary"] is True and lines[-1]["best"]["tp"] >= 1
-    assert (tmp_path / "plan.json").exists() and (tmp_path / "job_rows.jsonl").exists()
+    for name in ("plan.json", "plan.csv", "job_rows.jsonl", "job.json", "megatron_args.txt"):
+        assert (tmp_path / name).exists(), name
+    job = json.loads((tmp_path / "job.json").read_text())
+    args = (tmp_path / "megatron_args.txt").read_text().splitlines()
+    source = job if job["exports"]["megatron_args.txt"] == "the best plan" else lines[-1]["megatron_best"]
+    assert f"--tensor-model-parallel-size {source['tp']}" in args
+    assert "--global-batch-size 16" in args
 
 
 def test_run_job_needs_gpus_and_batch(capsys) -> None:
