@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -41,6 +42,8 @@ __all__ = [
     "non_negative_float",
     "print_table",
     "print_json_lines",
+    "digest",
+    "prediction_meta",
 ]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -355,3 +358,22 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, title
 def print_json_lines(rows: Iterable[dict[str, Any]]) -> None:
     for row in rows:
         print(json.dumps(row), flush=True)
+
+
+def digest(thing: ModelProfile | Cluster) -> str:
+    """A short fingerprint of a profile's or cluster's content (its JSON), the same after a save and a load."""
+    text = json.dumps(thing.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prediction_meta(iteration_time: float, *, profile: ModelProfile, cluster: Cluster, runtime: str,
+                    profile_file: str | None = None) -> dict[str, Any]:
+    """What a searched plan's ``meta["predicted"]`` records: the iteration time the search predicted and
+    the profile and cluster it priced the plan with (name, file when known, :func:`digest`), so that
+    ``replay`` can say when it predicts with other costs."""
+    out: dict[str, Any] = {"iteration_time": iteration_time, "time_unit": profile.time_unit, "runtime": runtime,
+                           "profile": profile.name, "profile_digest": digest(profile), "cluster": cluster.name,
+                           "cluster_digest": digest(cluster)}
+    if profile_file:
+        out["profile_file"] = str(profile_file)
+    return out

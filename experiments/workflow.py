@@ -27,12 +27,12 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
-from experiments.common import output_folder
+from experiments.common import output_folder, prediction_meta
 from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow_phases import (
     Costs,
@@ -332,6 +332,9 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
                           f"device ({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve); add "
                           "devices or memory (--memory-gb, --memory-reserve-gb) or use fewer micro-batches",
                           field="--memory-gb")
+    best.plan = replace(best.plan, meta={**best.plan.meta, "method": best.method, "predicted": prediction_meta(
+        best.iteration_time, profile=profile, cluster=cluster, runtime=problem.training.runtime,
+        profile_file=str(out / ("calibrated_profile.json" if costs.scales else "profile.json")))})
     best.plan.save(out / "plan.json")
     best.plan.save_csv(out / "plan.csv")
     targets = write_exports(out, searched, profile, best=pick,

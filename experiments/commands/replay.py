@@ -36,6 +36,7 @@ from experiments.common import (
 if TYPE_CHECKING:
     from pipeline.arch import Architecture
     from pipeline.plan import Plan
+    from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     comp = compare_plans([(plan.method, plan)], profile, cluster, runs=result["runs"])[0]
     to_ms = profile.seconds_per_unit * 1e3
     predicted_ms = comp.predicted * to_ms
+    searched_ms, notes = prediction_notes(plan, profile, cluster, profile_file=args.profile,
+                                          cluster_file=args.cluster, replay_ms=predicted_ms)
     pred_tl = dict(comp.predicted_timeline)
     if to_ms != 1.0:
         pred_tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in pred_tl["events"]]
@@ -130,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         "backend": result.get("backend"), "device": result.get("device"),
         "p2p_latency_us": cluster.latency_us, "p2p_gbps": cluster.p2p_gbps,
         "gantt": str(png), "out": str(out_dir),
+        "search_predicted_iteration_time": searched_ms, "profile": args.profile or "measured",
+        "notes": notes,
         "runtime_scales": {k: round(v, 4) for k, v in scales.items()},
         "calibrated_profile": str(out_dir / "calibrated_profile.json"),
     }
@@ -153,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
           f"({row['backend']}, {row['device']}), {plan.microbatches} micro-batches of {mbs}x{seq_len} tokens")
     print(f"measured iteration time  {comp.measured:9.2f} ms  (median of {args.steps}: "
           + ", ".join(f"{t:.1f}" for t in row["measured_iteration_times"]) + ")")
-    print(f"predicted iteration time {predicted_ms:9.2f} ms  ({row['error_pct']:+.1f}%)")
+    print(f"predicted iteration time {predicted_ms:9.2f} ms  ({row['error_pct']:+.1f}%; PyTorch's runtime on the "
+          f"plan's stages: fused B, first stage's backward in W)")
+    for note in notes:
+        print(note)
     if args.check:
         print(f"check vs one process: max gradient error {row['max_grad_error']:.2e}, loss error "
               f"{row['loss_error']:.2e}, weights after optimizer steps {row['max_weight_error']:.2e}")
@@ -163,6 +171,44 @@ def run(args: argparse.Namespace) -> int:
           + f" -> {out_dir / 'calibrated_profile.json'} (use with search --profile)")
     print(f"timelines and Gantt chart: {out_dir} ({png.name})")
     return 0
+
+
+def prediction_notes(plan: Plan, profile: ModelProfile, cluster: Cluster, *, profile_file: str | None,
+                     cluster_file: str | None, replay_ms: float) -> tuple[float, list[str]]:
+    """The prediction ``search``/``run`` make of ``plan`` with this profile and cluster (ms), and the lines
+    replay prints about it: which profile and cluster it used and, when the plan's ``meta["predicted"]``
+    (written by search and run) was priced with other costs, that it was and what it predicted there."""
+    from experiments.common import digest
+    from pipeline.simulator import simulate
+    from pipeline.spec import TrainingConfig
+
+    meta = plan.meta.get("predicted") if isinstance(plan.meta.get("predicted"), dict) else {}
+    runtime = meta.get("runtime") if isinstance(meta.get("runtime"), str) else TrainingConfig().runtime
+    try:
+        training = TrainingConfig(runtime=runtime)
+    except (ValueError, TypeError):
+        training = TrainingConfig()
+    to_ms = profile.seconds_per_unit * 1e3
+    searched_ms = simulate(plan, profile, cluster, training=training).iteration_time * to_ms
+    used = f"profile {profile_file}" if profile_file else "the profile this job measured on this machine"
+    link = f"cluster {cluster_file}" if cluster_file else "the link this job measured"
+    lines = [f"predicted with {used} and {link}: search's model {searched_ms:.2f} ms for this plan "
+             f"(runtime {training.runtime}); the replay's {replay_ms:.2f} ms adds what PyTorch's runtime does on its "
+             "stages"]
+    if meta.get("iteration_time") is not None:
+        other = [what for what, key, thing in (("profile", "profile_digest", profile),
+                                               ("cluster", "cluster_digest", cluster))
+                 if meta.get(key) and meta.get(key) != digest(thing)]
+        unit = meta.get("time_unit", profile.time_unit)
+        if not other:
+            lines.append(f"the same profile and cluster as this plan's search, which predicted "
+                         f"{float(meta['iteration_time']):.4g} {unit}")
+        else:
+            where = meta.get("profile_file") or meta.get("profile", "?")
+            lines.append(f"note: this plan was searched with another {' and '.join(other)} ({where}), which "
+                         f"predicted {float(meta['iteration_time']):.4g} {unit}; for the same prediction replay it "
+                         "with --profile and --cluster of that search")
+    return searched_ms, lines
 
 
 def on_gpu(backend: str | None) -> bool:

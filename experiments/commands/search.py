@@ -41,6 +41,7 @@ from experiments.common import (
     interrupted,
     output_folder,
     positive_int,
+    prediction_meta,
     print_json_lines,
     print_table,
     resolve_problem,
@@ -100,9 +101,11 @@ class _BestPlanWriter:
     """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it;
     the plan's ``meta.method`` names the method searching (set :attr:`method` before each)."""
 
-    def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True) -> None:
+    def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True,
+                 predicted: Callable[[Result], dict] | None = None) -> None:
         self.out = out
         self.accept = accept
+        self.predicted = predicted
         self.key: tuple | None = None
         self.method = "candidate"
         self.best_method: str | None = None
@@ -114,7 +117,8 @@ class _BestPlanWriter:
         if self.key is None or key < self.key:
             self.key, self.best_method = key, self.method
             tmp = self.out / "plan.json.tmp"
-            replace(plan, meta={**plan.meta, "method": self.method}).save(tmp)
+            extra = {"predicted": self.predicted(result)} if self.predicted is not None else {}
+            replace(plan, meta={**plan.meta, "method": self.method, **extra}).save(tmp)
             os.replace(tmp, self.out / "plan.json")
 
 
@@ -182,7 +186,11 @@ def run(args: argparse.Namespace) -> int:
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
     problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
     bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
-    writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None)
+    def predicted(result: Result) -> dict:
+        return prediction_meta(result.iteration_time, profile=profile, cluster=cluster,
+                               runtime=problem.training.runtime, profile_file=args.profile)
+
+    writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None, predicted)
     title = (f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, {args.microbatches} "
              f"micro-batches, {cluster.memory_gb:g} GiB per device ({cluster.memory_reserve_gb:g} GiB reserved) "
              f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
@@ -213,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("search", rows)
         if best is not None:
+            best.plan = replace(best.plan, meta={**best.plan.meta, "method": best.method,
+                                                 "predicted": predicted(best.result)})
             best.plan.save(out / "plan.json")
             best.plan.save_csv(out / "plan.csv")
             gantt_side_by_side([best.result.timeline_dict()], [f"best: {best.method} on {profile.name}"],

@@ -225,3 +225,45 @@ def test_an_invalid_plan_is_one_error_line_on_stderr(tmp_path, capsys) -> None:
     assert main(["simulate", "--plan", str(plan), "--model", "gemma-small", "--devices", "4"]) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert line.startswith("error: invalid plan: ") and "field 'partition'" in line
+
+
+@pytest.mark.parametrize("command", ["search", "run"])
+def test_replay_predicts_a_plan_as_its_search_did_with_the_same_profile(command, tmp_path, capsys) -> None:
+    """issue 30: replay predicted 136.5 ms for the plan run predicted at 163 ms, with nothing saying why
+    (another profile). With the search's profile and cluster the prediction is the same; with another
+    profile replay says so in one line, with the search's figure."""
+    from dataclasses import replace
+
+    from experiments.commands.replay import prediction_notes
+    from pipeline.plan import Plan
+    from pipeline.spec import Cluster, ModelProfile
+
+    out = tmp_path / "out"
+    argv = (["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--method", "megatron,zbv",
+             "--budget", "20", "--json"] if command == "search" else
+            ["run", "--model", "gemma-small", "--gpu", "h100", "--devices", "4", "--method", "megatron,zbv",
+             "--budget", "20", "--json"])
+    assert main([*argv, "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = Plan.load(out / "plan.json")
+    meta = plan.meta["predicted"]
+    profile_file, cluster_file = (PROFILE, CLUSTER) if command == "search" else \
+        (str(out / "profile.json"), str(out / "cluster.json"))
+    profile, cluster = ModelProfile.load(profile_file), Cluster.load(cluster_file)
+    searched_ms, notes = prediction_notes(plan, profile, cluster, profile_file=profile_file, cluster_file=cluster_file,
+                                          replay_ms=0.0)
+    assert searched_ms / (profile.seconds_per_unit * 1e3) == pytest.approx(meta["iteration_time"], rel=1e-9)
+    assert notes[0].startswith(f"predicted with profile {profile_file} and cluster {cluster_file}: search's model")
+    assert notes[1].startswith("the same profile and cluster as this plan's search, which predicted")
+    if command == "run":
+        summary = __import__("json").loads((out / "summary.json").read_text())["summary"]
+        assert meta["iteration_time"] == pytest.approx(summary["predicted_time"], rel=1e-9)
+    slower = profile.scaled(1.25)
+    _, notes = prediction_notes(plan, slower, cluster, profile_file=None, cluster_file=cluster_file, replay_ms=0.0)
+    assert notes[0].startswith("predicted with the profile this job measured on this machine")
+    assert notes[-1] == (f"note: this plan was searched with another profile ({meta.get('profile_file')}), which "
+                         f"predicted {meta['iteration_time']:.4g} {meta['time_unit']}; for the same prediction replay "
+                         "it with --profile and --cluster of that search")
+    _, notes = prediction_notes(replace(plan, meta={"method": "x"}), profile, cluster, profile_file=None,
+                                cluster_file=None, replay_ms=0.0)
+    assert len(notes) == 1  # a plan without the search's prediction: nothing to compare
