@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,8 @@ _MEMORY_UNITS = 1_000_000  # a device's capacity in at most about this many memo
 #: Relative amount taken off the float-summed load bound, so that rounding in its sums cannot lift it
 #: above the simulator's time of an order that meets it exactly.
 _FLOAT_SLACK = 1e-9
+#: Share of the time the full model gets before the one-device relaxations (when it does not close).
+FULL_MODEL_SHARE = 0.6
 _OPS_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
 
 
@@ -232,6 +235,41 @@ def _edges(plan: Plan, costs: StageCosts, index: dict[Action, int], tick: float)
     return out
 
 
+def _fifo(order: Sequence[Sequence[Action]]) -> tuple[tuple[Action, ...], ...]:
+    """The order with each (stage, op)'s micro-batches relabelled in the order they run: the k-th
+    ``F`` of a stage on its device becomes micro-batch k, likewise I, W and B. Micro-batches are
+    identical, so this never makes an order slower or use more memory (see :func:`_symmetry`)."""
+    out = []
+    for acts in order:
+        seen: dict[tuple[int, str], int] = {}
+        row = []
+        for s, op, _ in acts:
+            k = seen.get((s, op), 0)
+            seen[(s, op)] = k + 1
+            row.append(Action(s, op, k))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _symmetry(plan: Plan, acts: list[_Act], index: dict[Action, int]) -> list[tuple[int, int]]:
+    """Pairs (a, b): ``b`` starts after ``a`` ends. Each stage runs each kind of action (F, I, W, B)
+    in micro-batch order. This loses no schedule's time: micro-batches of a stage cost the same, so
+    any schedule's slots of each (stage, kind) can be handed to micro-batches in time order (the
+    k-th F slot to micro-batch k, ...). Every dependency still holds (the k-th slot of a kind starts
+    after the k-th slot of each kind it needs has ended: a sorted matching is feasible whenever any
+    matching is), and a device's memory level at any time counts only how many F, I and W slots of
+    each stage have started, not which micro-batch each one serves. Only stages whose micro-batches
+    all use the same backward kind are ordered."""
+    pairs = []
+    for s in range(plan.num_stages):
+        for op in ("F", "I", "W", "B"):
+            ks = [index.get(Action(s, op, m)) for m in range(plan.microbatches)]
+            if any(k is None for k in ks):
+                continue
+            pairs += [(a, b) for a, b in zip(ks, ks[1:])]  # type: ignore[misc]
+    return pairs
+
+
 def _asap(order: Sequence[Sequence[Action]], acts: list[_Act], index: dict[Action, int],
           edges: list[tuple[int, int, int]]) -> list[int] | None:
     """Start ticks of ``order`` in the rounded model, each action as early as its device and inputs
@@ -345,24 +383,26 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
     tick = spu * TICKS_PER_SECOND  # ticks per profile time unit
     acts, index = _build_actions(plan, costs, tick)
     status, solver_bound, solver_makespan, solver_order_time = "not run", None, None, None
+    deadline = t0 + seconds
     if len(acts) > max_actions:
         formulation = (f"not solved: {len(acts)} actions is above the exact model's limit of {max_actions}; "
                        "bound analytic only (pipeline.bounds and the device-load bound)")
     else:
-        formulation = ("exact (memory limit, transfer latencies, no link contention as in the simulator; "
-                       "durations rounded down to 0.1 us)")
-        if overlap:
-            formulation = ("proxy: the solver minimises one iteration's makespan, but runtime "
-                           f"{rt.name!r} overlaps iterations (steady period); bound from pipeline.bounds only")
-        status, cp_bound, cp_obj, orders = _solve(acts, index, _edges(plan, costs, index, tick), costs=costs,
-                                                  caps=caps, devices=plan.devices, hint_order=hint_order,
-                                                  seconds=max(0.1, seconds - (time.perf_counter() - t0)),
-                                                  workers=workers, seed=seed)
-        if cp_bound is not None and not overlap:
-            solver_bound = cp_bound / tick + costs.post_step
+        edges = _edges(plan, costs, index, tick)
+        symmetry = _symmetry(plan, acts, index)
+        common = dict(symmetry=symmetry, costs=costs, caps=caps, devices=plan.devices, hint_order=hint_order,
+                      hint_fits=best is not None, workers=workers, seed=seed)
+        # The full model first; if it does not close, per-device relaxations with the time left.
+        share = 1.0 if overlap else FULL_MODEL_SHARE
+        now = time.perf_counter()
+        status, cp_bound, cp_obj, orders = _solve(acts, index, edges, deadline=now + share * (deadline - now),
+                                                  **common)  # type: ignore[arg-type]
+        if status == "INFEASIBLE" and not overlap:
+            raise PlanError("no order of this plan's actions fits the memory limit (proven by the solver); "
+                            "raise the limit or change the partition/placement", field="memory")
         if cp_obj is not None:
             solver_makespan = cp_obj / tick + costs.post_step
-        for k, order in enumerate(orders):  # the solver's solutions, best first
+        for k, order in enumerate(orders):  # the solver's last solutions, best first
             cand = _with_order(plan, order, plan.method)
             res = simulate(cand, profile, cluster, training=training, record_timeline=False)
             if not res.valid:
@@ -374,9 +414,23 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
                 if best is None or res.iteration_time < best[0] - 1e-12 * abs(best[0]):
                     best = (res.iteration_time, cand, res, "solver")
                 break
-        if status == "INFEASIBLE" and not overlap:
-            raise PlanError("no order of this plan's actions fits the memory limit (proven by the solver); "
-                            "raise the limit or change the partition/placement", field="memory")
+        exact = ("exact model (memory limit, transfer latencies; no link contention, as in the simulator; "
+                 "durations rounded down to 0.1 us)")
+        if overlap:
+            formulation = ("proxy: the solver minimises one iteration's makespan, but runtime "
+                           f"{rt.name!r} overlaps iterations (steady period); bound from pipeline.bounds only")
+        elif status == "OPTIMAL":
+            formulation = "exact: " + exact + ", solved to optimality"
+            solver_bound = cp_bound / tick + costs.post_step if cp_bound is not None else None
+        else:
+            ticks = cp_bound or 0
+            relaxed = _relaxation_bounds(acts, index, edges, plan=plan, costs=costs, deadline=deadline,
+                                         common=common, target=(best[0] - costs.post_step) * tick if best else None)
+            formulation = (f"{exact}, not closed in time ({status}); the bound is the largest of its own and of "
+                           f"{len(relaxed)} one-device relaxations (only that device runs one action at a time and "
+                           "keeps its memory limit, every other device runs any number at once)")
+            ticks = max([ticks, *relaxed.values()])
+            solver_bound = ticks / tick + costs.post_step if ticks else None
     if best is None:  # nothing fits the caps: keep the plan as it is
         best = (base.iteration_time, plan, base, "plan")
     bound = max(analytic, load, solver_bound or 0.0)
@@ -386,25 +440,59 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
                  time.perf_counter() - t0, len(acts), candidates)
 
 
-def _solve(acts: list[_Act], index: dict[Action, int], edges: list[tuple[int, int, int]], *, costs: StageCosts,
-           caps: Sequence[float], devices: int, hint_order: Sequence[Sequence[Action]], seconds: float,
-           workers: int | None, seed: int) -> tuple[str, int | None, int | None, list[list[list[Action]]]]:
-    """Build and solve the CP-SAT model: (status, proven bound, best makespan, orders of the solutions
-    found, best first), times in ticks."""
+def _relaxation_bounds(acts: list[_Act], index: dict[Action, int], edges: list[tuple[int, int, int]], *,
+                       plan: Plan, costs: StageCosts, deadline: float, common: dict[str, Any],
+                       target: float | None) -> dict[int, int]:
+    """Proven bounds (ticks) of the one-device relaxations (:func:`_solve`'s ``kept``), busiest
+    device first, until ``deadline`` or until one reaches ``target`` (the best time found)."""
+    load = [0.0] * plan.devices
+    for a in acts:
+        load[a.device] += a.dur
+    out: dict[int, int] = {}
+    todo = sorted(range(plan.devices), key=lambda d: -load[d])
+    for n, d in enumerate(todo):
+        now = time.perf_counter()
+        if deadline - now < 0.2:
+            break
+        share = (deadline - now) / (len(todo) - n)
+        _, bound, _, _ = _solve(acts, index, edges, deadline=now + share, kept={d}, **common)
+        if bound is not None:
+            out[d] = bound
+            if target is not None and bound >= target * (1 - 1e-6):
+                break
+    return out
+
+
+def _solve(acts: list[_Act], index: dict[Action, int], edges: list[tuple[int, int, int]], *,
+           symmetry: list[tuple[int, int]], costs: StageCosts, caps: Sequence[float], devices: int,
+           hint_order: Sequence[Sequence[Action]], hint_fits: bool, deadline: float, workers: int | None,
+           seed: int, kept: set[int] | None = None
+           ) -> tuple[str, int | None, int | None, list[list[list[Action]]]]:
+    """Build and solve the CP-SAT model until ``deadline`` (``time.perf_counter()``): (status, proven
+    bound, best makespan, orders of the last solutions found, best first), times in ticks.
+
+    ``kept``: a relaxation. Only these devices run one action at a time and keep their memory
+    limit; the others run any number of actions at once (their actions stay, as delays of their
+    durations on every path through them). Every schedule of the full model is one of the
+    relaxation, so its proven bound bounds the full model's optimum."""
     from ortools.sat.python import cp_model
 
-    hint = _asap(hint_order, acts, index, edges)
+    hint = _asap(_fifo(hint_order), acts, index, edges)
     horizon = sum(a.dur for a in acts) + sum(lag for _, _, lag in edges) + 1
-    if hint is not None:
+    if hint is not None and hint_fits:  # a schedule within the limits exists below it: so does the optimum
         horizon = min(horizon, max(h + a.dur for h, a in zip(hint, acts)) + 1)
     model = cp_model.CpModel()
     start = [model.new_int_var(0, horizon, f"s{k}") for k in range(len(acts))]
-    ivs = [model.new_fixed_size_interval_var(start[k], a.dur, f"i{k}") for k, a in enumerate(acts)]
     for a, b, lag in edges:
         model.add(start[b] >= start[a] + acts[a].dur + lag)
-    for d in range(devices):
-        model.add_no_overlap([ivs[k] for k, a in enumerate(acts) if a.device == d])
-    held = _add_memory(model, acts, index, start, costs=costs, caps=caps, devices=devices, horizon=horizon)
+    for a, b in symmetry:
+        if kept is None or acts[a].device in kept:
+            model.add(start[b] >= start[a] + acts[a].dur)
+    devs = range(devices) if kept is None else sorted(kept)
+    for d in devs:
+        model.add_no_overlap([model.new_fixed_size_interval_var(start[k], a.dur, f"i{k}")
+                              for k, a in enumerate(acts) if a.device == d])
+    held = _add_memory(model, acts, index, start, costs=costs, caps=caps, devices=devs, horizon=horizon)
     makespan = model.new_int_var(0, horizon, "makespan")
     for k, a in enumerate(acts):
         if a.action.op in ("W", "B") or (a.action.op == "I" and Action(a.action.stage, "W", a.action.mb) not in index):
@@ -416,28 +504,38 @@ def _solve(acts: list[_Act], index: dict[Action, int], edges: list[tuple[int, in
         model.add_hint(makespan, max(h + a.dur for h, a in zip(hint, acts)))
         for size, a, b in held:
             model.add_hint(size, hint[b] - hint[a])
+    left = deadline - time.perf_counter()
+    if left <= 0.05:
+        return "UNKNOWN", None, None, []
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(seconds)
+    solver.parameters.max_time_in_seconds = left
     solver.parameters.num_workers = workers or 8
     solver.parameters.random_seed = seed
     solver.parameters.relative_gap_limit = 1e-6
     solver.parameters.log_search_progress = bool(os.environ.get("ADAPTIS_CPSAT_LOG"))
     found: list[list[list[Action]]] = []
+    keep = kept is None  # a relaxation's solutions are not schedules of the plan
 
     class _Keep(cp_model.CpSolverSolutionCallback):
         def on_solution_callback(self) -> None:
-            starts = [self.value(v) for v in start]
-            found.append(_order_of(acts, starts, devices))
+            if keep:
+                found.append(_order_of(acts, [self.value(v) for v in start], devices))
+                del found[:-3]
 
-    status = solver.solve(model, _Keep())
+    timer = threading.Timer(left, solver.stop_search)  # CP-SAT's own limit can run late under load
+    timer.start()
+    try:
+        status = solver.solve(model, _Keep())
+    finally:
+        timer.cancel()
     name = solver.status_name(status)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        found.append(_order_of(acts, [solver.value(v) for v in start], devices))
-        return name, int(math.floor(solver.best_objective_bound)), int(solver.objective_value), found[::-1]
-    if status == cp_model.INFEASIBLE:
-        return name, None, None, []
     bound = solver.best_objective_bound
-    return name, int(math.floor(bound)) if math.isfinite(bound) else None, None, []
+    proven = int(math.floor(bound)) if status != cp_model.INFEASIBLE and math.isfinite(bound) else None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if keep:
+            found.append(_order_of(acts, [solver.value(v) for v in start], devices))
+        return name, proven, int(solver.objective_value), found[::-1]
+    return name, proven, None, []
 
 
 def _order_of(acts: list[_Act], starts: Sequence[int], devices: int) -> list[list[Action]]:
@@ -449,12 +547,12 @@ def _order_of(acts: list[_Act], starts: Sequence[int], devices: int) -> list[lis
 
 
 def _add_memory(model: Any, acts: list[_Act], index: dict[Action, int], start: list[Any], *, costs: StageCosts,
-                caps: Sequence[float], devices: int, horizon: int) -> list[tuple[Any, int, int]]:
+                caps: Sequence[float], devices: Iterable[int], horizon: int) -> list[tuple[Any, int, int]]:
     """A Cumulative per device whose memory limit can bind: F holds ``act`` until I/B starts, I holds
     ``w_keep`` until W starts (demands rounded down, capacity up: a relaxation). Returns each
     holding interval's (size variable, action it starts at, action it ends at), for the hint."""
     sizes: list[tuple[Any, int, int]] = []
-    for d in range(devices):
+    for d in devices:
         mine = [a for a in acts if a.device == d and a.action.op == "F"]
         if not mine:
             continue

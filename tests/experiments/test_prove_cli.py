@@ -1,0 +1,88 @@
+"""``python -m experiments prove``, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.cli import main
+from pipeline.plan import Action, Plan
+from pipeline.schedules import build_plan
+from pipeline.simulator import simulate
+from pipeline.spec import Cluster, ModelProfile, TrainingConfig
+from tests.conftest import ROOT
+
+PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
+FIELDS = {"plan_ms", "best_ms", "bound_ms", "gap", "formulation", "status", "source", "plan_vs_best", "plan_fits",
+          "solver_bound_ms", "analytic_bound_ms", "load_bound_ms", "actions", "seconds", "runtime"}
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    profile, cluster = ModelProfile.load(PROFILE), Cluster.load(CLUSTER)
+    fused = build_plan("1f1b", profile, cluster, microbatches=6, training=TrainingConfig(runtime="pytorch"))
+    # 1F1B's order with each B run as I then W at once: the best order of these actions defers W (ZB-H1)
+    split = tuple(tuple(x for s, op, m in acts for x in ([Action(s, "I", m), Action(s, "W", m)] if op == "B"
+                                                         else [Action(s, op, m)])) for acts in fused.schedule)
+    plan = Plan(fused.devices, fused.microbatches, fused.partition, fused.placement, split)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    return path
+
+
+def test_json_fields_and_the_better_plan(plan_file, tmp_path, capsys) -> None:
+    out = tmp_path / "better.json"
+    code = main(["prove", "--plan", str(plan_file), "--profile", PROFILE, "--cluster", CLUSTER, "--runtime",
+                 "pytorch", "--seconds", "5", "--workers", "2", "--json", "--out", str(out)])
+    assert code == 0
+    row = json.loads(capsys.readouterr().out)
+    assert set(row) >= FIELDS
+    assert row["bound_ms"] <= row["best_ms"] <= row["plan_ms"] * (1 + 1e-12)
+    assert row["gap"] == pytest.approx(row["best_ms"] / row["bound_ms"] - 1)
+    assert row["best_ms"] < row["plan_ms"]  # W deferred into the bubbles
+    better = Plan.load(out)
+    res = simulate(better, ModelProfile.load(PROFILE), Cluster.load(CLUSTER), training=TrainingConfig(runtime="pytorch"))
+    assert res.valid and res.feasible
+    assert res.iteration_time * res.seconds_per_unit * 1e3 == pytest.approx(row["best_ms"], rel=1e-12)
+
+
+def test_text_output_names_every_figure(plan_file, capsys) -> None:
+    code = main(["prove", "--plan", str(plan_file), "--profile", PROFILE, "--cluster", CLUSTER, "--seconds", "3",
+                 "--workers", "2"])
+    assert code == 0
+    text = capsys.readouterr().out
+    for word in ("plan_ms", "best_ms", "bound_ms", "gap", "formulation:"):
+        assert word in text
+
+
+@pytest.mark.parametrize("extra,field", [
+    (["--seconds", "0"], "--seconds"),
+    (["--seconds", "-3"], "--seconds"),
+    (["--seconds", "inf"], "--seconds"),
+])
+def test_bad_seconds_is_one_error_line(plan_file, capsys, extra, field) -> None:
+    code = main(["prove", "--plan", str(plan_file), "--profile", PROFILE, "--cluster", CLUSTER, *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and field in err[0]
+
+
+def test_missing_plan_is_one_error_line(tmp_path, capsys) -> None:
+    code = main(["prove", "--plan", str(tmp_path / "none.json"), "--profile", PROFILE, "--cluster", CLUSTER,
+                 "--seconds", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "none.json" in err[0]
+
+
+def test_plan_for_another_cluster_is_one_error_line(plan_file, capsys) -> None:
+    code = main(["prove", "--plan", str(plan_file), "--profile", PROFILE, "--devices", "8", "--seconds", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:")
+
+
+def test_out_may_not_overwrite_the_input(plan_file, capsys) -> None:
+    code = main(["prove", "--plan", str(plan_file), "--profile", PROFILE, "--cluster", CLUSTER, "--seconds", "1",
+                 "--out", str(plan_file)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--out" in err[0]
