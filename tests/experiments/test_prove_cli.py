@@ -43,7 +43,8 @@ def test_json_fields_and_the_better_plan(plan_file, tmp_path, capsys) -> None:
     assert row["gap"] == pytest.approx(row["best_ms"] / row["bound_ms"] - 1)
     assert row["best_ms"] < row["plan_ms"]  # W deferred into the bubbles
     better = Plan.load(out)
-    res = simulate(better, ModelProfile.load(PROFILE), Cluster.load(CLUSTER), training=TrainingConfig(runtime="pytorch"))
+    res = simulate(better, ModelProfile.load(PROFILE), Cluster.load(CLUSTER),
+                   training=TrainingConfig(runtime="pytorch"))
     assert res.valid and res.feasible
     assert res.iteration_time * res.seconds_per_unit * 1e3 == pytest.approx(row["best_ms"], rel=1e-12)
 
