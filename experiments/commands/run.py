@@ -9,9 +9,11 @@ replay (the cluster is not this machine) with a note.
 Ends with one summary: predicted and measured iteration times, speedup over Megatron, bubbles,
 peak memory, and where the time went (per device busy/bubble and dominant layer kind; layer kinds
 by share of the compute; measured time by F/I/W/B). Writes to --out: plan.json, plan.csv,
-profile.json, cluster.json, gantt_predicted.png, gantt_measured.png, gantt_fidelity.png and
-summary.json. Logs one W&B group (offline by default): runs profile, [train,] search, [replay,]
-summary; the summary run holds the metrics, tables, Gantt charts and the plan artifact.
+profile.json, cluster.json, search_rows.jsonl (each method's row as it ends; kept on Ctrl-C),
+gantt_predicted.png, gantt_measured.png, gantt_fidelity.png and summary.json. Before each torchrun
+job the ranks' memory is checked against this machine's (executor/preflight.py). Logs one W&B
+group (offline by default): runs profile, [train,] search, [replay,] summary; the summary run
+holds the metrics, tables, Gantt charts and the plan artifact.
 --target {executor,torchtitan,megatron} keeps the plan inside what that runtime runs and writes
 megatron_args.txt / torchtitan.toml (experiments/deploy.py); --trace FILE.json writes the best
 plan's predicted and measured timelines in the Chrome trace format.
