@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,26 +31,32 @@ from agents.rl_policy import ALGOS, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_problem
 from pipeline.errors import ConfigError
 
-__all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "train", "evaluate_policy_on", "latest_checkpoint",
-           "tuner_times"]
+__all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "check_config", "train",
+           "evaluate_policy_on", "latest_checkpoint", "tuner_times"]
+
+
+#: The largest seed: environment i is seeded 1000 x seed + i, and NumPy's seeds end at 2**32 - 1.
+MAX_SEED = (2**32 - 1) // 1000 - 1
 
 
 @dataclass
 class TrainConfig:
-    """Everything a training run depends on (saved in the policy's metadata)."""
+    """Everything a training run depends on (saved in the policy's metadata). Each field is a flag of
+    ``python -m experiments train`` (its docstring is the flag's help)."""
 
-    algo: str = "maskable-ppo"
+    algo: Literal["maskable-ppo", "ppo"] = "maskable-ppo"
     """``maskable-ppo`` (sb3-contrib, reads ``action_masks()``) or ``ppo`` (no masks: masked
     actions are no-ops with a small penalty)."""
     timesteps: int = 20_000
     """Environment steps in total (a resumed run trains up to the same total)."""
     seed: int = 0
-    """Seed of the model, the environments and the scenario draws."""
+    """Seed of the model, the environments (environment i is seeded 1000 x seed + i) and the
+    scenario draws."""
     n_envs: int = 8
     """Parallel environments (their steps are batched through the network)."""
-    vec: str = "subproc"
+    vec: Literal["dummy", "subproc"] = "subproc"
     """``dummy`` (one process) or ``subproc`` (one process per environment: every core steps)."""
-    network: str = "entity"
+    network: Literal["entity", "mlp"] = "entity"
     """``entity`` (:class:`agents.rl_net.EntityPolicy`, any size; MaskablePPO only) or ``mlp``
     (SB3's MLP over the flattened, padded observation)."""
     hidden: int = 64
@@ -81,14 +87,21 @@ class TrainConfig:
     n_steps: int = 128
     """PPO rollout length per environment."""
     batch_size: int = 256
+    """PPO minibatch size (at most ``n_steps`` x ``n_envs``: a whole rollout)."""
     n_epochs: int = 2
+    """PPO passes over each rollout."""
     learning_rate: float = 5e-4
+    """PPO's step size, in (0, 1] (5e-4 from scratch; 1e-4 to fine-tune the imitation policy)."""
     gamma: float = 0.95
+    """Discount factor of future rewards, in (0, 1]."""
     ent_coef: float = 0.01
+    """Weight of the entropy bonus in PPO's loss (>= 0; more explores more)."""
     net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer widths of the ``mlp`` network (the entity network's width is ``hidden``)."""
     resume: bool = False
     """Continue from the latest checkpoint in ``out``."""
     progress_bar: bool = True
+    """Show a progress bar (only on a terminal)."""
     imitation_states: int = 0
     """States labelled by the one-step oracle before PPO (:mod:`agents.rl_imitation`; 0: none)."""
     imitation_epochs: int = 12
@@ -305,6 +318,48 @@ def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, boo
     return Periodic()
 
 
+def check_config(config: TrainConfig) -> None:
+    """Refuse a config that cannot train, before anything starts: a ConfigError naming the flag of
+    ``python -m experiments train`` (each field's flag is ``--`` and its name with ``-``)."""
+    if config.algo not in ALGOS:
+        raise ConfigError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}", field="--algo")
+    if config.network not in ("entity", "mlp"):
+        raise ConfigError(f"unknown network {config.network!r}; use entity or mlp", field="--network")
+    if config.vec not in ("dummy", "subproc"):
+        raise ConfigError(f"unknown vectorisation {config.vec!r}; use dummy or subproc", field="--vec")
+    for name in ("imitation_states", "ranker_scenarios", "eval_every"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"must be >= 0 (0: skip it), got {getattr(config, name)}",
+                              field="--" + name.replace("_", "-"))
+    if not 0 <= config.seed <= MAX_SEED:
+        raise ConfigError(f"must be a whole number from 0 to {MAX_SEED} (environment i is seeded 1000 x seed + i), "
+                          f"got {config.seed}", field="--seed")
+    for name in ("timesteps", "n_envs", "hidden", "repeat_scenario", "torch_threads", "eval_scenarios",
+                 "eval_tuner_calls", "checkpoint_every", "max_steps", "max_calls", "n_steps", "batch_size",
+                 "n_epochs", "imitation_epochs"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"must be >= 1, got {getattr(config, name)}", field="--" + name.replace("_", "-"))
+    if not config.net_arch or min(config.net_arch) < 1:
+        raise ConfigError(f"needs one or more widths >= 1, got {config.net_arch}", field="--net-arch")
+    for name, low, high in (("learning_rate", 0.0, 1.0), ("gamma", 0.0, 1.0)):
+        if not low < getattr(config, name) <= high:
+            raise ConfigError(f"must be above {low:g} and at most {high:g}, got {getattr(config, name)}",
+                              field="--" + name.replace("_", "-"))
+    if not 0.0 <= config.single_start_share <= 1.0:
+        raise ConfigError(f"must be from 0 to 1, got {config.single_start_share}", field="--single-start-share")
+    if not config.ent_coef >= 0.0:
+        raise ConfigError(f"must be >= 0, got {config.ent_coef}", field="--ent-coef")
+    if config.n_steps * config.n_envs < 2:  # PPO normalises advantages over a batch: one sample gives NaN
+        raise ConfigError(f"a rollout of --n-steps {config.n_steps} x --n-envs {config.n_envs} is one step; PPO "
+                          "needs at least 2 per update: use --n-steps 2 or more", field="--n-steps")
+    if config.imitation_states > 0 and config.network != "entity":
+        raise ConfigError("the imitation phase trains the entity network; use --network entity",
+                          field="--imitation-states")
+    if config.network == "entity" and config.algo != "maskable-ppo":
+        raise ConfigError("the entity network needs --algo maskable-ppo (it scores only allowed actions)",
+                          field="--network")
+
+
 def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, command: str = "",
           env_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Train (or resume) a policy; returns a summary (timesteps, seconds, paths).
@@ -319,16 +374,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     import torch as th
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-    if config.algo not in ALGOS:
-        raise ValueError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}")
-    if config.network not in ("entity", "mlp"):
-        raise ValueError(f"unknown network {config.network!r}; use entity or mlp")
-    if config.imitation_states < 0 or config.ranker_scenarios < 0:
-        raise ValueError("imitation_states and ranker_scenarios must be >= 0 (0: skip that phase)")
-    if config.imitation_states > 0 and config.network != "entity":
-        raise ValueError("the imitation phase trains the entity network; use --network entity")
-    if config.network == "entity" and config.algo != "maskable-ppo":
-        raise ValueError("the entity network needs --algo maskable-ppo (it scores only allowed actions)")
+    check_config(config)
     th.set_num_threads(max(1, config.torch_threads))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """Train a plan-editing policy in adaptis/Pipeline-v0 (MaskablePPO or PPO), with checkpoints.
 
+Every field of agents.rl_train.TrainConfig is a flag (its docstring is the help below).
 Writes OUT/checkpoints/model_<steps>.zip (every --checkpoint-every steps and on Ctrl-C/SIGTERM),
 OUT/eval.jsonl (held-out evaluation every --eval-every steps), OUT/learning_curve.png, and the
 final OUT/policy.pth + OUT/policy.json (use with: search --method rl --policy OUT/policy.pth).
@@ -7,11 +8,12 @@ SB3's metrics and the evaluation curves go to W&B (offline by default). Policy f
 pickles: load only your own or trusted ones.
 
 Examples:
-  python -m experiments train --ranker-scenarios 9000 --imitation-states 20000 --timesteps 102400 \
+  python -m experiments train --ranker-scenarios 9000 --imitation-states 20000 --timesteps 102400 \\
       --learning-rate 1e-4 --seed 0 --eval-every 51200 --checkpoint-every 51200 --out runs/default-policy
                                                     # the shipped default policy and start ranker
   python -m experiments train --timesteps 20000 --seed 0 --vec subproc --out runs/ppo  # PPO alone
   python -m experiments train --out runs/train --resume                     # after an interruption
+  python -m experiments train --gamma 0.99 --batch-size 128 --hidden 128 --out runs/wide  # PPO's knobs
 """
 
 from __future__ import annotations
@@ -26,73 +28,67 @@ from pathlib import Path
 from experiments.common import (
     add_output_args,
     interrupted,
+    non_negative_float,
     non_negative_int,
     output_folder,
     positive_float,
-    positive_int,
     seed_int,
 )
-from pipeline.errors import ConfigError
+from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args
 
 NAME = "train"
 HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
 
 
 def _train_seed(text: str) -> int:
-    return seed_int(text, most=(2**32 - 1) // 1000 - 1)  # environment i gets seed 1000 x seed + i
+    from agents.rl_train import MAX_SEED
+
+    return seed_int(text, most=MAX_SEED)  # environment i gets seed 1000 x seed + i
 
 
-def _learning_rate(text: str) -> float:
-    """PPO's step size: above 0 and at most 1 (beyond, the policy's weights blow up to NaN in one update)."""
+def _at_most_one(text: str) -> float:
+    """Above 0 and at most 1: PPO's step size (beyond 1 the policy's weights blow up to NaN in one
+    update) and the discount factor."""
     value = positive_float(text)
     if value > 1:
-        raise argparse.ArgumentTypeError(f"must be at most 1 (e.g. 5e-4), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be at most 1 (e.g. 5e-4 for a learning rate), got {text!r}")
     return value
 
 
+def _share(text: str) -> float:
+    """A share: from 0 to 1."""
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 to 1, got {text!r}")
+    return value
+
+
+#: Fields whose values are not "a whole number >= 1" / "a positive number" (the types' checks).
+PARSERS = {"seed": _train_seed, "eval_every": non_negative_int, "imitation_states": non_negative_int,
+           "ranker_scenarios": non_negative_int, "learning_rate": _at_most_one, "gamma": _at_most_one,
+           "single_start_share": _share, "ent_coef": non_negative_float}
+#: ``progress_bar`` is on by default: its switch is ``--no-progress``.
+RENAME = {"progress_bar": "progress"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--algo", choices=("maskable-ppo", "ppo"), default="maskable-ppo")
-    parser.add_argument("--timesteps", type=positive_int, default=20_000, help="environment steps in total")
-    parser.add_argument("--seed", type=_train_seed, default=0,
-                        help="seed (0 to 4294966: environment i is seeded 1000 x seed + i)")
-    parser.add_argument("--n-envs", type=positive_int, default=8, help="parallel environments")
-    parser.add_argument("--vec", choices=("dummy", "subproc"), default="subproc",
-                        help="vectorisation (subproc: one process per environment, all cores step)")
-    parser.add_argument("--network", choices=("entity", "mlp"), default="entity",
-                        help="entity: per-stage/per-device network for any size (maskable-ppo); mlp: SB3's MLP")
-    parser.add_argument("--out", default="runs/train", help="output folder")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--eval-every", type=non_negative_int, default=5_000,
-                        help="steps between evaluations (0: none)")
-    parser.add_argument("--eval-scenarios", type=positive_int, default=6, help="held-out scenarios per evaluation")
-    parser.add_argument("--checkpoint-every", type=positive_int, default=10_000)
-    parser.add_argument("--n-steps", type=positive_int, default=128, help="PPO rollout length per environment")
-    parser.add_argument("--imitation-states", type=non_negative_int, default=0,
-                        help="states labelled by the one-step look-ahead oracle before PPO (0: PPO alone)")
-    parser.add_argument("--imitation-epochs", type=positive_int, default=12, help="passes over the labelled states")
-    parser.add_argument("--ranker-scenarios", type=non_negative_int, default=0,
-                        help="training scenarios labelled for the start ranker, saved as OUT/starts.pt (0: none)")
-    parser.add_argument("--learning-rate", type=_learning_rate, default=5e-4, help="PPO's learning rate (0, 1]")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    """One flag per :class:`agents.rl_train.TrainConfig` field (:mod:`experiments.dataclass_args`)."""
+    from agents.rl_train import TrainConfig
+
+    add_dataclass_arguments(parser, TrainConfig, rename=RENAME, parsers=PARSERS)
     add_output_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.rl_train import TrainConfig, train
+    from agents.rl_train import TrainConfig, check_config, train
     from experiments.tracking_hooks import tracked_run
     from experiments.tracking_sb3 import make_sb3_logger
 
-    if args.n_steps * args.n_envs < 2:  # PPO normalises advantages over a batch: one sample gives NaN
-        raise ConfigError(f"a rollout of --n-steps {args.n_steps} x --n-envs {args.n_envs} is one step; PPO needs at "
-                          "least 2 per update: use --n-steps 2 or more", field="--n-steps")
+    # PPO has no masks: it trains the MLP (the entity network scores only allowed actions).
+    config = dataclass_from_args(TrainConfig, args, network=args.network if args.algo == "maskable-ppo" else "mlp",
+                                 progress_bar=args.progress_bar and sys.stderr.isatty())
+    check_config(config)
     output_folder(args.out)
-    config = TrainConfig(algo=args.algo, timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs, vec=args.vec,
-                         network=args.network if args.algo == "maskable-ppo" else "mlp",
-                         out=args.out, eval_every=args.eval_every, eval_scenarios=args.eval_scenarios,
-                         checkpoint_every=args.checkpoint_every, n_steps=args.n_steps, resume=args.resume,
-                         imitation_states=args.imitation_states, imitation_epochs=args.imitation_epochs,
-                         ranker_scenarios=args.ranker_scenarios, learning_rate=args.learning_rate,
-                         progress_bar=not args.no_progress and sys.stderr.isatty())
     command = "python -m experiments train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     try:
         with tracked_run(args, command=NAME, config=asdict(config)) as tracker:
