@@ -137,6 +137,6 @@ def test_zb_opt_is_never_slower_than_zb_h2_at_its_memory() -> None:
     opt = ZbOptSearcher().search(problem, budget=Budget(sim_calls=None, seconds=5))
     assert opt.ok and opt.feasible and "gap" in opt.note
     assert opt.iteration_time <= h2.iteration_time * (1 + 1e-12)
-    assert all(a <= b * (1 + 1e-9) for a, b in zip(opt.result.peak_memory, h2.result.peak_memory))
+    assert max(opt.result.peak_memory) <= max(h2.result.peak_memory) * (1 + 1e-9)
     small = ZbOptSearcher(max_actions=10).search(problem, budget=Budget(sim_calls=10))
     assert "limit of 10" in small.note and small.iteration_time == h2.iteration_time
