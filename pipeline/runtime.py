@@ -2,7 +2,7 @@
 
 The ideal model (:data:`IDEAL`, the simulator's rules in :mod:`pipeline.simulator`) runs every
 action for its profiled time, overlaps every transfer with compute and ends the iteration at the
-last action. Real runtimes differ in four ways, each one a field (or two) of :class:`Runtime`:
+last action. Real runtimes differ in four ways, each one a field (or a few) of :class:`Runtime`:
 
 * **compute under pipelining** (``compute_scale``): kernels inside a pipelined step run slower
   than the same kernels profiled alone (allocator, launch queue, NCCL's SMs);
@@ -14,10 +14,11 @@ last action. Real runtimes differ in four ways, each one a field (or two) of :cl
 * **the iteration boundary** (``overlap_iterations``, ``step_s``, ``optimizer_bytes_per_param``): a
   runtime that synchronises before the optimizer step (Megatron-LM: the gradient-norm all-reduce)
   ends the iteration at the last action of any device, plus the step (its memory traffic over the
-  GPU's bandwidth, on the device holding the most parameters); the zero-bubble runtime's post-validation lets each
-  device start the next iteration as soon as its own step is done, so iterations overlap and the
-  steady-state period, not the single iteration's makespan, is the time per step (simulated as the
-  second of two back-to-back iterations).
+  GPU's bandwidth, on the device holding the most parameters) and, with ``sums_tied_gradients``,
+  the all-reduce of a tied head's gradient with the embedding's device; the zero-bubble
+  runtime's post-validation lets each device start the next iteration as soon as its own step is
+  done, so iterations overlap and the steady-state period, not the single iteration's makespan, is
+  the time per step (simulated as the second of two back-to-back iterations).
 
 Every field is per runtime and hardware, never per plan. Where a value was fitted, ``fitted_on``
 names the data and the command that prints the fit (``python -m experiments.benchmarks.published
@@ -57,6 +58,9 @@ class Runtime:
     """Memory traffic of the optimizer step per parameter a device holds, bytes: the step is priced
     from the device's parameters and its GPU's memory bandwidth
     (:func:`pipeline.simulator.optimizer_step_seconds`); 0: not priced."""
+    sums_tied_gradients: bool = False
+    """Tied weights' gradients (an LM head tied to the embedding) are all-reduced between their
+    devices after the last action (:func:`pipeline.simulator.tied_gradient_seconds`)."""
     fitted_on: str = ""
     """Where the values come from (empty: nothing fitted)."""
 
@@ -73,7 +77,7 @@ MEGATRON_ADAM_BYTES_PER_PARAM = 34.0
 #: authors' own profiled stage times (``python -m experiments.benchmarks.published FILE --fit``):
 #: the same three fitted numbers for every row, schedule and model (the optimizer's bytes are counted).
 _A100_FIT = dict(compute_scale=1.03, action_overhead_s=0.0001, step_s=0.0,
-                 optimizer_bytes_per_param=MEGATRON_ADAM_BYTES_PER_PARAM)
+                 optimizer_bytes_per_param=MEGATRON_ADAM_BYTES_PER_PARAM, sums_tied_gradients=True)
 _A100_SOURCE = ("Zero Bubble (Qi et al. 2024) Table 4, 8x A100, authors' profiled stage times; "
                 "benchmarks.published --fit")
 

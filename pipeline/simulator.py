@@ -51,6 +51,9 @@ from pipeline.plan import Action, Plan, raise_schedule_problem, validate_layout
 from pipeline.runtime import Runtime, runtime_named
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
+#: Bytes per gradient element Megatron-LM all-reduces (its fp32 ``main_grad``).
+FP32_BYTES = 4
+
 _DUMMY_LAYER = LayerCost("stage", "stage", 0.0, 0.0, 0.0, 0, 0, 0)
 
 __all__ = ["TimelineEntry", "StageCosts", "Result", "stage_costs", "simulate", "simulate_checked", "simulate_order",
@@ -184,6 +187,7 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
     post += runtime.step_s / unit
     post += optimizer_step_seconds(col, cluster, partition, placement, runtime, training) / unit
+    post += tied_gradient_seconds(profile, cluster, partition, placement, runtime) / unit
     ends = profile.transfer_overhead  # each end of a transfer between devices pays it
     if ends:
         for s in range(len(partition) - 1):
@@ -236,6 +240,32 @@ def optimizer_step_seconds(col: Any, cluster: Cluster, partition: Sequence[tuple
     if getattr(training, "zero_stage", 0) >= 1:
         held = [h / getattr(training, "data_parallel", 1) for h in held]
     return runtime.optimizer_bytes_per_param * max(held) / bandwidth
+
+
+def tied_gradient_seconds(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
+                          placement: Sequence[int], runtime: Runtime) -> float:
+    """Seconds of summing tied weights' gradients after the last action, on a runtime that does it
+    (``runtime.sums_tied_gradients``: Megatron-LM's embedding-group all-reduce): a layer holding a
+    copy of weights another owns (a tied LM head, MTP's copies: ``extra["unique_params"]`` below
+    its ``params``) all-reduces that copy's fp32 gradient with the embedding's device, free when both
+    are on one device (a V placement puts them there). Head shards' own copies are priced by their
+    ``shared_group`` instead."""
+    if not runtime.sums_tied_gradients:
+        return 0.0
+    layers = profile.layers
+    embedding = next((k for k, x in enumerate(layers) if x.kind == "embedding"), None)
+    if embedding is None:
+        return 0.0
+    device_of = [0] * len(layers)
+    for s, (a, b) in enumerate(partition):
+        for k in range(a, b):
+            device_of[k] = placement[s]
+    total = 0.0
+    for k, x in enumerate(layers):
+        copies = x.params - int(x.extra.get("unique_params", x.params))
+        if copies > 0 and x.extra.get("shared_group") is None and device_of[k] != device_of[embedding]:
+            total += _ring_all_reduce(cluster, sorted({device_of[embedding], device_of[k]}), FP32_BYTES * copies)
+    return total
 
 
 def _ring_all_reduce(cluster: Cluster, devices: Sequence[int], nbytes: float) -> float:

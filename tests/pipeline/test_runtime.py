@@ -140,3 +140,22 @@ def test_the_optimizer_step_is_priced_from_the_busiest_devices_parameters() -> N
     for method in ("1f1b", "zb-h1", "zbv", "i1f1b-v2"):
         plan = build_plan(method, uneven, gpu, microbatches=8, training=megatron)
         assert simulate(plan, uneven, gpu, training=megatron).iteration_time >= bound * (1 - 1e-12)
+
+
+def test_a_tied_heads_gradient_is_summed_with_the_embeddings_device_on_megatron() -> None:
+    from pipeline.simulator import _ring_all_reduce
+
+    layers = [LayerCost("embed", "embedding", 0.1, 0.0, 0.1, 5 * 10**7, 1 << 20, 1 << 20)]
+    layers += [LayerCost(f"l{k}", "block", 2.0, 2.0, 1.0, 1000, 1 << 20, 1 << 20) for k in range(6)]
+    layers += [LayerCost("head", "head", 3.0, 3.0, 2.0, 5 * 10**7, 1 << 20, 1 << 20, extra={"unique_params": 0})]
+    tied, cluster = ModelProfile("tied", tuple(layers)), _cluster()
+    part = even_partition(8, 4)
+    megatron, ideal = TrainingConfig(runtime="megatron"), TrainingConfig()
+    apart = stage_costs(tied, cluster, part, placement=sequential_placement(4), training=megatron)
+    together = stage_costs(tied, cluster, part, placement=(0, 1, 2, 0), training=megatron)  # head back on device 0
+    expected = _ring_all_reduce(cluster, [0, 3], 4 * 5 * 10**7) / tied.seconds_per_unit
+    assert apart.post_step == pytest.approx(together.post_step + expected) and expected > 0
+    assert stage_costs(tied, cluster, part, placement=sequential_placement(4), training=ideal).post_step == 0.0
+    untied = ModelProfile("untied", tuple(layers[:-1]) + (replace(layers[-1], extra={}),))
+    assert stage_costs(untied, cluster, part, placement=sequential_placement(4), training=megatron).post_step == \
+        pytest.approx(together.post_step)
