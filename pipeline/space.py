@@ -54,6 +54,7 @@ __all__ = [
     "preset_budgets",
     "memory_budgets",
     "roomy_budgets",
+    "results_across",
 ]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
@@ -498,6 +499,31 @@ class Evaluator:
         self._cache[c] = res
         self._call_numbers[c] = self.calls
         return res
+
+
+def results_across(requests: Sequence[tuple[Evaluator, Candidate]]) -> list[Result]:
+    """:meth:`Evaluator.result` of each ``(evaluator, candidate)`` pair, the engine calls of the new
+    ones (over every evaluator and problem) in one :func:`pipeline.engine.schedule_and_simulate_many`
+    batch: what a batched environment's step needs. Each evaluator counts and caches its new
+    candidates exactly as one ``result`` call each would (a pair repeated counts once)."""
+    todo: list[tuple[Evaluator, Candidate, _Job]] = []
+    seen: set[tuple[int, Candidate]] = set()
+    for ev, c in requests:
+        key = (id(ev), c)
+        if key in seen or c in ev._cache:
+            continue
+        seen.add(key)
+        todo.append((ev, c, ev._start(c)))
+    batch = [job for _, _, job in todo if job.job is not None]
+    if len(batch) > 1:
+        for job, outcome in zip(batch, schedule_and_simulate_many([job.job for job in batch])):
+            if isinstance(outcome, str):
+                job.error = outcome
+            else:
+                job.outcome = outcome
+    for ev, c, job in todo:
+        ev._finish(c, job)
+    return [ev.result(c) for ev, c in requests]
 
 
 @dataclass

@@ -1,0 +1,249 @@
+"""``adaptis/Pipeline-v0`` as a Gymnasium 1.x VectorEnv: N plan-editing environments stepped together.
+
+``gymnasium.make_vec("adaptis/Pipeline-v0", num_envs=N, vectorization_mode="vector_entry_point")``
+builds a :class:`PipelineVectorEnv`. It holds N :class:`env.pipeline_env.PipelineEnv` and steps
+them together; the simulator calls of one step (one new plan per environment whose edit is
+allowed) are scheduled and simulated in **one** native call
+(:func:`pipeline.space.results_across` -> :func:`pipeline.engine.schedule_and_simulate_many`,
+which the compiled engine spreads over threads), before each environment's own step finds its
+result ready. Everything else (masks, the edited candidates, observations, rewards) is each
+environment's own code, so stepping the vector env is stepping N single environments with the
+same seeds and actions: the same observations, rewards, flags, masks, infos and simulator-call
+counts (``tests/env/test_vector_env.py`` checks it against Gymnasium's ``SyncVectorEnv``).
+
+* Spaces: ``single_observation_space`` / ``single_action_space`` are the single environment's
+  (a ``Dict`` of ``Box`` es, ``Discrete(344)``); ``observation_space`` / ``action_space`` their
+  batched versions (leading axis ``num_envs``; ``MultiDiscrete``).
+* Autoreset: ``autoreset_mode`` (default ``AutoresetMode.NEXT_STEP``, in ``metadata``) as
+  Gymnasium's ``SyncVectorEnv``: with ``NEXT_STEP`` an environment that ended is reset by the
+  next ``step`` (its action ignored, reward 0, both flags False); ``SAME_STEP`` resets it in the
+  step that ended it (``infos["final_obs"]``, ``infos["final_info"]``: what the SB3 adapter
+  :mod:`agents.vec_adapter` uses); ``DISABLED`` leaves it to ``reset(options={"reset_mask": ...})``.
+* Masks: :meth:`PipelineVectorEnv.action_masks` (``(num_envs, 344)`` bool) and
+  ``infos["action_mask"]`` (``int8``), as the single environment's.
+* Seeds: ``reset(seed=s)`` seeds environment ``i`` with ``s + i`` (a list: one seed each).
+* ``render_mode`` is None (render one environment with ``vec.envs[i]``).
+
+What is not batched: each environment's Python (its edited candidates, observation, the scenario
+draw and cost model at reset) runs one environment after another, and a reset's starting plans
+are simulated one by one, in the reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from env.editor import N_ACTIONS
+from env.pipeline_env import PipelineEnv
+from pipeline.space import Candidate, Evaluator, results_across
+
+__all__ = ["PipelineVectorEnv"]
+
+
+class PipelineVectorEnv(VectorEnv):
+    """``num_envs`` :class:`~env.pipeline_env.PipelineEnv` stepped together (see the module docstring).
+
+    ``PipelineVectorEnv(num_envs, *, autoreset_mode=AutoresetMode.NEXT_STEP, **kwargs)``: ``kwargs``
+    are the single environment's arguments (``max_steps``, ``max_calls``, ``scenario``,
+    ``repeat_scenario``, ``single_start_share``, ``share_results``, ``allow_stop``...), the same
+    for every environment; or ``env_factory``, a callable that returns one new ``PipelineEnv``
+    (a subclass with a fixed scenario, say) per environment.
+    """
+
+    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, num_envs: int = 1, *, autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+                 render_mode: str | None = None, max_episode_steps: int | None = None,
+                 env_factory: Callable[[], PipelineEnv] | None = None, **env_kwargs: Any) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
+        if render_mode is not None:
+            raise ValueError(f"{type(self).__name__} does not render (render_mode must be None, got {render_mode!r}); "
+                             "render one environment with vec.envs[i]")
+        if max_episode_steps is not None:
+            env_kwargs.setdefault("max_steps", max_episode_steps)
+        try:
+            mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ValueError(f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, "
+                             f"got {autoreset_mode!r}") from None
+        self.num_envs = int(num_envs)
+        if env_factory is not None and env_kwargs:
+            raise ValueError(f"pass the environments' arguments to env_factory, not beside it: {sorted(env_kwargs)}")
+        make = env_factory if env_factory is not None else (lambda: PipelineEnv(**env_kwargs))
+        self.envs = [make() for _ in range(self.num_envs)]
+        if not all(isinstance(e, PipelineEnv) for e in self.envs):
+            raise TypeError("env_factory must return PipelineEnv instances (a subclass is fine)")
+        self.autoreset_mode = mode
+        self.metadata = {**type(self).metadata, "autoreset_mode": mode}
+        self.render_mode = None
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._keys = tuple(self.single_observation_space.spaces)
+        self._autoreset = np.zeros(self.num_envs, dtype=bool)
+        self._obs: list[Any] = [None] * self.num_envs
+        self.batched_calls = 0
+        """Native batches run by :meth:`step` (one per step that simulated something)."""
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
+        """Reset every environment (or those of ``options["reset_mask"]``); seeds as ``SyncVectorEnv``."""
+        n = self.num_envs
+        if seed is None:
+            seeds: list[int | None] = [None] * n
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(n)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != n:
+                raise ValueError(f"reset got {len(seeds)} seeds for num_envs={n}")
+        options = dict(options) if options else {}
+        mask = options.pop("reset_mask", None)
+        if mask is None:
+            which = range(n)
+            self._obs = [None] * n
+        else:
+            mask = np.asarray(mask)
+            if mask.shape != (n,) or mask.dtype != np.bool_ or not mask.any():
+                raise ValueError(f"options['reset_mask'] must be a bool array of shape ({n},) with a True, "
+                                 f"got {mask!r}")
+            which = np.flatnonzero(mask).tolist()
+        infos: list[tuple[int, dict[str, Any]]] = []
+        for i in which:
+            self._obs[i], info = self.envs[i].reset(seed=seeds[i], options=options or None)
+            self._autoreset[i] = False
+            infos.append((i, info))
+        return self._batch_obs(), self._batch_infos(infos)
+
+    def step(self, actions):
+        n = self.num_envs
+        acts = np.asarray(actions)
+        if acts.shape != (n,):
+            raise ValueError(f"step takes one action per environment, shape ({n},), got shape {acts.shape}")
+        acts = acts.astype(np.int64, copy=False).tolist()
+        mode = self.autoreset_mode
+        next_step = mode == AutoresetMode.NEXT_STEP
+        if mode == AutoresetMode.DISABLED and self._autoreset.any():
+            raise ValueError(f"environments {np.flatnonzero(self._autoreset).tolist()} ended: reset them "
+                             "(options={'reset_mask': ...}) before stepping with autoreset_mode=Disabled")
+        self._prefetch(acts, skip=self._autoreset if next_step else None)
+        rewards = np.zeros(n, dtype=np.float64)
+        terms = np.zeros(n, dtype=bool)
+        truncs = np.zeros(n, dtype=bool)
+        infos: list[tuple[int, dict[str, Any]]] = []
+        finals: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
+        for i, env in enumerate(self.envs):
+            if next_step and self._autoreset[i]:
+                self._obs[i], info = env.reset()
+            else:
+                self._obs[i], rewards[i], terms[i], truncs[i], info = env.step(acts[i])
+                if mode == AutoresetMode.SAME_STEP and (terms[i] or truncs[i]):
+                    finals.append((i, self._obs[i], info))
+                    self._obs[i], info = env.reset()
+            infos.append((i, info))
+        self._autoreset = terms | truncs
+        out = self._batch_infos(infos)
+        if finals:
+            final_obs = np.full(n, None, dtype=object)
+            for i, obs, _ in finals:
+                final_obs[i] = obs
+            out["final_obs"] = final_obs
+            out["_final_obs"] = np.isin(np.arange(n), [i for i, _, _ in finals])
+            out["final_info"] = self._batch_infos([(i, info) for i, _, info in finals])
+            out["_final_info"] = out["_final_obs"].copy()
+        return self._batch_obs(), rewards, terms, truncs, out
+
+    def action_masks(self) -> np.ndarray:
+        """Allowed actions of every environment, ``(num_envs, 344)`` bool (MaskablePPO's masks)."""
+        return np.stack([env.action_masks() for env in self.envs])
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+
+    # ------------------------------------------------------------------ batching
+
+    def _prefetch(self, acts: list[int], *, skip: np.ndarray | None) -> None:
+        """Simulate, in one native batch, the new plan each environment's step will ask for.
+
+        A step evaluates exactly one candidate: the target of its action when the action is an
+        allowed edit (``PlanEditor.apply``). Evaluating it here, on the environment's own
+        evaluator, counts and caches the call the step would make, so the step finds it ready
+        and nothing else changes (a result the scenario's shared memo holds is left to the step,
+        which adopts it as it would)."""
+        requests: list[tuple[Evaluator, Candidate]] = []
+        for i, env in enumerate(self.envs):
+            a = acts[i]
+            if (skip is not None and skip[i]) or not 0 < a < N_ACTIONS:
+                continue
+            ed = env.editor
+            if ed is None or not ed.mask()[a]:
+                continue
+            t = ed.targets()[a]
+            ev = ed.ev
+            if t is None or ev.known(t):
+                continue
+            memo = getattr(ev, "_memo", None)
+            if memo is not None and t in memo:
+                continue
+            requests.append((ev, t))
+        if not requests:
+            return
+        self.batched_calls += 1
+        for (ev, t), res in zip(requests, results_across(requests)):
+            memo = getattr(ev, "_memo", None)
+            if memo is not None:  # what SharedEvaluator.result keeps for the scenario's later episodes
+                if len(memo) >= ev.MEMO_LIMIT:
+                    memo.clear()
+                memo[t] = res
+
+    def _batch_obs(self) -> dict[str, np.ndarray]:
+        obs = self._obs
+        return {k: np.stack([o[k] for o in obs]) for k in self._keys}
+
+    def _batch_infos(self, items: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """Gymnasium's vector info layout (``VectorEnv._add_info``): each key an array over the
+        environments and ``_key`` a bool array of those that have it."""
+        n = self.num_envs
+        out: dict[str, Any] = {}
+        if not items:
+            return out
+        idx = [i for i, _ in items]
+        full = len(items) == n
+        for key in dict.fromkeys(k for _, info in items for k in info):
+            first = items[0][1].get(key)
+            if key == "final_obs" or isinstance(first, dict) or any(key not in info for _, info in items):
+                for i, info in items:  # rare shapes: the general path
+                    out = self._add_info(out, {key: info[key]}, i) if key in info else out
+                continue
+            values = [info[key] for _, info in items]
+            if type(first) in (int, float, bool) or isinstance(first, np.number):
+                arr = np.zeros(n, dtype=type(first))
+            elif isinstance(first, np.ndarray):
+                arr = np.zeros((n, *first.shape), dtype=first.dtype)
+            else:
+                arr = np.full(n, None, dtype=object)
+            if full:
+                if arr.dtype == object:
+                    for i, v in enumerate(values):
+                        arr[i] = v
+                else:
+                    arr[:] = values if not isinstance(first, np.ndarray) else np.stack(values)
+                present = np.ones(n, dtype=bool)
+            else:
+                for i, v in zip(idx, values):
+                    arr[i] = v
+                present = np.zeros(n, dtype=bool)
+                present[idx] = True
+            out[key] = arr
+            out[f"_{key}"] = present
+        return out
+
