@@ -292,7 +292,7 @@ class AdaptisTuner:
                 if clock.spent():
                     break
                 result = ev.result(current)
-                neighbours = list(phase(current, result, problem, rng, ev))
+                neighbours = phase(current, result, problem, rng, ev)  # read lazily: see offer_all
                 best_n, best_k = None, current_key
                 for n, k in state.offer_all(neighbours, clock):
                     if k < best_k:
@@ -472,6 +472,8 @@ class _State:
         self._seconds_per_call: dict[str, float] = {}
         """Per kind of candidate (:func:`agents.tuner_budget.candidate_kind`), seconds per new one in its
         last batch (sizes the batches of a budget in seconds)."""
+        self._dearest_read = 0.0
+        """The longest one candidate took to make (a placement family's splits: 0.1-0.2 s at 16-32 devices)."""
         self._last_batch: dict[str, int] = {}
         """Per kind, new candidates in its last batch (under a budget in seconds the next is at most twice as many)."""
 
@@ -517,11 +519,22 @@ class _State:
         timed = clock.budget.seconds is not None
         ahead: list[Candidate] = []  # a candidate read but left for the next batch
         first = True
+
+        def read() -> Candidate | None:
+            if ahead:
+                return ahead.pop()
+            if timed and self._dearest_read > clock.left() and not (at_least_one and first):
+                return None  # making the next one might end past the budget: leave the rest unread
+            t = clock.now()
+            c = next(it, None)
+            self._dearest_read = max(self._dearest_read, clock.now() - t)
+            return c
+
         while True:
             if clock.spent() and not (at_least_one and first):
                 return
             t0 = clock.now()
-            c = ahead.pop() if ahead else next(it, None)
+            c = read()
             if c is None:
                 return
             kind = candidate_kind(c)
@@ -535,7 +548,7 @@ class _State:
             while room is None or len(new) < room:
                 if timed and clock.spent():
                     break  # making the candidates (e.g. the seeds' splits) took the time
-                c = next(it, None)
+                c = read()
                 if c is None:
                     break
                 if timed and candidate_kind(c) != kind:
