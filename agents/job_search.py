@@ -22,8 +22,8 @@ preset, :func:`search_job`
    first, beside Megatron's row for the same degrees.
 
 Outer configurations are independent: ``workers > 1`` fans them out over local processes
-(:class:`concurrent.futures.ProcessPoolExecutor`) in waves of :data:`WAVE`; results do not depend on
-``workers``.
+(:class:`concurrent.futures.ProcessPoolExecutor`), ``ray_address`` over a Ray cluster (Ray is an
+optional dependency, imported only then), in waves of :data:`WAVE`; results do not depend on either.
 
 The tuner optimises the pipeline's step; the data-parallel tail (gradient reduce-scatter and the
 parameter all-gather, :func:`pipeline.parallelism.dp_tail`) is added to every plan afterwards.
@@ -244,7 +244,26 @@ def _tune(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
     return JobRow(par, "adaptis", est, bound, note=f"{found.sim_calls} calls")
 
 
-def _map(fn, tasks: list, workers: int) -> list:
+def _ray(address: str):
+    """Ray, connected to ``address`` (``local`` starts a local Ray; ``auto`` joins the running one)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray: pip install 'ray==2.58.0' (an optional dependency)", field="ray") from None
+    if not ray.is_initialized():
+        root = str(Path(__file__).resolve().parents[1])
+        # the workers import this module by name: give them the checkout on their path
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": root}})
+    return ray
+
+
+def _map(fn, tasks: list, workers: int, ray_address: str | None = None) -> list:
+    """``fn`` over ``tasks`` in order: here, over ``workers`` local processes, or as Ray tasks."""
+    if ray_address and tasks:
+        ray = _ray(ray_address)
+        remote = ray.remote(fn)
+        return ray.get([remote.remote(t) for t in tasks])
     if workers <= 1 or len(tasks) <= 1:
         return [fn(t) for t in tasks]
     with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
@@ -255,8 +274,9 @@ def _key(row: JobRow) -> tuple[int, float]:
     return (0 if row.feasible else 1, row.iteration_s)
 
 
-def search_job(cfg: JobConfig, *, workers: int = 1) -> JobSearchResult:
-    """Search the degrees and the pipeline plan of one job (see the module docstring)."""
+def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = None) -> JobSearchResult:
+    """Search the degrees and the pipeline plan of one job (see the module docstring); ``ray_address``:
+    run the configurations as Ray tasks on that cluster (``local`` starts one here)."""
     t0 = time.perf_counter()
     pars = candidate_degrees(cfg)
     if not pars:
@@ -282,7 +302,7 @@ def search_job(cfg: JobConfig, *, workers: int = 1) -> JobSearchResult:
                 pruned += 1
                 continue
             batch.append((cfg, par, b))
-        for row in _map(_megatron, batch, workers):
+        for row in _map(_megatron, batch, workers, ray_address):
             megatron.append(row)
             if row.feasible:
                 best_m = min(best_m, row.iteration_s)
@@ -294,7 +314,7 @@ def search_job(cfg: JobConfig, *, workers: int = 1) -> JobSearchResult:
     for k in range(0, len(todo), wave):
         batch = [t for t in todo[k:k + wave] if t[2] < best_t]
         pruned += len(todo[k:k + wave]) - len(batch)
-        for row in _map(_tune, batch, workers):
+        for row in _map(_tune, batch, workers, ray_address):
             tuned.append(row)
             if row.feasible:
                 best_t = min(best_t, row.iteration_s)
@@ -344,6 +364,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tune-top", type=_positive, default=DEFAULT_TUNE_TOP,
                        help=f"configurations the tuner runs on (default {DEFAULT_TUNE_TOP})")
     group.add_argument("--workers", type=_positive, default=1, help="local processes for the configurations")
+    group.add_argument("--ray", metavar="ADDRESS", default=None,
+                       help="run the configurations as Ray tasks on the cluster at ADDRESS (auto: the running one; "
+                            "local: start one here); needs the optional ray package and this checkout on the workers")
     group.add_argument("--top", type=_positive, default=5, help="configurations to print")
 
 
@@ -388,7 +411,7 @@ def run_job(args: argparse.Namespace) -> int:
     """Run the job search from parsed arguments; print the best configurations; 0 on success."""
     try:
         cfg = config_from_args(args)
-        found = search_job(cfg, workers=args.workers)
+        found = search_job(cfg, workers=args.workers, ray_address=getattr(args, "ray", None))
     except AdaptisError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

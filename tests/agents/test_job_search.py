@@ -60,6 +60,17 @@ def test_workers_give_the_same_result_as_one_process() -> None:
     assert [r.as_dict() for r in one.rows] == [r.as_dict() for r in two.rows]
 
 
+@pytest.mark.slow
+def test_a_local_ray_gives_the_same_result_as_two_workers() -> None:
+    ray = pytest.importorskip("ray")
+    try:
+        by_ray = search_job(cfg(), ray_address="local")
+    finally:
+        ray.shutdown()
+    two = search_job(cfg(), workers=2)
+    assert [r.as_dict() for r in by_ray.rows] == [r.as_dict() for r in two.rows]
+
+
 def test_run_job_prints_json_rows_and_writes_the_plan(tmp_path, capsys) -> None:
     assert main(["--model", "llama-control", "--gpus", "8", "--global-batch", "16", "--seq-len", "1024",
                  "--calls-per-config", "40", "--tune-top", "1", "--microbatch-sizes", "1", "--max-cp", "1",
