@@ -383,8 +383,13 @@ def _architecture(args: argparse.Namespace) -> Architecture:
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
+    """The :class:`JobConfig` of parsed arguments (``--microbatch-size``, ``--devices``, ``--method``
+    and ``--budget`` of the pipeline search do not apply: the job search chooses them)."""
     if args.gpus is None or args.global_batch is None:
         raise ConfigError("the job search needs both --gpus and --global-batch", field="gpus")
+    if getattr(args, "cluster", None):
+        raise ConfigError("the job search builds its GPUs from --gpu and --gpus-per-node; drop --cluster",
+                          field="cluster")
     arch = _architecture(args)
     seq_len = getattr(args, "seq_len", None) or arch.seq_len or 4096
     gpu = get_gpu(getattr(args, "gpu", None) or "h100").name

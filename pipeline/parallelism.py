@@ -299,9 +299,9 @@ class DPTail:
 
 
 def dp_tail(profile: ModelProfile, plan: Plan, par: Parallelism, *, gpu: str | GPUSpec,
-            gpus_per_node: int | None = 8, result: Result | None = None) -> DPTail:
-    """The data-parallel tail of ``plan`` (see the module docstring); ``result`` (the pipeline's
-    simulation) gives the per-device busy time FSDP's gathers hide behind."""
+            gpus_per_node: int | None = 8) -> DPTail:
+    """The data-parallel tail of ``plan`` (see the module docstring): per device, its collectives
+    and what the backward of its last micro-batch (FSDP: its whole step's compute) leaves exposed."""
     spec = get_gpu(gpu)
     n, stride = par.replicas, par.tp
     unit = profile.seconds_per_unit
@@ -329,7 +329,7 @@ def dp_tail(profile: ModelProfile, plan: Plan, par: Parallelism, *, gpu: str | G
             gather = _ring_seconds(2.0 * params[d], n, stride, spec, gpus_per_node, factor=1.0)
         if par.zero_stage == 3:  # gathered for F and again for the backward, gradients reduce-scattered
             total = c + 2 * gather
-            e = max(tail, total - busy[d]) if result is not None or busy[d] else total
+            e = max(tail, total - busy[d])
             comm.append(total)
         else:
             e = max(tail, c - window[d]) if par.overlap_grad_reduce else c
@@ -382,7 +382,7 @@ def estimate_job(profile: ModelProfile, cluster: Cluster, plan: Plan, *, par: Pa
     train = par.training(training or TrainingConfig(runtime="megatron"))
     result = simulate(plan, profile, cluster, training=train, record_timeline=False)
     pipeline_s = result.iteration_time * profile.seconds_per_unit
-    tail = dp_tail(profile, plan, par, gpu=spec, gpus_per_node=gpus_per_node, result=result)
+    tail = dp_tail(profile, plan, par, gpu=spec, gpus_per_node=gpus_per_node)
     it = pipeline_s + tail.seconds
     s_total = seq_len if seq_len is not None else int(profile.extra.get("seq_len_total", profile.seq_len or 0))
     tokens = par.batch * s_total
@@ -401,7 +401,11 @@ def megatron_job_plan(profile: ModelProfile, cluster: Cluster, par: Parallelism,
     P, M = par.pp, par.microbatches
     train = par.training(training or TrainingConfig(runtime="megatron"))
     allowed = megatron_chunk_counts(profile, P, M)
-    tries = [v for v in (chunks or allowed) if v in allowed] or [1]
+    tries = list(chunks) if chunks else allowed
+    bad = [v for v in tries if v not in allowed]
+    if bad:
+        raise ConfigError(f"Megatron cannot run {bad} chunks per device here (it can: {allowed}; interleaving needs "
+                          "micro-batches divisible by pp and a block per chunk); choose one of those", field="chunks")
     best: tuple[float, Plan] | None = None
     for v in tries:
         S = P * v

@@ -180,3 +180,16 @@ def test_estimate_job_counts_tokens_mfu_and_sharded_memory() -> None:
 def test_stages_share_a_node_only_when_the_stride_allows() -> None:
     assert job_cluster(Parallelism(pp=4, dp=2), gpu="h100").gpus_per_node == 4
     assert job_cluster(Parallelism(tp=8, pp=4), gpu="h100").gpus_per_node == 1
+
+
+def test_fsdp_hides_its_gathers_behind_the_step_and_megatron_refuses_chunks_it_cannot_run() -> None:
+    arch = gpt(2048, 16, layers=8)
+    par = Parallelism(dp=16, microbatch_size=4, global_batch=256, zero_stage=3)
+    profile = job_profile(arch, par, gpu="h100", seq_len=4096)
+    plan = _plan(profile, par)
+    fsdp = dp_tail(profile, plan, par, gpu="h100")
+    assert fsdp.comm_s[0] > 0 and fsdp.exposed_s[0] < fsdp.comm_s[0]
+    odd = Parallelism(pp=4, dp=1, global_batch=6)
+    prof = job_profile(arch, odd, gpu="h100", seq_len=2048)
+    with pytest.raises(ConfigError, match="field 'chunks'"):
+        megatron_job_plan(prof, job_cluster(odd, gpu="h100"), odd, chunks=[2])  # 6 micro-batches on 4 devices
