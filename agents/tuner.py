@@ -27,7 +27,7 @@ from itertools import chain
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
-from agents.tuner_budget import NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
+from agents.tuner_budget import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from pipeline.balance import device_loads
 from pipeline.errors import PlanError
 from pipeline.megatron import megatron_partition
@@ -523,7 +523,7 @@ class _State:
         def read() -> Candidate | None:
             if ahead:
                 return ahead.pop()
-            if timed and self._dearest_read > clock.left() and not (at_least_one and first):
+            if timed and READ_MARGIN * self._dearest_read > clock.left() and not (at_least_one and first):
                 return None  # making the next one might end past the budget: leave the rest unread
             t = clock.now()
             c = next(it, None)

@@ -19,13 +19,16 @@ from agents.base import Budget, BudgetClock
 from pipeline.megatron import megatron_chunk_counts
 from pipeline.space import Candidate, Evaluator, Problem
 
-__all__ = ["PROBE_BATCH", "TIME_SHARE", "NAMED_SHARE", "TunerClock", "calls_room", "candidate_kind", "would_overrun",
-           "NamedTimer"]
+__all__ = ["PROBE_BATCH", "TIME_SHARE", "READ_MARGIN", "NAMED_SHARE", "TunerClock", "calls_room", "candidate_kind",
+           "would_overrun", "NamedTimer"]
 
 #: New candidates in the first batch under a budget in seconds, before the time per call is known.
 PROBE_BATCH = 4
 #: Share of the time left that one batch may plan to take (the batches shrink towards the deadline).
 TIME_SHARE = 0.5
+#: How many times the dearest candidate so far the time left must hold before another is made (a
+#: loaded machine makes the same one slower from one moment to the next).
+READ_MARGIN = 2.0
 #: Share of a budget in seconds the named schedules may take before the seeds and the local search.
 NAMED_SHARE = 0.25
 
