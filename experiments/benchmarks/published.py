@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.published_job import TFLOPS_UNITS, fit_job_source, predict_job_row
+from experiments.benchmarks.published_job import fit_job_source, is_tflops_unit, predict_job_row
 from pipeline.engine import list_schedule
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import interleaved_order, one_f_one_b_order
@@ -138,7 +138,7 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     if meas.get("throughput") is None:
         return replace(out, reason="no throughput published (the row gives "
                        + ("its MFU only" if meas.get("mfu") else "no measurement") + ", and no degrees)")
-    if unit in TFLOPS_UNITS:
+    if is_tflops_unit(unit):
         predicted, reason = predict_job_row(row)
         return replace(out, predicted=predicted, reason=reason)
     if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = _load(args.file)
     forced = {n: RUNTIMES[args.runtime] for n in ("megatron", "zb", "zb-sync")} if args.runtime else None
-    if args.fit and any((r.get("measured") or {}).get("throughput_unit") in TFLOPS_UNITS for r in rows):
+    if args.fit and any(is_tflops_unit((r.get("measured") or {}).get("throughput_unit")) for r in rows):
         values, errors = fit_job_source(rows)
         print(json.dumps({"fit": values, **errors}))
         return 0

@@ -30,10 +30,16 @@ from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_pro
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
 
-__all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "source_of", "predict_job_row", "fit_job_source"]
+__all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "is_tflops_unit", "source_of", "predict_job_row",
+           "fit_job_source", "megatron_flops"]
 
-#: Throughput units the whole-job model predicts.
+#: Throughput units the whole-job model predicts (any unit naming TFLOP/s per GPU is taken as one).
 TFLOPS_UNITS = ("achieved TFLOP/s per GPU", "TFLOP/s per GPU")
+
+
+def is_tflops_unit(unit: object) -> bool:
+    text = str(unit or "").lower().replace(" ", "")
+    return "tflop" in text and "gpu" in text
 
 
 @dataclass(frozen=True)
@@ -74,11 +80,15 @@ SOURCES = {
 
 
 def source_of(row: dict[str, Any]) -> JobSource | None:
-    """The source whose codebase and GPU ran ``row`` (by its ``gpu_type``), or None."""
+    """The source whose codebase and GPU ran ``row`` (by its ``gpu_type``), or None. H200 and H800
+    rows take the Megatron-Core H100 source's facts and fitted values on their own preset."""
     gpu = str(row.get("gpu_type") or "").lower()
     for key, source in SOURCES.items():
         if key in gpu:
             return source
+    for other in ("h200", "h800"):
+        if other in gpu:
+            return replace(SOURCES["h100"], gpu=other)
     return None
 
 
@@ -117,18 +127,26 @@ def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] 
     if schedule == "no pipeline" or pp == 1:
         chunks = 1
     elif schedule == "interleaved 1F1B":
-        chunks = int(par.get("vpp") or 1)
+        per_chunk = flags.get("num_layers_per_virtual_pipeline_stage")
+        chunks = int(par.get("vpp") or (int(row["model"]["layers"]) // pp // int(per_chunk) if per_chunk else 0))
+        if chunks < 1:
+            return "interleaved 1F1B without its chunk count (vpp or num_layers_per_virtual_pipeline_stage)"
     elif schedule == "1F1B" or schedule.startswith("1F1B family"):
         chunks = 1  # Megatron's default without --num-layers-per-virtual-pipeline-stage
     else:
         return f"unknown schedule {schedule!r}"
     mbs = int(batch.get("micro_batch_size") or source.default_microbatch_size)
+    global_batch = batch.get("global_batch")
+    if global_batch is None and batch.get("num_microbatches"):
+        global_batch = int(batch["num_microbatches"]) * mbs * int(par["dp"])
+    if global_batch is None:
+        return "neither the global batch nor the micro-batch count is published"
     ddp = str(flags.get("ddp_impl") or "")
     # torch DDP overlaps its bucketed all-reduce with the backward; Megatron-LM 2021's "local" DDP
     # all-reduces after the backward; Megatron-Core overlaps (--overlap-grad-reduce, README)
     overlap = ddp != "local"
     return Parallelism(tp=int(par["tp"]), pp=pp, dp=int(par["dp"]), cp=int(par.get("cp") or 1), microbatch_size=mbs,
-                       global_batch=int(batch["global_batch"]), sequence_parallel=source.sequence_parallel,
+                       global_batch=int(global_batch), sequence_parallel=source.sequence_parallel,
                        zero_stage=source.zero_stage, overlap_grad_reduce=overlap, overlap_param_gather=True,
                        tp_comm_overlap=source.tp_comm_overlap, recompute=recompute), chunks
 
@@ -165,7 +183,8 @@ def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> 
 def fit_job_source(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
     """Grid search of (compute_scale, step_s) shared by every row of one source: the least median
     absolute error, then the least maximum. Returns the values and {median, max}."""
-    usable = [r for r in rows if source_of(r) is not None and (r.get("measured") or {}).get("throughput")]
+    usable = [r for r in rows if source_of(r) is not None and (r.get("measured") or {}).get("throughput")
+              and is_tflops_unit(r["measured"].get("throughput_unit"))]
     if not usable:
         raise SystemExit("no whole-job rows to fit")
     source = source_of(usable[0])
