@@ -492,7 +492,8 @@ def _solve(acts: list[_Act], index: dict[Action, int], edges: list[tuple[int, in
     for d in devs:
         model.add_no_overlap([model.new_fixed_size_interval_var(start[k], a.dur, f"i{k}")
                               for k, a in enumerate(acts) if a.device == d])
-    held = _add_memory(model, acts, index, start, costs=costs, caps=caps, devices=devs, horizon=horizon)
+    held = _add_memory(model, acts, index, start, costs=costs, caps=caps, devices=devs, horizon=horizon,
+                       gaps=_least_gaps(acts, index, edges, stages=1 + max(a.action.stage for a in acts)))
     makespan = model.new_int_var(0, horizon, "makespan")
     for k, a in enumerate(acts):
         if a.action.op in ("W", "B") or (a.action.op == "I" and Action(a.action.stage, "W", a.action.mb) not in index):
@@ -546,10 +547,40 @@ def _order_of(acts: list[_Act], starts: Sequence[int], devices: int) -> list[lis
     return [[x[-1] for x in sorted(seq)] for seq in order]
 
 
+def _least_gaps(acts: list[_Act], index: dict[Action, int], edges: list[tuple[int, int, int]], *,
+                stages: int) -> dict[tuple[int, int], int]:
+    """The least start-to-start ticks between two actions of one micro-batch that the dependencies
+    imply (the longest path between them), for each pair (F, I/B) and (I, W) of a stage: micro-batches
+    are identical, so micro-batch 0's are everyone's."""
+    job = {k for a, k in index.items() if a.mb == 0}
+    out_edges: dict[int, list[tuple[int, int]]] = {}
+    for a, b, lag in edges:
+        if a in job:
+            out_edges.setdefault(a, []).append((b, lag))
+    topo = sorted(job, key=lambda k: (_OPS_RANK[acts[k].action.op],
+                                      acts[k].action.stage if acts[k].action.op == "F" else -acts[k].action.stage))
+    gaps: dict[tuple[int, int], int] = {}
+    for s in range(stages):
+        src = index[Action(s, "F", 0)]
+        dist = {src: 0}
+        for k in topo:
+            if k in dist:
+                for b, lag in out_edges.get(k, ()):
+                    dist[b] = max(dist.get(b, 0), dist[k] + acts[k].dur + lag)
+        g = index.get(Action(s, "I", 0), index.get(Action(s, "B", 0)))
+        w = index.get(Action(s, "W", 0))
+        gaps[(src, g)] = dist.get(g, 0)
+        if w is not None:
+            gaps[(g, w)] = dist.get(w, 0) - dist.get(g, 0)
+    return gaps
+
+
 def _add_memory(model: Any, acts: list[_Act], index: dict[Action, int], start: list[Any], *, costs: StageCosts,
-                caps: Sequence[float], devices: Iterable[int], horizon: int) -> list[tuple[Any, int, int]]:
+                caps: Sequence[float], devices: Iterable[int], horizon: int,
+                gaps: dict[tuple[int, int], int]) -> list[tuple[Any, int, int]]:
     """A Cumulative per device whose memory limit can bind: F holds ``act`` until I/B starts, I holds
-    ``w_keep`` until W starts (demands rounded down, capacity up: a relaxation). Returns each
+    ``w_keep`` until W starts (demands rounded down, capacity up: a relaxation). Each holding lasts at
+    least what the dependencies imply (``gaps``, of micro-batch 0's actions: the same for all). Returns each
     holding interval's (size variable, action it starts at, action it ends at), for the hint."""
     sizes: list[tuple[Any, int, int]] = []
     for d in devices:
@@ -569,15 +600,18 @@ def _add_memory(model: Any, acts: list[_Act], index: dict[Action, int], start: l
             f = index[a.action]
             g = index.get(Action(s, "I", m), index.get(Action(s, "B", m)))
             w = index.get(Action(s, "W", m))
+            f0 = index[Action(s, "F", 0)]
+            g0 = index.get(Action(s, "I", 0), index.get(Action(s, "B", 0)))
             hold = math.floor(costs.act[s] / unit)
             if hold > 0:
-                size = model.new_int_var(0, horizon, "")
+                size = model.new_int_var(min(horizon, gaps.get((f0, g0), 0)), horizon, "")
                 intervals.append(model.new_interval_var(start[f], size, start[g], ""))
                 demands.append(hold)
                 sizes.append((size, f, g))
             keep = math.floor(costs.w_keep[s] / unit)
             if w is not None and keep > 0:
-                size = model.new_int_var(0, horizon, "")
+                w0 = index[Action(s, "W", 0)]
+                size = model.new_int_var(min(horizon, gaps.get((g0, w0), 0)), horizon, "")
                 intervals.append(model.new_interval_var(start[g], size, start[w], ""))
                 demands.append(keep)
                 sizes.append((size, g, w))

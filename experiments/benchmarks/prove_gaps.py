@@ -115,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=3000, help="the tuner's simulator calls per case")
     parser.add_argument("--zb-opt", action="store_true", help="also zb-opt against zb-h2 on the published cases")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument("--out", type=Path, help="also write prove_gaps.jsonl and prove_gaps.png (gap per case) here")
     args = parser.parse_args(argv)
     sets = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not sets or any(c not in ("reproduce", "published") for c in sets) or args.seconds <= 0:
@@ -142,17 +143,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{within} of {len(good)} cases proven within 1% of the optimum of their partition and placement; "
               f"largest gap {100 * max(r['gap'] for r in good):.2f}%; the tuner's schedule was at most "
               f"{100 * max(r['tuner_vs_best'] for r in good):.2f}% above the best found")
+    extra: list[dict[str, Any]] = []
     if args.zb_opt:
         if not args.json:
             print(f"\n{'case':18} {'zb-h2 ms':>10} {'zb-opt ms':>10} {'speedup':>8} {'peak GiB h2/opt':>16}  note")
         for name, problem in published_cases():
             row = zb_opt_case(name, problem, seconds=args.seconds)
+            extra.append(row)
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"{name:18} {row['zb_h2_ms']:10.2f} {row['zb_opt_ms']:10.2f} {row['speedup']:8.4f} "
                       f"{row['peak_gib_h2']:7.2f}/{row['peak_gib_opt']:<7.2f}  {row['note']}", flush=True)
+    if args.out:
+        _write(args.out, good, extra, seconds=args.seconds)
     return 0
+
+
+def _write(out: Path, rows: list[dict[str, Any]], zb: list[dict[str, Any]], *, seconds: float) -> None:
+    """prove_gaps.jsonl (every row) and prove_gaps.png: per case, the tuner's time and the best found over
+    the proven bound (1 = proven optimal)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "prove_gaps.jsonl", "w") as fh:
+        for row in [*rows, *({"zb_opt": True, **r} for r in zb)]:
+            fh.write(json.dumps(row) + "\n")
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [100 * (r["tuner_ms"] / r["bound_ms"] - 1) for r in rows], 0.4,
+           label="tuner's plan / bound - 1")
+    ax.bar([i + 0.2 for i in x], [100 * r["gap"] for r in rows], 0.4, label="best found / bound - 1 (gap)")
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(list(x), [r["case"] for r in rows], rotation=20, ha="right")
+    ax.set_ylabel("% above the proven bound")
+    ax.set_title(f"prove on the tuner's final plans ({seconds:g} s each): proven optimality gaps")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "prove_gaps.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
