@@ -1,0 +1,227 @@
+"""env.editor: the action table, edits that keep plans valid, keep-or-roll-back, masks, and shared caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from env.editor import (
+    ACTIONS,
+    BUDGET_DOWN,
+    BUDGET_UP,
+    FAMILIES,
+    GLOBAL_ACTIONS,
+    GROW_LEFT,
+    GROW_RIGHT,
+    MAX_DEVICES,
+    MAX_STAGES,
+    N_ACTIONS,
+    Edit,
+    PlanEditor,
+    SharedEvaluator,
+    family_of,
+    fit_memory,
+    portfolio,
+    score,
+)
+from pipeline.errors import PlanError
+from pipeline.plan import validate_plan
+from pipeline.simulator import simulate
+from pipeline.space import Candidate, Evaluator, Problem, objective_key
+from pipeline.spec import Cluster, ModelProfile
+from tests.conftest import ROOT, ideal_cluster, uniform_profile
+
+PROFILE = ModelProfile.load(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+CLUSTER = Cluster.load(ROOT / "experiments/configs/clusters/h100x4.json")
+PROBLEM = Problem(PROFILE, CLUSTER, 8)
+
+
+def _editor(problem: Problem = PROBLEM, **kw) -> PlanEditor:
+    editor = PlanEditor(problem, **kw)
+    editor.start()
+    return editor
+
+
+def _check_candidate(c: Candidate, problem: Problem) -> None:
+    assert sum(c.sizes) == problem.profile.num_layers and min(c.sizes) >= 1
+    assert len(c.placement) == c.num_stages and set(c.placement) <= set(range(problem.devices))
+    if c.budgets is not None:
+        assert len(c.budgets) == problem.devices
+        assert all(1.0 <= b <= max(problem.microbatches, 1) for b in c.budgets)
+
+
+def test_the_action_table_has_one_entry_per_edit() -> None:
+    assert len(ACTIONS) == N_ACTIONS and ACTIONS[0] == Edit("stop")
+    for i in range(MAX_STAGES - 1):
+        assert ACTIONS[GROW_LEFT + i] == Edit("grow-left", i) and ACTIONS[GROW_RIGHT + i] == Edit("grow-right", i)
+    for d in range(MAX_DEVICES):
+        assert ACTIONS[BUDGET_UP + d] == Edit("budget-up", d) and ACTIONS[BUDGET_DOWN + d] == Edit("budget-down", d)
+    per_item = set(range(GROW_LEFT, GROW_RIGHT + MAX_STAGES - 1)) | set(range(BUDGET_UP, BUDGET_DOWN + MAX_DEVICES))
+    assert set(GLOBAL_ACTIONS).isdisjoint(per_item) and set(GLOBAL_ACTIONS) | per_item == set(range(N_ACTIONS))
+    assert len(set(ACTIONS)) == N_ACTIONS
+    assert str(Edit("stop")) == "stop" and str(Edit("family", 2)) == "family(2)"
+    assert sum(e.kind == "family" for e in ACTIONS) == len(FAMILIES)
+
+
+def test_start_takes_the_best_starting_plan() -> None:
+    editor = _editor()
+    starts = portfolio(PROBLEM)
+    assert editor.ev.calls >= len(starts)
+    assert all(editor.key <= objective_key(editor.ev.result(c)) for c in starts)
+    assert editor.best == editor.current and editor.best_result is editor.result
+    assert editor.plan.num_layers == PROFILE.num_layers and editor.best_plan == editor.plan
+    for c in starts:
+        kind, chunks = FAMILIES[family_of(c, PROBLEM.devices)]
+        assert len(c.placement) == chunks * PROBLEM.devices
+    with pytest.raises(PlanError, match="no starting candidate"):
+        PlanEditor(PROBLEM).start([])
+
+
+def test_every_allowed_edit_leads_to_a_valid_new_plan() -> None:
+    editor = _editor()
+    mask = editor.mask()
+    assert mask.dtype == bool and mask.shape == (N_ACTIONS,) and mask[0] and mask[1:].any()
+    fresh = Evaluator(PROBLEM)
+    targets = editor.targets()
+    for a in np.flatnonzero(mask[1:]) + 1:
+        t = targets[a]
+        assert t is not None and t != editor.current and not editor.ev.known(t)
+        _check_candidate(t, PROBLEM)
+        plan = fresh.plan(t)
+        validate_plan(plan, num_layers=PROFILE.num_layers, devices=PROBLEM.devices)
+        assert simulate(plan, PROFILE, CLUSTER).valid
+    for a in np.flatnonzero(~mask):
+        assert targets[a] is None
+    # what each kind of edit changes
+    c = editor.current
+    for a in np.flatnonzero(mask[1:]) + 1:
+        e, t = ACTIONS[a], targets[a]
+        if e.kind in ("grow-left", "grow-right"):
+            i = int(e.arg)
+            grown = i if e.kind == "grow-left" else i + 1
+            assert t.sizes[grown] == c.sizes[grown] + 1 and sum(t.sizes) == sum(c.sizes)
+            assert t.placement == c.placement
+        elif e.kind == "budget-up":
+            d = int(e.arg)
+            assert t.budgets[d] > c.budgets[d] and t.budgets[:d] == c.budgets[:d]
+        elif e.kind == "toggle":
+            assert getattr(t, str(e.arg)) is not getattr(c, str(e.arg))
+
+
+def test_an_edit_is_kept_only_when_it_is_better() -> None:
+    editor = _editor()
+    start_key = editor.key
+    steps = 0
+    while steps < 60:
+        mask = editor.mask()
+        allowed = np.flatnonzero(mask[1:]) + 1
+        if not allowed.size:
+            break
+        a = int(allowed[steps % allowed.size])
+        before, key, calls = editor.current, editor.key, editor.ev.calls
+        target = editor.targets()[a]
+        kept, res = editor.apply(a)
+        assert editor.ev.calls == calls + 1  # one simulator call per edit
+        assert kept == (objective_key(res) < key)
+        if kept:
+            assert editor.current == target and editor.key == objective_key(res)
+        else:  # rolled back, and masked (with every action that leads to the same plan)
+            assert editor.current == before and editor.key == key
+            assert not editor.mask()[a]
+            assert all(t != target for t in editor.targets() if t is not None)
+        assert objective_key(editor.best_result) <= editor.key
+        steps += 1
+    assert steps > 10 and editor.key <= start_key
+    assert editor.apply(0) == (False, None)  # stop: nothing evaluated
+
+
+def test_the_call_budget_leaves_only_stop() -> None:
+    editor = _editor(max_calls=12)
+    while editor.budget_left():
+        allowed = np.flatnonzero(editor.mask()[1:]) + 1
+        editor.apply(int(allowed[0]))
+    assert editor.ev.calls == 12
+    mask = editor.mask()
+    assert mask[0] and not mask[1:].any()
+
+
+def test_fit_memory_cuts_budgets_to_what_memory_holds() -> None:
+    profile = uniform_profile(8, act=2**30, params=10**6)  # 1 GiB of activations per layer and micro-batch
+    problem = Problem(profile, ideal_cluster(4, memory_gb=6.0), 16)
+    ev = Evaluator(problem)
+    c = Candidate((2, 2, 2, 2), (0, 1, 2, 3), "list", (16.0,) * 4)
+    res = ev.result(c)
+    assert res.valid and not res.feasible
+    fixed = fit_memory(c, res, ev)
+    assert fixed is not None and fixed.cap_counts_w
+    assert all(1.0 <= b <= 16.0 for b in fixed.budgets) and max(fixed.budgets) < 16.0
+    after = ev.result(fixed)
+    assert after.feasible and objective_key(after) < objective_key(res)
+    assert fit_memory(fixed, after, ev) is None  # fits already
+    assert fit_memory(Candidate((2, 2, 2, 2), (0, 1, 2, 3), "1f1b"), res, ev) is None  # not a list order
+
+
+def test_score_ranks_fast_over_slow_over_overflowing_over_invalid() -> None:
+    editor = _editor()
+    res = editor.result
+    assert score(res, res.iteration_time) == pytest.approx(1.0)
+    assert score(res, 2 * res.iteration_time) == pytest.approx(2.0)
+    tight = Problem(uniform_profile(8, act=2**30), ideal_cluster(4, memory_gb=2.0), 16)
+    over = Evaluator(tight).result(Candidate((2, 2, 2, 2), (0, 1, 2, 3), "list", (16.0,) * 4))
+    assert -2.0 <= score(over, 1.0) < -1.0
+    bad = Evaluator(PROBLEM).result(Candidate((15, 1), (0, 1), "zbv"))  # ZB-V needs a V placement
+    assert not bad.valid and score(bad, 1.0) == -3.0
+
+
+def test_shared_evaluator_shares_the_scenarios_caches_and_still_counts_calls() -> None:
+    first = SharedEvaluator(PROBLEM)
+    c = portfolio(PROBLEM)[0]
+    r = first.result(c)
+    second = SharedEvaluator(PROBLEM, share=first)
+    assert not second.known(c) and second.calls == 0
+    assert second.result(c) is r and second.calls == 1 and second.known(c)  # from the memo, counted
+    assert second.result(c) is r and second.calls == 1  # then this episode's own cache: free
+    assert second.costs(c.sizes, c.placement) is first.costs(c.sizes, c.placement)
+    assert second.balanced_sizes(c.placement) is first.balanced_sizes(c.placement)
+    own = SharedEvaluator(PROBLEM, share=first, results=False)  # splits and costs shared, results not
+    assert own.costs(c.sizes, c.placement) is first.costs(c.sizes, c.placement)
+    again = own.result(c)
+    assert again is not r and again.iteration_time == r.iteration_time and own.calls == 1
+    other = SharedEvaluator(Problem(PROFILE, CLUSTER, 8), share=first)  # an equal problem, not the same object
+    assert other.costs(c.sizes, c.placement) is not first.costs(c.sizes, c.placement)
+    assert other.result(c) is not r
+
+
+def test_the_memo_is_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(SharedEvaluator, "MEMO_LIMIT", 2)
+    ev = SharedEvaluator(PROBLEM)
+    starts = portfolio(PROBLEM)[:3]
+    for c in starts:
+        ev.result(c)
+    later = SharedEvaluator(PROBLEM, share=ev)
+    later.result(starts[0])
+    assert later.result(starts[0]) is not ev.cached(starts[0])  # cleared when full: simulated again
+
+
+def test_an_editor_decides_the_same_with_a_shared_evaluator() -> None:
+    """Episodes that share a memo spend the calls and reach the plans a fresh evaluator would."""
+    def episode(evaluator: Evaluator) -> tuple:
+        editor = _editor(evaluator=evaluator)
+        path = []
+        for step in range(25):
+            allowed = np.flatnonzero(editor.mask()[1:]) + 1
+            if not allowed.size:
+                break
+            a = int(allowed[(7 * step) % allowed.size])
+            path.append((a, editor.apply(a)[0]))
+        return path, editor.best, editor.ev.calls
+
+    fresh = episode(Evaluator(PROBLEM))
+    warm = SharedEvaluator(PROBLEM)
+    assert episode(warm) == fresh
+    assert episode(SharedEvaluator(PROBLEM, share=warm)) == fresh
+
+
+def test_too_many_devices_is_refused() -> None:
+    with pytest.raises(PlanError, match=f"at most {MAX_DEVICES} devices"):
+        PlanEditor(Problem(uniform_profile(64), ideal_cluster(MAX_DEVICES + 1), 64))
