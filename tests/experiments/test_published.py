@@ -71,7 +71,6 @@ def test_rows_without_a_schedule_print_without_a_traceback(capsys: pytest.Captur
 MEGATRON = [DEV.parent / "megatron_narayanan2021.json", DEV.parent / "megatron_core_h100_readme.json"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", MEGATRON, ids=lambda p: p.stem)
 def test_the_megatron_rows_meet_the_whole_job_targets(path: Path) -> None:
     if not path.exists():
