@@ -92,26 +92,35 @@ def source_of(row: dict[str, Any]) -> JobSource | None:
     return None
 
 
+def _gated(model: dict[str, Any]) -> bool:
+    """A gated MLP (SwiGLU / GeGLU: three matrices) where the row says so."""
+    act = str(model.get("activation") or model.get("mlp") or "").lower()
+    return bool(model.get("gated_mlp")) or any(k in act for k in ("swiglu", "geglu", "silu", "gated"))
+
+
 def _gpt(model: dict[str, Any], *, tied: bool) -> Architecture:
     h, L = int(model["hidden"]), int(model["layers"])
     heads = int(model["heads"])
     layers = (LayerSpec("embedding"),) + (LayerSpec(),) * L + (LayerSpec("head"),)
+    tie = model.get("tied_embeddings")
     return Architecture(model.get("name", "gpt"), "gpt", h, int(model["vocab"]), layers, num_attention_heads=heads,
                         num_key_value_heads=int(model.get("kv_heads") or heads),
-                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=False,
-                        tie_word_embeddings=tied, seq_len=int(model["seq_len"]))
+                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=_gated(model),
+                        tie_word_embeddings=tied if tie is None else bool(tie), seq_len=int(model["seq_len"]))
 
 
 def megatron_flops(model: dict[str, Any], *, batch: int, recompute: bool) -> float:
     """FLOPs of one iteration by Megatron-LM's formula (Narayanan et al. 2021 eq. 3 with full
     recomputation; Megatron-Core's ``num_floating_point_operations`` without), generalised to
-    GQA and any MLP width: per layer and pass ``2*B*s*(h*(a*d + 2*g*d) + a*d*h + 2*h*f) + 4*B*s^2*a*d``."""
+    GQA, any MLP width and gated MLPs (``x`` = 3 matrices, else 2): per layer and pass
+    ``2*B*s*(h*(a*d + 2*g*d) + a*d*h + x*h*f) + 4*B*s^2*a*d``."""
     h, L, s, V = int(model["hidden"]), int(model["layers"]), int(model["seq_len"]), int(model["vocab"])
     a = int(model["heads"])
     g = int(model.get("kv_heads") or a)
     f = int(model.get("ffn_hidden") or 4 * h)
     d = h // a
-    fwd = 2 * batch * s * (h * (a * d + 2 * g * d) + a * d * h + 2 * h * f) + 4 * batch * s * s * a * d
+    x = 3 if _gated(model) else 2
+    fwd = 2 * batch * s * (h * (a * d + 2 * g * d) + a * d * h + x * h * f) + 4 * batch * s * s * a * d
     return (4 if recompute else 3) * L * fwd + 6 * batch * s * h * V
 
 
@@ -123,6 +132,12 @@ def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] 
     schedule = str(row.get("schedule") or "")
     flags = row.get("training_flags") or {}
     recompute = "full" in str(flags.get("activation_recompute") or "")
+    # a row's own flags override its source's facts where it states them
+    text = " ".join(f"{k}={v}" for k, v in flags.items()).lower()
+    zero = 3 if "fsdp" in text or "zero3" in text or "zero-3" in text else (
+        1 if flags.get("distributed_optimizer") or "distributed optimizer" in text else source.zero_stage)
+    sp = bool(flags["sequence_parallel"]) if "sequence_parallel" in flags else source.sequence_parallel
+    tp_overlap = bool(flags["tp_comm_overlap"]) if "tp_comm_overlap" in flags else source.tp_comm_overlap
     pp = int(par["pp"])
     if schedule == "no pipeline" or pp == 1:
         chunks = 1
@@ -146,9 +161,9 @@ def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] 
     # all-reduces after the backward; Megatron-Core overlaps (--overlap-grad-reduce, README)
     overlap = ddp != "local"
     return Parallelism(tp=int(par["tp"]), pp=pp, dp=int(par["dp"]), cp=int(par.get("cp") or 1), microbatch_size=mbs,
-                       global_batch=int(global_batch), sequence_parallel=source.sequence_parallel,
-                       zero_stage=source.zero_stage, overlap_grad_reduce=overlap, overlap_param_gather=True,
-                       tp_comm_overlap=source.tp_comm_overlap, recompute=recompute), chunks
+                       global_batch=int(global_batch), sequence_parallel=sp,
+                       zero_stage=zero, overlap_grad_reduce=overlap, overlap_param_gather=True,
+                       tp_comm_overlap=tp_overlap, recompute=recompute), chunks
 
 
 def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> tuple[float | None, str | None]:

@@ -113,3 +113,15 @@ def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts(ca
     rows = json.loads(DEV.read_text())["rows"]
     row = next(r for r in rows if r["id"] == "zb_t4_1.5B_m24_1F1B")
     assert per_gpu == pytest.approx(published.predict_row(row, rows).predicted, rel=1e-3)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_megatrons_flop_formula_is_the_cost_models_matmul_flops(gated: bool) -> None:
+    """Megatron's formula (no recomputation) counts what the cost model's per-layer FLOPs add up to."""
+    from experiments.benchmarks.published_job import _gpt, megatron_flops
+    from pipeline.parallelism import Parallelism, job_profile, model_flops
+    model = {"name": "g", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn_hidden": 2816,
+             "vocab": 32000, "seq_len": 2048, "activation": "swiglu" if gated else "gelu"}
+    par = Parallelism(tp=2, dp=2, microbatch_size=2, global_batch=8)
+    profile = job_profile(_gpt(model, tied=False), par, gpu="h100", seq_len=2048)
+    assert model_flops(profile, par) == pytest.approx(megatron_flops(model, batch=8, recompute=False), rel=1e-9)
