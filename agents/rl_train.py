@@ -187,16 +187,22 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
     and, given the tuner's times, the geometric-mean quality (tuner time / policy time) at
     ``max_calls`` calls and zero-shot (one start plan, at most 5 calls)."""
     from agents.rl import rollout, start_candidates
+    from env.editor import SharedEvaluator
     from env.pipeline_env import PipelineEnv
     from pipeline.space import Evaluator
 
     env = PipelineEnv(max_steps=max_steps, allow_stop=allow_stop)
     gains, calls, quality, zero = [], [], [], []
     for i, p in enumerate(problems):
-        ev = Evaluator(p)
         starts = start_candidates(p)  # the hand-written, memory-aware starts (no ranker: the edits alone)
-        env.reset(options={"problem": p, "evaluator": ev, "max_calls": max_calls, "start": starts})
+        first = SharedEvaluator(p)
+        env.reset(options={"problem": p, "evaluator": first, "max_calls": max_calls, "start": starts})
         start = env.editor.result
+        # The rollout's own evaluator: the starts come from ``first``'s memo, counted as its calls, so the
+        # rollout starts from the plan ``start`` measured. (Reusing ``first``, whose calls the starts had
+        # spent already, cut the rollout's start short when the budget is below the starts' count, and
+        # its result could be slower than ``start``.)
+        ev = SharedEvaluator(p, share=first)
         _, _, res = rollout(policy, env, problem=p, evaluator=ev, max_calls=max_calls, deterministic=True,
                             start=starts)
         ok = res.feasible and start.feasible

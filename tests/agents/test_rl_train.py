@@ -1,0 +1,149 @@
+"""agents.rl_train: config checks, checkpoints and resume, the settings reaching the model, evaluation helpers.
+
+The training runs here are tiny (64-96 steps on one fixed 2-device scenario, one environment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents.rl_train import (
+    MAX_SEED,
+    TrainConfig,
+    check_config,
+    evaluate_policy_on,
+    latest_checkpoint,
+    train,
+    tuner_times,
+)
+from env.pipeline_env import PipelineEnv
+from pipeline.errors import ConfigError
+from pipeline.space import Problem
+from tests.conftest import ideal_cluster, uniform_profile
+
+PROBLEM = Problem(uniform_profile(8), ideal_cluster(2), 4)
+
+
+def _fixed_env(rank: int = 0) -> PipelineEnv:  # noqa: ARG001
+    class Fixed(PipelineEnv):
+        def reset(self, *, seed=None, options=None):
+            return super().reset(seed=seed, options={"problem": PROBLEM, **(options or {})})
+
+    return Fixed(max_steps=2)
+
+
+def _tiny(out: Path, **changes) -> TrainConfig:
+    return TrainConfig(**{"timesteps": 64, "n_steps": 32, "batch_size": 32, "n_envs": 1, "vec": "dummy",
+                          "eval_every": 0, "checkpoint_every": 32, "progress_bar": False, "out": str(out),
+                          **changes})
+
+
+def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
+    check_config(TrainConfig())
+    check_config(TrainConfig(ranker_scenarios=9000, imitation_states=20000, timesteps=102400, learning_rate=1e-4,
+                             eval_every=51200, checkpoint_every=51200))
+    check_config(TrainConfig(algo="ppo", network="mlp", seed=MAX_SEED, eval_every=0, gamma=1.0, ent_coef=0.0,
+                             single_start_share=1.0))
+
+
+@pytest.mark.parametrize("changes,flag", [
+    ({"algo": "a2c"}, "--algo"),
+    ({"network": "transformer"}, "--network"),
+    ({"vec": "threads"}, "--vec"),
+    ({"seed": -1}, "--seed"),
+    ({"seed": MAX_SEED + 1}, "--seed"),
+    ({"timesteps": 0}, "--timesteps"),
+    ({"n_envs": 0}, "--n-envs"),
+    ({"hidden": 0}, "--hidden"),
+    ({"batch_size": 0}, "--batch-size"),
+    ({"n_epochs": 0}, "--n-epochs"),
+    ({"max_calls": 0}, "--max-calls"),
+    ({"eval_every": -5}, "--eval-every"),
+    ({"imitation_states": -1}, "--imitation-states"),
+    ({"ranker_scenarios": -1}, "--ranker-scenarios"),
+    ({"learning_rate": 0.0}, "--learning-rate"),
+    ({"learning_rate": 2.0}, "--learning-rate"),
+    ({"gamma": 0.0}, "--gamma"),
+    ({"gamma": 1.01}, "--gamma"),
+    ({"gamma": float("nan")}, "--gamma"),
+    ({"ent_coef": -0.1}, "--ent-coef"),
+    ({"single_start_share": 1.5}, "--single-start-share"),
+    ({"net_arch": []}, "--net-arch"),
+    ({"net_arch": [64, 0]}, "--net-arch"),
+    ({"n_steps": 1, "n_envs": 1}, "--n-steps"),
+    ({"network": "mlp", "imitation_states": 10}, "--imitation-states"),
+    ({"algo": "ppo", "network": "entity"}, "--network"),
+])
+def test_a_config_that_cannot_train_names_the_flag(changes: dict, flag: str) -> None:
+    config = dataclasses.replace(TrainConfig(), **changes)
+    with pytest.raises(ConfigError, match=f"field '{flag}'"):
+        check_config(config)
+
+
+def test_train_refuses_before_it_writes_anything(tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    with pytest.raises(ConfigError, match="--gamma"):
+        train(_tiny(out, gamma=2.0), env_fn=_fixed_env)
+    assert not out.exists()
+
+
+def test_latest_checkpoint_counts_steps_not_characters(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path) is None  # no checkpoints folder
+    (tmp_path / "checkpoints").mkdir()
+    assert latest_checkpoint(tmp_path) is None
+    for steps in (64, 512, 1024, 96):
+        (tmp_path / "checkpoints" / f"model_{steps}.zip").write_bytes(b"")
+    (tmp_path / "checkpoints" / "notes.txt").write_text("not a checkpoint")
+    assert latest_checkpoint(tmp_path).name == "model_1024.zip"
+
+
+def test_settings_reach_the_model_and_a_resume_continues_to_the_total(tmp_path: Path, capsys) -> None:
+    from sb3_contrib import MaskablePPO
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "eval.jsonl").write_text('{"stale": true}\n')
+    config = _tiny(out, gamma=0.9, n_epochs=3, ent_coef=0.05, learning_rate=1e-3, hidden=16, batch_size=16)
+    # a resume with nothing to resume from starts from scratch (and says so)
+    summary = train(dataclasses.replace(config, resume=True), env_fn=_fixed_env)
+    assert "no checkpoint" in capsys.readouterr().out
+    assert summary["timesteps"] == 64 and not summary["interrupted"]
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.zip")) == ["model_32.zip", "model_64.zip"]
+    assert (out / "eval.jsonl").read_text() == '{"stale": true}\n'  # a resume keeps the log it continues
+    model = MaskablePPO.load(str(latest_checkpoint(out)), device="cpu")
+    assert (model.gamma, model.n_epochs, model.ent_coef, model.batch_size) == (0.9, 3, 0.05, 16)
+    assert model.policy.hidden == 16
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["config"] == dataclasses.asdict(dataclasses.replace(config, resume=True))
+
+    again = train(dataclasses.replace(config, timesteps=96, resume=True), env_fn=_fixed_env)
+    assert again["timesteps"] == 96 and latest_checkpoint(out).name == "model_96.zip"
+    assert MaskablePPO.load(str(latest_checkpoint(out)), device="cpu").num_timesteps == 96
+
+    train(dataclasses.replace(config, timesteps=32), env_fn=_fixed_env)  # no --resume: a fresh run
+    assert not (out / "eval.jsonl").exists()  # the old run's evaluation log is not mixed in
+
+
+def test_evaluation_never_reports_the_plan_worse_than_its_start() -> None:
+    """Random edits keep only improvements, so the best plan is at least the starting one, at any
+    budget (a budget below the number of starts used to cut the rollout's start short: gain < 1)."""
+    for calls in (5, 10, 40):
+        metrics = evaluate_policy_on(None, [PROBLEM], max_calls=calls, max_steps=3)
+        assert metrics["eval/gain_over_start"] >= 1.0
+        assert metrics["eval/sim_calls"] <= calls
+        assert "eval/quality_vs_tuner" not in metrics
+    tuner = tuner_times([PROBLEM], calls=20)
+    with_tuner = evaluate_policy_on(None, [PROBLEM], max_calls=10, max_steps=3, tuner=tuner)
+    assert 0.0 < with_tuner["eval/min_quality_vs_tuner"] <= with_tuner["eval/quality_vs_tuner"]
+    assert with_tuner["eval/zero_shot_quality"] > 0
+
+
+def test_tuner_times_are_infinite_where_nothing_fits() -> None:
+    roomy, cramped = PROBLEM, Problem(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
+    times = tuner_times([roomy, cramped], calls=10)
+    assert np.isfinite(times[0]) and times[0] > 0 and times[1] == float("inf")
