@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.published_job import fit_job_source, is_tflops_unit, predict_job_row
+from experiments.benchmarks.published_job import fit_job_source, infer_job_degrees, is_tflops_unit, predict_job_row
 from pipeline.engine import list_schedule
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import interleaved_order, one_f_one_b_order
@@ -128,7 +128,7 @@ def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches
 
 
 def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
-                overrides: dict[str, Runtime] | None = None) -> Prediction:
+                overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False) -> Prediction:
     """Predict one published row (see the module docstring)."""
     par, batch, meas = row.get("parallel", {}), row.get("batch", {}), row.get("measured", {})
     M = batch.get("num_microbatches")
@@ -139,7 +139,9 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         return replace(out, reason="no throughput published (the row gives "
                        + ("its MFU only" if meas.get("mfu") else "no measurement") + ", and no degrees)")
     if is_tflops_unit(unit):
-        predicted, reason = predict_job_row(row)
+        job_row = infer_job_degrees(row, rows) if infer_degrees else None
+        predicted, reason = predict_job_row(job_row or row)
+        out = replace(out, schedule=f"{job_row['schedule']} (inferred)") if job_row else out
         return replace(out, predicted=predicted, reason=reason)
     if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
         return replace(out, reason="needs tensor/data/context parallelism (the whole-job issue), not a pure pipeline")
@@ -183,9 +185,10 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     return replace(out, predicted=samples / seconds / P)
 
 
-def predict_rows(rows: Sequence[dict[str, Any]], *, overrides: dict[str, Runtime] | None = None) -> list[Prediction]:
+def predict_rows(rows: Sequence[dict[str, Any]], *, overrides: dict[str, Runtime] | None = None,
+                 infer_degrees: bool = False) -> list[Prediction]:
     """:func:`predict_row` of every row."""
-    return [predict_row(r, rows, overrides=overrides) for r in rows]
+    return [predict_row(r, rows, overrides=overrides, infer_degrees=infer_degrees) for r in rows]
 
 
 def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
@@ -255,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("file", type=Path, help="a published table (shared/data/published/*.json)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row, then the summary")
     parser.add_argument("--fit", action="store_true", help="grid-search the runtime's shared parameters")
+    parser.add_argument("--infer-degrees", action="store_true",
+                        help="whole-job rows that give only tp*pp: tp = min(8, tp*pp), 1F1B, the flags of the "
+                             "file's pipelined rows (docs/whole-job.md)")
     parser.add_argument("--runtime", choices=tuple(RUNTIMES), default=None,
                         help="predict every row on this runtime instead of the one that ran it (ideal: the model "
                              "without any runtime, to see what the runtime model adds)")
@@ -269,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         values, summary = _fit(rows)
         print(json.dumps({"fit": values, **summary}))
         return 0
-    preds = predict_rows(rows, overrides=forced)
+    preds = predict_rows(rows, overrides=forced, infer_degrees=args.infer_degrees)
     summary = summarize(preds)
     if args.json:
         for p in preds:

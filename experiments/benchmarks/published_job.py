@@ -18,6 +18,7 @@ loading, logging, the gradient-norm and the optimizer's synchronisation). Nothin
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
 
 __all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "is_tflops_unit", "source_of", "predict_job_row",
-           "fit_job_source", "megatron_flops"]
+           "infer_job_degrees", "fit_job_source", "megatron_flops"]
 
 #: Throughput units the whole-job model predicts (any unit naming TFLOP/s per GPU is taken as one).
 TFLOPS_UNITS = ("achieved TFLOP/s per GPU", "TFLOP/s per GPU")
@@ -164,6 +165,30 @@ def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] 
                        global_batch=int(global_batch), sequence_parallel=sp,
                        zero_stage=zero, overlap_grad_reduce=overlap, overlap_param_gather=True,
                        tp_comm_overlap=tp_overlap, recompute=recompute), chunks
+
+
+def infer_job_degrees(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """``row`` with the degrees a stated rule infers where it gives only ``tp * pp``
+    (``model_parallel_size_in_table``, Narayanan et al. Table 2), else None: TP fills one 8-GPU
+    node (as every Table 1 row from 8 model-parallel GPUs up), ``pp = M / tp``, Megatron's default
+    1F1B where no schedule is given, and the recomputation, DDP and precision flags of the file's
+    pipelined rows where the row has none and they all agree."""
+    par = row.get("parallel") or {}
+    M = par.get("model_parallel_size_in_table")
+    if par.get("tp") is not None or par.get("pp") is not None or not M:
+        return None
+    tp = min(8, int(M))
+    if int(M) % tp:
+        return None
+    out = {**row, "parallel": {**par, "tp": tp, "pp": int(M) // tp, "cp": par.get("cp") or 1},
+           "schedule": row.get("schedule") or "1F1B"}
+    if not row.get("training_flags"):
+        keys = ("activation_recompute", "ddp_impl", "precision")
+        flags = {json.dumps({k: r["training_flags"].get(k) for k in keys}, sort_keys=True) for r in rows
+                 if r.get("training_flags") and (r.get("parallel") or {}).get("pp", 1) not in (None, 1)}
+        if len(flags) == 1:
+            out["training_flags"] = json.loads(flags.pop())
+    return out
 
 
 def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> tuple[float | None, str | None]:

@@ -125,3 +125,15 @@ def test_megatrons_flop_formula_is_the_cost_models_matmul_flops(gated: bool) -> 
     par = Parallelism(tp=2, dp=2, microbatch_size=2, global_batch=8)
     profile = job_profile(_gpt(model, tied=False), par, gpu="h100", seq_len=2048)
     assert model_flops(profile, par) == pytest.approx(megatron_flops(model, batch=8, recompute=False), rel=1e-9)
+
+
+def test_infer_degrees_fills_a_node_with_tp_and_takes_the_pipelined_rows_flags() -> None:
+    from experiments.benchmarks.published_job import infer_job_degrees
+    flags = {"activation_recompute": "full", "ddp_impl": "local", "precision": "fp16"}
+    known = {"id": "a", "parallel": {"tp": 8, "pp": 4}, "training_flags": {**flags, "other": 1}}
+    row = {"id": "b", "parallel": {"tp": None, "pp": None, "dp": 2, "model_parallel_size_in_table": 96},
+           "schedule": None}
+    out = infer_job_degrees(row, [known, row])
+    assert out["parallel"]["tp"] == 8 and out["parallel"]["pp"] == 12 and out["schedule"] == "1F1B"
+    assert out["training_flags"] == flags
+    assert infer_job_degrees(known, [known]) is None  # a row with its degrees is left alone
