@@ -267,3 +267,26 @@ def test_replay_predicts_a_plan_as_its_search_did_with_the_same_profile(command,
     _, notes = prediction_notes(replace(plan, meta={"method": "x"}), profile, cluster, profile_file=None,
                                 cluster_file=None, replay_ms=0.0)
     assert len(notes) == 1  # a plan without the search's prediction: nothing to compare
+
+
+@pytest.mark.slow  # a torchrun job
+def test_replay_with_the_searchs_profile_predicts_what_the_search_did(tmp_path, capsys) -> None:
+    """End to end: `replay --profile P --cluster C` of a plan `search --profile P --cluster C` wrote gives the
+    search's figure for it, says which profile it used and that it is the search's."""
+    import json
+
+    profile, cluster = tmp_path / "p.json", tmp_path / "c.json"
+    assert main(["profile-info", "--model", "tiny-hybrid", "--out", str(profile), "--json"]) == 0
+    cluster.write_text(json.dumps({"devices": 2, "memory_gb": 64, "p2p_gbps": 10, "latency_us": 20}))
+    assert main(["search", "--profile", str(profile), "--cluster", str(cluster), "--microbatches", "4", "--method",
+                 "megatron", "--out", str(tmp_path / "s"), "--json"]) == 0
+    capsys.readouterr()
+    plan = tmp_path / "s/plan.json"
+    meta = json.loads(plan.read_text())["meta"]["predicted"]
+    assert main(["replay", "--plan", str(plan), "--profile", str(profile), "--cluster", str(cluster), "--backend",
+                 "gloo", "--steps", "1", "--warmup", "0", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["search_predicted_iteration_time"] == pytest.approx(meta["iteration_time"], rel=1e-9)  # both in ms
+    assert row["profile"] == str(profile)
+    assert row["notes"][0].startswith(f"predicted with profile {profile} and cluster {cluster}: search's model")
+    assert row["notes"][1].startswith("the same profile and cluster as this plan's search")
