@@ -31,12 +31,15 @@ from agents.rl_policy import ALGOS, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_problem
 from pipeline.errors import ConfigError
 
-__all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "check_config", "train",
+__all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "train",
            "evaluate_policy_on", "latest_checkpoint", "tuner_times"]
 
 
 #: The largest seed: environment i is seeded 1000 x seed + i, and NumPy's seeds end at 2**32 - 1.
 MAX_SEED = (2**32 - 1) // 1000 - 1
+#: The widest layer ``hidden`` and ``net_arch`` may ask for (the defaults are 64; wider is a typo, and
+#: a width in the billions fails deep inside torch instead of here).
+MAX_WIDTH = 8192
 
 
 @dataclass
@@ -345,8 +348,10 @@ def check_config(config: TrainConfig) -> None:
                  "n_epochs", "imitation_epochs"):
         if getattr(config, name) < 1:
             raise ConfigError(f"must be >= 1, got {getattr(config, name)}", field="--" + name.replace("_", "-"))
-    if not config.net_arch or min(config.net_arch) < 1:
-        raise ConfigError(f"needs one or more widths >= 1, got {config.net_arch}", field="--net-arch")
+    if not config.net_arch or min(config.net_arch) < 1 or max(config.net_arch) > MAX_WIDTH:
+        raise ConfigError(f"needs one or more widths from 1 to {MAX_WIDTH}, got {config.net_arch}", field="--net-arch")
+    if config.hidden > MAX_WIDTH:
+        raise ConfigError(f"must be at most {MAX_WIDTH}, got {config.hidden}", field="--hidden")
     for name, low, high in (("learning_rate", 0.0, 1.0), ("gamma", 0.0, 1.0)):
         if not low < getattr(config, name) <= high:
             raise ConfigError(f"must be above {low:g} and at most {high:g}, got {getattr(config, name)}",

@@ -113,13 +113,12 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     parsers = parsers or {}
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in exclude]
-    flags = {n: flag_of(("no_" if hints[n] is bool and _default(f) else "") + (rename or {}).get(n, n))
-             for f in dataclasses.fields(cls) if (n := f.name) in names}
-    added: dict[str, str] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in flags:
-            continue
+    fields = [f for f in dataclasses.fields(cls) if f.name not in exclude]
+    # a switch that is on by default is turned off by --no-NAME
+    rename = rename or {}
+    flags = {f.name: flag_of(("no_" if hints[f.name] is bool and _default(f) else "") + rename.get(f.name, f.name))
+             for f in fields}
+    for f in fields:
         kind = hints[f.name]
         default = _default(f)
         help_text = _plain(docs[f.name], flags)
@@ -129,7 +128,6 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
                 help_text = f"{help_text} On by default; this flag turns it off.".strip()
             parser.add_argument(flag, dest=f.name, action="store_false" if default else "store_true",
                                 default=default, help=help_text or None)
-            added[f.name] = flag
             continue
         kw: dict[str, Any] = {"dest": f.name, "default": default}
         if f.name in parsers:
@@ -151,10 +149,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
             raise TypeError(f"field {f.name!r} of {cls.__name__}: no flag for type {kind!r}; give it a parser")
         if f.name in parsers and typing.get_origin(kind) is Literal:
             kw["choices"] = typing.get_args(kind)
+        if typing.get_origin(kind) in (list, tuple):
+            kw["metavar"] = "N,N"
         shown = f"(default: {_shown(default)})".replace("%", "%%")
         parser.add_argument(flag, help=f"{help_text} {shown}" if help_text else shown, **kw)
-        added[f.name] = flag
-    return added
+    return flags
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:

@@ -32,9 +32,10 @@ from experiments.common import (
     non_negative_int,
     output_folder,
     positive_float,
+    positive_int,
     seed_int,
 )
-from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args
+from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args, int_list
 
 NAME = "train"
 HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
@@ -55,6 +56,20 @@ def _at_most_one(text: str) -> float:
     return value
 
 
+def _width(text: str) -> int:
+    """A layer width: a whole number from 1 to :data:`agents.rl_train.MAX_WIDTH`."""
+    from agents.rl_train import MAX_WIDTH
+
+    value = positive_int(text)
+    if value > MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WIDTH}, got {value}")
+    return value
+
+
+def _widths(text: str) -> list[int]:
+    return [_width(str(w)) for w in int_list(text)]
+
+
 def _share(text: str) -> float:
     """A share: from 0 to 1."""
     value = non_negative_float(text)
@@ -66,7 +81,7 @@ def _share(text: str) -> float:
 #: Fields whose values are not "a whole number >= 1" / "a positive number" (the types' checks).
 PARSERS = {"seed": _train_seed, "eval_every": non_negative_int, "imitation_states": non_negative_int,
            "ranker_scenarios": non_negative_int, "learning_rate": _at_most_one, "gamma": _at_most_one,
-           "single_start_share": _share, "ent_coef": non_negative_float}
+           "single_start_share": _share, "ent_coef": non_negative_float, "hidden": _width, "net_arch": _widths}
 #: ``progress_bar`` is on by default: its switch is ``--no-progress``.
 RENAME = {"progress_bar": "progress"}
 

@@ -14,6 +14,7 @@ import pytest
 
 from agents.rl_train import (
     MAX_SEED,
+    MAX_WIDTH,
     TrainConfig,
     check_config,
     evaluate_policy_on,
@@ -75,6 +76,8 @@ def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
     ({"single_start_share": 1.5}, "--single-start-share"),
     ({"net_arch": []}, "--net-arch"),
     ({"net_arch": [64, 0]}, "--net-arch"),
+    ({"net_arch": [MAX_WIDTH + 1]}, "--net-arch"),
+    ({"hidden": MAX_WIDTH + 1}, "--hidden"),
     ({"n_steps": 1, "n_envs": 1}, "--n-steps"),
     ({"network": "mlp", "imitation_states": 10}, "--imitation-states"),
     ({"algo": "ppo", "network": "entity"}, "--network"),

@@ -178,6 +178,8 @@ def test_ppo_trains_the_mlp(captured, tmp_path) -> None:
     (["--seed", "4294967"], "--seed"),
     (["--learning-rate", "1e9"], "--learning-rate"),
     (["--eval-every", "-1"], "--eval-every"),
+    (["--hidden", "99999999999"], "--hidden"),  # a typo, not a network torch can build
+    (["--net-arch", "64,100000"], "--net-arch"),
 ])
 def test_a_bad_value_is_one_error_line_naming_the_flag(argv, flag, captured, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
