@@ -64,10 +64,11 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
 
 
 def iter_seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
-                         speed_order: bool = True) -> Iterator[Candidate]:
+                         speed_order: bool = True, fits_first: bool = False) -> Iterator[Candidate]:
     """:func:`seed_candidates` one placement family at a time, so a search under a budget in seconds
     evaluates the first ones before it spends time splitting the later ones (the device-balanced
-    splits of 32 devices were 0.4-0.8 s)."""
+    splits of 32 devices were 0.4-0.8 s). ``fits_first``: each family's memory-filling candidates
+    first (a short budget at a large size then has a plan that fits before its time is up)."""
     P, L = problem.devices, problem.profile.num_layers
     ev = evaluator if evaluator is not None else Evaluator(problem)
     for kind, chunks in PLACEMENT_CHOICES:
@@ -86,7 +87,11 @@ def iter_seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *
                 counts_w = name not in ("zb-h1", "zb-h2")
                 out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                                      max_pending_w=P if not counts_w else None))
-            out.append(with_filled_budgets(Candidate(sizes, placement, "list"), ev))
+            filled = with_filled_budgets(Candidate(sizes, placement, "list"), ev)
+            if fits_first:
+                out.insert(0, filled)
+            else:
+                out.append(filled)
             out.append(with_roomy_budgets(Candidate(sizes, placement, "list"), ev))
             if S > P and sizes == ev.device_balanced_sizes(placement):
                 lighter = _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)
@@ -273,7 +278,8 @@ class AdaptisTuner:
                 timed.took(clock.now() - t0)
         clock.keep_back(timed.first)  # the winner's plan and its validated simulation at the end
         # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
-        seeds = chain(start, iter_seed_candidates(problem, ev, speed_order=self.speed_order) if own_seeds else ())
+        seeds = chain(start, iter_seed_candidates(problem, ev, speed_order=self.speed_order,
+                                                  fits_first=budget.seconds is not None) if own_seeds else ())
         current: Candidate | None = None
         current_key: Key | None = None
         for c, key in state.offer_all(seeds, clock, at_least_one=True):

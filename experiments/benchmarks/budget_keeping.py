@@ -4,7 +4,8 @@ For each size (small to gemma-large on 32 devices, 256 micro-batches, sub-layer 
 budget (0.5 s, 1 s, 3 s by default) it runs the tuner as ``search --method adaptis`` does: the
 same problem, and the command's own writer of OUT/plan.json at every improvement (a temporary
 folder). It prints the budget, the wall time of ``search()`` itself (not the profile's set-up),
-their ratio and the plan found, each the median of ``--repeats`` runs. Target: the ratio <= 1.10
+their ratio and the plan found (iteration time; ``fits``: runs whose plan fits in memory), each
+the median of ``--repeats`` runs. Target: the ratio <= 1.10
 everywhere (issue 30). Any of the sizes: ``--sizes 0,3``.
 
   python -m experiments.benchmarks.budget_keeping [--budgets 0.5,1,3] [--repeats 3] [--json]
@@ -58,7 +59,7 @@ SIZES = (Size("gemma-small", 4, 32), Size("gemma-medium", 8, 32), Size("gemma-la
 def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0) -> dict:
     """Median wall time of ``AdaptisTuner().search`` under ``seconds``, with the search command's plan writer."""
     problem = size.problem()
-    walls, times, calls = [], [], []
+    walls, times, calls, fits = [], [], [], 0
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
             writer = _BestPlanWriter(Path(tmp))
@@ -69,10 +70,12 @@ def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0) -> dict:
             walls.append(time.perf_counter() - t0)
         times.append(res.iteration_time)
         calls.append(res.sim_calls)
+        fits += res.feasible
     wall = statistics.median(walls)
     return {"size": size.label(), "budget_s": seconds, "wall_s": round(wall, 3), "ratio": round(wall / seconds, 3),
             "max_ratio": round(max(walls) / seconds, 3), "sim_calls": int(statistics.median(calls)),
-            "iteration_time": round(statistics.median(times), 1), "time_unit": problem.profile.time_unit}
+            "iteration_time": round(statistics.median(times), 1), "time_unit": problem.profile.time_unit,
+            "fits": f"{fits}/{repeats}"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     budgets = [float(b) for b in args.budgets.split(",")]
     sizes = SIZES if args.sizes is None else tuple(SIZES[int(i)] for i in args.sizes.split(","))
     if not args.json:
-        print(f"{'size':<34} {'budget s':>8} {'wall s':>7} {'ratio':>6} {'worst':>6} {'calls':>6} {'iteration':>10}")
+        print(f"{'size':<34} {'budget s':>8} {'wall s':>7} {'ratio':>6} {'worst':>6} {'calls':>6} "
+              f"{'iteration':>10}    {'fits':>4}")
     worst = 0.0
     for size in sizes:
         for seconds in budgets:
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{row['size']:<34} {seconds:>8g} {row['wall_s']:>7.3f} {row['ratio']:>6.3f} "
                       f"{row['max_ratio']:>6.3f} {row['sim_calls']:>6} {row['iteration_time']:>8.1f} "
-                      f"{row['time_unit']}", flush=True)
+                      f"{row['time_unit']} {row['fits']:>4}", flush=True)
     if not args.json:
         print(f"\nlargest median ratio {worst:.3f} (target <= 1.10)")
     return 0
