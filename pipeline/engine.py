@@ -175,6 +175,7 @@ def list_schedule(costs: StageCosts, placement: Sequence[int], devices: int, *, 
     the earliest forward runs anyway, so the scheduler always finishes (see
     :mod:`pipeline.list_scheduler`). Raises PlanError for a placement that forms no pipeline.
     """
+    _check_placement(costs, placement, devices)
     if _native is None:
         return list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
     try:
@@ -189,6 +190,7 @@ def schedule_and_simulate(costs: StageCosts, placement: Sequence[int], devices: 
                           config: ListSchedulerConfig = _DEFAULT_CONFIG) -> Outcome:
     """:func:`list_schedule` then :func:`simulate_schedule` in one call (no order crosses back from
     the compiled engine). Raises PlanError like :func:`list_schedule`."""
+    _check_placement(costs, placement, devices)
     if _native is None:
         order = list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
         ok, makespan, busy, peak, _, _ = run_reference(order, costs, devices=devices, microbatches=microbatches,
@@ -218,6 +220,16 @@ def schedule_and_simulate_many(jobs: Sequence[ScheduleJob]) -> list[Outcome | st
             except PlanError as exc:
                 out.append(str(exc))
         return out
+    bad = {}
+    for k, j in enumerate(jobs):
+        try:
+            _check_placement(j.costs, j.placement, j.devices)
+        except PlanError as exc:
+            bad[k] = str(exc)
+    if bad:  # the compiled engine indexes devices unchecked: run the others alone
+        good = [j for k, j in enumerate(jobs) if k not in bad]
+        done = iter(schedule_and_simulate_many(good))
+        return [bad[k] if k in bad else next(done) for k in range(len(jobs))]
     raw = _native.schedule_and_simulate_batch([_job_args(j) for j in jobs], BATCH_THREADS)
     return [r if isinstance(r, str) else Outcome(r[0], r[1], tuple(r[2]), tuple(r[3])) for r in raw]
 
@@ -232,6 +244,17 @@ def check_schedule(plan: Plan) -> ScheduleProblem | None:
 
 
 # ------------------------------------------------------------------ packing (private)
+
+def _check_placement(costs: StageCosts, placement: Sequence[int], devices: int) -> None:
+    """A PlanError for a placement the engines cannot index: one device per stage, each in
+    ``0..devices-1`` (the compiled engine does not check, and would read past its arrays)."""
+    if len(placement) != len(costs.f):
+        raise PlanError(f"has {len(placement)} entries for {len(costs.f)} stages; give one device per stage",
+                        field="placement")
+    if placement and (min(placement) < 0 or max(placement) >= devices):
+        bad = next(d for d in placement if not 0 <= d < devices)
+        raise PlanError(f"names device {bad}, but there are {devices} devices (0..{devices - 1})", field="placement")
+
 
 def _vectors(costs: StageCosts) -> tuple[tuple[float, ...], ...]:
     """``(f, i, w, act, w_keep, comm, backward)``: the compiled engine's per-stage arguments."""

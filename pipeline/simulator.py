@@ -186,8 +186,9 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             comm.append(0.0)
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
     post += runtime.step_s / unit
-    post += optimizer_step_seconds(col, cluster, partition, placement, runtime, training) / unit
-    post += tied_gradient_seconds(profile, cluster, partition, placement, runtime) / unit
+    post += optimizer_step_seconds(col, cluster, partition, placement=placement, runtime=runtime,
+                                   training=training) / unit
+    post += tied_gradient_seconds(profile, cluster, partition, placement=placement, runtime=runtime) / unit
     ends = profile.transfer_overhead  # each end of a transfer between devices pays it
     if ends:
         for s in range(len(partition) - 1):
@@ -212,7 +213,7 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
                       cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
 
 
-def optimizer_step_seconds(col: Any, cluster: Cluster, partition: Sequence[tuple[int, int]],
+def optimizer_step_seconds(col: Any, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
                            placement: Sequence[int], runtime: Runtime, training: TrainingConfig) -> float:
     """Seconds of the optimizer step after the iteration's last action: every device updates the
     parameters it holds at once (a shared group once per device), streaming
@@ -242,7 +243,7 @@ def optimizer_step_seconds(col: Any, cluster: Cluster, partition: Sequence[tuple
     return runtime.optimizer_bytes_per_param * max(held) / bandwidth
 
 
-def tied_gradient_seconds(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]],
+def tied_gradient_seconds(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
                           placement: Sequence[int], runtime: Runtime) -> float:
     """Seconds of summing tied weights' gradients after the last action, on a runtime that does it
     (``runtime.sums_tied_gradients``: Megatron-LM's embedding-group all-reduce): a layer holding a

@@ -9,6 +9,7 @@ number of cases (default 10,000).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import replace
@@ -258,3 +259,22 @@ def test_the_tuner_finds_the_same_plan_on_either_engine(model: str, devices: int
     assert native.iteration_time == reference.iteration_time
     assert native.history == reference.history
     assert native.plan == reference.plan and native.sim_calls == reference.sim_calls == 150
+
+
+@pytest.mark.parametrize("placement", [(0, 2), (0, -1), (0, 1, 1)])
+def test_a_placement_the_engines_cannot_index_is_one_plan_error_on_both(placement: tuple[int, ...]) -> None:
+    from pipeline.engine import ScheduleJob, python_reference, schedule_and_simulate, schedule_and_simulate_many
+
+    costs = StageCosts((1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0),
+                       (1e9, 1e9))
+    for context in (contextlib.nullcontext(), python_reference()):
+        with context:
+            for call in (list_schedule, schedule_and_simulate):
+                with pytest.raises(PlanError) as err:
+                    call(costs, placement, 2, microbatches=2)  # the compiled engine crashed on (0, 2)
+                assert err.value.field == "placement"
+            good, bad = ScheduleJob(costs, (0, 1), 2, 2, ListSchedulerConfig()), \
+                ScheduleJob(costs, placement, 2, 2, ListSchedulerConfig())
+            out = schedule_and_simulate_many([good, bad, good])
+            assert isinstance(out[1], str) and "placement" in out[1]
+            assert out[0] == out[2] and out[0].ok
