@@ -79,7 +79,9 @@ FLOATS = ["0", "-1", "0.5", "1", "80", "nan", "inf", "x", "1e-9", "1e9", ""]
 #: Flags whose value sets how much work is done: small values only (a big one is a long run, not a mistake).
 SIZES = {"timesteps", "imitation_states", "ranker_scenarios", "eval_scenarios", "heldout", "repeats", "steps",
          "warmup", "profile_repeats", "calibration_plans", "train_policy", "max_trials", "n_steps", "n_envs",
-         "samples", "eval_every", "checkpoint_every", "imitation_epochs", "max_seconds", "timeout", "threads"}
+         "samples", "eval_every", "checkpoint_every", "imitation_epochs", "max_seconds", "timeout", "threads",
+         "eval_tuner_calls", "max_calls", "max_steps", "repeat_scenario", "n_epochs", "batch_size", "torch_threads",
+         "calibrate", "calibration_microbatches"}
 SMALL = ["0", "1", "2", "-1", "x", "0.5", ""]
 TEXT = {
     "model": ["gemma-small", "tiny-hybrid", "nemotronh-small", "gemma-large", "nope", ""],
