@@ -31,6 +31,7 @@ are simulated one by one, in the reset.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,14 +53,18 @@ class PipelineVectorEnv(VectorEnv):
     are the single environment's arguments (``max_steps``, ``max_calls``, ``scenario``,
     ``repeat_scenario``, ``single_start_share``, ``share_results``, ``allow_stop``...), the same
     for every environment; or ``env_factory``, a callable that returns one new ``PipelineEnv``
-    (a subclass with a fixed scenario, say) per environment.
+    (a subclass with a fixed scenario, say) per environment. ``engine_threads``: threads of the
+    native batch (default 1: the compiled engine starts its threads at every call, and on a machine
+    whose cores are busy a second thread that waits for a core holds up the whole step; 2 pays only
+    on idle cores).
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int = 1, *, autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
                  render_mode: str | None = None, max_episode_steps: int | None = None,
-                 env_factory: Callable[[], PipelineEnv] | None = None, **env_kwargs: Any) -> None:
+                 env_factory: Callable[[], PipelineEnv] | None = None, engine_threads: int = 1,
+                 **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
         if render_mode is not None:
@@ -72,7 +77,10 @@ class PipelineVectorEnv(VectorEnv):
         except ValueError:
             raise ValueError(f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, "
                              f"got {autoreset_mode!r}") from None
+        if isinstance(engine_threads, bool) or not isinstance(engine_threads, (int, np.integer)) or engine_threads < 1:
+            raise ValueError(f"engine_threads must be a whole number >= 1, got {engine_threads!r}")
         self.num_envs = int(num_envs)
+        self.engine_threads = int(engine_threads)
         if env_factory is not None and env_kwargs:
             raise ValueError(f"pass the environments' arguments to env_factory, not beside it: {sorted(env_kwargs)}")
         make = env_factory if env_factory is not None else (lambda: PipelineEnv(**env_kwargs))
@@ -91,6 +99,9 @@ class PipelineVectorEnv(VectorEnv):
         self._obs: list[Any] = [None] * self.num_envs
         self.batched_calls = 0
         """Native batches run by :meth:`step` (one per step that simulated something)."""
+        self.timings = {"step": 0.0, "prefetch": 0.0, "resets": 0.0}
+        """Seconds spent in :meth:`step`, in its batched simulations (the edited candidates, their
+        stage costs and the native call) and in its autoresets: where a step's time goes."""
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -134,7 +145,10 @@ class PipelineVectorEnv(VectorEnv):
         if mode == AutoresetMode.DISABLED and self._autoreset.any():
             raise ValueError(f"environments {np.flatnonzero(self._autoreset).tolist()} ended: reset them "
                              "(options={'reset_mask': ...}) before stepping with autoreset_mode=Disabled")
+        t0 = time.perf_counter()
         self._prefetch(acts, skip=self._autoreset if next_step else None)
+        t1 = time.perf_counter()
+        resets = 0.0
         rewards = np.zeros(n, dtype=np.float64)
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
@@ -142,12 +156,16 @@ class PipelineVectorEnv(VectorEnv):
         finals: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
         for i, env in enumerate(self.envs):
             if next_step and self._autoreset[i]:
+                r0 = time.perf_counter()
                 self._obs[i], info = env.reset()
+                resets += time.perf_counter() - r0
             else:
                 self._obs[i], rewards[i], terms[i], truncs[i], info = env.step(acts[i])
                 if mode == AutoresetMode.SAME_STEP and (terms[i] or truncs[i]):
                     finals.append((i, self._obs[i], info))
+                    r0 = time.perf_counter()
                     self._obs[i], info = env.reset()
+                    resets += time.perf_counter() - r0
             infos.append((i, info))
         self._autoreset = terms | truncs
         out = self._batch_infos(infos)
@@ -159,7 +177,12 @@ class PipelineVectorEnv(VectorEnv):
             out["_final_obs"] = np.isin(np.arange(n), [i for i, _, _ in finals])
             out["final_info"] = self._batch_infos([(i, info) for i, _, info in finals])
             out["_final_info"] = out["_final_obs"].copy()
-        return self._batch_obs(), rewards, terms, truncs, out
+        obs = self._batch_obs()
+        tm = self.timings
+        tm["step"] += time.perf_counter() - t0
+        tm["prefetch"] += t1 - t0
+        tm["resets"] += resets
+        return obs, rewards, terms, truncs, out
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions of every environment, ``(num_envs, 344)`` bool (MaskablePPO's masks)."""
@@ -198,7 +221,7 @@ class PipelineVectorEnv(VectorEnv):
         if not requests:
             return
         self.batched_calls += 1
-        for (ev, t), res in zip(requests, results_across(requests)):
+        for (ev, t), res in zip(requests, results_across(requests, threads=self.engine_threads)):
             memo = getattr(ev, "_memo", None)
             if memo is not None:  # what SharedEvaluator.result keeps for the scenario's later episodes
                 if len(memo) >= ev.MEMO_LIMIT:
@@ -210,40 +233,42 @@ class PipelineVectorEnv(VectorEnv):
         return {k: np.stack([o[k] for o in obs]) for k in self._keys}
 
     def _batch_infos(self, items: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-        """Gymnasium's vector info layout (``VectorEnv._add_info``): each key an array over the
-        environments and ``_key`` a bool array of those that have it."""
+        """Gymnasium's vector info layout (what ``VectorEnv._add_info`` builds, faster): each key an
+        array over the environments and ``_key`` a bool array of those that have it."""
         n = self.num_envs
         out: dict[str, Any] = {}
         if not items:
             return out
+        keys = items[0][1].keys()
+        if any(info.keys() != keys for _, info in items):  # infos of different shapes: the general path
+            for i, info in items:
+                out = self._add_info(out, info, i)
+            return out
         idx = [i for i, _ in items]
         full = len(items) == n
-        for key in dict.fromkeys(k for _, info in items for k in info):
-            first = items[0][1].get(key)
-            if key == "final_obs" or isinstance(first, dict) or any(key not in info for _, info in items):
-                for i, info in items:  # rare shapes: the general path
-                    out = self._add_info(out, {key: info[key]}, i) if key in info else out
-                continue
+        for key, first in items[0][1].items():
             values = [info[key] for _, info in items]
-            if type(first) in (int, float, bool) or isinstance(first, np.number):
-                arr = np.zeros(n, dtype=type(first))
-            elif isinstance(first, np.ndarray):
-                arr = np.zeros((n, *first.shape), dtype=first.dtype)
-            else:
-                arr = np.full(n, None, dtype=object)
-            if full:
-                if arr.dtype == object:
-                    for i, v in enumerate(values):
-                        arr[i] = v
-                else:
-                    arr[:] = values if not isinstance(first, np.ndarray) else np.stack(values)
-                present = np.ones(n, dtype=bool)
-            else:
+            if key == "final_obs" or isinstance(first, dict):
                 for i, v in zip(idx, values):
-                    arr[i] = v
+                    out = self._add_info(out, {key: v}, i)
+                continue
+            kind = type(first)
+            if kind in (int, float, bool) or isinstance(first, np.number):
+                col = np.array(values, dtype=kind)
+            elif isinstance(first, np.ndarray):
+                col = np.stack(values).astype(first.dtype, copy=False)
+            else:
+                col = np.empty(len(values), dtype=object)
+                for j, v in enumerate(values):
+                    col[j] = v
+            if full:
+                arr, present = col, np.ones(n, dtype=bool)
+            else:
+                shape = (n, *col.shape[1:])
+                arr = np.full(n, None, dtype=object) if col.dtype == object else np.zeros(shape, col.dtype)
+                arr[idx] = col
                 present = np.zeros(n, dtype=bool)
                 present[idx] = True
             out[key] = arr
             out[f"_{key}"] = present
         return out
-

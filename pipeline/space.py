@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline import engine as _engine
 from pipeline.balance import device_balanced_sizes
 from pipeline.engine import Outcome, ScheduleJob, list_schedule, schedule_and_simulate_many
 from pipeline.errors import PlanError
@@ -501,11 +502,12 @@ class Evaluator:
         return res
 
 
-def results_across(requests: Sequence[tuple[Evaluator, Candidate]]) -> list[Result]:
+def results_across(requests: Sequence[tuple[Evaluator, Candidate]], *, threads: int | None = None) -> list[Result]:
     """:meth:`Evaluator.result` of each ``(evaluator, candidate)`` pair, the engine calls of the new
     ones (over every evaluator and problem) in one :func:`pipeline.engine.schedule_and_simulate_many`
-    batch: what a batched environment's step needs. Each evaluator counts and caches its new
-    candidates exactly as one ``result`` call each would (a pair repeated counts once)."""
+    batch on ``threads`` threads (default :data:`pipeline.engine.BATCH_THREADS`): what a batched
+    environment's step needs. Each evaluator counts and caches its new candidates exactly as one
+    ``result`` call each would (a pair repeated counts once)."""
     todo: list[tuple[Evaluator, Candidate, _Job]] = []
     seen: set[tuple[int, Candidate]] = set()
     for ev, c in requests:
@@ -516,7 +518,14 @@ def results_across(requests: Sequence[tuple[Evaluator, Candidate]]) -> list[Resu
         todo.append((ev, c, ev._start(c)))
     batch = [job for _, _, job in todo if job.job is not None]
     if len(batch) > 1:
-        for job, outcome in zip(batch, schedule_and_simulate_many([job.job for job in batch])):
+        saved = _engine.BATCH_THREADS
+        if threads is not None:  # the facade's batch width, for this call only (not thread-safe)
+            _engine.BATCH_THREADS = max(1, int(threads))
+        try:
+            outcomes = schedule_and_simulate_many([job.job for job in batch])
+        finally:
+            _engine.BATCH_THREADS = saved
+        for job, outcome in zip(batch, outcomes):
             if isinstance(outcome, str):
                 job.error = outcome
             else:

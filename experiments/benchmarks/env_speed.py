@@ -1,10 +1,12 @@
 """Steps per second of adaptis/Pipeline-v0 with random masked actions, single and vectorised.
 
-Cases: ``small`` (a fixed synthetic model of 16 layers on 4 devices, 8 micro-batches: resets
-re-use the scenario, and its episodes share the scenario's simulated results, so a plan an
-earlier episode tried costs no new simulation), ``small-fresh`` (the same without that sharing:
-every new plan of an episode is scheduled and simulated) and ``train`` (fresh scenarios of 2-32
-devices drawn as in training, resets included, each scenario serving 4 episodes).
+Cases: ``default`` (``gymnasium.make("adaptis/Pipeline-v0")`` with its default arguments: a
+new scenario of 2-8 devices at every reset), ``small`` (a fixed synthetic model of 16 layers on 4
+devices, 8 micro-batches: resets re-use the scenario, and its episodes share the scenario's
+simulated results, so a plan an earlier episode tried costs no new simulation), ``small-fresh``
+(the same without that sharing: every new plan of an episode is scheduled and simulated) and
+``train`` (fresh scenarios of 2-32 devices drawn as in training, resets included, each scenario
+serving 4 episodes).
 
   python -m experiments.benchmarks.env_speed [--seconds 5] [--n-envs 2] [--cases small,train] [--json]
 """
@@ -17,7 +19,10 @@ import time
 
 import numpy as np
 
-__all__ = ["measure", "main"]
+__all__ = ["CASES", "env_factory", "measure", "main"]
+
+#: The cases :func:`env_factory` knows.
+CASES = ("default", "small", "small-fresh", "train")
 
 
 def _small_problem():
@@ -30,7 +35,8 @@ def _small_problem():
     return Problem(profile_from_architecture(arch, seq_len=2048), build_cluster("h100", devices=4), 8)
 
 
-def _make(case: str):
+def env_factory(case: str):
+    """A function that builds one new environment of ``case`` (one of :data:`CASES`)."""
     from env.pipeline_env import PipelineEnv
 
     if case in ("small", "small-fresh"):
@@ -41,8 +47,10 @@ def _make(case: str):
                 return super().reset(seed=seed, options={"problem": problem, **(options or {})})
 
         return lambda: Fixed(share_results=case == "small")
+    if case == "default":
+        return PipelineEnv
     if case != "train":
-        raise ValueError(f"unknown case {case!r}; use small, small-fresh or train")
+        raise ValueError(f"unknown case {case!r}; use default, small, small-fresh or train")
     from env.scenarios import TRAIN_SCENARIO
 
     return lambda: PipelineEnv(scenario=TRAIN_SCENARIO, max_calls=40, repeat_scenario=4)
@@ -52,7 +60,7 @@ def measure(case: str = "small", *, n_envs: int = 1, seconds: float = 5.0, seed:
     """Environment steps per second (all environments together) with random allowed actions."""
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    factory = _make(case)
+    factory = env_factory(case)
     rng = np.random.default_rng(seed)
     if n_envs == 1:
         env = factory()
