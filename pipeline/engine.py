@@ -208,9 +208,12 @@ def schedule_and_simulate(costs: StageCosts, placement: Sequence[int], devices: 
 BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
-def schedule_and_simulate_many(jobs: Sequence[ScheduleJob]) -> list[Outcome | str]:
-    """:func:`schedule_and_simulate` of each job (on :data:`BATCH_THREADS` threads with the compiled
-    engine); a job whose placement forms no pipeline comes back as its error message."""
+def schedule_and_simulate_many(jobs: Sequence[ScheduleJob], *, threads: int | None = None) -> list[Outcome | str]:
+    """:func:`schedule_and_simulate` of each job (on ``threads`` threads with the compiled engine,
+    default :data:`BATCH_THREADS`); a job whose placement forms no pipeline comes back as its error
+    message. The results do not depend on ``threads``. The compiled engine starts its threads at
+    every call, so where other work keeps the cores busy one thread can be much faster (a second
+    thread that waits for a core holds up the whole batch)."""
     if _native is None or len(jobs) < 2:
         out: list[Outcome | str] = []
         for j in jobs:
@@ -228,9 +231,10 @@ def schedule_and_simulate_many(jobs: Sequence[ScheduleJob]) -> list[Outcome | st
             bad[k] = str(exc)
     if bad:  # the compiled engine indexes devices unchecked: run the others alone
         good = [j for k, j in enumerate(jobs) if k not in bad]
-        done = iter(schedule_and_simulate_many(good))
+        done = iter(schedule_and_simulate_many(good, threads=threads))
         return [bad[k] if k in bad else next(done) for k in range(len(jobs))]
-    raw = _native.schedule_and_simulate_batch([_job_args(j) for j in jobs], BATCH_THREADS)
+    width = BATCH_THREADS if threads is None else max(1, int(threads))
+    raw = _native.schedule_and_simulate_batch([_job_args(j) for j in jobs], width)
     return [r if isinstance(r, str) else Outcome(r[0], r[1], tuple(r[2]), tuple(r[3])) for r in raw]
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import engine as _engine
 from pipeline.balance import device_balanced_sizes
 from pipeline.engine import Outcome, ScheduleJob, list_schedule, schedule_and_simulate_many
 from pipeline.errors import PlanError
@@ -518,14 +517,7 @@ def results_across(requests: Sequence[tuple[Evaluator, Candidate]], *, threads: 
         todo.append((ev, c, ev._start(c)))
     batch = [job for _, _, job in todo if job.job is not None]
     if len(batch) > 1:
-        saved = _engine.BATCH_THREADS
-        if threads is not None:  # the facade's batch width, for this call only (not thread-safe)
-            _engine.BATCH_THREADS = max(1, int(threads))
-        try:
-            outcomes = schedule_and_simulate_many([job.job for job in batch])
-        finally:
-            _engine.BATCH_THREADS = saved
-        for job, outcome in zip(batch, outcomes):
+        for job, outcome in zip(batch, schedule_and_simulate_many([job.job for job in batch], threads=threads)):
             if isinstance(outcome, str):
                 job.error = outcome
             else:

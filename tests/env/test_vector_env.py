@@ -120,7 +120,8 @@ def test_one_native_batch_per_step(monkeypatch):
         acts = _actions(vec.action_masks(), rng)
     sizes = []
     real = space.schedule_and_simulate_many
-    monkeypatch.setattr(space, "schedule_and_simulate_many", lambda jobs: sizes.append(len(jobs)) or real(jobs))
+    monkeypatch.setattr(space, "schedule_and_simulate_many",
+                        lambda jobs, **kw: sizes.append(len(jobs)) or real(jobs, **kw))
     calls = [e.editor.ev.calls for e in vec.envs]
     _, _, _, _, info = vec.step(acts)
     assert sizes == [6]
