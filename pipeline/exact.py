@@ -70,13 +70,16 @@ __all__ = ["TICKS_PER_SECOND", "DEFAULT_MAX_ACTIONS", "Proof", "prove", "plan_ca
 #: Integer time of the model: ticks per second (0.1 microseconds).
 TICKS_PER_SECOND = 10_000_000
 #: The most actions (F, I, W, B of every stage and micro-batch) the exact model is built for.
-DEFAULT_MAX_ACTIONS = 12_000
+DEFAULT_MAX_ACTIONS = 16_384
 _MEMORY_UNITS = 1_000_000  # a device's capacity in at most about this many memory units
 #: Relative amount taken off the float-summed load bound, so that rounding in its sums cannot lift it
 #: above the simulator's time of an order that meets it exactly.
 _FLOAT_SLACK = 1e-9
 #: Share of the time the full model gets before the one-device relaxations (when it does not close).
 FULL_MODEL_SHARE = 0.6
+#: Above this many actions the full model gets all the time and no one-device relaxation runs
+#: (on 16-device plans their bounds stayed below the device-load bound).
+RELAX_ACTIONS = 3000
 _OPS_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
 
 
@@ -393,7 +396,7 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
         common = dict(symmetry=symmetry, costs=costs, caps=caps, devices=plan.devices, hint_order=hint_order,
                       hint_fits=best is not None, workers=workers, seed=seed)
         # The full model first; if it does not close, per-device relaxations with the time left.
-        share = 1.0 if overlap else FULL_MODEL_SHARE
+        share = 1.0 if overlap or len(acts) > RELAX_ACTIONS else FULL_MODEL_SHARE
         now = time.perf_counter()
         status, cp_bound, cp_obj, orders = _solve(acts, index, edges, deadline=now + share * (deadline - now),
                                                   **common)  # type: ignore[arg-type]
@@ -424,8 +427,9 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
             solver_bound = cp_bound / tick + costs.post_step if cp_bound is not None else None
         else:
             ticks = cp_bound or 0
-            relaxed = _relaxation_bounds(acts, index, edges, plan=plan, costs=costs, deadline=deadline,
-                                         common=common, target=(best[0] - costs.post_step) * tick if best else None)
+            target = (best[0] - costs.post_step) * tick if best else None
+            relaxed = {} if len(acts) > RELAX_ACTIONS else _relaxation_bounds(
+                acts, index, edges, plan=plan, costs=costs, deadline=deadline, common=common, target=target)
             formulation = (f"{exact}, not closed in time ({status}); the bound is the largest of its own and of "
                            f"{len(relaxed)} one-device relaxations (only that device runs one action at a time and "
                            "keeps its memory limit, every other device runs any number at once)")
