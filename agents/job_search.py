@@ -11,7 +11,8 @@ preset, :func:`search_job`
    its fullest device (the replica's weights, optimizer state and one micro-batch of activations
    spread evenly over its ``pp`` devices); configurations that cannot fit are dropped;
 3. builds Megatron-LM's usual choice for every configuration in bound order (its even split, 1F1B
-   or interleaved 1F1B at its best chunk count, :func:`pipeline.parallelism.megatron_job_plan`),
+   or interleaved 1F1B at its best chunk count, :func:`pipeline.parallelism.megatron_job_plan`;
+   with full recomputation where it does not fit without),
    skipping those whose bound is already above the best Megatron step found: the best of these is
    **Megatron's best even-split configuration**, the baseline;
 4. runs the AdaPtis tuner (:class:`agents.tuner.AdaptisTuner`, ``calls_per_config`` simulator
@@ -44,7 +45,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,8 @@ class JobRow:
         return self.estimate is not None and self.estimate.fits
 
     def as_dict(self, *, with_plan: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.method, **self.par.as_dict(), "bound_ms": 1e3 * self.bound_s}
+        par = self.estimate.par if self.estimate is not None else self.par
+        out: dict[str, Any] = {"method": self.method, **par.as_dict(), "bound_ms": 1e3 * self.bound_s}
         if self.estimate is not None:
             row = self.estimate.row()
             out.update({k: row[k] for k in ("iteration_ms", "pipeline_ms", "dp_exposed_ms", "tokens_per_s_per_gpu",
@@ -224,6 +226,13 @@ def _megatron(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
         plan = megatron_job_plan(profile, cluster, par, training=training)
         est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=cfg.gpu,
                            gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
+        if not est.fits:  # what a Megatron user does next: --recompute-granularity full
+            redo = replace(par, recompute=True)
+            plan = megatron_job_plan(profile, cluster, redo, training=training)
+            again = estimate_job(profile, cluster, plan, par=redo, training=training, gpu=cfg.gpu,
+                                 gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
+            if again.fits:
+                return JobRow(par, "megatron", again, bound, note="full recomputation: it does not fit without")
     except AdaptisError as exc:
         return JobRow(par, "megatron", None, bound, note=str(exc))
     return JobRow(par, "megatron", est, bound)
@@ -471,7 +480,7 @@ def write_job_exports(out: Path, cfg: JobConfig, found: JobSearchResult) -> list
             continue
         profile = _setup(cfg, row.par)[0]
         try:
-            (out / "megatron_args.txt").write_text(megatron_job_args(row.estimate.plan, profile, row.par,
+            (out / "megatron_args.txt").write_text(megatron_job_args(row.estimate.plan, profile, row.estimate.par,
                                                                      seq_len=cfg.seq_len))
         except ConfigError as exc:
             exports.setdefault("megatron_args_note", f"the best plan: {exc}")
