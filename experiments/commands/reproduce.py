@@ -26,7 +26,7 @@ from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget
 from agents.registry import make_searcher
-from experiments.common import check_microbatches, output_folder, positive_int
+from experiments.common import check_microbatches, non_negative_float, output_folder, positive_int
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
@@ -69,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=tuple(RUNTIMES), default="ideal",
                         help="runtime model every plan and the baseline are predicted on (pipeline.runtime; "
                              "default ideal: the performance model alone)")
+    parser.add_argument("--prove", type=non_negative_float, default=0.0, metavar="SECONDS",
+                        help="also prove the tuner's plan of each case for this long (pipeline.exact: the best order "
+                             "of its partition and placement and a lower bound on every order) and add the proven "
+                             "gap (default 0: off; see docs/prove.md)")
     parser.add_argument("--out", default="docs/results", help="folder for reproduce.md/.jsonl/.png")
     parser.add_argument("--wandb-project", default="adaptis")
 
@@ -175,6 +179,13 @@ def run(args: argparse.Namespace) -> int:
         baselines = [r for m, r in results.items() if m != "adaptis" and r.ok and r.result.feasible]
         best_base = min(baselines, key=lambda r: r.iteration_time) if baselines else None
         tuned = results.get("adaptis")
+        proven: dict[str, Any] = {}
+        if args.prove > 0 and tuned is not None and tuned.feasible:
+            from pipeline.exact import prove
+
+            proof = prove(tuned.plan, profile, cluster, training=training, seconds=args.prove)
+            proven = {"proven_best": proof.best_time, "proven_bound": proof.bound, "proven_gap": proof.gap,
+                      "tuner_vs_best": proof.plan_time / proof.best_time - 1, "proven_status": proof.status}
         summary.append({
             "model": model, "seq_len": seq, "devices": devices,
             "megatron": mega.iteration_time, "megatron_chunks": mega.plan.meta.get("chunks") if mega.plan else None,
@@ -188,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             "ceiling": mega.iteration_time / bound if mega.ok else None,
             "paper": PAPER[(family, seq)][list(SIZES).index(size)] if (family, seq) in PAPER else None,
             "tuner_seconds": round(tuned.seconds, 2) if tuned else None,
-            **rich,
+            **rich, **proven,
         })
     bar.close()
     with open(out / "reproduce.jsonl", "w") as fh:
@@ -254,6 +265,8 @@ def _write_markdown(path: Path, summary: list[dict[str, Any]], args: argparse.Na
             f"{f(s.get('ceiling'))}x | {f(s['tuner_seconds'])} |")
     if any(s.get("richer_ceiling") for s in summary):
         lines += _richer_table(summary, args)
+    if any(s.get("proven_gap") is not None for s in summary):
+        lines += _proven_table(summary, args)
     lines += [
         "",
         f"Geometric mean speedup **{_geomean(speedups):.3f}x** (paper on the same cases: {_geomean(papers):.2f}x; "
@@ -285,6 +298,22 @@ def _write_markdown(path: Path, summary: list[dict[str, Any]], args: argparse.Na
         "was its best starting point.",
     ]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _proven_table(summary: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """The tuner's plans proven (``--prove``): best order found, proven bound, gap, per case."""
+    lines = ["", f"## Proven gaps (`--prove {args.prove:g}`: docs/prove.md)", "",
+             "For the tuner's partition and placement: the best order found (simulated), a lower bound on every "
+             "order of its actions, the gap (best / bound - 1) and how far the tuner's own order was from the best.",
+             "", "| model | seq | adaptis | best order | bound | gap | tuner vs best | solver |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        if s.get("proven_gap") is None:
+            continue
+        lines.append(f"| {s['model']} | {s['seq_len']} | {s['adaptis']:.1f} | {s['proven_best']:.1f} | "
+                     f"{s['proven_bound']:.1f} | {100 * s['proven_gap']:.2f}% | {100 * s['tuner_vs_best']:.2f}% | "
+                     f"{s['proven_status']} |")
+    return lines
 
 
 def _richer_table(summary: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:

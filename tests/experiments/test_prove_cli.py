@@ -35,7 +35,7 @@ def plan_file(tmp_path):
 def test_json_fields_and_the_better_plan(plan_file, tmp_path, capsys) -> None:
     out = tmp_path / "better.json"
     code = main(["prove", "--plan", str(plan_file), "--profile", PROFILE, "--cluster", CLUSTER, "--runtime",
-                 "pytorch", "--seconds", "5", "--workers", "2", "--json", "--out", str(out)])
+                 "pytorch", "--seconds", "3", "--workers", "2", "--json", "--out", str(out)])
     assert code == 0
     row = json.loads(capsys.readouterr().out)
     assert set(row) >= FIELDS
@@ -87,3 +87,14 @@ def test_out_may_not_overwrite_the_input(plan_file, capsys) -> None:
                  "--out", str(plan_file)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--out" in err[0]
+
+
+def test_reproduce_prove_adds_the_proven_gaps(tmp_path) -> None:
+    code = main(["reproduce", "--families", "gemma", "--sizes", "small", "--seq-lens", "2048", "--budget", "30",
+                 "--microbatches", "4", "--methods", "megatron,adaptis", "--prove", "3", "--out", str(tmp_path)])
+    assert code == 0
+    text = (tmp_path / "reproduce.md").read_text()
+    section = text.split("## Proven gaps", 1)[1]
+    row = next(line for line in section.splitlines() if line.startswith("| gemma-small"))
+    gap = float(row.split("|")[6].strip().rstrip("%"))
+    assert 0 <= gap < 100
