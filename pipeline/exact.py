@@ -430,9 +430,12 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
             target = (best[0] - costs.post_step) * tick if best else None
             relaxed = {} if len(acts) > RELAX_ACTIONS else _relaxation_bounds(
                 acts, index, edges, plan=plan, costs=costs, deadline=deadline, common=common, target=target)
-            formulation = (f"{exact}, not closed in time ({status}); the bound is the largest of its own and of "
-                           f"{len(relaxed)} one-device relaxations (only that device runs one action at a time and "
-                           "keeps its memory limit, every other device runs any number at once)")
+            if relaxed:
+                formulation = (f"{exact}, not closed in time ({status}); the bound is the largest of its own and of "
+                               f"{len(relaxed)} one-device relaxations (only that device runs one action at a time "
+                               "and keeps its memory limit, every other device runs any number at once)")
+            else:
+                formulation = f"{exact}, not closed in time ({status}); the bound is its own"
             ticks = max([ticks, *relaxed.values()])
             solver_bound = ticks / tick + costs.post_step if ticks else None
     if best is None:  # nothing fits the caps: keep the plan as it is
