@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
+from executor.fidelity import calibration_plans
 from experiments.common import output_folder, prediction_meta
 from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow_phases import (
@@ -350,9 +351,12 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     else:
         t0 = time.perf_counter()
         to_replay = [best] + ([mega] if mega is not None and mega is not best else [])
+        again = calibration_plans(costs.profile, cluster, microbatches, count=cfg.calibration_plans,
+                                  seed=cfg.seed) if costs.scales else []  # the plans the costs were fitted on
         measured, failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
                                   warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout,
-                                  granularity=cfg.granularity, head_shards=cfg.head_shards, log=log)
+                                  granularity=cfg.granularity, head_shards=cfg.head_shards, calibration=again,
+                                  log=log)
         if failed:
             notes.append(failed)
         seconds["replay"] = time.perf_counter() - t0
@@ -427,6 +431,9 @@ def _summary(best: SearchResult, mega: SearchResult | None, measured: dict[str, 
     if m is not None:
         out.update({"measured_ms": m.measured_ms, "predicted_runtime_ms": m.predicted_runtime_ms,
                     "prediction_error_pct": 100 * (m.predicted_runtime_ms - m.measured_ms) / m.measured_ms})
+        if m.predicted_same_job_ms:
+            out.update({"predicted_same_job_ms": m.predicted_same_job_ms,
+                        "same_job_error_pct": 100 * (m.predicted_same_job_ms - m.measured_ms) / m.measured_ms})
         mm = measured.get(mega.method) if mega is not None else None
         if mm is not None and mm.measured_ms:
             out.update({"megatron_measured_ms": mm.measured_ms,

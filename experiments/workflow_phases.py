@@ -23,6 +23,7 @@ from typing import Any
 from agents.base import Budget, SearchResult
 from experiments.workflow_report import Measurement
 from pipeline.errors import AdaptisError, ConfigError
+from pipeline.plan import Plan
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["Costs", "measure_here", "calibrate_here", "analytic_costs", "train_policy", "search_methods", "replay",
@@ -218,13 +219,18 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
 
 def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
            threads: int, timeout: float, granularity: str = "layer", head_shards: int = 1,
+           calibration: Sequence[tuple[str, Plan]] = (),
            log: Log = print) -> tuple[dict[str, Measurement], str | None]:
     """Run the plans of ``outcomes`` in one ``torchrun`` job and measure them.
 
-    Returns (method -> its :class:`Measurement`, ``None``) on success, else (``{}``, a note saying
-    why nothing was measured: the job failed).
+    With ``calibration`` (the random plans the costs were calibrated on), those are replayed in the
+    same job, round-robin with the outcomes' plans, and the runtime's terms re-fitted on them give a
+    second prediction per plan (:attr:`Measurement.predicted_same_job_ms`): it tells a model error
+    (both predictions miss) from the machine running at another speed than during calibration (only
+    the first misses). Returns (method -> its :class:`Measurement`, ``None``) on success, else
+    (``{}``, a note saying why nothing was measured: the job failed).
     """
-    from executor.fidelity import compare_plans
+    from executor.fidelity import calibrate, compare_plans
     from executor.replay import LaunchError, ReplayOptions, run_job
 
     plans = [o.plan for o in outcomes if o.plan is not None]
@@ -232,17 +238,24 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
     options = ReplayOptions(model=model, scale=scale, seq_len=profile.seq_len,
                             microbatch_size=profile.microbatch_size, steps=steps, warmup=warmup, threads=threads,
                             granularity=granularity, head_shards=head_shards)
+    again = f", with the {len(calibration)} calibration plans again" if calibration else ""
     log(f"replaying {', '.join(o.method for o in outcomes)} on {plans[0].devices} local ranks "
-        f"({warmup} warm-up + {steps} timed steps) ...")
+        f"({warmup} warm-up + {steps} timed steps{again}) ...")
     try:
-        result = run_job(plans, options, timeout=timeout)
+        result = run_job(plans + [p for _, p in calibration], options, timeout=timeout)
     except (LaunchError, AdaptisError) as exc:
         return {}, f"replay failed: {exc}"
     to_ms = profile.seconds_per_unit * 1e3
-    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, runs=result["runs"],
+    runs, calibration_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
+    comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, runs=runs,
                           scales=costs.scales)
+    same_job = [None] * len(comps)
+    if calibration:
+        refit = calibrate(calibration, profile, costs.cluster, runs=calibration_runs)
+        same_job = [c.predicted * to_ms for c in compare_plans([(o.method, o.plan) for o in outcomes], profile,
+                                                               costs.cluster, runs=runs, scales=refit)]
     measured: dict[str, Measurement] = {}
-    for o, comp in zip(outcomes, comps):
+    for o, comp, again_ms in zip(outcomes, comps, same_job):
         tl = dict(comp.predicted_timeline)
         if to_ms != 1.0:
             tl["events"] = [{**e, "start": e["start"] * to_ms, "end": e["end"] * to_ms} for e in tl["events"]]
@@ -250,6 +263,7 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
         m = measured[o.method] = Measurement(
             measured_ms=comp.measured, predicted_runtime_ms=comp.predicted * to_ms,
             measured_timeline=comp.measured_timeline, predicted_timeline=tl, loss=comp.run.get("loss"),
-            measured_iteration_times=comp.run.get("measured_iteration_times"))
-        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {m.predicted_runtime_ms:.4g} ms")
+            measured_iteration_times=comp.run.get("measured_iteration_times"), predicted_same_job_ms=again_ms)
+        refitted = "" if again_ms is None else f" ({again_ms:.4g} ms calibrated in this job)"
+        log(f"  {o.method:<10} measured {comp.measured:.4g} ms, predicted {m.predicted_runtime_ms:.4g} ms{refitted}")
     return measured, None

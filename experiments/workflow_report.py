@@ -42,6 +42,10 @@ class Measurement:
     """The replay's last loss."""
     measured_iteration_times: list[float] | None = None
     """Every timed iteration of the replay (ms)."""
+    predicted_same_job_ms: float | None = None
+    """The prediction with the runtime's terms re-fitted on the calibration plans replayed in the
+    same job (round-robin with this plan): what the model says for this plan at the machine's speed
+    during this replay. None when no calibration plans were replayed with it."""
 
 
 def timeline_busy(timeline: Mapping[str, Any]) -> tuple[list[float], float]:
@@ -94,6 +98,8 @@ def method_rows(outcomes: Sequence[SearchResult], *, time_unit: str,
                 "predicted_ms": m.predicted_runtime_ms, "measured_ms": m.measured_ms,
                 "error_pct": 100 * (m.predicted_runtime_ms - m.measured_ms) / m.measured_ms
                 if m.predicted_runtime_ms else None,
+                "same_job_error_pct": 100 * (m.predicted_same_job_ms - m.measured_ms) / m.measured_ms
+                if m.predicted_same_job_ms else None,
                 "measured_speedup": ref_measured / m.measured_ms if ref_measured else None,
                 "measured_bubble_pct": 100 * sum(bubbles) / len(bubbles) if bubbles else None,
             })

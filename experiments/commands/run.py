@@ -141,7 +141,8 @@ def print_report(report: WorkflowReport) -> None:
                       else (r.get("note") or "")[:60],
                       "speedup": r.get("speedup"), "bubble_%": r.get("bubble_pct"), "peak_GiB": r.get("peak_mem_gb"),
                       "measured_ms": r.get("measured_ms"), "meas_speedup": r.get("measured_speedup"),
-                      "meas_bubble_%": r.get("measured_bubble_pct"), "pred_err_%": r.get("error_pct")})
+                      "meas_bubble_%": r.get("measured_bubble_pct"), "pred_err_%": r.get("error_pct"),
+                      "same_job_err_%": r.get("same_job_error_pct")})
     table = [{k: ("" if v is None else v) for k, v in row.items()} for row in table]
     empty = [k for k in table[0] if all(row[k] == "" for row in table)]
     table = [{k: v for k, v in row.items() if k not in empty} for row in table]
@@ -155,6 +156,10 @@ def print_report(report: WorkflowReport) -> None:
                  f"{s['megatron_measured_ms']:.4g} ms)")
     elif "measured_ms" in s:
         line += f", measured {s['measured_ms']:.4g} ms"
+    if "prediction_error_pct" in s:
+        line += f"; prediction error {s['prediction_error_pct']:+.1f}%"
+        if "same_job_error_pct" in s:
+            line += f" ({s['same_job_error_pct']:+.1f}% calibrated on the random plans replayed in the same job)"
     print(line)
     print()
     print_table(report.devices, list(report.devices[0]),

@@ -51,6 +51,10 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     calibration = summary["calibration"]
     assert set(calibration) >= {"F", "I", "W", "overhead"} and all(v >= 0 for v in calibration.values())
     assert ModelProfile.load(out / "calibrated_profile.json").action_overhead == pytest.approx(calibration["overhead"])
+    # ... and replayed again beside the best plan: its prediction re-calibrated in the same job
+    assert s["predicted_same_job_ms"] > 0
+    assert s["same_job_error_pct"] == pytest.approx(100 * (s["predicted_same_job_ms"] / s["measured_ms"] - 1))
+    assert "calibrated on the random plans replayed in the same job" in text
     assert [d["device"] for d in summary["devices"]] == [0, 1]
     assert all("measured_bubble_pct" in d for d in summary["devices"])
     assert abs(sum(k["time_share_pct"] for k in summary["kinds"]) - 100) < 1e-6
