@@ -127,7 +127,9 @@ def megatron_flops(model: dict[str, Any], *, batch: int, recompute: bool) -> flo
 
 def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] | str:
     """The row's degrees and chunk count, or why they cannot be read."""
-    par, batch = row.get("parallel", {}), row.get("batch", {})
+    par, batch = dict(row.get("parallel") or {}), row.get("batch", {})
+    if par.get("dp") is None and row.get("gpus") and par.get("tp") and par.get("pp"):
+        par["dp"] = int(row["gpus"]) // (int(par["tp"]) * int(par["pp"]) * int(par.get("cp") or 1))
     if any(par.get(k) is None for k in ("tp", "pp", "dp")) or not row.get("model", {}).get("layers"):
         return "degrees or model dimensions not published (only tp*pp)"
     schedule = str(row.get("schedule") or "")
@@ -161,7 +163,8 @@ def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] 
     # torch DDP overlaps its bucketed all-reduce with the backward; Megatron-LM 2021's "local" DDP
     # all-reduces after the backward; Megatron-Core overlaps (--overlap-grad-reduce, README)
     overlap = ddp != "local"
-    return Parallelism(tp=int(par["tp"]), pp=pp, dp=int(par["dp"]), cp=int(par.get("cp") or 1), microbatch_size=mbs,
+    return Parallelism(tp=int(par["tp"]), pp=pp, dp=int(par["dp"]), cp=int(par.get("cp") or 1),
+                       ep=int(par.get("ep") or 1), microbatch_size=mbs,
                        global_batch=int(global_batch), sequence_parallel=sp,
                        zero_stage=zero, overlap_grad_reduce=overlap, overlap_param_gather=True,
                        tp_comm_overlap=tp_overlap, recompute=recompute), chunks
