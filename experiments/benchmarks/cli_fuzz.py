@@ -59,6 +59,7 @@ BASE = {
                        "--budget", "5", "--max-seconds", "2"],
     "profile": ["--model", "tiny-hybrid", "--scale", "0.1", "--repeats", "1", "--warmup", "0"],
     "profile-info": ["--profile", PROFILE],
+    "prove": ["--plan", "{plan}", "--profile", PROFILE, "--cluster", CLUSTER, "--seconds", "2"],
     "reproduce": ["--families", "gemma", "--sizes", "small", "--seq-lens", "1024", "--budget", "5", "--methods",
                   "megatron"],
     "run": ["--model", "gemma-small", "--gpu", "h100", "--devices", "4", "--method", "megatron,1f1b", "--budget", "5",
@@ -81,7 +82,7 @@ SIZES = {"timesteps", "imitation_states", "ranker_scenarios", "eval_scenarios", 
          "warmup", "profile_repeats", "calibration_plans", "train_policy", "max_trials", "n_steps", "n_envs",
          "samples", "eval_every", "checkpoint_every", "imitation_epochs", "max_seconds", "timeout", "threads",
          "eval_tuner_calls", "max_calls", "max_steps", "repeat_scenario", "n_epochs", "batch_size", "torch_threads",
-         "calibrate", "calibration_microbatches"}
+         "calibrate", "calibration_microbatches", "seconds", "workers", "max_actions"}
 SMALL = ["0", "1", "2", "-1", "x", "0.5", ""]
 TEXT = {
     "model": ["gemma-small", "tiny-hybrid", "nemotronh-small", "gemma-large", "nope", ""],
