@@ -99,6 +99,10 @@ class JobConfig:
     """1: Megatron's distributed optimizer (the default in practice); 0 plain DDP; 3 FSDP."""
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
     max_cp: int = 8
+    pp_choices: tuple[int, ...] | None = None
+    """Pipeline degrees to try (None: every divisor); e.g. ``(8,)`` to compare at a fixed pipeline."""
+    tp_choices: tuple[int, ...] | None = None
+    """Tensor-parallel degrees to try (None: every divisor up to a node)."""
     calls_per_config: int = DEFAULT_CALLS_PER_CONFIG
     tune_top: int = DEFAULT_TUNE_TOP
     seed: int = 0
@@ -176,12 +180,14 @@ def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
     attention_only = bool(mixers) and mixers <= {"attention", "sliding_attention", "mla"}
     out = []
     for tp in _divisors(cfg.gpus):
-        if tp > cfg.gpus_per_node:
+        if tp > cfg.gpus_per_node or (cfg.tp_choices is not None and tp not in cfg.tp_choices):
             continue
         for cp in _divisors(cfg.gpus // tp):
             if cp > 1 and (not attention_only or cp > cfg.max_cp):
                 continue
             for pp in _divisors(cfg.gpus // (tp * cp)):
+                if cfg.pp_choices is not None and pp not in cfg.pp_choices:
+                    continue
                 dp = cfg.gpus // (tp * cp * pp)
                 eps = [e for e in _divisors(dp * cp) if arch.num_experts and arch.num_experts % e == 0] or [1]
                 for ep in eps:
@@ -368,6 +374,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                        help="data-parallel sharding: none, dist-opt/zero1 (Megatron's distributed optimizer, the "
                             "default), zero2, fsdp/zero3")
     group.add_argument("--max-cp", type=_positive, default=8, help="largest context-parallel degree to try")
+    group.add_argument("--pp", type=_sizes, default=None, help="pipeline degrees to try, comma-separated (default all)")
+    group.add_argument("--tp", type=_sizes, default=None,
+                       help="tensor-parallel degrees to try, comma-separated (default all up to a node)")
     group.add_argument("--calls-per-config", type=_positive, default=DEFAULT_CALLS_PER_CONFIG,
                        help=f"tuner simulator calls per configuration (default {DEFAULT_CALLS_PER_CONFIG})")
     group.add_argument("--tune-top", type=_positive, default=DEFAULT_TUNE_TOP,
@@ -406,7 +415,8 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
                      gpus_per_node=getattr(args, "gpus_per_node", None) or 8,
                      memory_gb=getattr(args, "memory_gb", None), runtime=getattr(args, "runtime", None) or "megatron",
                      zero_stage=ZERO_STAGES[args.zero], microbatch_sizes=tuple(args.microbatch_sizes),
-                     max_cp=args.max_cp, calls_per_config=args.calls_per_config, tune_top=args.tune_top,
+                     max_cp=args.max_cp, pp_choices=args.pp, tp_choices=args.tp,
+                     calls_per_config=args.calls_per_config, tune_top=args.tune_top,
                      seed=getattr(args, "seed", 0) or 0)
 
 

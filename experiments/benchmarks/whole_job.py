@@ -11,7 +11,7 @@ Each method's iteration time, peak memory and whether it fits, before and after.
 degrees, the best plan's step and its speedup over Megatron's best even-split configuration.
 
   python -m experiments.benchmarks.whole_job memory [--dp 8] [--budget 1000]
-  python -m experiments.benchmarks.whole_job scaling --model gemma-large [--gpus 8,16,32,64,128]
+  python -m experiments.benchmarks.whole_job scaling --model gemma-large [--gpus 8,16,32,64,128] [--pp 8]
 """
 
 from __future__ import annotations
@@ -56,12 +56,15 @@ def memory_rows(*, dp: int, budget: int, runtime: str = "ideal") -> list[dict]:
     return rows
 
 
-def scaling_rows(*, model: str, gpus: Sequence[int], global_batch: int, seq_len: int, workers: int) -> list[dict]:
+def scaling_rows(*, model: str, gpus: Sequence[int], global_batch: int, seq_len: int, workers: int,
+                 pp: int | None = None) -> list[dict]:
     arch = load_zoo_architecture(model)
     rows = []
     for n in gpus:
         t0 = time.perf_counter()
-        found = search_job(JobConfig(arch=arch, gpus=n, global_batch=global_batch, seq_len=seq_len), workers=workers)
+        cfg = JobConfig(arch=arch, gpus=n, global_batch=global_batch, seq_len=seq_len,
+                        pp_choices=None if pp is None else (min(pp, n),))
+        found = search_job(cfg, workers=workers)
         best, base = found.best, found.megatron_best
         rows.append({"model": model, "gpus": n, "seconds": time.perf_counter() - t0,
                      "best": best.as_dict() if best else None, "megatron_best": base.as_dict() if base else None,
@@ -83,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--global-batch", type=int, default=256, help="scaling: sequences per iteration")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=None,
+                        help="scaling: fix the pipeline degree (min(pp, GPUs)) instead of searching it")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.what == "memory":
@@ -97,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{r['model']:15} {r['memory']:32} {r['method']:9} {ms:>8} {peak:>8} {'yes' if r['fits'] else 'NO'}")
         return 0
     rows = scaling_rows(model=args.model, gpus=args.gpus, global_batch=args.global_batch, seq_len=args.seq_len,
-                        workers=args.workers)
+                        workers=args.workers, pp=args.pp)
     if args.json:
         print("\n".join(json.dumps(r) for r in rows))
         return 0
