@@ -104,3 +104,8 @@ def test_megatrons_row_recomputes_when_it_does_not_fit_without() -> None:
     assert tight.estimate.peak_memory_gb < roomy.estimate.peak_memory_gb
     assert tight.iteration_s > roomy.iteration_s
     assert tight.as_dict()["recompute"] is True
+
+
+def test_the_degrees_tried_can_be_restricted() -> None:
+    pars = candidate_degrees(cfg(pp_choices=(2,), tp_choices=(1, 2)))
+    assert pars and {p.pp for p in pars} == {2} and {p.tp for p in pars} <= {1, 2}
