@@ -9,7 +9,9 @@ Reads top to bottom in :func:`run_workflow`:
 2. **train** (optional) — a short RL training run whose policy the ``rl`` method then uses;
 3. **search** — the Megatron baseline, named schedules, the AdaPtis tuner and the RL policy;
 4. **replay** — on this machine, the best plan and the Megatron baseline run through the
-   executor under ``torchrun`` and are measured (skipped, with a note, for a named GPU cluster);
+   executor under ``torchrun`` and are measured, round-robin with the calibration plans again, so
+   each prediction is also given re-calibrated in the same job (skipped, with a note, for a named
+   GPU cluster);
 5. **summary** — predicted and measured times, speedups, bubbles, memory, and where the time went.
 
 Tracking: one W&B run per phase (``profile``, ``train``, ``search``, ``replay``, ``summary``), all
@@ -99,7 +101,7 @@ class WorkflowConfig:
     train_policy: int = 0
     """Train an RL policy for this many steps first (0: no training)."""
     replay: bool = True
-    steps: int = 5
+    steps: int = 10
     warmup: int = 2
     profile_repeats: int = 5
     calibration_plans: int = 6

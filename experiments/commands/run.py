@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="first train an RL policy this many steps and use it (0: no training)")
     rp = parser.add_argument_group("replay (this machine only)")
     rp.add_argument("--no-replay", action="store_true", help="search only")
-    rp.add_argument("--steps", type=positive_int, default=5, help="timed steps per plan (median kept)")
+    rp.add_argument("--steps", type=positive_int, default=10, help="timed steps per plan (median kept)")
     rp.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
     rp.add_argument("--profile-repeats", type=positive_int, default=5, help="timed repeats per layer when profiling")
     rp.add_argument("--calibration-plans", type=non_negative_int, default=6, metavar="N",
