@@ -396,8 +396,8 @@ def estimate_job(profile: ModelProfile, cluster: Cluster, plan: Plan, *, par: Pa
 def megatron_job_plan(profile: ModelProfile, cluster: Cluster, par: Parallelism, *,
                       training: TrainingConfig | None = None, chunks: Sequence[int] | None = None) -> Plan:
     """Megatron-LM's usual choice for one replica: its even split, 1F1B or interleaved 1F1B at the
-    fastest chunk count it can run (``chunks``: only these), every stage recomputing with
-    ``par.recompute``."""
+    fastest chunk count it can run that fits the memory (the fastest of all when none fits;
+    ``chunks``: only these), every stage recomputing with ``par.recompute``."""
     P, M = par.pp, par.microbatches
     train = par.training(training or TrainingConfig(runtime="megatron"))
     allowed = megatron_chunk_counts(profile, P, M)
@@ -406,15 +406,16 @@ def megatron_job_plan(profile: ModelProfile, cluster: Cluster, par: Parallelism,
     if bad:
         raise ConfigError(f"Megatron cannot run {bad} chunks per device here (it can: {allowed}; interleaving needs "
                           "micro-batches divisible by pp and a block per chunk); choose one of those", field="chunks")
-    best: tuple[float, Plan] | None = None
+    best: tuple[tuple[bool, float], Plan] | None = None
     for v in tries:
         S = P * v
         placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
         order = one_f_one_b_order(P, M) if v == 1 else interleaved_order(P, v, M)
         plan = Plan(P, M, megatron_partition(profile, S), placement, order,
                     {"method": "megatron", "chunks": v}, recompute=(True,) * S if par.recompute else None)
-        t = simulate(plan, profile, cluster, training=train, validate=False, record_timeline=False).iteration_time
-        if best is None or t < best[0]:
-            best = (t, plan)
+        res = simulate(plan, profile, cluster, training=train, validate=False, record_timeline=False)
+        key = (not res.feasible, res.iteration_time)
+        if best is None or key < best[0]:
+            best = (key, plan)
     assert best is not None
     return best[1]

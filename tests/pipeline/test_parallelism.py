@@ -193,3 +193,18 @@ def test_fsdp_hides_its_gathers_behind_the_step_and_megatron_refuses_chunks_it_c
     prof = job_profile(arch, odd, gpu="h100", seq_len=2048)
     with pytest.raises(ConfigError, match="field 'chunks'"):
         megatron_job_plan(prof, job_cluster(odd, gpu="h100"), odd, chunks=[2])  # 6 micro-batches on 4 devices
+
+
+def test_megatrons_plan_is_the_fastest_chunk_count_that_fits() -> None:
+    from pipeline.zoo import load_zoo_architecture
+    arch = load_zoo_architecture("gemma-large")
+    par = Parallelism(pp=8, dp=1, microbatch_size=1, global_batch=256)
+    profile = job_profile(arch, par, gpu="h100", seq_len=4096)
+    cluster = job_cluster(par, gpu="h100")
+    from pipeline.simulator import simulate
+    train = par.training(TrainingConfig(runtime="megatron"))
+    results = {v: simulate(megatron_job_plan(profile, cluster, par, chunks=[v]), profile, cluster, training=train,
+                           record_timeline=False) for v in (1, 2)}
+    assert results[2].iteration_time < results[1].iteration_time and not results[2].feasible  # faster, too big
+    chosen = megatron_job_plan(profile, cluster, par, chunks=[1, 2])
+    assert chosen.meta["chunks"] == 1 and results[1].feasible
