@@ -1,8 +1,8 @@
 """Proven schedules: the best order of a plan's actions, and a proven lower bound on every order.
 
 For a plan's partition and placement, :func:`prove` searches the per-device orders of its F / I / W
-(or fused B) actions with a CP-SAT model (OR-Tools, imported only here and only when called) and
-proves a lower bound on the iteration time of every such order:
+(or fused B) actions with a CP-SAT model (:mod:`pipeline.exact_model`; OR-Tools is imported only
+when a model is solved) and proves a lower bound on the iteration time of every such order:
 
 * one interval per action on its stage's device, ``NoOverlap`` per device (a device runs one action
   at a time), durations those of :func:`pipeline.simulator.stage_costs` for the training's runtime
@@ -15,7 +15,14 @@ proves a lower bound on the iteration time of every such order:
   ``I`` (or ``B``) starts, ``I`` holds what ``W`` frees until ``W`` starts, exactly the level the
   simulator's order-based accounting reaches after each action (actions on a device never
   overlap, so the level at an action's start is the level after it in list order);
+* each stage runs its F's, I's and W's in micro-batch order (no schedule is lost: micro-batches of
+  a stage are identical, :func:`pipeline.exact_model.symmetry_pairs`);
 * the makespan (plus the runtime's step and the shared weights' all-reduce, a constant).
+
+When the full model does not close within :data:`FULL_MODEL_SHARE` of the time, plans up to
+:data:`pipeline.exact_model.RELAX_ACTIONS` actions spend the rest on one-device relaxations (only
+that device keeps ``NoOverlap`` and its memory limit), each a valid bound. The whole proof keeps to
+``seconds``: the solver stops at 95% of it (a timer calls ``stop_search`` as well).
 
 Integer time: durations and latencies are rounded **down** to ticks of 0.1 microseconds, and memory
 demands rounded down (capacities up) to a unit of at most a millionth of the capacity. Rounding
