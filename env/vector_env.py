@@ -4,9 +4,9 @@
 builds a :class:`PipelineVectorEnv`. It holds N :class:`env.pipeline_env.PipelineEnv` and steps
 them together; the simulator calls of one step (one new plan per environment whose edit is
 allowed) are scheduled and simulated in **one** native call
-(:func:`pipeline.space.results_across` -> :func:`pipeline.engine.schedule_and_simulate_many`,
-which the compiled engine spreads over threads), before each environment's own step finds its
-result ready. Everything else (masks, the edited candidates, observations, rewards) is each
+(:func:`pipeline.space.results_across` -> :func:`pipeline.engine.schedule_and_simulate_many`, on
+``engine_threads`` threads, default one), before each environment's own step finds its result
+ready. Everything else (masks, the edited candidates, observations, rewards) is each
 environment's own code, so stepping the vector env is stepping N single environments with the
 same seeds and actions: the same observations, rewards, flags, masks, infos and simulator-call
 counts (``tests/env/test_vector_env.py`` checks it against Gymnasium's ``SyncVectorEnv``).
@@ -132,6 +132,8 @@ class PipelineVectorEnv(VectorEnv):
             self._obs[i], info = self.envs[i].reset(seed=seeds[i], options=options or None)
             self._autoreset[i] = False
             infos.append((i, info))
+        if any(o is None for o in self._obs):
+            raise ValueError("reset with a reset_mask before every environment was reset once: call reset() first")
         return self._batch_obs(), self._batch_infos(infos)
 
     def step(self, actions):

@@ -195,6 +195,8 @@ def test_other_bad_arguments():
         vec.step(np.zeros(3, dtype=int))
     with pytest.raises(ValueError, match="2 seeds"):
         PipelineVectorEnv(3).reset(seed=[1, 2])
+    with pytest.raises(ValueError, match="call reset"):
+        PipelineVectorEnv(2, scenario=SMALL).reset(options={"reset_mask": np.array([True, False])})
 
 
 # ---------------------------------------------------------------------- the SB3 adapter
@@ -264,3 +266,20 @@ def test_maskable_ppo_trains_on_it():
     assert len(model.ep_info_buffer) >= 8  # episodes of 6 edits ended and were counted
     assert any(not th.equal(a, b) for a, b in zip(before, model.policy.parameters()))
     vec.close()
+
+
+def test_sb3_adapter_info_keys():
+    from agents.vec_adapter import make_vec_env
+
+    vec = make_vec_env(2, info_keys=("sim_calls",), scenario=SMALL, max_steps=1)
+    vec.seed(0)
+    vec.reset()
+    assert [sorted(i) for i in vec.reset_infos] == [["sim_calls"]] * 2
+    masks = np.stack(vec.env_method("action_masks"))
+    vec.step_async(_actions(masks, np.random.default_rng(0)) * 0 + np.argmax(masks[:, 1:], axis=1) + 1)
+    _, _, dones, infos = vec.step_wait()
+    assert dones.all()
+    assert all(sorted(i) == ["TimeLimit.truncated", "sim_calls", "terminal_observation"] for i in infos)
+    assert vec.env_method("action_masks", indices=[1])[0].shape == (N_ACTIONS,)
+    vec.set_attr("step_cost", 0.5, indices=0)
+    assert vec.get_attr("step_cost") == [0.5, 0.002]

@@ -1,0 +1,207 @@
+"""Env-steps/s of the batched environment beside the single one and SubprocVecEnv, and PPO training
+steps/s on it beside today's training path, measured side by side in one run (issue 27).
+
+Environment rows (random allowed actions from the masks, stop only where nothing else is left, as
+:func:`experiments.benchmarks.env_speed.measure` does): for each case of :mod:`env_speed`
+(``default``: ``make("adaptis/Pipeline-v0")``'s defaults, a new scenario at every reset;
+``small-fresh``: one small scenario, every new plan simulated), the single environment and 2
+SubprocVecEnv workers (``env_speed.measure``), then :class:`env.vector_env.PipelineVectorEnv`
+with each of ``--sizes`` environments (and ``--two-threads`` sizes again with the native batch on
+two threads). Each figure is the median of ``--repeats`` runs, the runs
+interleaved (every configuration once, then again) so a change of the machine's load hits all
+alike. A vector row also says where its step's time went: the batched simulations (edited
+candidates, stage costs, the one native call) and the autoresets (the scenario draw and its cost
+model, the starting plans).
+
+PPO rows: today's path, :func:`agents.rl_train.train` with its defaults (MaskablePPO, the entity
+network, 8 SubprocVecEnv workers, 128 steps per environment per update), against the same
+MaskablePPO on the vector env through :mod:`agents.vec_adapter` with ``--ppo-envs`` environments
+in one process and ``n_steps`` cut so that every update has as many samples (1,024) as today's:
+the same number of gradient steps per sample. Steps/s is ``timesteps / seconds of learn()``.
+The vector row's learner share (PPO's updates, no environment) bounds what any environment
+speed can give.
+
+  python -m experiments.benchmarks.vector_env_speed [--seconds 5] [--repeats 3] [--sizes 1,16,64,256]
+      [--two-threads 16,256] [--cases default,small-fresh] [--ppo-timesteps 8192] [--ppo-envs 256]
+      [--no-ppo] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from experiments.benchmarks.env_speed import env_factory
+from experiments.benchmarks.env_speed import measure as measure_single
+
+__all__ = ["measure_vector", "ppo_today", "ppo_vector", "main"]
+
+
+def _random_allowed(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One random allowed edit per row (stop only where no edit is allowed)."""
+    r = rng.random(masks.shape)
+    r[~masks] = -1.0
+    r[masks[:, 1:].any(axis=1), 0] = -1.0
+    return r.argmax(axis=1)
+
+
+def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 0,
+                   engine_threads: int = 1) -> dict[str, float]:
+    """Env-steps/s of ``n_envs`` environments of ``case`` in one PipelineVectorEnv, and the shares
+    of its step time in batched simulations and in autoresets."""
+    from env.vector_env import PipelineVectorEnv
+
+    vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads)
+    vec.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or n == 0:
+        vec.step(_random_allowed(vec.action_masks(), rng))
+        n += n_envs
+    wall = time.perf_counter() - t0
+    tm = vec.timings
+    vec.close()
+    return {"steps_per_s": n / wall, "prefetch_share": tm["prefetch"] / wall, "reset_share": tm["resets"] / wall}
+
+
+class _Clock:
+    """SB3 callback: seconds spent collecting rollouts (the rest of learn() is PPO's update)."""
+
+    def __new__(cls):
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        class Clock(BaseCallback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.collect = 0.0
+                self._t = 0.0
+
+            def _on_rollout_start(self) -> None:
+                self._t = time.perf_counter()
+
+            def _on_rollout_end(self) -> None:
+                self.collect += time.perf_counter() - self._t
+
+            def _on_step(self) -> bool:
+                return True
+
+        return Clock()
+
+
+def ppo_today(*, timesteps: int, seed: int = 0) -> dict[str, float]:
+    """Steps/s of :func:`agents.rl_train.train` with its default configuration (no evaluation)."""
+    from agents.rl_train import TrainConfig, train
+
+    with tempfile.TemporaryDirectory() as out:
+        config = TrainConfig(timesteps=timesteps, seed=seed, eval_every=0, checkpoint_every=10 * timesteps,
+                             progress_bar=False, out=out)
+        res = train(config)
+    return {"steps_per_s": res["timesteps"] / res["seconds"], "seconds": res["seconds"]}
+
+
+def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float]:
+    """Steps/s of MaskablePPO (today's hyperparameters and network) on ``n_envs`` batched
+    environments, with the time split between collecting rollouts and PPO's updates."""
+    import torch as th
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    from agents.rl_net import EntityPolicy
+    from agents.rl_train import TrainConfig
+    from agents.vec_adapter import make_vec_env
+    from env.scenarios import TRAIN_SCENARIO
+
+    c = TrainConfig()
+    th.set_num_threads(max(1, c.torch_threads))
+    vec = VecMonitor(make_vec_env(n_envs, max_steps=c.max_steps, max_calls=c.max_calls, scenario=TRAIN_SCENARIO,
+                                  repeat_scenario=c.repeat_scenario, single_start_share=c.single_start_share,
+                                  allow_stop=c.allow_stop))
+    vec.seed(seed)
+    n_steps = max(1, c.n_steps * c.n_envs // n_envs)
+    model = MaskablePPO(EntityPolicy, vec, seed=seed, device="cpu", n_steps=n_steps,
+                        batch_size=min(c.batch_size, n_steps * n_envs), n_epochs=c.n_epochs,
+                        learning_rate=c.learning_rate, gamma=c.gamma, ent_coef=c.ent_coef, verbose=0,
+                        policy_kwargs={"hidden": c.hidden})
+    clock = _Clock()
+    t0 = time.perf_counter()
+    model.learn(total_timesteps=timesteps, callback=clock)
+    seconds = time.perf_counter() - t0
+    vec.close()
+    learner = max(seconds - clock.collect, 1e-9)
+    return {"steps_per_s": model.num_timesteps / seconds, "seconds": seconds, "n_steps": n_steps,
+            "collect_share": clock.collect / seconds, "learner_bound_steps_per_s": model.num_timesteps / learner}
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per environment measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (medians)")
+    parser.add_argument("--sizes", default="1,16,64,256", help="environments of the vector env rows")
+    parser.add_argument("--cases", default="default,small-fresh", help="env_speed cases, comma-separated")
+    parser.add_argument("--ppo-timesteps", type=int, default=8192, help="timesteps of each PPO run")
+    parser.add_argument("--ppo-envs", default="256", help="environments of the vector env PPO rows")
+    parser.add_argument("--two-threads", default="16,256",
+                        help="sizes also run with the native batch on 2 threads (engine_threads=2; '' for none)")
+    parser.add_argument("--no-ppo", action="store_true", help="environment rows only")
+    parser.add_argument("--json", action="store_true", help="one JSON row per figure")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.seconds <= 0:
+        parser.error("--repeats must be >= 1 and --seconds > 0")
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    args.two_threads = [int(x) for x in args.two_threads.split(",") if x.strip()]
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    configs: list[tuple[str, str, int]] = []
+    for case in cases:
+        configs += [(case, "single", 1), (case, "subproc", 2)] + [(case, "vector", n) for n in sizes]
+        configs += [(case, "vector-2t", n) for n in args.two_threads]
+    if not args.no_ppo:
+        configs += [("ppo", "today", 8)] + [("ppo", "vector", int(n)) for n in args.ppo_envs.split(",") if n.strip()]
+    runs: dict[tuple[str, str, int], list[dict[str, float]]] = {k: [] for k in configs}
+    for rep in range(args.repeats):
+        for case, kind, n in configs:
+            if case == "ppo":
+                res = (ppo_today(timesteps=args.ppo_timesteps, seed=rep) if kind == "today"
+                       else ppo_vector(n_envs=n, timesteps=args.ppo_timesteps, seed=rep))
+            elif kind in ("vector", "vector-2t"):
+                res = measure_vector(case, n_envs=n, seconds=args.seconds, seed=rep,
+                                     engine_threads=2 if kind == "vector-2t" else 1)
+            else:
+                res = {"steps_per_s": measure_single(case, n_envs=n, seconds=args.seconds, seed=rep)}
+            runs[(case, kind, n)].append(res)
+    rows: list[dict[str, Any]] = []
+    for (case, kind, n), results in runs.items():
+        med = _median(results)
+        base = _median(runs[(case, "single" if case != "ppo" else "today", 1 if case != "ppo" else 8)])
+        rows.append({"case": case, "kind": kind, "n_envs": n, **{k: round(v, 3) for k, v in med.items()},
+                     "runs": [round(r["steps_per_s"], 1) for r in results],
+                     "ratio": round(med["steps_per_s"] / base["steps_per_s"], 2)})
+    for row in rows:
+        if args.json:
+            print(json.dumps(row))
+            continue
+        what = {"single": "single env", "subproc": "SubprocVecEnv", "vector": "vector env",
+                "vector-2t": "vector env, 2 engine threads", "today": "rl_train.train (8 SubprocVecEnv)"}[row["kind"]]
+        extra = ""
+        if row["case"] != "ppo" and row["kind"].startswith("vector"):
+            extra = f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time)"
+        if row["kind"] == "vector" and row["case"] == "ppo":
+            extra = (f"  (n_steps {int(row['n_steps'])}; collecting {row['collect_share']:.0%}; "
+                     f"learner alone {row['learner_bound_steps_per_s']:.0f} steps/s)")
+        base = "today" if row["case"] == "ppo" else "single"
+        print(f"{row['case']:11s} {what:34s} n={row['n_envs']:<4d} {row['steps_per_s']:9.0f} steps/s "
+              f"{row['ratio']:6.2f}x {base}{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
