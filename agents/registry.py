@@ -8,7 +8,8 @@ imports no agent at load time, so no agent module needs to import it back.
   chunk count), each also with ``+dp`` (the cost-aware DP split instead of the even one);
 * :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, ``zb-opt`` (the exact schedule at ZB-H2's memory,
   :mod:`agents.exact`), the deployment targets' own searches
-  ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.targets`), and ``adaptis``.
+  ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.targets`), ``learned`` (the tuner with
+  learned move guidance, :mod:`agents.learned`) and ``adaptis``.
 
 :func:`all_methods` is what ``--method all`` runs: every name above (``i1f1b-v2`` for the
 ``i1f1b-vN`` family).
@@ -62,6 +63,12 @@ def _adaptis_torchtitan() -> Searcher:
     return torchtitan_tuner()
 
 
+def _learned() -> Searcher:
+    from agents.learned import learned_tuner
+
+    return learned_tuner()
+
+
 def _adaptis() -> Searcher:
     from agents.tuner import AdaptisTuner
 
@@ -76,6 +83,7 @@ SEARCHERS: Mapping[str, Callable[[], Searcher]] = MappingProxyType({
     "zb-opt": _zb_opt,
     "megatron+layout": _megatron_layout,
     "adaptis@torchtitan": _adaptis_torchtitan,
+    "learned": _learned,
     "adaptis": _adaptis,
 })
 #: Named schedules with the cost-aware DP split (Megatron's baseline keeps its even split).

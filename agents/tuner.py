@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
+from typing import Any
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
@@ -223,6 +224,9 @@ class AdaptisTuner:
     """Default of :meth:`search`'s ``named_plans`` (None: with its own seeds). False skips the named
     schedules (built in Python, each dearer than a native call) for more local search in the
     same time (``evaluate-agent``'s ``adaptis-no-named``)."""
+    move_policy: Any = field(default=None, repr=False)
+    """Learned guidance of the local search (:class:`agents.learned.MovePolicy`: which phase next, which
+    neighbours first, how many); None: every phase in order, every neighbour (the plain tuner)."""
 
     def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -294,18 +298,23 @@ class AdaptisTuner:
         while not clock.spent() and idle_rounds < MAX_IDLE_ROUNDS:
             calls_before = ev.calls
             improved = False
-            for phase in (self._partition_moves, placement_moves, self._schedule_moves):
-                if clock.spent():
-                    break
-                result = ev.result(current)
-                neighbours = phase(current, result, problem, rng, ev)  # read lazily: see offer_all
-                best_n, best_k = None, current_key
-                for n, k in state.offer_all(neighbours, clock):
-                    if k < best_k:
-                        best_n, best_k = n, k
-                if best_n is not None:
-                    current, current_key = best_n, best_k
-                    improved = True
+            phases = (self._partition_moves, placement_moves, self._schedule_moves)
+            if self.move_policy is not None:  # learned guidance (agents.learned): which phase, which neighbours
+                current, current_key, improved = self.move_policy.round(phases, current, current_key, problem=problem,
+                                                                        rng=rng, ev=ev, state=state, clock=clock)
+            else:
+                for phase in phases:
+                    if clock.spent():
+                        break
+                    result = ev.result(current)
+                    neighbours = phase(current, result, problem, rng, ev)  # read lazily: see offer_all
+                    best_n, best_k = None, current_key
+                    for n, k in state.offer_all(neighbours, clock):
+                        if k < best_k:
+                            best_n, best_k = n, k
+                    if best_n is not None:
+                        current, current_key = best_n, best_k
+                        improved = True
             if improved:
                 stall = 0
                 continue
