@@ -216,6 +216,19 @@ def _list_orders(plan: Plan, costs: StageCosts, caps: Sequence[float]) -> list[t
     return out
 
 
+def _check_room(plan: Plan, costs: StageCosts, caps: Sequence[float]) -> None:
+    """Refuse at once a plan that no order can fit: a device whose room for activations is below
+    what one micro-batch of one of its stages holds at its fullest (F's activations, or what I keeps)."""
+    for d in range(plan.devices):
+        need = max((max(costs.act[s], costs.w_keep[s]) for s in plan.stages_of(d)), default=0.0)
+        if caps[d] < need:
+            room = caps[d] / 2**30
+            raise PlanError(f"no order of this plan fits device {d}'s memory: it has {room:.2f} GiB for activations "
+                            f"(the limit less {costs.static_bytes[d] / 2**30:.2f} GiB of weights and optimizer state) "
+                            f"and one micro-batch of one of its stages holds {need / 2**30:.2f} GiB; raise --memory-gb "
+                            "or change the partition/placement", field="memory")
+
+
 def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: TrainingConfig = TrainingConfig(),
           seconds: float = 10.0, caps: Sequence[float] | None = None, workers: int | None = None,
           max_actions: int = DEFAULT_MAX_ACTIONS, seed: int = 0) -> Proof:
@@ -234,6 +247,7 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
     caps = tuple(plan_caps(costs) if caps is None else caps)
     if len(caps) != plan.devices:
         raise ConfigError(f"caps: give one per device ({plan.devices}), got {len(caps)}", field="caps")
+    _check_room(plan, costs, caps)
     rt = runtime_named(training.runtime)
     overlap = rt.overlap_iterations
     analytic = lower_bound(profile, cluster, plan.microbatches, runtime=training.runtime).value

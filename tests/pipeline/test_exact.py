@@ -10,7 +10,7 @@ import pytest
 from agents.base import Budget
 from agents.exact import ZbOptSearcher
 from agents.registry import make_searcher
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, PlanError
 from pipeline.exact import device_load_bound, plan_caps, prove
 from pipeline.plan import Action, Plan
 from pipeline.schedules import build_plan
@@ -140,3 +140,21 @@ def test_zb_opt_is_never_slower_than_zb_h2_at_its_memory() -> None:
     assert max(opt.result.peak_memory) <= max(h2.result.peak_memory) * (1 + 1e-9)
     small = ZbOptSearcher(max_actions=10).search(problem, budget=Budget(sim_calls=10))
     assert "limit of 10" in small.note and small.iteration_time == h2.iteration_time
+
+
+def test_a_plan_no_order_can_fit_is_one_plan_error() -> None:
+    plan, profile, cluster = _tiny(2, 2)
+    with pytest.raises(PlanError, match="device 0's memory.*--memory-gb"):
+        prove(plan, profile, cluster, training=IDEAL, seconds=2, caps=(0.5 * GIB, 10 * GIB))
+
+
+def test_memory_no_order_can_meet_is_proven_by_the_solver() -> None:
+    """V placement on 2 devices: a micro-batch's stages 0 and 3 both sit on device 0, and F(3) runs while
+    F(0)'s activations wait for their backward, so 1 GiB (one stage's activations) is too little."""
+    profile = _profile([(1.0, 1.0, 0.5)] * 4)
+    cluster = Cluster(devices=2, memory_gb=100, memory_reserve_gb=0)
+    plan = build_plan("zbv", profile, cluster, microbatches=2, training=IDEAL)
+    with pytest.raises(PlanError, match="proven by the solver"):
+        prove(plan, profile, cluster, training=IDEAL, seconds=5, caps=(GIB, GIB), workers=2)
+    roomy = prove(plan, profile, cluster, training=IDEAL, seconds=5, caps=(2 * GIB, 2 * GIB), workers=2)
+    assert roomy.result.valid and roomy.bound <= roomy.best_time
