@@ -16,7 +16,9 @@ that the target can run and its speedup over the Megatron baseline.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
@@ -70,6 +72,31 @@ def _mtp_repair(kinds: Sequence[str], sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 @dataclass
+class _StepClock(BudgetClock):
+    """A :class:`BudgetClock` that, under a budget in seconds, counts the budget spent once the
+    next step (the dearest so far: each is a fixed order built in Python, ~0.15 s at 32 devices)
+    and the final plan's build (as dear) would end past it, so the search ends within its budget
+    rather than one step after it."""
+
+    def __init__(self, budget: Budget, evaluator: Evaluator) -> None:
+        super().__init__(budget, evaluator)
+        self.dearest = 0.0
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.dearest = max(self.dearest, time.perf_counter() - t0)
+
+    def spent(self) -> bool:
+        if super().spent():
+            return True
+        b = self.budget
+        return b.seconds is not None and time.perf_counter() - self.t0 + 2 * self.dearest > b.seconds
+
+
 class MegatronLayoutSearch:
     """Megatron's own schedule at a searched chunk count and uneven layout (module docstring)."""
 
@@ -82,7 +109,7 @@ class MegatronLayoutSearch:
         reason = model_reason("megatron", profile)
         if reason:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=reason)
-        clock = BudgetClock(budget, ev)
+        clock = _StepClock(budget, ev)
         kinds = [x.kind for x in profile.layers]
         history: list[tuple[int, float]] = []
         best: tuple[Key, Candidate] | None = None
@@ -91,7 +118,8 @@ class MegatronLayoutSearch:
             nonlocal best
             if not _mtp_ok(kinds, c.sizes, P):
                 return (2, math.inf, math.inf)
-            result = ev.result(c)
+            with clock.step():
+                result = ev.result(c)
             key = objective_key(result)
             if result.valid and (best is None or key < best[0]):
                 best = (key, c)
@@ -104,13 +132,16 @@ class MegatronLayoutSearch:
         for v in megatron_chunk_counts(profile, P, M):
             if P * v > profile.num_layers:
                 continue
+            if seeds and budget.seconds is not None and clock.spent():
+                break  # a budget in seconds: the splits and each seed's fixed order cost ~0.1 s at 32 devices
             placement = interleaved_placement(P, v)
             order = "1f1b" if v == 1 else "interleaved"
-            splits = {ev.balanced_sizes(placement),
-                      tuple(b - a for a, b in megatron_partition(profile, P * v))}
+            with clock.step():
+                splits = {ev.balanced_sizes(placement),
+                          tuple(b - a for a, b in megatron_partition(profile, P * v))}
             for sizes in sorted(splits):
                 if seeds and budget.seconds is not None and clock.spent():
-                    break  # a budget in seconds: each seed is a fixed order built in Python (~0.1 s at 32 devices)
+                    break
                 if "mtp" in kinds and not _mtp_ok(kinds, sizes, P):
                     sizes = _mtp_repair(kinds, sizes)
                 c = Candidate(sizes, placement, order)

@@ -1,14 +1,16 @@
-"""Budgets in seconds kept: the AdaPtis tuner under ``--budget Ns`` at several sizes.
+"""Budgets in seconds kept: the searches under ``--budget Ns`` at several sizes.
 
-For each size (small to gemma-large on 32 devices, 256 micro-batches, sub-layer units) and each
-budget (0.5 s, 1 s, 3 s by default) it runs the tuner as ``search --method adaptis`` does: the
+For each method (``--methods``: the AdaPtis tuner and Megatron's layout search by default), size
+(small to gemma-large on 32 devices, 256 micro-batches, sub-layer units) and budget (0.5 s, 1 s,
+3 s by default) it runs the search as ``search --method NAME`` does: the
 same problem, and the command's own writer of OUT/plan.json at every improvement (a temporary
 folder). It prints the budget, the wall time of ``search()`` itself (not the profile's set-up),
 their ratio and the plan found (iteration time; ``fits``: runs whose plan fits in memory), each
 the median of ``--repeats`` runs. Target: the ratio <= 1.10
 everywhere (issue 30). Any of the sizes: ``--sizes 0,3``.
 
-  python -m experiments.benchmarks.budget_keeping [--budgets 0.5,1,3] [--repeats 3] [--json]
+  python -m experiments.benchmarks.budget_keeping [--methods adaptis,megatron+layout] [--budgets 0.5,1,3]
+      [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.base import Budget
-from agents.tuner import AdaptisTuner
+from agents.registry import make_searcher
 from experiments.commands.search import _BestPlanWriter
 from pipeline import zoo
 from pipeline.hardware import build_cluster
@@ -56,23 +58,25 @@ SIZES = (Size("gemma-small", 4, 32), Size("gemma-medium", 8, 32), Size("gemma-la
          Size("gemma-large", 32, 256, "sublayer"))
 
 
-def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0) -> dict:
-    """Median wall time of ``AdaptisTuner().search`` under ``seconds``, with the search command's plan writer."""
+def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0, method: str = "adaptis") -> dict:
+    """Median wall time of ``method``'s search under ``seconds``, with the search command's plan writer."""
     problem = size.problem()
     walls, times, calls, fits = [], [], [], 0
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
             writer = _BestPlanWriter(Path(tmp))
-            writer.method = "adaptis"
+            writer.method = method
+            searcher = make_searcher(method)
             t0 = time.perf_counter()
-            res = AdaptisTuner().search(problem, budget=Budget(sim_calls=None, seconds=seconds), seed=seed,
-                                        on_improve=writer)
+            res = searcher.search(problem, budget=Budget(sim_calls=None, seconds=seconds), seed=seed,
+                                  on_improve=writer)
             walls.append(time.perf_counter() - t0)
         times.append(res.iteration_time)
         calls.append(res.sim_calls)
         fits += res.feasible
     wall = statistics.median(walls)
-    return {"size": size.label(), "budget_s": seconds, "wall_s": round(wall, 3), "ratio": round(wall / seconds, 3),
+    return {"method": method, "size": size.label(), "budget_s": seconds, "wall_s": round(wall, 3),
+            "ratio": round(wall / seconds, 3),
             "max_ratio": round(max(walls) / seconds, 3), "sim_calls": int(statistics.median(calls)),
             "iteration_time": round(statistics.median(times), 1), "time_unit": problem.profile.time_unit,
             "fits": f"{fits}/{repeats}"}
@@ -81,6 +85,7 @@ def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.benchmarks.budget_keeping", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default="adaptis,megatron+layout", help="searches, comma-separated")
     parser.add_argument("--budgets", default="0.5,1,3", help="seconds, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (the median is printed)")
     parser.add_argument("--sizes", default=None, help="indices into SIZES, comma-separated (default: all)")
@@ -89,17 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     budgets = [float(b) for b in args.budgets.split(",")]
     sizes = SIZES if args.sizes is None else tuple(SIZES[int(i)] for i in args.sizes.split(","))
     if not args.json:
-        print(f"{'size':<34} {'budget s':>8} {'wall s':>7} {'ratio':>6} {'worst':>6} {'calls':>6} "
+        print(f"{'method':<16} {'size':<34} {'budget s':>8} {'wall s':>7} {'ratio':>6} {'worst':>6} {'calls':>6} "
               f"{'iteration':>10}    {'fits':>4}")
     worst = 0.0
-    for size in sizes:
-        for seconds in budgets:
-            row = measure(size, seconds, repeats=args.repeats)
+    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+        for size, seconds in ((z, b) for z in sizes for b in budgets):
+            row = measure(size, seconds, repeats=args.repeats, method=method)
             worst = max(worst, row["ratio"])
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"{row['size']:<34} {seconds:>8g} {row['wall_s']:>7.3f} {row['ratio']:>6.3f} "
+                print(f"{method:<16} {row['size']:<34} {seconds:>8g} {row['wall_s']:>7.3f} {row['ratio']:>6.3f} "
                       f"{row['max_ratio']:>6.3f} {row['sim_calls']:>6} {row['iteration_time']:>8.1f} "
                       f"{row['time_unit']} {row['fits']:>4}", flush=True)
     if not args.json:

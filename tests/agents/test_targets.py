@@ -107,3 +107,26 @@ def test_torchtitan_target_stays_loop_or_v_and_targets_rank_by_flexibility() -> 
         rows["megatron"]["iteration_time"] <= mega.iteration_time * (1 + 1e-9)
     assert rows["megatron"]["method"] == "megatron+layout"
     assert rows["megatron"]["speedup"] > 1.05  # the cost-balanced layout alone beats the even split here
+
+
+def test_megatron_layout_stops_before_a_step_would_end_past_a_seconds_budget(monkeypatch) -> None:
+    """Under a budget in seconds the layout search counts the budget spent once the next step and the
+    final plan's build (each as dear as the dearest step so far) would end past it (it overran by
+    one ~0.15 s step at 32 devices); a budget in calls is untouched."""
+    import agents.targets as targets
+
+    now = [100.0]
+    monkeypatch.setattr(targets.time, "perf_counter", lambda: now[0])
+    problem = Problem(zoo.zoo_profile("gemma-small"), build_cluster("h100", devices=4), 8)
+    from pipeline.space import Evaluator
+
+    clock = targets._StepClock(Budget(sim_calls=None, seconds=1.0), Evaluator(problem))
+    with clock.step():
+        now[0] += 0.3  # one step took 0.3 s
+    assert not clock.spent()  # 0.3 elapsed + 2 x 0.3 = 0.9 <= 1
+    now[0] += 0.15
+    assert clock.spent()  # 0.45 + 0.6 > 1: the next step and the plan's build would overrun
+    by_calls = targets._StepClock(Budget(sim_calls=10), Evaluator(problem))
+    with by_calls.step():
+        now[0] += 50.0
+    assert not by_calls.spent()
