@@ -17,6 +17,11 @@ Examples:
   python -m experiments search --model deepseek-medium --devices 8 --method adaptis,zbv,random
   python -m experiments search --profile P.json --cluster C.json --memory-gb 40 --json
   python -m experiments search --model gemma-medium --target megatron --out runs/gemma-mega
+
+The whole job: --gpus N --global-batch B (instead of --devices) chooses the tensor, pipeline, data,
+context and expert parallel degrees, the micro-batch size and count, and the pipeline plan inside
+(agents.job_search; docs/whole-job.md), beside Megatron's best even-split configuration:
+  python -m experiments search --model gemma-large --gpus 64 --global-batch 256 --seq-len 4096
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
+from agents.job_search import add_job_arguments, run_job
 from agents.registry import all_methods, make_searcher
 from experiments.common import (
     DEFAULT_MODEL,
@@ -95,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_argument(parser, "the best plan's predicted timeline")
     add_runtime_arg(parser)
     add_output_args(parser)
+    add_job_arguments(parser)
 
 
 class _BestPlanWriter:
@@ -164,6 +171,8 @@ def _print_rows(rows: list[dict], *, args: argparse.Namespace, title: str) -> No
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.gpus is not None or args.global_batch is not None:  # the whole job: degrees with the pipeline inside
+        return run_job(args)
     profile, cluster = resolve_problem(args)
     check_microbatches(args.microbatches, cluster.devices)
     try:

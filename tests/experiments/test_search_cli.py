@@ -190,3 +190,18 @@ def test_granularity_with_a_profile_file_is_refused(capsys) -> None:
     code = main(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--granularity", "sublayer"])
     assert code != 0
     assert "--granularity" in capsys.readouterr().err
+
+
+def test_search_with_gpus_and_a_global_batch_plans_the_whole_job(tmp_path, capsys) -> None:
+    out = tmp_path / "job"
+    assert main(["search", "--model", "llama-control", "--gpus", "8", "--global-batch", "16", "--seq-len", "1024",
+                 "--calls-per-config", "40", "--tune-top", "1", "--microbatch-sizes", "1", "--max-cp", "1",
+                 "--json", "--out", str(out)]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    best = lines[-1]["best"]
+    assert best["tp"] * best["pp"] * best["dp"] * best["cp"] == 8
+    assert Plan.load(out / "plan.json").devices == best["pp"]
+    # the whole job's options cannot mix with a measured profile: one error naming the field
+    assert main(["search", "--profile", str(ROOT / "experiments/configs/profiles/hetero-head-16.json"),
+                 "--gpus", "8", "--global-batch", "16"]) == 2
+    assert capsys.readouterr().err.startswith("error: field 'profile'")
