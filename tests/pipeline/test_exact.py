@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 
@@ -40,9 +41,10 @@ def _extensions(chains: list[list[Action]]) -> list[tuple[Action, ...]]:
     return out
 
 
-def _brute_force(plan: Plan, profile: ModelProfile, cluster: Cluster, caps: tuple[float, ...]) -> float:
+def _brute_force(plan: Plan, profile: ModelProfile, cluster: Cluster, caps: tuple[float, ...], *,
+                 training: TrainingConfig = IDEAL) -> float:
     """The fastest order of the plan's actions (split backward) that keeps every device within ``caps``."""
-    costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=IDEAL)
+    costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training)
     per_device = []
     for d in range(plan.devices):
         chains = [[Action(s, op, m) for op in "FIW"] for s in plan.stages_of(d) for m in range(plan.microbatches)]
@@ -50,7 +52,7 @@ def _brute_force(plan: Plan, profile: ModelProfile, cluster: Cluster, caps: tupl
     best = math.inf
     for order in itertools.product(*per_device):
         cand = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, order)
-        res = simulate(cand, profile, cluster, training=IDEAL, validate=False, record_timeline=False)
+        res = simulate(cand, profile, cluster, training=training, validate=False, record_timeline=False)
         if res.valid and all(p - st <= c * (1 + 1e-9) for p, st, c in zip(res.peak_memory, costs.static_bytes, caps)):
             best = min(best, res.iteration_time)
     return best
@@ -158,3 +160,27 @@ def test_memory_no_order_can_meet_is_proven_by_the_solver() -> None:
         prove(plan, profile, cluster, training=IDEAL, seconds=5, caps=(GIB, GIB), workers=2)
     roomy = prove(plan, profile, cluster, training=IDEAL, seconds=5, caps=(2 * GIB, 2 * GIB), workers=2)
     assert roomy.result.valid and roomy.bound <= roomy.best_time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_random_tiny_instances_match_brute_force(seed: int) -> None:
+    """Random costs, activations, what I keeps (above or below F's activations), latencies, per-action
+    overheads, runtimes and memory caps from one micro-batch to roomy: optimum == brute force, bound <= it."""
+    rng = random.Random(seed)
+    devices = rng.choice([2, 3])
+    layers = tuple(LayerCost(f"l{k}", "block", rng.uniform(0.3, 2), rng.uniform(0.3, 2), rng.uniform(0.0, 1.5), 0,
+                             int(rng.uniform(0.5, 2) * GIB), 1 << 20, w_graph_bytes=int(rng.uniform(0.3, 2.5) * GIB))
+                   for k in range(devices))
+    profile = ModelProfile("random", layers, time_unit="ms", action_overhead=rng.choice([0.0, 0.01]))
+    cluster = Cluster(devices=devices, memory_gb=100, memory_reserve_gb=0, latency_us=rng.choice([0, 50, 400]),
+                      p2p_gbps=100)
+    training = TrainingConfig(runtime=rng.choice(["ideal", "pytorch", "megatron"]))
+    plan = build_plan("zb-h1", profile, cluster, microbatches=2, training=training)
+    costs = stage_costs(profile, cluster, plan.partition, placement=plan.placement, training=training)
+    caps = tuple(max(costs.act[s], costs.w_keep[s]) * rng.choice([1.0, 1.3, 2.0, 10.0]) for s in range(devices))
+    brute = _brute_force(plan, profile, cluster, caps, training=training)
+    proof = prove(plan, profile, cluster, training=training, seconds=10, caps=caps)
+    assert proof.status == "OPTIMAL"
+    assert proof.best_time == pytest.approx(brute, rel=1e-9)
+    assert proof.bound <= brute * (1 + 1e-12)
