@@ -1,0 +1,248 @@
+"""Calls to the tuner's quality: ``learned`` (the tuner with learned move guidance) against ``adaptis``.
+
+On held-out scenarios (the zoo's held-out models on 8 devices, 32 micro-batches; ``--draws`` draws
+of :data:`env.scenarios.HELDOUT_SCENARIO`; ``--large`` scenarios of 32 devices, 256 micro-batches
+and sub-layer units), every method runs ``--seeds`` times with ``--calls`` simulator calls:
+
+* reference: the median over seeds of ``adaptis``'s final iteration time;
+* calls to quality: the first simulator call at which a run's best plan is within ``--within``
+  (0.5%) of the reference, read from the run's ``history`` (a run that never gets there counts
+  its whole budget, marked ``>``); per scenario the median over seeds; the geometric mean over
+  scenarios; and the same in seconds (the history's seconds where it has them, else the run's
+  seconds spread evenly over its calls, marked ``~``; the prior's and bandit's time is in them);
+* final quality: each method's median final time over the reference (above 1 = slower);
+* equal wall time: ``adaptis`` and ``learned`` with ``--walls`` budgets in seconds (0.25 s, 1 s),
+  median over seeds, ``learned``'s time over ``adaptis``'s.
+
+Ablations: ``learned-random`` (the same policy with a prior of random weights),
+``learned-no-bandit`` (families in the tuner's order), ``learned-no-prior`` (the tuner's own
+order of neighbours). ``--train`` re-trains the shipped prior (agents/policies/learned_prior.json)
+instead.
+
+  python -m experiments.benchmarks.learned_tuner [--draws 3] [--large 1] [--seeds 3] [--json]
+  python -m experiments.benchmarks.learned_tuner --train [--train-scenarios 40] [--train-calls 1000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from agents.base import Budget, SearchResult
+from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, train_prior
+from agents.tuner import AdaptisTuner
+from env.scenarios import HELDOUT_SCENARIO, sample_problem
+from pipeline import zoo
+from pipeline.hardware import build_cluster
+from pipeline.space import Problem
+
+__all__ = ["METHODS", "scenarios", "calls_to", "seconds_to", "measure", "main"]
+
+#: Large held-out scenarios (devices, micro-batches, sub-layer units), in the order --large takes them.
+LARGE = (("gemma-large", 32, 256), ("nemotronh-large", 32, 256), ("deepseek-large", 32, 256))
+
+
+def _methods(prior: MovePrior) -> dict[str, Callable[[], AdaptisTuner]]:
+    return {
+        "adaptis": AdaptisTuner,
+        "learned": lambda: learned_tuner(prior=prior),
+        "learned-random": lambda: learned_tuner(prior=MovePrior.random(0), name="learned-random"),
+        "learned-no-bandit": lambda: learned_tuner(prior=prior, bandit=False, name="learned-no-bandit"),
+        "learned-no-prior": lambda: learned_tuner(prior=None, name="learned-no-prior"),
+    }
+
+
+METHODS = ("adaptis", "learned", "learned-random", "learned-no-bandit", "learned-no-prior")
+
+
+def scenarios(*, draws: int, large: int, draw_seed: int = 20_000) -> list[tuple[str, Problem]]:
+    """The held-out zoo models on 8 devices (32 micro-batches), ``draws`` held-out draws, ``large`` large ones."""
+    out = [(f"{name}/8", Problem(zoo.zoo_profile(name, gpu="h100"), build_cluster("h100", devices=8), 32))
+           for name in HELDOUT_SCENARIO.zoo_models]
+    for i in range(draws):
+        p = sample_problem(np.random.default_rng(draw_seed + i), HELDOUT_SCENARIO)
+        out.append((f"{p.profile.name}#{i}/{p.devices}", p))
+    for name, P, M in LARGE[:large]:
+        prof = zoo.zoo_profile(name, gpu="h100", granularity="sublayer")
+        out.append((f"{name}/{P}/{M}/sublayer", Problem(prof, build_cluster("h100", devices=P), M)))
+    return out
+
+
+def calls_to(result: SearchResult, target: float) -> int | None:
+    """The simulator calls after which ``result``'s best plan was at most ``target`` (None: never)."""
+    for entry in result.history:
+        if entry[-1] <= target:
+            return int(entry[0])
+    return None
+
+
+def seconds_to(result: SearchResult, target: float) -> tuple[float | None, bool]:
+    """Seconds until the best plan was at most ``target`` and whether that is measured (history with
+    seconds) or spread evenly over the run's calls."""
+    for entry in result.history:
+        if entry[-1] <= target:
+            if len(entry) >= 3:
+                return float(entry[1]), True
+            return result.seconds * entry[0] / max(1, result.sim_calls), False
+    return None, len(result.history[0]) >= 3 if result.history else False
+
+
+def _run(make: Callable[[], AdaptisTuner], problem: Problem, budget: Budget, seed: int) -> tuple[SearchResult, float]:
+    t0 = time.perf_counter()
+    res = make().search(problem, budget=budget, seed=seed)
+    return res, time.perf_counter() - t0
+
+
+def measure(name: str, problem: Problem, *, methods: dict[str, Callable[[], AdaptisTuner]], seeds: int, calls: int,
+            within: float, walls: list[float]) -> dict:
+    """One scenario's row (see the module docstring)."""
+    runs = {m: [_run(f, problem, Budget(sim_calls=calls), s) for s in range(seeds)] for m, f in methods.items()}
+    finals = {m: [r.iteration_time for r, _ in rs] for m, rs in runs.items()}
+    ref = statistics.median(finals["adaptis"])
+    row: dict = {"scenario": name, "devices": problem.devices, "microbatches": problem.microbatches,
+                 "reference": round(ref, 4), "time_unit": problem.profile.time_unit}
+    if not math.isfinite(ref):
+        row["note"] = "no feasible adaptis plan"
+        return row
+    target = ref * (1 + within)
+    for m, rs in runs.items():
+        cs = [calls_to(r, target) for r, _ in rs]
+        secs = []
+        for r, wall in rs:
+            s, measured = seconds_to(r, target)
+            secs.append(wall if s is None else s)
+        row[m] = {"calls": statistics.median(c if c is not None else calls for c in cs),
+                  "reached": sum(c is not None for c in cs),
+                  "seconds": round(statistics.median(secs), 4),
+                  "final": round(statistics.median(finals[m]) / ref, 5),
+                  "wall": round(statistics.median(w for _, w in rs), 3)}
+    for w in walls:
+        budget = Budget(sim_calls=None, seconds=w)
+        times = {m: statistics.median(_run(methods[m], problem, budget, s)[0].iteration_time for s in range(seeds))
+                 for m in ("adaptis", "learned") if m in methods}
+        if len(times) == 2:
+            a, b = times["adaptis"], times["learned"]
+            row[f"at_{w:g}s"] = round(b / a, 5) if math.isfinite(a) and math.isfinite(b) else None
+    return row
+
+
+def _geo(values: list[float]) -> float:
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values)) if values else float("nan")
+
+
+def summarise(rows: list[dict], methods: list[str], walls: list[float]) -> dict:
+    ok = [r for r in rows if "adaptis" in r]
+    out: dict = {}
+    for m in methods:
+        calls = [r[m]["calls"] for r in ok]
+        secs = [r[m]["seconds"] for r in ok]
+        out[m] = {"geo_calls": round(_geo(calls), 1), "geo_seconds": round(_geo(secs), 4),
+                  "worst_final": round(max(r[m]["final"] for r in ok), 5) if ok else None,
+                  "geo_final": round(_geo([r[m]["final"] for r in ok]), 5)}
+        if m != "adaptis":
+            out[m]["calls_ratio"] = round(_geo([r[m]["calls"] / r["adaptis"]["calls"] for r in ok]), 3)
+            out[m]["seconds_ratio"] = round(_geo([r[m]["seconds"] / r["adaptis"]["seconds"] for r in ok]), 3)
+    for w in walls:
+        vals = [r[f"at_{w:g}s"] for r in ok if r.get(f"at_{w:g}s") is not None]
+        out[f"learned_at_{w:g}s"] = {"geo": round(_geo(vals), 5), "better": sum(v < 0.998 for v in vals),
+                                     "tie": sum(0.998 <= v <= 1.002 for v in vals),
+                                     "worse": sum(v > 1.002 for v in vals)}
+    return out
+
+
+def _print(rows: list[dict], summary: dict, methods: list[str], walls: list[float], calls: int) -> None:
+    short = {"adaptis": "adaptis", "learned": "learned", "learned-random": "random-w", "learned-no-bandit": "no-bandit",
+             "learned-no-prior": "no-prior"}
+    head = ["scenario"] + [f"{short.get(m, m)} calls" for m in methods] + \
+        [f"{short.get(m, m)} final" for m in methods if m != "adaptis"] + [f"at {w:g}s" for w in walls]
+    print(" | ".join(head))
+    for r in rows:
+        if "adaptis" not in r:
+            print(f"{r['scenario']} | {r.get('note', '')}")
+            continue
+        cells = [r["scenario"]]
+        for m in methods:
+            c = r[m]["calls"]
+            cells.append(f"{'>' if r[m]['reached'] == 0 else ''}{c:g}")
+        cells += [f"{r[m]['final']:.4f}" for m in methods if m != "adaptis"]
+        cells += ["-" if r.get(f"at_{w:g}s") is None else f"{r[f'at_{w:g}s']:.4f}" for w in walls]
+        print(" | ".join(cells))
+    print()
+    for m in methods:
+        s = summary[m]
+        extra = "" if m == "adaptis" else f"  calls ratio {s['calls_ratio']}  seconds ratio {s['seconds_ratio']}"
+        print(f"{m:18s} geo calls {s['geo_calls']:7.1f}  geo seconds {s['geo_seconds']:.4f}  final geo "
+              f"{s['geo_final']:.4f} worst {s['worst_final']:.4f}{extra}")
+    for w in walls:
+        s = summary[f"learned_at_{w:g}s"]
+        print(f"learned at {w:g}s: time / adaptis's geo {s['geo']:.4f}; better {s['better']}, tie {s['tie']}, "
+              f"worse {s['worse']} (0.2%)")
+    print(f"(calls of a run that never reached the target: its budget, {calls}, marked >)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draws", type=int, default=3, help="held-out synthetic draws (seeds --draw-seed...)")
+    parser.add_argument("--draw-seed", type=int, default=20_000)
+    parser.add_argument("--large", type=int, default=1, help=f"large scenarios, of {len(LARGE)}")
+    parser.add_argument("--no-zoo", action="store_true", help="leave out the held-out zoo models on 8 devices")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--within", type=float, default=0.005)
+    parser.add_argument("--walls", default="0.25,1", help="equal wall-time budgets in seconds ('' for none)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--prior", default=None, help="prior JSON (default: the shipped one)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--train", action="store_true", help="re-train the shipped prior instead")
+    parser.add_argument("--train-scenarios", type=int, default=40)
+    parser.add_argument("--train-calls", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(DEFAULT_PRIOR), help="where --train writes the prior")
+    args = parser.parse_args(argv)
+    if args.train:
+        command = (f"python -m experiments.benchmarks.learned_tuner --train --train-scenarios {args.train_scenarios} "
+                   f"--train-calls {args.train_calls} --seed {args.seed}")
+        t0 = time.perf_counter()
+        prior = train_prior(scenarios=args.train_scenarios, calls=args.train_calls, seed=args.seed, out=args.out,
+                            command=command)
+        print(json.dumps({**prior.meta, "seconds": round(time.perf_counter() - t0, 1), "out": args.out}))
+        return 0
+    prior = load_prior(args.prior)
+    known = _methods(prior)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if "adaptis" not in methods:
+        methods.insert(0, "adaptis")
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; known: {', '.join(known)}")
+    walls = [float(w) for w in args.walls.split(",") if w.strip()]
+    cases = scenarios(draws=args.draws, large=args.large, draw_seed=args.draw_seed)
+    if args.no_zoo:
+        cases = [c for c in cases if not c[0].endswith("/8") or "#" in c[0]]
+    rows = []
+    for name, problem in cases:
+        row = measure(name, problem, methods={m: known[m] for m in methods}, seeds=args.seeds, calls=args.calls,
+                      within=args.within, walls=walls)
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"# {name}: done", file=sys.stderr, flush=True)
+    summary = summarise(rows, methods, walls)
+    if args.json:
+        print(json.dumps({"summary": summary}))
+    else:
+        _print(rows, summary, methods, walls, args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

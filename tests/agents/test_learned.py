@@ -1,0 +1,168 @@
+"""agents.learned: the tuner with learned move guidance (method ``learned``), its prior and its bandit."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import agents.base
+from agents.base import Budget
+from agents.learned import (
+    DEFAULT_PRIOR,
+    FAMILIES,
+    FEATURES,
+    FamilyBandit,
+    MovePolicy,
+    MovePrior,
+    collect_moves,
+    fit_prior,
+    learned_tuner,
+    load_prior,
+    move_family,
+)
+from agents.registry import SEARCHERS, make_searcher
+from agents.tuner import AdaptisTuner
+from pipeline.errors import ConfigError
+from pipeline.plan import validate_plan
+from pipeline.space import Candidate, Problem
+from pipeline.spec import Cluster
+from pipeline.zoo import zoo_profile
+
+BUDGET = Budget(sim_calls=150)
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Problem:
+    return Problem(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+
+
+def test_registered_and_the_plain_tuner_has_no_policy() -> None:
+    assert "learned" in SEARCHERS and list(SEARCHERS)[-1] == "adaptis"
+    searcher = make_searcher("learned")
+    assert searcher.name == "learned" and isinstance(searcher.move_policy, MovePolicy)
+    assert searcher.move_policy.prior is not None  # the shipped prior
+    assert make_searcher("adaptis").move_policy is None
+
+
+@pytest.mark.parametrize("case", ["hetero", "gemma-small", "nemotronh-small"])
+def test_learned_returns_valid_feasible_plans(case: str, hetero_profile, h100x4) -> None:
+    if case == "hetero":
+        problem = Problem(hetero_profile, h100x4, 16)
+    else:
+        problem = Problem(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
+    res = make_searcher("learned").search(problem, budget=BUDGET, seed=1)
+    assert res.method == "learned" and res.feasible
+    validate_plan(res.plan, num_layers=problem.profile.num_layers, devices=problem.devices)
+    assert res.sim_calls <= BUDGET.sim_calls + 1
+    assert res.history and res.history[-1][-1] == pytest.approx(res.iteration_time, rel=1e-9)
+
+
+def test_deterministic_per_seed(gemma4: Problem) -> None:
+    runs = [learned_tuner().search(gemma4, budget=Budget(sim_calls=300), seed=s) for s in (3, 3)]
+    assert runs[0].history == runs[1].history
+    assert runs[0].plan.to_json() == runs[1].plan.to_json()
+
+
+def test_respects_call_and_second_budgets(hetero_profile, h100x4, monkeypatch) -> None:
+    problem = Problem(hetero_profile, h100x4, 16)
+    for calls in (40, 200):  # (under ~22 calls the named plans alone overrun it, in the plain tuner too)
+        assert learned_tuner().search(problem, budget=Budget(sim_calls=calls)).sim_calls <= calls + 1
+    # a fake clock that ticks 1 ms a reading (as the tuner's own test): the search ends within a few readings
+    for seconds in (0.05, 0.5):
+        reads = itertools.count(1)
+        monkeypatch.setattr(agents.base, "time", SimpleNamespace(perf_counter=lambda r=reads: next(r) * 1e-3))
+        res = learned_tuner().search(problem, budget=Budget(sim_calls=None, seconds=seconds))
+        assert res.ok and next(reads) <= seconds / 1e-3 + 5
+
+
+def test_without_the_hook_the_tuner_is_unchanged(gemma4: Problem) -> None:
+    """The plain tuner's path, recorded before the hook existed (commit 220e4ba): same calls of each
+    improvement, same final time and plan."""
+    res = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    assert [c for c, _ in res.history] == [1, 2, 3, 5, 7, 10, 11, 12, 14, 15, 16, 18, 21, 50, 53, 54, 55, 56, 170,
+                                           187, 188, 200, 206, 223, 293]
+    assert res.iteration_time == pytest.approx(284.28073, abs=1e-5)
+    assert res.plan.stage_sizes == (1, 3, 2, 3, 2, 3, 1, 2, 2, 3, 1, 2, 2, 4, 2, 1)
+    assert res.plan.placement == (0, 1, 2, 1, 3, 3, 1, 0, 0, 1, 2, 3, 2, 2, 3, 0)
+
+
+def test_the_policy_changes_the_path_but_not_the_start(gemma4: Problem) -> None:
+    """The named plans and the seeds come first in both; only the local search differs."""
+    plain = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    guided = learned_tuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    seeds_end = 50  # the first calls are the named plans and the seeds (the plain tuner's history above)
+    assert [h for h in plain.history if h[0] < seeds_end] == [h for h in guided.history if h[0] < seeds_end]
+    assert plain.history != guided.history
+
+
+def test_prior_loads_and_a_corrupt_file_is_one_clear_error(tmp_path) -> None:
+    prior = load_prior()
+    assert prior.weights.shape == (len(FEATURES),) and "command" in prior.meta
+    assert load_prior(DEFAULT_PRIOR).weights.tolist() == prior.weights.tolist()
+    good = json.loads(DEFAULT_PRIOR.read_text())
+    bad_cases = {
+        "not-json": "{weights: [",
+        "list": "[1, 2]",
+        "old-version": json.dumps({**good, "version": 0}),
+        "features": json.dumps({**good, "features": good["features"][:-1]}),
+        "short": json.dumps({**good, "weights": good["weights"][:-1]}),
+        "nan": json.dumps({**good, "mean": [float("nan")] * len(FEATURES)}),
+        "zero-std": json.dumps({**good, "std": [0.0] * len(FEATURES)}),
+    }
+    for name, text in bad_cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="learned tuner prior .* cannot be read"):
+            load_prior(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_prior(tmp_path / "missing.json")
+
+
+def test_bandit_prefers_a_family_that_keeps_improving() -> None:
+    bandit = FamilyBandit()
+    for _ in range(30):
+        bandit.update("budget", calls=4, gain=0.01)
+        for f in ("partition", "placement", "schedule"):
+            bandit.update(f, calls=4, gain=0.0)
+    assert bandit.pick(FAMILIES) == "budget"
+    assert bandit.pick(["partition", "schedule"]) in ("partition", "schedule")  # only among the open ones
+    # a family never tried gets its turn before one that spent many calls for nothing
+    fresh = FamilyBandit()
+    for _ in range(50):
+        fresh.update("partition", calls=4, gain=0.0)
+    assert fresh.pick(["partition", "placement"]) == "placement"
+
+
+def test_move_families() -> None:
+    c = Candidate((2, 2), (0, 1), "list", (2.0, 2.0))
+    assert move_family(c, Candidate((1, 3), (0, 1), "list", (2.0, 2.0))) == "partition"
+    assert move_family(c, Candidate((2, 2), (1, 0), "list", (2.0, 2.0))) == "placement"
+    assert move_family(c, Candidate((2, 2), (0, 1), "list", (3.0, 2.0))) == "budget"
+    assert move_family(c, Candidate((2, 2), (0, 1), "list", (2.0, 2.0), eager_w=True)) == "schedule"
+    assert move_family(c, Candidate((2, 2), (0, 1), "list", None)) == "schedule"
+
+
+def test_fit_prior_ranks_a_learnable_signal_and_is_deterministic() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, len(FEATURES)))
+    y = (X[:, 7] - 0.5 * X[:, 2] + 0.3 * rng.standard_normal(2000) > 1.0).astype(float)
+    a, b = fit_prior(X, y), fit_prior(X, y)
+    assert a.weights.tolist() == b.weights.tolist()
+    s = a.scores(X)
+    assert s[y == 1].mean() > s[y == 0].mean() + 2
+    assert a.weights[7] > 0 > a.weights[2]
+    r = MovePrior.random(0)
+    assert r.weights.tolist() == MovePrior.random(0).weights.tolist() != MovePrior.random(1).weights.tolist()
+
+
+def test_collect_moves_labels_the_tuners_moves(gemma4: Problem) -> None:
+    X, y = collect_moves([gemma4], calls=300)
+    assert X.shape[1] == len(FEATURES) and len(X) == len(y) > 20
+    assert 0 < y.sum() < len(y) and np.isfinite(X).all()
+    fam = X[:, :len(FAMILIES)]
+    assert (fam.sum(axis=1) == 1).all() and math.isclose(float(fam.max()), 1.0)
