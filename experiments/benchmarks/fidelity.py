@@ -14,7 +14,7 @@ per-action overhead, executor.fidelity.calibrate; the benchmark plans never info
 predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
-      [--tuner-calls 400] [--lowering early|torch] [--json]
+      [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--json]
 """
 
 from __future__ import annotations
@@ -79,6 +79,36 @@ def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, 
     return plans
 
 
+def stage_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                  runs: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Per plan, per stage and operation (``"2F[3:5]"``: stage 2's F over layers 3-4): the median
+    measured compute time of that action over its profiled time (the per-layer profile as PyTorch's
+    runtime spends it, no calibration). The same stage of different plans in one job shows how far
+    an action's compute depends on what else runs at the same time."""
+    import statistics
+
+    from executor.fidelity import runtime_profile
+    from pipeline.plan import parse_action
+
+    out: dict[str, dict[str, float]] = {}
+    for (name, plan), run in zip(named_plans, runs):
+        base = runtime_profile(profile, plan)
+        durations: dict[tuple[int, str], list[float]] = {}
+        for e in run["timeline"]["events"]:
+            s, op, _ = parse_action(e["action"])
+            durations.setdefault((s, op), []).append(e["end"] - e["start"])
+        row = {}
+        for (s, op), times in sorted(durations.items()):
+            a, b = plan.partition[s]
+            ls = base.layers[a:b]
+            profiled = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
+                        "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}[op]
+            if profiled > 0:
+                row[f"{s}{op}[{a}:{b}]"] = statistics.median(times) / (profiled * profile.seconds_per_unit * 1e3)
+        out[name] = row
+    return out
+
+
 def _spread_pct(c: PlanComparison) -> float | None:
     """How far apart the medians of each third of a plan's timed steps are, % of its median: what the
     measurement alone cannot tell apart."""
@@ -102,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also replay the tuner's and the RL policy's plans searched with this many calls (0: none)")
     p.add_argument("--lowering", choices=("early", "torch"), default="early",
                    help="receives posted at the start of the step (early) or where PyTorch's lowering puts them")
+    p.add_argument("--stage-factors", action="store_true",
+                   help="also print, per plan (calibration plans too), each stage's measured compute over its "
+                        "profile, per operation")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     options = ReplayOptions(model=args.model, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
@@ -121,8 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = fidelity_summary(comps)
     cv = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs))
     cv_summary = fidelity_summary(cv)
+    factors = stage_factors(plans + calib, profile, result["runs"]) if args.stage_factors else None
     if args.json:
-        print(json.dumps({"plans": [c.row() for c in comps], **summary,
+        print(json.dumps({"plans": [c.row() for c in comps], **summary, **({"stage_factors": factors} if factors
+                                                                           else {}),
                           "calibrated": {"plans": [c.row() for c in cv], **cv_summary}, "p2p": result["p2p"]}))
         return 0
     print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each, {args.lowering} receives), "
@@ -134,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows, ["plan", "measured_ms", "spread_pct", "predicted_ms", "error_pct", "calibrated_ms",
                        "calibrated_error_pct"])
     print(f"calibrated on {len(calib)} random plans replayed in the same job")
+    if factors:
+        print("measured compute / profiled, per stage and operation (stage s, op, layers a:b):")
+        for name, row in factors.items():
+            print(f"  {name:14} " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()))
     print(f"measured order  {' < '.join(summary['measured_order'])}")
     for label, s in (("profile", summary), ("calibrated", cv_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "

@@ -172,3 +172,18 @@ def test_only_pairs_every_third_of_the_steps_orders_alike_count_as_resolved() ->
     assert worse["resolved_pairs"] == 2 and worse["concordant_resolved"] == 0  # b predicted first: both wrong
     assert block_medians(flipping) == [105.0, 95.0, 106.0]
     assert block_medians(_comparison("short", 1.0, [1.0, 2.0])) is None
+
+
+def test_stage_factors_read_each_stages_measured_compute_over_its_profile() -> None:
+    from experiments.benchmarks.fidelity import stage_factors
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    plans = named_plans(4)
+    runs = _runs_with({"F": 1.5, "I": 1.0, "W": 2.0, "W0": 2.0, "B": 0.5}, plans, profile, cluster)
+    got = stage_factors(plans, profile, runs)
+    assert set(got) == {name for name, _ in plans}
+    for name, row in got.items():
+        assert row, name
+        for key, factor in row.items():  # "2F[3:5]": the op's own scale comes back
+            op = key.split("[")[0].lstrip("0123456789")
+            assert factor == pytest.approx({"F": 1.5, "I": 1.0, "W": 2.0, "B": 0.5}[op], rel=1e-6), key
