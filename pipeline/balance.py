@@ -19,6 +19,7 @@ prefix sums over the boundaries it shifts. Deterministic; no simulator calls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -195,3 +196,44 @@ def _best_pair(ctx: _Context, sizes: np.ndarray, loads: np.ndarray):
                 if second is not None and (best is None or _less(second[0], best[0])):
                     best = second
     return best
+
+
+def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Cluster, *,
+                   weights: Sequence[float] | None = None) -> tuple[int, ...]:
+    """Layers per stage minimising the heaviest stage's time (cost-aware dynamic program).
+
+    A stage's time is its layers' ``f + b + w`` over its device's speed (``weights`` overrides
+    the per-layer cost). Exact DP over prefix sums, vectorised over split points.
+    """
+    S, L = len(placement), profile.num_layers
+    if S > L:
+        raise PlanError(f"{S} stages need at least {S} layers; the model has {L}", field="partition")
+    cost = np.asarray(weights if weights is not None else
+                      [x.f + x.b + x.w for x in profile.layers], dtype=float)
+    pre = np.concatenate([[0.0], np.cumsum(cost)])
+    speeds = cluster.speeds
+    inf = math.inf
+    # best[s][j]: minimal max stage time covering layers [0, j) with stages 0..s.
+    best = np.full((S, L + 1), inf)
+    arg = np.zeros((S, L + 1), dtype=int)
+    best[0, 1:] = pre[1:] / speeds[placement[0]]
+    # The last stage of a prefix [0, j) starts at some i in [s, j): one (i, j) matrix per stage,
+    # impossible splits at infinity, the first minimum kept (the same split as a loop over i).
+    i_idx = np.arange(L + 1)[:, None]
+    j_idx = np.arange(L + 1)[None, :]
+    span = (pre[None, :] - pre[:, None])
+    for s in range(1, S):
+        sp = speeds[placement[s]]
+        vals = np.maximum(best[s - 1][:, None], span / sp)
+        vals[(i_idx < s) | (i_idx >= j_idx)] = inf
+        lo, hi = s + 1, L - (S - 1 - s) + 1
+        k = np.argmin(vals[:, lo:hi], axis=0)
+        best[s, lo:hi] = vals[k, np.arange(lo, hi)]
+        arg[s, lo:hi] = k
+    sizes, j = [], L
+    for s in range(S - 1, 0, -1):
+        i = int(arg[s, j])
+        sizes.append(j - i)
+        j = i
+    sizes.append(j)
+    return tuple(reversed(sizes))

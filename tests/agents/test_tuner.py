@@ -326,7 +326,8 @@ def test_named_plans_false_skips_the_named_schedules(hetero_profile, h100x4) -> 
 def test_a_seconds_budget_is_kept_at_a_large_size() -> None:
     """issue 30: `--budget 1s` took 4.1 s at gemma-large, 32 devices, 256 micro-batches, sub-layer units
     (the named schedules, the seeds' splits and one batch of every seed, none of them checking the
-    clock). The bound is loose for a loaded machine; experiments.benchmarks.budget_keeping measures it."""
+    clock). The bound is loose, 3x, so that a loaded 2-core CI machine does not fail it while the old
+    overrun (8x) still would; experiments.benchmarks.budget_keeping measures how close it is kept."""
     import time
 
     from pipeline.hardware import build_cluster
@@ -338,7 +339,7 @@ def test_a_seconds_budget_is_kept_at_a_large_size() -> None:
     t0 = time.perf_counter()
     res = AdaptisTuner().search(problem, budget=Budget(sim_calls=None, seconds=0.5))
     assert res.feasible
-    assert time.perf_counter() - t0 < 0.5 * 1.6
+    assert time.perf_counter() - t0 < 0.5 * 3
 
 
 def test_a_seconds_budget_probes_before_it_batches(hetero_profile, h100x4) -> None:

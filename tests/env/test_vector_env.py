@@ -8,7 +8,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import env as env_pkg
-import pipeline.space as space
+import pipeline.evaluator as evaluator
 from env.editor import N_ACTIONS
 from env.pipeline_env import PipelineEnv
 from env.scenarios import ScenarioConfig
@@ -119,8 +119,8 @@ def test_one_native_batch_per_step(monkeypatch):
     while (acts == 0).any() or not vec.action_masks()[np.arange(6), acts].all():
         acts = _actions(vec.action_masks(), rng)
     sizes = []
-    real = space.schedule_and_simulate_many
-    monkeypatch.setattr(space, "schedule_and_simulate_many",
+    real = evaluator.schedule_and_simulate_many
+    monkeypatch.setattr(evaluator, "schedule_and_simulate_many",
                         lambda jobs, **kw: sizes.append(len(jobs)) or real(jobs, **kw))
     calls = [e.editor.ev.calls for e in vec.envs]
     _, _, _, _, info = vec.step(acts)
