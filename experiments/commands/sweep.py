@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     from agents.base import Budget
     from experiments.common import DEFAULT_MODEL
+    from experiments.sweeps import Trial, parse_params, run_sweep, save_trials
     from experiments.tracking import start_run
-    from experiments.workflow_sweep import Trial, parse_params, run_sweep, save_trials
     from pipeline.errors import ConfigError
 
     params = parse_params(args.param or ["seed=0,1"])
@@ -167,7 +167,7 @@ def _keep_finished(finished: list, out: Path, total: int) -> str:
     among them (OUT/best_plan.json); what was kept and where, for its last line."""
     import math
 
-    from experiments.workflow_sweep import save_trials
+    from experiments.sweeps import save_trials
 
     if not finished:
         return f"no trial of {total} had finished; nothing written to {out}"

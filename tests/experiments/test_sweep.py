@@ -10,8 +10,8 @@ import pytest
 
 from agents.base import Budget
 from experiments.cli import main
+from experiments.sweeps import check_params, grid, parse_params, run_sweep
 from experiments.tracking_offline import read_offline_run
-from experiments.workflow_sweep import check_params, grid, parse_params, run_sweep
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan
 from tests.conftest import ROOT
@@ -144,7 +144,7 @@ def test_an_infeasible_trial_carries_the_reason_search_gives(tmp_path: Path, cap
 
 def test_a_trial_without_a_plan_says_why() -> None:
     from agents.base import SearchResult
-    from experiments.workflow_sweep import infeasible_reason
+    from experiments.sweeps import infeasible_reason
     from tests.conftest import ideal_cluster
 
     cluster = ideal_cluster(4)
