@@ -5,12 +5,14 @@ of :data:`env.scenarios.HELDOUT_SCENARIO`; ``--large`` scenarios of 32 devices, 
 and sub-layer units), every method runs ``--seeds`` times with ``--calls`` simulator calls:
 
 * reference: the median over seeds of ``adaptis``'s final iteration time;
-* calls to quality: the first simulator call at which a run's best plan is within ``--within``
-  (0.5%) of the reference, read from the run's ``history`` (a run that never gets there counts
-  its whole budget, marked ``>``); per scenario the median over seeds; the geometric mean over
-  scenarios; and the same in seconds (the history's seconds where it has them, else the run's
-  seconds spread evenly over its calls, marked ``~``; the prior's and bandit's time is in them);
-* final quality: each method's median final time over the reference (above 1 = slower);
+* calls to quality: the first simulator call at which a run's best plan that fits in memory is
+  within ``--within`` (0.5%) of the reference, read from the run's improvements (the calls of
+  its ``history``, with the seconds and whether the plan fits recorded beside them; a run that
+  never gets there counts its whole budget, marked ``>``); per scenario the median over seeds;
+  the geometric mean over scenarios; and the same in seconds since the search began (the
+  prior's and the bandit's time is in them);
+* final quality: each method's median final time over the reference (above 1 = slower; a plan
+  that does not fit counts as infinitely slow);
 * the same ratios over the scenarios decided in the local search (``adaptis`` needs more than
   :data:`LOCAL_CALLS` calls): elsewhere the named plans or the seeds reach the target and every
   method ties by construction;
@@ -35,18 +37,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 
 from agents.base import Budget, SearchResult
 from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, train_prior
-from agents.tuner import AdaptisTuner
+from agents.tuner import AdaptisTuner, _State
 from env.scenarios import HELDOUT_SCENARIO, sample_problem
 from pipeline import zoo
 from pipeline.hardware import build_cluster
 from pipeline.space import Problem
 
-__all__ = ["METHODS", "scenarios", "calls_to", "seconds_to", "measure", "main"]
+__all__ = ["METHODS", "scenarios", "calls_to", "measure", "main"]
 
 #: Scenarios where ``adaptis`` needs more calls than this are decided in its local search (its named
 #: plans and seeds take ~20-200 calls); the summary's ``local`` ratios are over those alone.
@@ -81,36 +84,56 @@ def scenarios(*, draws: int, large: int, draw_seed: int = 20_000) -> list[tuple[
     return out
 
 
-def calls_to(result: SearchResult, target: float) -> int | None:
-    """The simulator calls after which ``result``'s best plan was at most ``target`` (None: never)."""
-    for entry in result.history:
-        if entry[-1] <= target:
-            return int(entry[0])
-    return None
+Improvement = tuple[int, float, float, bool]
+"""(simulator calls, seconds since the search began, iteration time, fits in memory) of one improvement."""
 
 
-def seconds_to(result: SearchResult, target: float) -> tuple[float | None, bool]:
-    """Seconds until the best plan was at most ``target`` and whether that is measured (history with
-    seconds) or spread evenly over the run's calls."""
-    for entry in result.history:
-        if entry[-1] <= target:
-            if len(entry) >= 3:
-                return float(entry[1]), True
-            return result.seconds * entry[0] / max(1, result.sim_calls), False
-    return None, len(result.history[0]) >= 3 if result.history else False
-
-
-def _run(make: Callable[[], AdaptisTuner], problem: Problem, budget: Budget, seed: int) -> tuple[SearchResult, float]:
+@contextmanager
+def _improvements(log: list[Improvement]):
+    """Record every improvement of a tuner search with its seconds and whether it fits: the search's
+    ``history`` has (calls, time) only, and under tight memory its first entries are plans that do
+    not fit (a plan that fits beats any that does not, however fast)."""
+    original = _State._improved
     t0 = time.perf_counter()
-    res = make().search(problem, budget=budget, seed=seed)
-    return res, time.perf_counter() - t0
+
+    def improved(self, plan, result, candidate=None):
+        original(self, plan, result, candidate)
+        log.append((self.history[-1][0], time.perf_counter() - t0, result.iteration_time, bool(result.feasible)))
+
+    _State._improved = improved
+    try:
+        yield
+    finally:
+        _State._improved = original
+
+
+def calls_to(log: list[Improvement], target: float) -> tuple[int | None, float | None]:
+    """(calls, seconds) at which the best plan that fits was first at most ``target`` (None: never)."""
+    for calls, seconds, t, fits in log:
+        if fits and t <= target:
+            return calls, seconds
+    return None, None
+
+
+def _run(make: Callable[[], AdaptisTuner], problem: Problem, budget: Budget, seed: int
+         ) -> tuple[SearchResult, float, list[Improvement]]:
+    log: list[Improvement] = []
+    with _improvements(log):
+        t0 = time.perf_counter()
+        res = make().search(problem, budget=budget, seed=seed)
+        wall = time.perf_counter() - t0
+    return res, wall, log
+
+
+def _final(res: SearchResult) -> float:
+    return res.iteration_time if res.feasible else math.inf
 
 
 def measure(name: str, problem: Problem, *, methods: dict[str, Callable[[], AdaptisTuner]], seeds: int, calls: int,
             within: float, walls: list[float]) -> dict:
     """One scenario's row (see the module docstring)."""
     runs = {m: [_run(f, problem, Budget(sim_calls=calls), s) for s in range(seeds)] for m, f in methods.items()}
-    finals = {m: [r.iteration_time for r, _ in rs] for m, rs in runs.items()}
+    finals = {m: [_final(r) for r, _, _ in rs] for m, rs in runs.items()}
     ref = statistics.median(finals["adaptis"])
     row: dict = {"scenario": name, "devices": problem.devices, "microbatches": problem.microbatches,
                  "reference": round(ref, 4), "time_unit": problem.profile.time_unit}
@@ -119,19 +142,16 @@ def measure(name: str, problem: Problem, *, methods: dict[str, Callable[[], Adap
         return row
     target = ref * (1 + within)
     for m, rs in runs.items():
-        cs = [calls_to(r, target) for r, _ in rs]
-        secs = []
-        for r, wall in rs:
-            s, measured = seconds_to(r, target)
-            secs.append(wall if s is None else s)
-        row[m] = {"calls": statistics.median(c if c is not None else calls for c in cs),
-                  "reached": sum(c is not None for c in cs),
-                  "seconds": round(statistics.median(secs), 4),
+        reached = [calls_to(log, target) for _, _, log in rs]
+        row[m] = {"calls": statistics.median(c if c is not None else calls for c, _ in reached),
+                  "reached": sum(c is not None for c, _ in reached),
+                  "seconds": round(statistics.median(wall if s is None else s
+                                                     for (_, s), (_, wall, _) in zip(reached, rs)), 4),
                   "final": round(statistics.median(finals[m]) / ref, 5),
-                  "wall": round(statistics.median(w for _, w in rs), 3)}
+                  "wall": round(statistics.median(w for _, w, _ in rs), 3)}
     for w in walls:
         budget = Budget(sim_calls=None, seconds=w)
-        times = {m: statistics.median(_run(methods[m], problem, budget, s)[0].iteration_time for s in range(seeds))
+        times = {m: statistics.median(_final(_run(methods[m], problem, budget, s)[0]) for s in range(seeds))
                  for m in ("adaptis", "learned") if m in methods}
         if len(times) == 2:
             a, b = times["adaptis"], times["learned"]
