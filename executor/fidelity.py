@@ -24,9 +24,10 @@ import numpy as np
 from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
-__all__ = ["SCALE_KEYS", "BLOCKS", "PlanComparison", "block_medians", "measured_cluster", "runtime_profile",
-           "fit_runtime_scales", "fit_overheads", "fit_action_overhead", "calibrate", "calibration_plans",
-           "calibrated_profile", "compare_plans", "cross_validated", "rank_agreement", "fidelity_summary"]
+__all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
+           "runtime_profile", "fit_runtime_scales", "fit_kind_scales", "fit_overheads", "fit_action_overhead",
+           "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
+           "rank_agreement", "fidelity_summary"]
 
 
 #: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
@@ -61,17 +62,18 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     for s, (start, end) in enumerate(plan.partition):
         for i in range(start, end):
             layer = layers[i]
+            kk = {op: k.get(f"{op}@{layer.kind}", k[op]) for op in SCALE_KEYS}  # a kind's own, else the op's
             measured = "b_full" in layer.extra
             full = float(layer.extra["b_full"]) if measured else layer.b + layer.w
-            extra = {**layer.extra, "b_full": full * k["B"]} if measured else layer.extra
-            f = layer.f * k["F"]
+            extra = {**layer.extra, "b_full": full * kk["B"]} if measured else layer.extra
+            f = layer.f * kk["F"]
             if s in fused:
                 layer = (replace(layer, f=f, extra=extra) if measured
-                         else replace(layer, f=f, b=layer.b * k["B"], w=layer.w * k["B"]))
+                         else replace(layer, f=f, b=layer.b * kk["B"], w=layer.w * kk["B"]))
             elif s == 0:
-                layer = replace(layer, f=f, b=0.0, w=full * k["W0"], extra=extra)
+                layer = replace(layer, f=f, b=0.0, w=full * kk["W0"], extra=extra)
             else:
-                layer = replace(layer, f=f, b=layer.b * k["I"], w=layer.w * k["W"], extra=extra)
+                layer = replace(layer, f=f, b=layer.b * kk["I"], w=layer.w * kk["W"], extra=extra)
             layers[i] = layer
     return replace(profile, layers=tuple(layers))
 
@@ -102,6 +104,53 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
             measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
             predicted[key] = predicted.get(key, 0.0) + per_stage[stage][op]
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
+
+
+#: Shrinkage of a layer kind's own factor toward its operation's (ridge weight, relative to the
+#: kind's own data): a kind seen in few stages keeps close to the shared factor.
+KIND_SHRINKAGE = 0.25
+
+
+def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, runs: Sequence[dict[str, Any]],
+                    *, base: Mapping[str, float]) -> dict[str, float]:
+    """Per operation and layer kind (keys ``"B@head"``), the factor on that kind's profiled time that
+    best explains every replayed stage's median measured duration of that operation (a stage sums
+    its layers of each kind), shrunk toward the operation's shared factor in ``base``
+    (:data:`KIND_SHRINKAGE`) and kept within 0.2-5. One factor per kind, never per plan or stage:
+    the replays showed a head's fused backward at about half its per-layer profile and a stage of
+    blocks at 1.5-2x, which one shared factor per operation averages away."""
+    import statistics
+
+    ms_per_unit = profile.seconds_per_unit * 1e3
+    kinds = sorted({x.kind for x in profile.layers})
+    rows: dict[str, list[tuple[dict[str, float], float]]] = {}
+    for (_, plan), run in zip(named_plans, runs):
+        raw = runtime_profile(profile, plan)
+        durations: dict[tuple[int, str], list[float]] = {}
+        for event in run["timeline"]["events"]:
+            stage, op, _ = parse_action(event["action"])
+            durations.setdefault((stage, op), []).append((event["end"] - event["start"]) / ms_per_unit)
+        for (stage, op), times in durations.items():
+            start, end = plan.partition[stage]
+            per_kind: dict[str, float] = {}
+            for x in raw.layers[start:end]:
+                t = {"F": x.f, "I": x.b, "W": x.w, "B": float(x.extra.get("b_full", x.b + x.w))}[op]
+                per_kind[x.kind] = per_kind.get(x.kind, 0.0) + t
+            if sum(per_kind.values()) > 0:
+                rows.setdefault(_scale_key(stage, op), []).append((per_kind, statistics.median(times)))
+    out: dict[str, float] = {}
+    for key, data in rows.items():
+        seen = [kd for kd in kinds if any(pk.get(kd, 0.0) > 0 for pk, _ in data)]
+        if len(seen) < 2 or key not in base:
+            continue  # one kind: the shared factor already is its own
+        X = np.array([[pk.get(kd, 0.0) for kd in seen] for pk, _ in data])
+        y = np.array([t for _, t in data])
+        prior = np.full(len(seen), float(base[key]))
+        D = np.diag(KIND_SHRINKAGE * (X ** 2).sum(axis=0))
+        a = np.linalg.solve(X.T @ X + D, X.T @ y + D @ prior)
+        for kd, v in zip(seen, np.clip(a, 0.2, 5.0)):
+            out[f"{key}@{kd}"] = float(v)
+    return out
 
 
 def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
@@ -149,12 +198,14 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
-              runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+              runs: Sequence[dict[str, Any]], kinds: bool = True) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
     all the time between actions, as before the per-transfer term existed."""
     scales = fit_runtime_scales(named_plans, profile, runs)
+    if kinds:  # and per layer kind (:func:`fit_kind_scales`); False: one factor per operation only
+        scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
     fitted = fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=both)
     return scales | {"transfer": 0.0} | fitted
@@ -203,10 +254,11 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales)
     layers = []
     for layer in profile.layers:
+        kk = {op: k.get(f"{op}@{layer.kind}", k[op]) for op in SCALE_KEYS}
         extra = dict(layer.extra)
         if "b_full" in extra:
-            extra["b_full"] = float(extra["b_full"]) * k["B"]
-        layers.append(replace(layer, f=layer.f * k["F"], b=layer.b * k["I"], w=layer.w * k["W"], extra=extra))
+            extra["b_full"] = float(extra["b_full"]) * kk["B"]
+        layers.append(replace(layer, f=layer.f * kk["F"], b=layer.b * kk["I"], w=layer.w * kk["W"], extra=extra))
     return replace(profile, layers=tuple(layers), action_overhead=float(k.get("overhead", profile.action_overhead)),
                    transfer_overhead=float(k.get("transfer", profile.transfer_overhead)),
                    extra={**profile.extra, "runtime_scales": {key: round(v, 6) for key, v in k.items()}})
@@ -269,19 +321,20 @@ def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
 def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                     runs: Sequence[dict[str, Any]],
                     calibration: tuple[Sequence[tuple[str, Plan]], Sequence[dict[str, Any]]] | None = None,
-                    ) -> list[PlanComparison]:
+                    kinds: bool = True) -> list[PlanComparison]:
     """Predictions whose calibration never saw the predicted plan. With ``calibration`` (other
     plans and their runs), :func:`calibrate` fits on those and predicts every plan; without,
     leave one plan out (each plan predicted from the others; needs at least two plans)."""
     if calibration is not None:
-        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1])
+        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1], kinds=kinds)
         return compare_plans(named_plans, profile, cluster, runs=runs, scales=scales)
     if len(named_plans) < 2:
         raise ValueError("cross-validation needs at least two replayed plans")
     out = []
     for k, item in enumerate(named_plans):
         others = [j for j in range(len(named_plans)) if j != k]
-        scales = calibrate([named_plans[j] for j in others], profile, cluster, runs=[runs[j] for j in others])
+        scales = calibrate([named_plans[j] for j in others], profile, cluster, runs=[runs[j] for j in others],
+                           kinds=kinds)
         out += compare_plans([item], profile, cluster, runs=[runs[k]], scales=scales)
     return out
 

@@ -187,3 +187,29 @@ def test_stage_factors_read_each_stages_measured_compute_over_its_profile() -> N
         for key, factor in row.items():  # "2F[3:5]": the op's own scale comes back
             op = key.split("[")[0].lstrip("0123456789")
             assert factor == pytest.approx({"F": 1.5, "I": 1.0, "W": 2.0, "B": 0.5}[op], rel=1e-6), key
+
+
+def test_per_kind_factors_move_toward_each_kinds_own_and_help_the_fit() -> None:
+    """A head whose fused backward runs at half its profile and blocks at 1.6x: one factor per
+    operation averages them; the per-kind factors land on each side of it, and the calibration's
+    predictions of the plans' iteration times get closer to the 'measured' ones."""
+    from executor.fidelity import fit_kind_scales
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    kinds = {x.kind for x in profile.layers}
+    truth = {"F": 1.2, "I": 1.0, "W": 1.0, "W0": 1.0, "B": 1.3} | {f"B@{k}": 1.6 for k in kinds if k != "head"} | {
+        "B@head": 0.5}
+    plans = calibration_plans(profile, cluster, 8, count=8, seed=0)  # random splits: the kinds in varied mixes
+    runs = _runs_with(truth, plans, profile, cluster)
+    shared = fit_runtime_scales(plans, profile, runs)
+    per_kind = fit_kind_scales(plans, profile, runs, base=shared)
+    assert per_kind["B@head"] < 1.0 < 1.3 < shared["B"]  # the head's own factor, far below the shared one
+    b_kinds = [k for k in per_kind if k.startswith("B@")]
+    own = sum(abs(per_kind[k] - truth[k]) for k in b_kinds)
+    assert own < 0.5 * sum(abs(shared["B"] - truth[k]) for k in b_kinds)  # nearer each kind's truth
+
+    def worst(scales: dict) -> float:
+        return max(abs(c.error) for c in compare_plans(plans, profile, cluster, runs=runs, scales=scales))
+
+    assert worst(calibrate(plans, profile, cluster, runs=runs)) < worst(
+        calibrate(plans, profile, cluster, runs=runs, kinds=False))
