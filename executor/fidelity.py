@@ -198,13 +198,13 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
-              runs: Sequence[dict[str, Any]], kinds: bool = True) -> dict[str, float]:
+              runs: Sequence[dict[str, Any]], kinds: bool = False) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
     all the time between actions, as before the per-transfer term existed."""
     scales = fit_runtime_scales(named_plans, profile, runs)
-    if kinds:  # and per layer kind (:func:`fit_kind_scales`); False: one factor per operation only
+    if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
     fitted = fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=both)
@@ -321,7 +321,7 @@ def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
 def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                     runs: Sequence[dict[str, Any]],
                     calibration: tuple[Sequence[tuple[str, Plan]], Sequence[dict[str, Any]]] | None = None,
-                    kinds: bool = True) -> list[PlanComparison]:
+                    kinds: bool = False) -> list[PlanComparison]:
     """Predictions whose calibration never saw the predicted plan. With ``calibration`` (other
     plans and their runs), :func:`calibrate` fits on those and predicts every plan; without,
     leave one plan out (each plan predicted from the others; needs at least two plans)."""

@@ -9,10 +9,10 @@ The same job also replays --calibration-plans random plans (random partitions an
 Prints per plan the prediction error, then the median error and whether the model ranks the
 plans in the measured order (every pair, and the pairs the measurement itself resolves: ordered alike
 by each third of the timed steps), twice: from the per-layer profile alone ("profile"), and calibrated
-on the random plans' replays only ("calibrated": a factor per kind of operation, refined per
-layer kind, and the per-action and per-transfer overheads, executor.fidelity.calibrate; "per op
-only": the same without the per-kind factors; the benchmark plans never inform their own
-predictions).
+on the random plans' replays only ("calibrated": a factor per kind of operation and the
+per-action and per-transfer overheads, executor.fidelity.calibrate; "+ per kind": the same with a
+factor per operation and layer kind as well, fit_kind_scales, off by default; the benchmark plans
+never inform their own predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
       [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--json]
@@ -155,14 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = fidelity_summary(comps)
     cv = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs))
     cv_summary = fidelity_summary(cv)
-    per_op = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs), kinds=False)
-    per_op_summary = fidelity_summary(per_op)
+    per_kind = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs), kinds=True)
+    per_kind_summary = fidelity_summary(per_kind)
     factors = stage_factors(plans + calib, profile, result["runs"]) if args.stage_factors else None
     if args.json:
         print(json.dumps({"plans": [c.row() for c in comps], **summary, **({"stage_factors": factors} if factors
                                                                            else {}),
                           "calibrated": {"plans": [c.row() for c in cv], **cv_summary},
-                          "calibrated_per_operation": {"plans": [c.row() for c in per_op], **per_op_summary},
+                          "calibrated_per_kind": {"plans": [c.row() for c in per_kind], **per_kind_summary},
                           "p2p": result["p2p"]}))
         return 0
     print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each, {args.lowering} receives), "
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, row in factors.items():
             print(f"  {name:14} " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()))
     print(f"measured order  {' < '.join(summary['measured_order'])}")
-    for label, s in (("profile", summary), ("calibrated", cv_summary), ("per op only", per_op_summary)):
+    for label, s in (("profile", summary), ("calibrated", cv_summary), ("+ per kind", per_kind_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
               f"predicted order {' < '.join(s['predicted_order'])} "
               f"({s['concordant_pairs']}/{s['pairs']} pairs agree, ties within 2% skipped; "

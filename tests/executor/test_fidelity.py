@@ -211,5 +211,5 @@ def test_per_kind_factors_move_toward_each_kinds_own_and_help_the_fit() -> None:
     def worst(scales: dict) -> float:
         return max(abs(c.error) for c in compare_plans(plans, profile, cluster, runs=runs, scales=scales))
 
-    assert worst(calibrate(plans, profile, cluster, runs=runs)) < worst(
-        calibrate(plans, profile, cluster, runs=runs, kinds=False))
+    assert worst(calibrate(plans, profile, cluster, runs=runs, kinds=True)) < worst(
+        calibrate(plans, profile, cluster, runs=runs))
