@@ -45,6 +45,7 @@ from experiments.common import (
     add_runtime_arg,
     check_microbatches,
     interrupted,
+    non_negative_float,
     output_folder,
     positive_int,
     prediction_meta,
@@ -71,7 +72,7 @@ from pipeline.plan import Plan
 from pipeline.render import gantt_side_by_side
 from pipeline.simulator import Result
 from pipeline.space import Problem, objective_key
-from pipeline.spec import GIB
+from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
 NAME = "search"
@@ -100,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
     add_trace_argument(parser, "the best plan's predicted timeline")
     add_runtime_arg(parser)
+    parser.add_argument("--prove", type=non_negative_float, default=0.0, metavar="SECONDS",
+                        help="then prove the best plan for this long (pipeline.exact: the best order of its partition "
+                             "and placement, a lower bound on every order, the proven gap; writes OUT/proven_plan.json "
+                             "when it found a faster order; default 0: off; see docs/prove.md)")
     add_output_args(parser)
     add_job_arguments(parser)
 
@@ -277,4 +282,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nbest: {best.method} {best.iteration_time:.4g} {profile.time_unit}{speed}, "
               f"{best.iteration_time / bound.value:.3f}x the lower bound -> {out / 'plan.json'}, {out / 'plan.csv'}, "
               f"{out / 'gantt_best.png'}")
+    if args.prove > 0 and best.feasible:
+        _print_proof(best, profile, cluster, problem, seconds=args.prove, out=out, as_json=args.json)
     return 0
+
+
+def _print_proof(best: SearchResult, profile: ModelProfile, cluster: Cluster, problem: Problem, *, seconds: float,
+                 out: Path, as_json: bool) -> None:
+    """``--prove``: the best plan's proven gap (pipeline.exact), one line (or one JSON object)."""
+    from pipeline.exact import prove
+
+    proof = prove(best.plan, profile, cluster, training=problem.training, seconds=seconds)
+    summary = {"proof": True, "method": best.method, **proof.summary()}
+    if proof.best_time < proof.plan_time * (1 - 1e-6):  # a faster order, not rounding
+        proof.plan.save(out / "proven_plan.json")
+        summary["proven_plan"] = str(out / "proven_plan.json")
+    if as_json:
+        print(json.dumps(summary))
+        return
+    faster = (f"; a {100 * summary['plan_vs_best']:.2f}% faster order -> {summary['proven_plan']}"
+              if "proven_plan" in summary else "; no faster order found")
+    print(f"proven ({proof.formulation}, {proof.status}, {summary['seconds']:.0f} s): best order "
+          f"{summary['best_ms']:.4g} ms, every order of this partition and placement >= {summary['bound_ms']:.4g} ms, "
+          f"gap {100 * proof.gap:.2f}%{faster}")

@@ -205,3 +205,14 @@ def test_search_with_gpus_and_a_global_batch_plans_the_whole_job(tmp_path, capsy
     assert main(["search", "--profile", str(ROOT / "experiments/configs/profiles/hetero-head-16.json"),
                  "--gpus", "8", "--global-batch", "16"]) == 2
     assert capsys.readouterr().err.startswith("error: field 'profile'")
+
+
+def test_search_prove_prints_the_best_plans_proven_gap(tmp_path, capsys) -> None:
+    out = tmp_path / "s"
+    assert main(["search", "--model", "gemma-small", "--devices", "2", "--microbatches", "4", "--method",
+                 "megatron,adaptis", "--budget", "100", "--prove", "5", "--json", "--out", str(out)]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    proof = lines[-1]
+    assert proof["proof"] is True and proof["method"] in {"megatron", "adaptis"}
+    assert proof["bound_ms"] <= proof["best_ms"] * (1 + 1e-9) <= proof["plan_ms"] * (1 + 1e-9)
+    assert proof["gap"] == pytest.approx(proof["best_ms"] / proof["bound_ms"] - 1)
