@@ -363,6 +363,14 @@ def check_config(config: TrainConfig) -> None:
     if config.n_steps * config.n_envs < 2:  # PPO normalises advantages over a batch: one sample gives NaN
         raise ConfigError(f"a rollout of --n-steps {config.n_steps} x --n-envs {config.n_envs} is one step; PPO "
                           "needs at least 2 per update: use --n-steps 2 or more", field="--n-steps")
+    if config.batch_size < 2:  # the same per minibatch: SB3 normalises each minibatch's advantages
+        raise ConfigError(f"must be at least 2 (PPO normalises each minibatch's advantages; one sample gives NaN), "
+                          f"got {config.batch_size}", field="--batch-size")
+    rollout = config.n_steps * config.n_envs
+    if rollout % min(config.batch_size, rollout) == 1:  # the epoch's last minibatch would be one sample
+        raise ConfigError(f"a rollout of {rollout} steps in minibatches of {config.batch_size} leaves a last "
+                          "minibatch of one sample (NaN advantages); pick a batch size that divides "
+                          "--n-steps x --n-envs", field="--batch-size")
     if config.imitation_states > 0 and config.network != "entity":
         raise ConfigError("the imitation phase trains the entity network; use --network entity",
                           field="--imitation-states")

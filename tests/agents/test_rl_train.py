@@ -62,6 +62,8 @@ def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
     ({"n_envs": 0}, "--n-envs"),
     ({"hidden": 0}, "--hidden"),
     ({"batch_size": 0}, "--batch-size"),
+    ({"batch_size": 1}, "--batch-size"),  # one sample per minibatch: NaN advantages (the CLI fuzz found it)
+    ({"batch_size": 31}, "--batch-size"),  # 32 steps in minibatches of 31: the last holds one sample
     ({"n_epochs": 0}, "--n-epochs"),
     ({"max_calls": 0}, "--max-calls"),
     ({"eval_every": -5}, "--eval-every"),
