@@ -186,8 +186,9 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             comm.append(0.0)
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit
     post += runtime.step_s / unit
-    post += optimizer_step_seconds(col, cluster, partition, placement=placement, runtime=runtime,
-                                   training=training) / unit
+    if runtime.optimizer_bytes_per_param and training.param_bytes > 0:  # the parameters each device holds
+        post += optimizer_step_seconds([x / training.param_bytes for x in static], cluster, runtime=runtime,
+                                       training=training) / unit
     post += tied_gradient_seconds(profile, cluster, partition, placement=placement, runtime=runtime) / unit
     ends = profile.transfer_overhead  # each end of a transfer between devices pays it
     if ends:
@@ -213,34 +214,24 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
                       cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
 
 
-def optimizer_step_seconds(col: Any, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
-                           placement: Sequence[int], runtime: Runtime, training: TrainingConfig) -> float:
+def optimizer_step_seconds(params_held: Sequence[float], cluster: Cluster, *, runtime: Runtime,
+                           training: TrainingConfig) -> float:
     """Seconds of the optimizer step after the iteration's last action: every device updates the
-    parameters it holds at once (a shared group once per device), streaming
-    ``runtime.optimizer_bytes_per_param`` bytes of weights, gradients and optimizer state per
-    parameter through its memory; the slowest device sets the time. Parameters whose optimizer
-    state is sharded over data-parallel ranks (``training.zero_stage`` >= 1) count ``1 / dp``.
-    0 where the runtime does not price the step or the cluster's GPU (and so its memory
-    bandwidth) is unknown (:func:`pipeline.hardware.memory_bandwidth`)."""
-    if not runtime.optimizer_bytes_per_param:
+    ``params_held[d]`` parameters it holds at once (a shared group counted once per device, as its
+    static memory counts them), streaming ``runtime.optimizer_bytes_per_param`` bytes of weights,
+    gradients and optimizer state per parameter through its memory; the slowest device sets the
+    time. Parameters whose optimizer state is sharded over data-parallel ranks
+    (``training.zero_stage`` >= 1) count ``1 / dp``. 0 where the runtime does not price the step or
+    the cluster's GPU (and so its memory bandwidth) is unknown (:func:`pipeline.hardware.memory_bandwidth`)."""
+    if not runtime.optimizer_bytes_per_param or not params_held:
         return 0.0
     bandwidth = memory_bandwidth(cluster)
     if bandwidth is None:
         return 0.0
-    held = [0.0] * cluster.devices
-    seen: set[tuple[str, int]] = set()
-    for s, (a, b) in enumerate(partition):
-        d = placement[s]
-        for k in range(a, b):
-            group = col.groups[k] if col.groups is not None else None
-            if group is not None:
-                if (group[0], d) in seen:
-                    continue
-                seen.add((group[0], d))
-            held[d] += col.params[k]
-    if getattr(training, "zero_stage", 0) >= 1:
-        held = [h / getattr(training, "data_parallel", 1) for h in held]
-    return runtime.optimizer_bytes_per_param * max(held) / bandwidth
+    held = max(params_held)
+    if training.zero_stage >= 1:
+        held /= training.data_parallel
+    return runtime.optimizer_bytes_per_param * held / bandwidth
 
 
 def tied_gradient_seconds(profile: ModelProfile, cluster: Cluster, partition: Sequence[tuple[int, int]], *,
