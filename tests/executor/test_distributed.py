@@ -1,11 +1,11 @@
 """Two gloo ranks under torchrun: every schedule kind matches the unpipelined model, the exported
-CSV runs under PyTorch's runtime directly, and a failing rank ends the job quickly."""
+CSV runs under PyTorch's runtime directly, and a failing rank ends the job instead of hanging."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,18 +83,21 @@ def test_replay_lowers_pytorch_orders_exactly() -> None:
     assert proc.stdout.count("LOWERING-OK") == 2
 
 
-def test_failing_rank_ends_the_job_quickly(tmp_path: Path) -> None:
+def test_failing_rank_ends_the_job(tmp_path: Path) -> None:
+    """A failing rank exits at once (executor.launch), so its peer stops on the broken connection (or
+    the launcher stops it) instead of waiting out its --timeout. The --timeout (300 s) outlasts the
+    hang guard (90 s), so a job that ends on its own did not end by a timeout; the outcome, not the
+    clock, says why the surviving rank stopped."""
     plan = dict(named_plans(microbatches=4))["1f1b"]
     plan.save(tmp_path / "plan.json")
     args = [*OPTIONS.worker_args(), "--plan", str(tmp_path / "plan.json"), "--inject-failure", "1",
-            "--timeout", "20"]
-    start = time.monotonic()
+            "--timeout", "300"]
     proc = run_torchrun(2, args, timeout=90)
-    elapsed = time.monotonic() - start
+    assert "[killed after" not in proc.stdout, "the job hung after rank 1 failed:\n" + proc.stdout[-3000:]
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stdout
-    assert elapsed < 30, f"the job took {elapsed:.1f} s to exit"
-    print(f"failing job exited with code {proc.returncode} after {elapsed:.1f} s")
+    assert "Timed out" not in proc.stdout, proc.stdout[-3000:]
+    assert re.search(r"Connection (reset|closed) by peer|SIGTERM", proc.stdout), proc.stdout[-3000:]
 
 
 def test_finer_units_match_one_process() -> None:
