@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -27,7 +27,44 @@ from agents.tuner import AdaptisTuner
 from env.scenarios import HELDOUT_MIXED_SPEEDS, sample_problem
 from experiments.common import positive_int
 
-__all__ = ["main"]
+__all__ = ["scenario_rows", "summary", "main"]
+
+
+def scenario_rows(scenarios: int, *, seed: int = 50_000, budget: int = 400) -> Iterator[dict]:
+    """One row per drawn scenario with mixed speeds, as it is searched: the tuner's time in index
+    order and in speed order and their ratio (unrounded), or which of the two found no feasible plan
+    (``feasible``); draws whose devices all have one speed are left out."""
+    for i in range(scenarios):
+        problem = sample_problem(np.random.default_rng(seed + i), HELDOUT_MIXED_SPEEDS)
+        speeds = problem.cluster.speeds
+        if max(speeds) == min(speeds):  # every device drew the same speed: nothing to order
+            continue
+        times = {}
+        for speed_order in (False, True):
+            found = AdaptisTuner(speed_order=speed_order).search(problem, budget=Budget(budget), seed=0)
+            times[speed_order] = found.iteration_time if found.feasible else math.inf
+        row = {"scenario": f"{problem.profile.name}#{i}", "devices": problem.devices}
+        if not math.isfinite(times[False]) or not math.isfinite(times[True]):
+            yield {**row, "feasible": [math.isfinite(times[False]), math.isfinite(times[True])]}
+            continue
+        yield {**row, "microbatches": problem.microbatches, "slowest": min(speeds), "index_order_ms": times[False],
+               "speed_order_ms": times[True], "ratio": times[False] / times[True]}
+
+
+def summary(rows: Sequence[dict], *, budget: int) -> dict | None:
+    """Geometric mean, maximum and minimum of the rows' ratios and how many gained or lost more than
+    0.5% (unrounded); None when no row has a ratio."""
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    if not ratios:
+        return None
+    return {"scenarios": len(ratios), "budget_calls": budget,
+            "geomean_index_over_speed_order": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+            "max": max(ratios), "min": min(ratios),
+            "gained_over_0.5pct": sum(r > 1.005 for r in ratios), "lost_over_0.5pct": sum(r < 0.995 for r in ratios)}
+
+
+def _printed(row: dict, digits: dict[str, int]) -> dict:
+    return {k: round(v, digits[k]) if k in digits else v for k, v in row.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,34 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=50_000, help="seed of the first draw")
     p.add_argument("--budget", type=positive_int, default=400, help="the tuner's simulator calls per run")
     args = p.parse_args(argv)
-    ratios: list[float] = []
-    for i in range(args.scenarios):
-        problem = sample_problem(np.random.default_rng(args.seed + i), HELDOUT_MIXED_SPEEDS)
-        speeds = problem.cluster.speeds
-        if max(speeds) == min(speeds):  # every device drew the same speed: nothing to order
-            continue
-        times = {}
-        for speed_order in (False, True):
-            found = AdaptisTuner(speed_order=speed_order).search(problem, budget=Budget(args.budget), seed=0)
-            times[speed_order] = found.iteration_time if found.feasible else math.inf
-        if not math.isfinite(times[False]) or not math.isfinite(times[True]):
-            print(json.dumps({"scenario": f"{problem.profile.name}#{i}", "devices": problem.devices,
-                              "feasible": [math.isfinite(times[False]), math.isfinite(times[True])]}), flush=True)
-            continue
-        ratio = times[False] / times[True]
-        ratios.append(ratio)
-        print(json.dumps({"scenario": f"{problem.profile.name}#{i}", "devices": problem.devices,
-                          "microbatches": problem.microbatches, "slowest": min(speeds),
-                          "index_order_ms": round(times[False], 1), "speed_order_ms": round(times[True], 1),
-                          "ratio": round(ratio, 4)}), flush=True)
-    if not ratios:
+    rows = []
+    for row in scenario_rows(args.scenarios, seed=args.seed, budget=args.budget):
+        rows.append(row)
+        print(json.dumps(_printed(row, {"index_order_ms": 1, "speed_order_ms": 1, "ratio": 4})), flush=True)
+    total = summary(rows, budget=args.budget)
+    if total is None:
         print(json.dumps({"summary": "no scenario with a feasible plan both ways"}))
         return 1
-    print(json.dumps({"summary": {
-        "scenarios": len(ratios), "budget_calls": args.budget,
-        "geomean_index_over_speed_order": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4),
-        "max": round(max(ratios), 4), "min": round(min(ratios), 4),
-        "gained_over_0.5pct": sum(r > 1.005 for r in ratios), "lost_over_0.5pct": sum(r < 0.995 for r in ratios)}}))
+    print(json.dumps({"summary": _printed(total, {"geomean_index_over_speed_order": 4, "max": 4, "min": 4})}))
     return 0
 
 
