@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,10 +39,75 @@ from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
 from pipeline.space import Candidate, Evaluator, Problem, make_placement  # noqa: E402
-from pipeline.spec import GIB, TrainingConfig  # noqa: E402
+from pipeline.spec import GIB, Cluster, TrainingConfig  # noqa: E402
 from pipeline.zoo import zoo_profile  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["rows", "main"]
+
+
+def rows(model: str, cluster: Cluster, microbatches: int, *, gpu: str = "h100", seq_len: int = 4096,
+         budget: str = "3000", runtime: str = "pytorch", curve: bool = False) -> Iterator[dict]:
+    """The rows :func:`main` prints, unrounded, in its order: one per multi-chunk placement, the
+    curve's with ``curve``, the tuner's plan against Megatron's (``tuner_ms``, ``megatron_ms``,
+    ``speedup``) and one per device. ``runtime``: ``pytorch``, ``frees-at-i`` or ``weight-store``
+    (see ``--help``)."""
+    P, M = cluster.devices, microbatches
+    training = TrainingConfig(input_backward_keeps_graph=runtime == "pytorch")
+    mega = make_searcher("megatron").search(Problem(zoo_profile(model, gpu=gpu, seq_len=seq_len), cluster, M, training))
+    k = auto_head_shards(zoo_profile(model, gpu=gpu, seq_len=seq_len, granularity="sublayer"))
+    profile = zoo_profile(model, gpu=gpu, seq_len=seq_len, granularity="sublayer", head_shards=k)
+    if runtime == "weight-store":  # what I keeps for W: the matmuls' inputs plus their output gradients
+        profile = replace(profile, layers=tuple(
+            replace(x, w_act_bytes=x.w_retained + max(0, x.w_graph - x.act_bytes)) for x in profile.layers))
+    problem = Problem(profile, cluster, M, training)
+    ev = Evaluator(problem)
+    costs = [x.f + x.b + x.w for x in profile.layers]
+    mean = sum(costs) / P
+    for kind, chunks in PLACEMENT_CHOICES:
+        if chunks == 1 or P * chunks > profile.num_layers:
+            continue
+        placement = make_placement(kind, P, chunks)
+        row = {"placement": f"{kind}-{chunks}", "mean_load": mean}
+        for name, sizes in (("stage", ev.balanced_sizes(placement)), ("device", ev.device_balanced_sizes(placement))):
+            filled = with_filled_budgets(Candidate(sizes, placement), ev)
+            row[f"{name}_max_load"] = float(device_loads(costs, sizes, placement, devices=P).max())
+            row[f"{name}_filled_ms"] = ev.result(filled).iteration_time
+            row[f"{name}_no_memory_limit_ms"] = ev.result(replace(filled, budgets=None)).iteration_time
+        lighter = [ev.result(with_filled_budgets(c, ev)) for c in
+                   _lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
+        row["device_lightened_best_ms"] = min((r.iteration_time for r in lighter if r.feasible), default=float("nan"))
+        yield row
+    if curve:
+        for kind, chunks in (("interleaved", 4), ("v", 2), ("interleaved", 2)):
+            placement = make_placement(kind, P, chunks)
+            if len(placement) > profile.num_layers:
+                continue
+            sizes = ev.device_balanced_sizes(placement)
+            for mb in (8, 12, 16, 20, 24, 28, 32, 40):
+                r = ev.result(Candidate(sizes, placement, "list", (float(mb),) * P, cap_counts_w=True))
+                yield {"curve": f"{kind}-{chunks}", "budget_microbatches": mb, "ms": r.iteration_time,
+                       "peak_gib": max(r.peak_memory) / GIB}
+    found = AdaptisTuner().search(problem, budget=Budget.parse(budget), seed=0)
+    res = simulate(found.plan, profile, cluster, training=training, record_timeline=True)
+    T = res.iteration_time
+    yield {"tuner_ms": T, "speedup": mega.iteration_time / T, "megatron_ms": mega.iteration_time, "plan": found.note}
+    for d in range(P):
+        acts = sorted((e for e in res.timeline if e.device == d), key=lambda e: e.start)
+        inside = sum(max(0.0, b.start - a.end) for a, b in zip(acts, acts[1:]))
+        yield {"device": d, "busy_ms": res.busy[d], "idle_first_ms": acts[0].start, "idle_last_ms": T - acts[-1].end,
+               "idle_inside_ms": inside, "peak_gib": res.peak_memory[d] / GIB, "limit_gib": res.memory_limit[d] / GIB}
+
+
+def _printed(row: dict) -> dict:
+    """A row as printed: loads to 3 digits, the speedup to 4, milliseconds and GiB to 1."""
+    def digits(key: str) -> int | None:
+        if key.endswith("load"):
+            return 3
+        if key == "speedup":
+            return 4
+        return 1 if key == "ms" or key.endswith(("_ms", "_gib")) else None
+
+    return {k: v if digits(k) is None else round(v, digits(k)) for k, v in row.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,63 +129,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--curve", action="store_true", help="also print iteration time against peak memory "
                    "for uniform budgets on the device-balanced split (what memory a time would need)")
     args = p.parse_args(argv)
-    P, M = args.devices, args.microbatches
     if args.frees_at_i and args.weight_store:
         p.error("--frees-at-i and --weight-store model two different runtimes: pick one")
-    training = TrainingConfig(input_backward_keeps_graph=not (args.frees_at_i or args.weight_store))
     try:
-        cluster = build_cluster(args.gpu, devices=P, gpus_per_node=8)
+        cluster = build_cluster(args.gpu, devices=args.devices, gpus_per_node=8)
     except ConfigError as exc:
         p.error(f"--gpu: {exc}")
-    mega = make_searcher("megatron").search(Problem(zoo_profile(args.model, gpu=args.gpu, seq_len=args.seq_len),
-                                                    cluster, M, training))
-    k = auto_head_shards(zoo_profile(args.model, gpu=args.gpu, seq_len=args.seq_len, granularity="sublayer"))
-    profile = zoo_profile(args.model, gpu=args.gpu, seq_len=args.seq_len, granularity="sublayer", head_shards=k)
-    if args.weight_store:  # what I keeps for W: the matmuls' inputs plus their output gradients
-        profile = replace(profile, layers=tuple(
-            replace(x, w_act_bytes=x.w_retained + max(0, x.w_graph - x.act_bytes)) for x in profile.layers))
-    problem = Problem(profile, cluster, M, training)
-    ev = Evaluator(problem)
-    costs = [x.f + x.b + x.w for x in profile.layers]
-    mean = sum(costs) / P
-    for kind, chunks in PLACEMENT_CHOICES:
-        if chunks == 1 or P * chunks > profile.num_layers:
-            continue
-        placement = make_placement(kind, P, chunks)
-        row = {"placement": f"{kind}-{chunks}", "mean_load": round(mean, 3)}
-        for name, sizes in (("stage", ev.balanced_sizes(placement)), ("device", ev.device_balanced_sizes(placement))):
-            filled = with_filled_budgets(Candidate(sizes, placement), ev)
-            row[f"{name}_max_load"] = round(float(device_loads(costs, sizes, placement, devices=P).max()), 3)
-            row[f"{name}_filled_ms"] = round(ev.result(filled).iteration_time, 1)
-            row[f"{name}_no_memory_limit_ms"] = round(ev.result(replace(filled, budgets=None)).iteration_time, 1)
-        lighter = [ev.result(with_filled_budgets(c, ev)) for c in
-                   _lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
-        row["device_lightened_best_ms"] = round(min((r.iteration_time for r in lighter if r.feasible),
-                                                    default=float("nan")), 1)
-        print(json.dumps(row), flush=True)
-    if args.curve:
-        for kind, chunks in (("interleaved", 4), ("v", 2), ("interleaved", 2)):
-            placement = make_placement(kind, P, chunks)
-            if len(placement) > profile.num_layers:
-                continue
-            sizes = ev.device_balanced_sizes(placement)
-            for mb in (8, 12, 16, 20, 24, 28, 32, 40):
-                r = ev.result(Candidate(sizes, placement, "list", (float(mb),) * P, cap_counts_w=True))
-                print(json.dumps({"curve": f"{kind}-{chunks}", "budget_microbatches": mb,
-                                  "ms": round(r.iteration_time, 1),
-                                  "peak_gib": round(max(r.peak_memory) / GIB, 1)}), flush=True)
-    found = AdaptisTuner().search(problem, budget=Budget.parse(args.budget), seed=0)
-    res = simulate(found.plan, profile, cluster, training=training, record_timeline=True)
-    T = res.iteration_time
-    print(json.dumps({"tuner_ms": round(T, 1), "speedup": round(mega.iteration_time / T, 4),
-                      "megatron_ms": round(mega.iteration_time, 1), "plan": found.note}), flush=True)
-    for d in range(P):
-        acts = sorted((e for e in res.timeline if e.device == d), key=lambda e: e.start)
-        inside = sum(max(0.0, b.start - a.end) for a, b in zip(acts, acts[1:]))
-        print(json.dumps({"device": d, "busy_ms": round(res.busy[d], 1), "idle_first_ms": round(acts[0].start, 1),
-                          "idle_last_ms": round(T - acts[-1].end, 1), "idle_inside_ms": round(inside, 1),
-                          "peak_gib": round(res.peak_memory[d] / GIB, 1),
-                          "limit_gib": round(res.memory_limit[d] / GIB, 1)}), flush=True)
+    runtime = "frees-at-i" if args.frees_at_i else "weight-store" if args.weight_store else "pytorch"
+    for row in rows(args.model, cluster, args.microbatches, gpu=args.gpu, seq_len=args.seq_len, budget=args.budget,
+                    runtime=runtime, curve=args.curve):
+        print(json.dumps(_printed(row)), flush=True)
     return 0
 
 
