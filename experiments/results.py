@@ -7,7 +7,7 @@ from typing import Any
 
 from agents.base import SearchResult
 
-__all__ = ["result_row", "sort_rows"]
+__all__ = ["result_row", "sort_rows", "method_rows"]
 
 
 def result_row(res: SearchResult, reference: float | None, bound: float) -> dict[str, Any]:
@@ -30,3 +30,10 @@ def sort_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Feasible rows first, fastest first."""
     return sorted(rows, key=lambda r: (not r.get("feasible"), r["iteration_time"] if r.get("iteration_time")
                                        else float("inf")))
+
+
+def method_rows(results: Sequence[SearchResult], bound: float) -> list[dict[str, Any]]:
+    """:func:`result_row` of each result, sorted (:func:`sort_rows`), with its speedup over the
+    ``megatron`` result among them when that one found a plan."""
+    mega = next((r for r in results if r.method == "megatron" and r.ok), None)
+    return sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])

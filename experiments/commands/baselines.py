@@ -9,8 +9,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
+from agents.base import SearchResult
 from agents.registry import make_searcher
 from experiments.common import (
     add_cluster_args,
@@ -24,7 +26,7 @@ from experiments.common import (
     resolve_problem,
     resolve_training,
 )
-from experiments.results import result_row, sort_rows
+from experiments.results import method_rows
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.render import gantt_png
@@ -47,6 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
+def compare(problem: Problem, methods: Sequence[str]) -> tuple[list[dict], list[SearchResult]]:
+    """Each named method on ``problem``, ``megatron`` added when missing (the speedups are over it):
+    the rows ``baselines`` prints (:func:`experiments.results.method_rows`, sorted, with each row's
+    largest peak as ``peak_memory_max_gb``) and the search results, in ``methods``' order."""
+    methods = list(methods) if "megatron" in methods else [*methods, "megatron"]
+    results = [make_searcher(m).search(problem) for m in methods]
+    bound = lower_bound(problem.profile, problem.cluster, problem.microbatches, runtime=problem.training.runtime).value
+    rows = method_rows(results, bound)
+    for row in rows:
+        if row.get("peak_memory_gb"):
+            row["peak_memory_max_gb"] = max(row["peak_memory_gb"])
+    return rows, results
+
+
 def run(args: argparse.Namespace) -> int:
     profile, cluster = resolve_problem(args)
     check_microbatches(args.microbatches, cluster.devices)
@@ -54,13 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if "megatron" not in methods:
         methods.append("megatron")
     problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
-    results = [make_searcher(m).search(problem) for m in methods]
-    mega = next((r for r in results if r.method == "megatron" and r.ok), None)
-    bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime).value
-    rows = sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])
-    for row in rows:
-        if row.get("peak_memory_gb"):
-            row["peak_memory_max_gb"] = max(row["peak_memory_gb"])
+    rows, results = compare(problem, methods)
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "methods": methods}
     with tracked_run(args, command=NAME, config=config) as tracker:

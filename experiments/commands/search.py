@@ -64,7 +64,7 @@ from experiments.deploy import (
     write_exports,
     write_plan_trace,
 )
-from experiments.results import result_row, sort_rows
+from experiments.results import method_rows, result_row
 from experiments.tracking_hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
@@ -139,8 +139,7 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
     """What an interrupted search keeps: the finished methods' rows (OUT/results.jsonl, and printed as
     the finished search prints them) and the best plan so far (OUT/plan.json, already written); one
     line says what and where. Exit 130 (Ctrl-C) or 143."""
-    mega = next((r for r in results if r.method == "megatron" and r.ok), None)
-    rows = sort_rows([result_row(r, mega.iteration_time if mega else None, bound) for r in results])
+    rows = method_rows(results, bound)
     kept = []
     if rows:
         with open(out / "results.jsonl", "w") as fh:
@@ -198,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             s.ranker_path = args.ranker
     out = output_folder(args.out or
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
-    problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
+    problem = Problem(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
     bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
     def predicted(result: Result) -> dict:
         return prediction_meta(result.iteration_time, profile=profile, cluster=cluster,
@@ -224,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
     reference = mega.iteration_time if mega else None
-    rows = sort_rows([result_row(r, reference, bound.value) for r in results])
+    rows = method_rows(results, bound.value)
     searched = [Searched(r.method, r.plan, r.result) for r in results if r.ok]
     pick = best_for(args.target, searched, profile)
     best = next((r for r in results if pick is not None and r.ok and r.plan is pick.plan), None)

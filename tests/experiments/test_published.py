@@ -100,14 +100,15 @@ def test_a_whole_job_row_without_its_degrees_says_why() -> None:
 
 
 @needs_dev
-def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts(capsys) -> None:
-    from experiments.cli import main
+def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts() -> None:
+    from experiments.commands.baselines import compare
+    from pipeline.space import Problem
+    from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
-    assert main(["baselines", "--profile", str(root / "profiles" / "zb-1.5b-stages.json"), "--cluster",
-                 str(root / "clusters" / "zb-a100x8-stages.json"), "--microbatches", "24", "--runtime", "megatron",
-                 "--method", "1f1b", "--json"]) == 0
-    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    problem = Problem(ModelProfile.load(root / "profiles" / "zb-1.5b-stages.json"),
+                      Cluster.load(root / "clusters" / "zb-a100x8-stages.json"), 24, TrainingConfig(runtime="megatron"))
+    rows, _ = compare(problem, ["1f1b"])
     one_f_one_b = next(r for r in rows if r["method"] == "1f1b")
     per_gpu = 144 / (one_f_one_b["iteration_time"] / 1e3) / 8  # 24 micro-batches of 6 samples, 8 GPUs
     rows = json.loads(DEV.read_text())["rows"]
