@@ -34,13 +34,13 @@ def _random() -> Searcher:
 
 
 def _rl() -> Searcher:
-    from agents.rl import RLSearcher
+    from agents.rl.searchers import RLSearcher
 
     return RLSearcher()
 
 
 def _rl_tuner() -> Searcher:
-    from agents.rl import RLTunerSearcher
+    from agents.rl.searchers import RLTunerSearcher
 
     return RLTunerSearcher()
 

@@ -9,7 +9,7 @@ costs one simulator call; an edit whose result is already known is masked.
 The action table (:data:`ACTIONS`) has a fixed size for up to :data:`MAX_STAGES` stages and
 :data:`MAX_DEVICES` devices, so one policy serves every scenario; its per-boundary and
 per-device entries are what a size-independent policy scores token by token
-(:mod:`agents.rl_net`).
+(:mod:`agents.rl.net`).
 
 Speed: the editor runs one native call per edit (:meth:`Evaluator.result`, no Python plan);
 plans are built only when asked for (:attr:`PlanEditor.plan`, :attr:`PlanEditor.best_plan`).

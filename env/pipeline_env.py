@@ -188,7 +188,7 @@ class PipelineEnv(gym.Env):
 
     The boundary actions belong to a pair of stage rows of the observation and the budget
     actions to a device row, so a policy can score them row by row and serve any size
-    (:mod:`agents.rl_net`). A masked action changes nothing, costs no simulator call, uses a
+    (:mod:`agents.rl.net`). A masked action changes nothing, costs no simulator call, uses a
     step and gives ``-step_cost``. Illegal actions (boundaries past the last stage, devices past
     the cluster, a stage that would be empty, more stages than layers, budgets when they are
     unlimited, edits whose result is known) are masked: ``action_masks()`` (sb3-contrib's

@@ -13,7 +13,7 @@ alike. A vector row also says where its step's time went: the batched simulation
 candidates, stage costs, the one native call) and the autoresets (the scenario draw and its cost
 model, the starting plans).
 
-PPO rows: today's path, :func:`agents.rl_train.train` with its defaults (MaskablePPO, the entity
+PPO rows: today's path, :func:`agents.rl.train.train` with its defaults (MaskablePPO, the entity
 network, 8 SubprocVecEnv workers, 128 steps per environment per update), against the same
 MaskablePPO on the vector env through :mod:`agents.vec_adapter` with ``--ppo-envs`` environments
 in one process and ``n_steps`` cut so that every update has as many samples (1,024) as today's:
@@ -95,8 +95,8 @@ class _Clock:
 
 
 def ppo_today(*, timesteps: int, seed: int = 0) -> dict[str, float]:
-    """Steps/s of :func:`agents.rl_train.train` with its default configuration (no evaluation)."""
-    from agents.rl_train import TrainConfig, train
+    """Steps/s of :func:`agents.rl.train.train` with its default configuration (no evaluation)."""
+    from agents.rl.train import TrainConfig, train
 
     with tempfile.TemporaryDirectory() as out:
         config = TrainConfig(timesteps=timesteps, seed=seed, eval_every=0, checkpoint_every=10 * timesteps,
@@ -112,8 +112,8 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import VecMonitor
 
-    from agents.rl_net import EntityPolicy
-    from agents.rl_train import TrainConfig
+    from agents.rl.net import EntityPolicy
+    from agents.rl.train import TrainConfig
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row))
             continue
         what = {"single": "single env", "subproc": "SubprocVecEnv", "vector": "vector env",
-                "vector-2t": "vector env, 2 engine threads", "today": "rl_train.train (8 SubprocVecEnv)"}[row["kind"]]
+                "vector-2t": "vector env, 2 engine threads", "today": "rl.train.train (8 SubprocVecEnv)"}[row["kind"]]
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):
             extra = f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time)"

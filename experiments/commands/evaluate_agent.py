@@ -155,7 +155,7 @@ def _tuner_calls(method: str) -> int | None:
 
 def _searcher(method: str, args: argparse.Namespace):
     from agents.registry import make_searcher
-    from agents.rl import RLSearcher
+    from agents.rl.searchers import RLSearcher
 
     if _tuner_calls(method) is not None:
         return make_searcher("adaptis")

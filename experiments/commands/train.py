@@ -1,6 +1,6 @@
 """Train a plan-editing policy in adaptis/Pipeline-v0 (MaskablePPO or PPO), with checkpoints.
 
-Every field of agents.rl_train.TrainConfig is a flag (its docstring is the help below).
+Every field of agents.rl.train.TrainConfig is a flag (its docstring is the help below).
 Writes OUT/checkpoints/model_<steps>.zip (every --checkpoint-every steps and on Ctrl-C/SIGTERM),
 OUT/eval.jsonl (held-out evaluation every --eval-every steps), OUT/learning_curve.png, and the
 final OUT/policy.pth + OUT/policy.json (use with: search --method rl --policy OUT/policy.pth).
@@ -42,7 +42,7 @@ HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
 
 
 def _train_seed(text: str) -> int:
-    from agents.rl_train import MAX_SEED
+    from agents.rl.train import MAX_SEED
 
     return seed_int(text, most=MAX_SEED)  # environment i gets seed 1000 x seed + i
 
@@ -57,8 +57,8 @@ def _at_most_one(text: str) -> float:
 
 
 def _width(text: str) -> int:
-    """A layer width: a whole number from 1 to :data:`agents.rl_train.MAX_WIDTH`."""
-    from agents.rl_train import MAX_WIDTH
+    """A layer width: a whole number from 1 to :data:`agents.rl.train.MAX_WIDTH`."""
+    from agents.rl.train import MAX_WIDTH
 
     value = positive_int(text)
     if value > MAX_WIDTH:
@@ -87,15 +87,15 @@ RENAME = {"progress_bar": "progress"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`agents.rl_train.TrainConfig` field (:mod:`experiments.dataclass_args`)."""
-    from agents.rl_train import TrainConfig
+    """One flag per :class:`agents.rl.train.TrainConfig` field (:mod:`experiments.dataclass_args`)."""
+    from agents.rl.train import TrainConfig
 
     add_dataclass_arguments(parser, TrainConfig, rename=RENAME, parsers=PARSERS)
     add_output_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.rl_train import TrainConfig, check_config, train
+    from agents.rl.train import TrainConfig, check_config, train
     from experiments.tracking_hooks import tracked_run
     from experiments.tracking_sb3 import make_sb3_logger
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 def kept_checkpoints(out: Path) -> str:
     """What an interrupted training left in ``out``: its latest checkpoint and how to resume, or that there is none."""
-    from agents.rl_train import latest_checkpoint
+    from agents.rl.train import latest_checkpoint
 
     ckpt = latest_checkpoint(out)
     if ckpt is None:

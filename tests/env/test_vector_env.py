@@ -252,7 +252,7 @@ def test_maskable_ppo_trains_on_it():
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import VecMonitor
 
-    from agents.rl_net import EntityPolicy
+    from agents.rl.net import EntityPolicy
     from agents.vec_adapter import make_vec_env
 
     th.set_num_threads(1)

@@ -10,7 +10,7 @@ from typing import Literal
 
 import pytest
 
-from agents.rl_train import TrainConfig
+from agents.rl.train import TrainConfig
 from experiments.cli import build_parser, main
 from experiments.commands import train as train_command
 from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args, field_docs
@@ -129,7 +129,7 @@ def test_the_existing_train_flags_keep_their_names() -> None:
 
 
 def test_the_algos_are_the_policy_files_algos() -> None:
-    from agents.rl_policy import ALGOS
+    from agents.rl.policy import ALGOS
 
     assert set(typing.get_args(typing.get_type_hints(TrainConfig)["algo"])) == set(ALGOS)
 
@@ -137,7 +137,7 @@ def test_the_algos_are_the_policy_files_algos() -> None:
 @pytest.fixture
 def captured(monkeypatch) -> list[TrainConfig]:
     """The configs ``train`` would have trained (no training runs)."""
-    import agents.rl_train
+    import agents.rl.train
 
     seen: list[TrainConfig] = []
 
@@ -146,7 +146,7 @@ def captured(monkeypatch) -> list[TrainConfig]:
         return {"timesteps": 0, "seconds": 0.0, "checkpoint": "c", "policy": "p", "interrupted": False,
                 "signal": None, "eval_log": "e"}
 
-    monkeypatch.setattr(agents.rl_train, "train", fake_train)
+    monkeypatch.setattr(agents.rl.train, "train", fake_train)
     return seen
 
 

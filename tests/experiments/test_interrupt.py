@@ -58,7 +58,7 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
 def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
     """Ctrl-C during `train` stops at the next step, saves a checkpoint and a policy; --resume
     continues from that checkpoint up to the requested total."""
-    from agents.rl_train import latest_checkpoint
+    from agents.rl.train import latest_checkpoint
 
     out = tmp_path / "train"
     base = [sys.executable, "-m", "experiments", "train", "--seed", "0", "--n-envs", "1", "--out", str(out),
@@ -105,7 +105,7 @@ def _clean_stop(err: str) -> str:
 def test_ctrl_c_in_the_terminal_stops_training_and_its_workers_cleanly(tmp_path) -> None:
     """The terminal sends SIGINT to the whole process group, environment workers included: the
     workers ignore it, the parent saves a checkpoint, closes them and names what it kept."""
-    from agents.rl_train import latest_checkpoint
+    from agents.rl.train import latest_checkpoint
 
     out = tmp_path / "train"
     proc = _train(out, "--checkpoint-every", "128")

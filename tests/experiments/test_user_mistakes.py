@@ -73,7 +73,7 @@ def test_a_plan_whose_method_is_no_wandb_name_is_simulated_and_logged(tmp_path, 
 
 @pytest.mark.parametrize("command", [["evaluate-agent"], ["search", *PROBLEM, "--method", "rl"]], ids=lambda c: c[0])
 def test_a_corrupt_policy_file_is_one_line(command, tmp_path, capsys) -> None:
-    from agents.rl_policy import DEFAULT_POLICY
+    from agents.rl.policy import DEFAULT_POLICY
 
     policy = tmp_path / "p.pth"
     policy.write_bytes(DEFAULT_POLICY.read_bytes()[:3000])

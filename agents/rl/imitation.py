@@ -12,7 +12,7 @@ improves are skipped (any choice there is as good).
 The visited states come from rollouts on :data:`env.scenarios.TRAIN_SCENARIO` that follow the
 oracle's best edit with probability ``oracle_share`` and a uniformly random allowed edit
 otherwise (so the policy also sees the states its own mistakes lead to), in ``workers``
-processes. PPO then fine-tunes the result (:func:`agents.rl_train.train`).
+processes. PPO then fine-tunes the result (:func:`agents.rl.train.train`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.rl_imitation import ImitationConfig, collect_states, fit_policy, imitation_targets
+from agents.rl.imitation import ImitationConfig, collect_states, fit_policy, imitation_targets
 
 
 def test_targets_favour_bigger_gains_and_ignore_rollbacks():
@@ -32,7 +32,7 @@ def test_collected_states_are_labelled_by_real_simulations(states):
 def test_fit_learns_to_pick_improving_edits(states):
     from sb3_contrib import MaskablePPO
 
-    from agents.rl_net import EntityPolicy
+    from agents.rl.net import EntityPolicy
     from env.pipeline_env import PipelineEnv
 
     policy = MaskablePPO(EntityPolicy, PipelineEnv(), seed=0, device="cpu").policy

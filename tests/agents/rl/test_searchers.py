@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from agents.base import Budget
-from agents.rl import RLSearcher, RLTunerSearcher, rollout
-from agents.rl_policy import DEFAULT_POLICY, load_policy
-from agents.rl_train import TrainConfig, latest_checkpoint, train
+from agents.rl.policy import DEFAULT_POLICY, load_policy
+from agents.rl.searchers import RLSearcher, RLTunerSearcher, rollout
+from agents.rl.train import TrainConfig, latest_checkpoint, train
 from agents.tuner import AdaptisTuner
 from env.pipeline_env import PipelineEnv
 from env.scenarios import ScenarioConfig, sample_problem
@@ -57,7 +57,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
 def test_short_training_improves_over_untrained(trained):
     from sb3_contrib import MaskablePPO
 
-    from agents.rl_net import EntityPolicy
+    from agents.rl.net import EntityPolicy
 
     untrained = MaskablePPO(EntityPolicy, _fixed_env(), seed=0, device="cpu").policy
     before = _episode_gain(untrained)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from agents.base import Budget
-from agents.rl import RLSearcher
-from agents.rl_starts import (
+from agents.rl.searchers import RLSearcher
+from agents.rl.starts import (
     ARMS,
     FEATURES,
     StartRanker,
@@ -48,7 +48,7 @@ def test_roomy_recipes_go_deeper_and_rc0_lightens_device_zero():
     with budgets refilled for what is left."""
     import math
 
-    from agents.rl_starts import build_arm
+    from agents.rl.starts import build_arm
 
     problem = _problem(devices=4, blocks=16)
     ev = Evaluator(problem)
@@ -77,7 +77,7 @@ def test_ranker_learns_a_choice_that_depends_on_the_scenario():
     metrics = fit_ranker(ranker, x, times, epochs=60)
     assert metrics["held_top1_quality"] > 0.97
     untrained = StartRanker(hidden=32, seed=1)
-    from agents.rl_starts import _quality
+    from agents.rl.starts import _quality
 
     assert _quality(untrained, x, times, 1) < 0.8
 
@@ -109,7 +109,7 @@ def test_ranker_file_round_trip_and_mismatch(tmp_path):
 def test_ranked_starts_keep_one_recipe_that_fits_by_construction():
     """Where the deepest recipes score highest, the last of the k starts is the best-scored
     recipe whose budgets are cut to fit; where one fits already, nothing is displaced."""
-    from agents.rl_starts import fits_by_construction
+    from agents.rl.starts import fits_by_construction
 
     class FixedScores:  # the selection rule under test, not the network: scores set by hand
         def __init__(self, first: str) -> None:
@@ -168,7 +168,7 @@ def test_slow_first_twins_follow_list_recipes_on_mixed_speeds_only():
     positions; on equal devices, or with ``speed_twins=False``, the list is the ranker's alone."""
     from dataclasses import replace
 
-    from agents.rl_starts import SLOW_FIRST, build_arm
+    from agents.rl.starts import SLOW_FIRST, build_arm
     from pipeline.space import by_position, preset_budgets, slow_first
     from pipeline.spec import Cluster, Device
 
@@ -201,7 +201,7 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
     """Mixed-speed draw 50016 (16 devices, tight memory): the ranker's favourite memory-filling
     recipe lays out stages whose static memory and one micro-batch overflow, so it cannot be the
     start that surely fits; another recipe takes that slot and the zero-shot plan fits in 5 calls."""
-    from agents.rl_starts import build_arm, fits_by_construction, holds_one_microbatch
+    from agents.rl.starts import build_arm, fits_by_construction, holds_one_microbatch
     from env.scenarios import HELDOUT_MIXED_SPEEDS
 
     problem = sample_problem(np.random.default_rng(50016), HELDOUT_MIXED_SPEEDS)

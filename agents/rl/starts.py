@@ -95,7 +95,7 @@ FEATURES: tuple[str, ...] = (
 #: (built by :func:`build_arm`, offered by :func:`ranked_starts` on mixed speeds; not an arm).
 SLOW_FIRST = "slow-first"
 #: The ranker shipped beside the default policy.
-DEFAULT_RANKER = Path(__file__).resolve().parent / "policies" / "default_starts.pt"
+DEFAULT_RANKER = Path(__file__).resolve().parents[1] / "policies" / "default_starts.pt"
 
 
 @dataclass(frozen=True)
@@ -422,7 +422,7 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
         ranker = StartRanker(hidden=int(meta.get("hidden", 128)), members=int(meta.get("members", 4)))
         ranker.net.load_state_dict(th.load(path, weights_only=True))
     except Exception as exc:  # a corrupt or truncated file, or weights of another shape
-        from agents.rl_policy import unreadable
+        from agents.rl.policy import unreadable
 
         raise unreadable(path, exc, what="start ranker", field="--ranker") from None
     ranker.net.eval()

@@ -2,7 +2,7 @@
 
 Reads top to bottom: a :class:`TrainConfig`, vectorised environments (one process each with
 ``vec="subproc"``, so both cores step environments), the model (MaskablePPO with the
-size-independent :class:`agents.rl_net.EntityPolicy` by default), callbacks (periodic
+size-independent :class:`agents.rl.net.EntityPolicy` by default), callbacks (periodic
 checkpoint, stop-and-save on SIGINT/SIGTERM, periodic evaluation on held-out scenarios
 (:data:`env.scenarios.HELDOUT_SCENARIO`: families and sizes training never sees) against the
 tuner, written to ``OUT/eval.jsonl`` and to W&B with the training steps/s), ``learn``, and the
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agents.rl_policy import ALGOS, save_policy
+from agents.rl.policy import ALGOS, old_module_paths, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_problem
 from pipeline.errors import ConfigError
 
@@ -60,7 +60,7 @@ class TrainConfig:
     vec: Literal["dummy", "subproc"] = "subproc"
     """``dummy`` (one process) or ``subproc`` (one process per environment: every core steps)."""
     network: Literal["entity", "mlp"] = "entity"
-    """``entity`` (:class:`agents.rl_net.EntityPolicy`, any size; MaskablePPO only) or ``mlp``
+    """``entity`` (:class:`agents.rl.net.EntityPolicy`, any size; MaskablePPO only) or ``mlp``
     (SB3's MLP over the flattened, padded observation)."""
     hidden: int = 64
     """Units per token of the entity network."""
@@ -106,11 +106,11 @@ class TrainConfig:
     progress_bar: bool = True
     """Show a progress bar (only on a terminal)."""
     imitation_states: int = 0
-    """States labelled by the one-step oracle before PPO (:mod:`agents.rl_imitation`; 0: none)."""
+    """States labelled by the one-step oracle before PPO (:mod:`agents.rl.imitation`; 0: none)."""
     imitation_epochs: int = 12
     """Passes of the imitation phase over its labelled states."""
     ranker_scenarios: int = 0
-    """Training scenarios to label for the start ranker (:mod:`agents.rl_starts`, saved as
+    """Training scenarios to label for the start ranker (:mod:`agents.rl.starts`, saved as
     ``OUT/starts.pt``; 0: none)."""
 
 
@@ -186,10 +186,10 @@ def tuner_times(problems: list, *, calls: int, seed: int = 0) -> list[float]:
 def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24,
                        tuner: list[float] | None = None, allow_stop: bool = True) -> dict[str, float]:
     """Deterministic rollouts on ``problems`` from the hand-written starts
-    (:func:`agents.rl.start_candidates`, no ranker: the edits alone): mean gain over the best start,
+    (:func:`agents.rl.searchers.start_candidates`, no ranker: the edits alone): mean gain over the best start,
     and, given the tuner's times, the geometric-mean quality (tuner time / policy time) at
     ``max_calls`` calls and zero-shot (one start plan, at most 5 calls)."""
-    from agents.rl import rollout, start_candidates
+    from agents.rl.searchers import rollout, start_candidates
     from env.editor import SharedEvaluator
     from env.pipeline_env import PipelineEnv
     from pipeline.space import Evaluator
@@ -241,9 +241,9 @@ def _held_out(config: TrainConfig) -> tuple[list, list[float] | None]:
 
 
 def _imitate(policy: Any, config: TrainConfig, tracker: Any, out: Path) -> dict[str, Any]:
-    """The imitation phase (:func:`agents.rl_imitation.pretrain`) with held-out evaluations before
+    """The imitation phase (:func:`agents.rl.imitation.pretrain`) with held-out evaluations before
     and after it, and of random edits, written to ``eval.jsonl`` (``phase`` column) and W&B."""
-    from agents.rl_imitation import ImitationConfig, pretrain
+    from agents.rl.imitation import ImitationConfig, pretrain
 
     problems, tuner = _held_out(config)
 
@@ -406,7 +406,8 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     ckpt = latest_checkpoint(out) if config.resume else None
     if ckpt is not None:
         try:
-            model = algo_cls.load(str(ckpt), env=vec, device="cpu")
+            with old_module_paths():
+                model = algo_cls.load(str(ckpt), env=vec, device="cpu")
         except Exception as exc:  # a checkpoint cut short (disk full, killed mid-write) raises anything
             vec.close()
             raise ConfigError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}): it is corrupt or truncated; "
@@ -417,7 +418,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
         if not config.resume and (out / "eval.jsonl").exists():
             (out / "eval.jsonl").unlink()
         if config.network == "entity":
-            from agents.rl_net import EntityPolicy
+            from agents.rl.net import EntityPolicy
 
             policy, policy_kwargs = EntityPolicy, {"hidden": config.hidden}
         else:
@@ -430,7 +431,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
         model.set_logger(logger)
     ranker = None
     if config.ranker_scenarios > 0 and not (out / "starts.pt").is_file():
-        from agents.rl_starts import train_ranker
+        from agents.rl.starts import train_ranker
 
         ranker = train_ranker(config.ranker_scenarios, seed=config.seed, out=out / "starts.pt",
                               progress_bar=config.progress_bar)[1]

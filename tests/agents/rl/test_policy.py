@@ -1,14 +1,17 @@
-"""A corrupt policy, start ranker or checkpoint file is one ConfigError naming the file, never a traceback."""
+"""Policy files: a corrupt policy, start ranker or checkpoint is one ConfigError naming the file, never a
+traceback; a policy pickled before ``agents/rl/`` was a package still loads."""
 
 from __future__ import annotations
 
 import shutil
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from agents.rl_policy import DEFAULT_POLICY, load_policy
-from agents.rl_starts import DEFAULT_RANKER, load_ranker
+from agents.rl.policy import DEFAULT_POLICY, load_policy
+from agents.rl.starts import DEFAULT_RANKER, load_ranker
 from pipeline.errors import ConfigError
 
 CORRUPT = {"truncated": None, "garbage": b"garbage", "text": b"12345 hello\n", "empty": b""}
@@ -49,10 +52,28 @@ def test_a_corrupt_start_ranker_is_named(kind: str, tmp_path: Path) -> None:
 
 
 def test_resuming_from_a_corrupt_checkpoint_is_named(tmp_path: Path) -> None:
-    from agents.rl_train import TrainConfig, train
+    from agents.rl.train import TrainConfig, train
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "model_64.zip").write_bytes(b"PK\x03\x04cut short")
     config = TrainConfig(timesteps=128, n_envs=1, vec="dummy", out=str(tmp_path), resume=True, eval_every=0)
     with pytest.raises(ConfigError, match=r"field '--resume': checkpoint .*model_64.zip cannot be read"):
         train(config)
+
+
+def test_a_policy_pickled_under_the_old_module_path_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents.rl import net
+    from agents.rl.policy import old_module_paths
+
+    policy, _ = load_policy()
+    path = tmp_path / "old.pth"
+    shutil.copy(DEFAULT_POLICY.with_suffix(".json"), path.with_suffix(".json"))
+    with old_module_paths():  # write it as the earlier version did: agents.rl_net.EntityEncoder
+        monkeypatch.setattr(net.EntityEncoder, "__module__", "agents.rl_net")
+        policy.save(str(path))
+        monkeypatch.undo()
+    assert b"agents.rl_net" in zipfile.ZipFile(path).read("old/data.pkl")
+    assert "agents.rl_net" not in sys.modules
+    loaded, _ = load_policy(path)
+    assert type(loaded.features_extractor) is net.EntityEncoder and "agents.rl_net" not in sys.modules
+    assert b"agents.rl_net" not in zipfile.ZipFile(DEFAULT_POLICY).read("default/data.pkl")  # the shipped one: new path

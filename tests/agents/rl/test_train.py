@@ -1,4 +1,4 @@
-"""agents.rl_train: config checks, checkpoints and resume, the settings reaching the model, evaluation helpers.
+"""agents.rl.train: config checks, checkpoints and resume, the settings reaching the model, evaluation helpers.
 
 The training runs here are tiny (64-96 steps on one fixed 2-device scenario, one environment).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.rl_train import (
+from agents.rl.train import (
     MAX_SEED,
     MAX_WIDTH,
     TrainConfig,

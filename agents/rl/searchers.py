@@ -1,9 +1,9 @@
 """RL searchers: a trained policy edits plans in ``adaptis/Pipeline-v0``, alone or seeding the tuner.
 
-Two learned parts work together. The **start ranker** (:mod:`agents.rl_starts`, a contextual
+Two learned parts work together. The **start ranker** (:mod:`agents.rl.starts`, a contextual
 bandit over ~240 starting recipes) picks, from the scenario alone, which starting plans to
-simulate first; the **edit policy** (MaskablePPO with :class:`agents.rl_net.EntityPolicy`,
-imitation of a one-step look-ahead oracle then PPO, :mod:`agents.rl_imitation`) then edits the
+simulate first; the **edit policy** (MaskablePPO with :class:`agents.rl.net.EntityPolicy`,
+imitation of a one-step look-ahead oracle then PPO, :mod:`agents.rl.imitation`) then edits the
 best of them, one simulator call per edit.
 
 ``rl`` simulates the ranker's top ``start_arms`` recipes (named hand-built schedules among them
@@ -47,7 +47,7 @@ _POLICIES: dict[str, tuple[Any, dict[str, Any]]] = {}
 
 
 def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
-    from agents.rl_policy import DEFAULT_POLICY, load_policy
+    from agents.rl.policy import DEFAULT_POLICY, load_policy
 
     key = str(Path(path).resolve()) if path else str(DEFAULT_POLICY)
     if key not in _POLICIES:
@@ -180,7 +180,7 @@ class RLSearcher:
     """No policy: uniformly random allowed edits from the same starts with the same budget (the
     baseline ``evaluate-agent`` calls ``rl-random``)."""
     ranker_path: str | None = None
-    """Start ranker (:mod:`agents.rl_starts`, ``.pt`` with its ``.json``); ``None``: the shipped one.
+    """Start ranker (:mod:`agents.rl.starts`, ``.pt`` with its ``.json``); ``None``: the shipped one.
     ``"none"`` (or no shipped file): the rollouts start from the hand-written
     :func:`start_candidates` (zero-shot: :func:`env.scenarios.zero_shot_starts`)."""
     start_arms: int = 10
@@ -193,7 +193,7 @@ class RLSearcher:
     their twins, planned worse there)."""
     speed_twins: bool = True
     """On devices of mixed speeds, follow each list recipe with its devices-by-speed twin
-    (:func:`agents.rl_starts.ranked_starts`); False: the ranker's recipes in index order only."""
+    (:func:`agents.rl.starts.ranked_starts`); False: the ranker's recipes in index order only."""
     best_candidates: list[Candidate] = field(default_factory=list, repr=False)
     """After a search: the distinct best candidates of the rollouts, best first."""
     start_list: list[Candidate] = field(default_factory=list, repr=False)
@@ -273,7 +273,7 @@ class RLSearcher:
 
     def ranker(self):
         """The start ranker this searcher uses (loaded once), or None for the hand-written starts."""
-        from agents.rl_starts import DEFAULT_RANKER, load_ranker
+        from agents.rl.starts import DEFAULT_RANKER, load_ranker
 
         path = self.ranker_path or DEFAULT_RANKER
         if self.ranker_path == "none" or (self.ranker_path is None and not Path(path).with_suffix(".json").is_file()):
@@ -284,7 +284,7 @@ class RLSearcher:
                 deadline: float | None = None) -> list[Candidate] | str:
         """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
         ``found``), or without a ranker file the hand-written starts."""
-        from agents.rl_starts import named_result, ranked_starts
+        from agents.rl.starts import named_result, ranked_starts
         from pipeline.space import slow_first
 
         ranker = self.ranker()
