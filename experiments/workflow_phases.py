@@ -150,7 +150,7 @@ def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log
     SB3's metrics and the evaluation curve go to ``tracker`` (the workflow's ``train`` run).
     """
     from agents.rl.train import TrainConfig, train
-    from experiments.tracking_sb3 import make_sb3_logger
+    from experiments.tracking.sb3 import make_sb3_logger
 
     n_steps = max(16, min(256, timesteps // 2 // 16 * 16))  # a multiple of 16: every minibatch of min(64, n) is full
     config = TrainConfig(timesteps=timesteps, seed=seed, n_envs=1, out=str(out), n_steps=n_steps,

@@ -384,7 +384,7 @@ def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, comma
     """Train (or resume) a policy; returns a summary (timesteps, seconds, paths).
 
     ``tracker`` (an ``experiments.tracking.Tracker``) receives the evaluation curves and
-    ``logger`` (an SB3 ``Logger``, e.g. ``experiments.tracking_sb3.make_sb3_logger(tracker)``) SB3's
+    ``logger`` (an SB3 ``Logger``, e.g. ``experiments.tracking.sb3.make_sb3_logger(tracker)``) SB3's
     own metrics; both are optional. ``env_fn(rank)`` replaces the training environments
     (e.g. one fixed scenario); by default they draw from :data:`TRAIN_SCENARIO`.
     """

@@ -27,7 +27,7 @@ from experiments.common import (
     resolve_training,
 )
 from experiments.results import method_rows
-from experiments.tracking_hooks import tracked_run
+from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.render import gantt_png
 from pipeline.schedules import NAMED_METHODS

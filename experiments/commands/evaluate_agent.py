@@ -186,7 +186,7 @@ def _searcher(method: str, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from agents.base import Budget
-    from experiments.tracking_hooks import tracked_run
+    from experiments.tracking.hooks import tracked_run
 
     out = output_folder(args.out)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         row.update({k: run_out[k] for k in ("max_grad_error", "loss_error", "max_weight_error")})
     # --- W&B: one small call; the tracking helper decides offline/disabled ------------------
     try:
-        from experiments.tracking_hooks import tracked_run
+        from experiments.tracking.hooks import tracked_run
 
         with tracked_run(args, command=NAME, config={"plan": args.plan, "model": args.model}) as tracker:
             tracker.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))})

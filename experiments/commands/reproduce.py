@@ -27,7 +27,7 @@ from typing import Any
 from agents.base import DEFAULT_CALLS, Budget
 from agents.registry import make_searcher
 from experiments.common import check_microbatches, non_negative_float, output_folder, positive_int
-from experiments.tracking_hooks import tracked_run
+from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster

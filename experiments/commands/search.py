@@ -65,7 +65,7 @@ from experiments.deploy import (
     write_plan_trace,
 )
 from experiments.results import method_rows, result_row
-from experiments.tracking_hooks import tracked_run
+from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan

@@ -24,7 +24,7 @@ from experiments.common import (
     resolve_training,
 )
 from experiments.deploy import add_trace_argument, write_plan_trace
-from experiments.tracking_hooks import tracked_run
+from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan

@@ -96,8 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agents.rl.train import TrainConfig, check_config, train
-    from experiments.tracking_hooks import tracked_run
-    from experiments.tracking_sb3 import make_sb3_logger
+    from experiments.tracking.hooks import tracked_run
+    from experiments.tracking.sb3 import make_sb3_logger
 
     # PPO has no masks: it trains the MLP (the entity network scores only allowed actions).
     config = dataclass_from_args(TrainConfig, args, network=args.network if args.algo == "maskable-ppo" else "mlp",

@@ -9,7 +9,7 @@ import pytest
 
 from agents.base import SearchResult
 from experiments.cli import main
-from experiments.tracking_offline import read_offline_run
+from experiments.tracking.offline import read_offline_run
 from experiments.workflow_report import Measurement, device_rows, kind_rows, method_rows, op_share, timeline_busy
 from pipeline.plan import Plan, validate_plan
 from pipeline.schedules import build_plan

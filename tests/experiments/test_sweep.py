@@ -11,7 +11,7 @@ import pytest
 from agents.base import Budget
 from experiments.cli import main
 from experiments.sweeps import check_params, grid, parse_params, run_sweep
-from experiments.tracking_offline import read_offline_run
+from experiments.tracking.offline import read_offline_run
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan
 from tests.conftest import ROOT

@@ -17,8 +17,8 @@ What was logged survives an interrupted process: the tracker finishes the run fr
 that both run; W&B flushes the run's ``.wandb`` log every ``flush_interval_s`` seconds,
 which bounds what a ``SIGKILL`` loses.
 
-Beside it: :mod:`experiments.tracking_sb3` gives stable-baselines3 a logger whose metrics go
-to the run, and :mod:`experiments.tracking_offline` reads an offline run folder back.
+Beside it: :mod:`experiments.tracking.sb3` gives stable-baselines3 a logger whose metrics go
+to the run, and :mod:`experiments.tracking.offline` reads an offline run folder back.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""experiments.tracking: offline W&B runs, read back from their transaction log (experiments.tracking_offline)."""
+"""experiments.tracking: offline W&B runs, read back from their transaction log (experiments.tracking.offline)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import pytest
 
 from experiments import tracking
 from experiments.tracking import Tracker, artifact_name, resolve_mode, start_run
-from experiments.tracking_offline import OfflineRun, read_offline_run
-from experiments.tracking_sb3 import make_sb3_logger
+from experiments.tracking.offline import OfflineRun, read_offline_run
+from experiments.tracking.sb3 import make_sb3_logger
 from pipeline.plan import Plan, parse_action, validate_plan
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STEPS = 600  # enough rows to span several 32 KiB blocks of the .wandb log
 
 

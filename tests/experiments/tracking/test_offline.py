@@ -1,6 +1,6 @@
-"""experiments.tracking_offline: what the reader does with logs that are not whole.
+"""experiments.tracking.offline: what the reader does with logs that are not whole.
 
-Whole runs (every kind of value logged, then read back) are in test_tracking.py.
+Whole runs (every kind of value logged, then read back) are in test_run.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.tracking import start_run
-from experiments.tracking_offline import TransactionLogError, iter_transaction_log, read_offline_run
+from experiments.tracking.offline import TransactionLogError, iter_transaction_log, read_offline_run
 
 
 @pytest.fixture(scope="module")
