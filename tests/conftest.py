@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,13 +33,12 @@ def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
 
 
 def exit_after(proc: subprocess.Popen, interrupt: Callable[[], None], *,
-               timeout: float) -> tuple[str | None, str | None, float]:
-    """Call ``interrupt`` (send a signal, kill a rank) and wait for ``proc`` to end: its stdout,
-    stderr and the seconds it took to exit."""
+               timeout: float) -> tuple[str | None, str | None]:
+    """Call ``interrupt`` (send a signal, kill a rank) and wait for ``proc`` to end: its stdout and
+    stderr. ``timeout`` is the hang guard (``subprocess.TimeoutExpired`` fails the test); how fast it
+    exits is for a benchmark to measure, not a test."""
     interrupt()
-    start = time.monotonic()
-    out, err = proc.communicate(timeout=timeout)
-    return out, err, time.monotonic() - start
+    return proc.communicate(timeout=timeout)
 
 
 def uniform_profile(layers: int, *, f: float = 1.0, b: float = 1.0, w: float = 1.0, act: int = 1000,

@@ -1,5 +1,5 @@
-"""Faults on purpose: a rank killed mid-run, and Ctrl-C on replay. Both end within a bound and
-leave no process behind."""
+"""Faults on purpose: a rank killed mid-run, and Ctrl-C on replay. Both end the job (before the hang
+guard, not by a timeout) and leave no process behind."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ from tests.conftest import exit_after, reaped
 from tests.executor.plans import named_plans
 
 pytestmark = pytest.mark.slow  # torchrun jobs, killed
-
-EXIT_BOUND_S = 30.0
-
 
 def _pids_with(marker: str) -> list[int]:
     """Live processes whose command line mentions ``marker``."""
@@ -96,16 +93,15 @@ def test_killed_rank_ends_the_job_and_leaves_nothing(tmp_path: Path) -> None:
     plan_path = tmp_path / "kill-plan.json"
     dict(named_plans(microbatches=4))["1f1b"].save(plan_path)
     args = ["--plan", str(plan_path), "--model", "tiny-hybrid", "--seq-len", "32", "--steps", "100000",
-            "--warmup", "0", "--timeout", "20"]
+            "--warmup", "0", "--timeout", "300"]  # past the hang guard: an exit before it is no timeout
     proc = subprocess.Popen(torchrun_command(2, args), cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     with reaped(proc):
         workers = _wait_for_workers(str(plan_path), 2)
         time.sleep(3.0)  # let them get into the steps
-        _, _, elapsed = exit_after(proc, lambda: os.kill(workers[-1], signal.SIGKILL), timeout=90)
-    print(f"killed rank: job exited with {proc.returncode} after {elapsed:.1f} s")
+        out, _ = exit_after(proc, lambda: os.kill(workers[-1], signal.SIGKILL), timeout=90)
     assert proc.returncode != 0
-    assert elapsed < EXIT_BOUND_S
+    assert "Timed out" not in out, out[-3000:]  # the survivor stopped on its peer's death, not a timeout
     time.sleep(0.5)
     assert _pids_with(str(plan_path)) == []
 
@@ -130,10 +126,8 @@ def test_ctrl_c_on_replay_leaves_no_stray_process(tmp_path: Path) -> None:
             raise AssertionError("replay's workers did not start")
         time.sleep(1.0)
         # what a terminal's Ctrl-C does to the foreground group
-        out, _, elapsed = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
-    print(f"Ctrl-C: replay exited with {proc.returncode} after {elapsed:.1f} s")
+        out, _ = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
     assert proc.returncode == 130, out[-2000:]
-    assert elapsed < EXIT_BOUND_S
     # By the time replay has exited its job must be gone too (allow 2 s for the kernel to reap).
     deadline = time.monotonic() + 2
     while any(_alive(p) for p in family) and time.monotonic() < deadline:
