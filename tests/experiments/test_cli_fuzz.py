@@ -32,5 +32,4 @@ def test_random_command_lines_end_cleanly(tmp_path) -> None:
     assert report.counts["ok"] > COUNT // 5  # the base command lines run: not everything is a refusal
     bad = "\n\n".join(f"{o.kind} ({o.seconds} s, exit {o.code}): {_shell(o.argv)}\n{o.err[-1000:]}"
                       for o in report.failures)
-    assert not report.failures, bad
-    assert all(o.seconds < 60 for o in report.outcomes)
+    assert not report.failures, bad  # one past its 30 s is a "hang" failure: the hang guard, not a timing
