@@ -210,11 +210,10 @@ def add_runtime_arg(parser: argparse.ArgumentParser) -> None:
                         + " (default: the --target's runtime, pytorch for the executor; see docs/fidelity.md)")
 
 
-def resolve_training(args: argparse.Namespace) -> TrainingConfig:
-    """The TrainingConfig of ``--runtime`` (default: the runtime of ``--target``, else ``pytorch``)."""
-    name = getattr(args, "runtime", None) or TARGET_RUNTIMES.get(getattr(args, "target", None) or "executor",
-                                                                  "pytorch")
-    return TrainingConfig(runtime=name)
+def resolve_training(args: argparse.Namespace, *, target: str = "executor") -> TrainingConfig:
+    """The TrainingConfig of ``--runtime`` (:func:`add_runtime_arg`; default: the runtime of ``target``,
+    which a command with ``--target`` passes, else ``pytorch``)."""
+    return TrainingConfig(runtime=args.runtime or TARGET_RUNTIMES.get(target, "pytorch"))
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
