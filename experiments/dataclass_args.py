@@ -12,9 +12,13 @@ Types: ``int`` -> a whole number >= 1 (:func:`~experiments.common.positive_int`)
 positive number; ``str`` -> text; ``Literal[...]`` -> one of its values (``choices``);
 ``list[int]`` -> comma-separated positive whole numbers (``--net-arch 64,64``); ``bool`` -> a
 switch that flips the default (``--resume`` when the default is off, ``--no-progress`` for a
-``progress`` field that is on). Other ranges (0 allowed, at most 1, ...) come in ``parsers``, one
-argparse type function per field. Any other annotation raises TypeError: a new field of a new
-type has to be given a flag on purpose.
+``progress`` field that is on); ``X | None`` with a default of None -> the flag of ``X``, None
+when not given (the field's docstring says what None means; no ``(default: ...)`` is shown).
+Other ranges (0 allowed, at most 1, ...) come in ``parsers``, one argparse type function per
+field; ``metavars`` names a flag's value where its name does not (``FILE``). Any other
+annotation raises TypeError: a new field of a new type has to be given a flag on purpose.
+``only`` adds some fields, in its order, so that one dataclass's flags can sit in several
+argument groups (``run``'s model, cluster, search and replay groups).
 
 Why not tyro (1.0.17 is installed, and torchtitan and CleanRL build their CLIs with it): tyro
 builds its own parser for a whole program, while our commands are argparse sub-parsers that
@@ -105,19 +109,36 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _optional(kind: Any) -> Any:
+    """``X`` for an annotation ``X | None``; None for any other."""
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(kind)) == 2:
+            return args[0]
+    return None
+
+
+def _int_list(kind: Any) -> bool:
+    return typing.get_origin(kind) in (list, tuple) and set(typing.get_args(kind)) - {...} == {int}
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *,
-                            exclude: Sequence[str] = (), rename: Mapping[str, str] | None = None,
-                            parsers: Mapping[str, Callable[[str], Any]] | None = None) -> dict[str, str]:
-    """Add one flag per field of dataclass ``cls`` (but ``exclude``) to ``parser`` (see the module
-    docstring); the value lands under the field's own name. Returns field name -> flag."""
+                            only: Sequence[str] | None = None, exclude: Sequence[str] = (),
+                            rename: Mapping[str, str] | None = None,
+                            parsers: Mapping[str, Callable[[str], Any]] | None = None,
+                            metavars: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Add one flag per field of dataclass ``cls`` (but ``exclude``; just ``only``, in its order, when
+    given) to ``parser`` (see the module docstring); the value lands under the field's own name.
+    Returns field name -> flag, for the fields added."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
-    parsers = parsers or {}
-    fields = [f for f in dataclasses.fields(cls) if f.name not in exclude]
+    parsers, metavars, rename = parsers or {}, metavars or {}, rename or {}
+    every = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}
+    # every field's flag, so that a help can name the flag of a field added to another group;
     # a switch that is on by default is turned off by --no-NAME
-    rename = rename or {}
-    flags = {f.name: flag_of(("no_" if hints[f.name] is bool and _default(f) else "") + rename.get(f.name, f.name))
-             for f in fields}
+    flags = {name: flag_of(("no_" if hints[name] is bool and _default(f) else "") + rename.get(name, name))
+             for name, f in every.items()}
+    fields = list(every.values()) if only is None else [every[name] for name in only]
     for f in fields:
         kind = hints[f.name]
         default = _default(f)
@@ -129,9 +150,16 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
             parser.add_argument(flag, dest=f.name, action="store_false" if default else "store_true",
                                 default=default, help=help_text or None)
             continue
+        if f.name not in parsers and _optional(kind) is not None:
+            if default is not None:
+                raise TypeError(f"field {f.name!r} of {cls.__name__}: an optional type whose default is not None "
+                                "has no flag (not giving it could not mean None); give it a parser")
+            kind = _optional(kind)
         kw: dict[str, Any] = {"dest": f.name, "default": default}
         if f.name in parsers:
             kw["type"] = parsers[f.name]
+            if typing.get_origin(kind) is Literal:
+                kw["choices"] = typing.get_args(kind)
         elif typing.get_origin(kind) is Literal:
             kw["choices"] = typing.get_args(kind)
             kw["type"] = type(kw["choices"][0])
@@ -141,19 +169,21 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
             kw["type"] = positive_float
         elif kind is str:
             kw["type"] = str
-        elif typing.get_origin(kind) in (list, tuple) and set(typing.get_args(kind)) - {...} == {int}:
-            kw["type"], kw["metavar"] = int_list, "N,N"
+        elif _int_list(kind):
+            kw["type"] = int_list
         elif isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-            raise TypeError(f"field {f.name!r} of {cls.__name__}: optional types have no flag; give it a parser")
+            raise TypeError(f"field {f.name!r} of {cls.__name__}: no flag for the union {kind!r}; give it a parser")
         else:
             raise TypeError(f"field {f.name!r} of {cls.__name__}: no flag for type {kind!r}; give it a parser")
-        if f.name in parsers and typing.get_origin(kind) is Literal:
-            kw["choices"] = typing.get_args(kind)
-        if typing.get_origin(kind) in (list, tuple):
+        if f.name in metavars:
+            kw["metavar"] = metavars[f.name]
+        elif _int_list(kind):
             kw["metavar"] = "N,N"
-        shown = f"(default: {_shown(default)})".replace("%", "%%")
-        parser.add_argument(flag, help=f"{help_text} {shown}" if help_text else shown, **kw)
-    return flags
+        elif f.name in rename and "choices" not in kw:  # argparse would name the value after the field
+            kw["metavar"] = flag.removeprefix("--").replace("-", "_").upper()
+        shown = "" if default is None else f"(default: {_shown(default)})".replace("%", "%%")
+        parser.add_argument(flag, help=" ".join(t for t in (help_text, shown) if t) or None, **kw)
+    return {f.name: flags[f.name] for f in fields}
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:

@@ -179,11 +179,19 @@ def make_files(folder: Path) -> dict[str, list[str]]:
     return {"inputs": inputs, "outputs": outputs, "plan": str(folder / "search" / "plan.json")}
 
 
+def _key(action: argparse.Action) -> str:
+    """The name the pools know a flag by: its dest, or the flag's own name when only that is known
+    (a config field named apart from its flag: ``run --method`` sets ``WorkflowConfig.methods``)."""
+    named = max(action.option_strings, key=len).lstrip("-").replace("-", "_")
+    known = {*TEXT, *SIZES, *FILE_FLAGS}
+    return named if action.dest not in known and named in known else action.dest
+
+
 def _value(action: argparse.Action, rng: random.Random, files: dict[str, list[str]]) -> str | None:
     """A random value for ``action`` (None: a flag that takes none)."""
     if action.nargs == 0:
         return None
-    dest = action.dest
+    dest = _key(action)
     if dest in FILE_FLAGS or (action.metavar and any(k in str(action.metavar) for k in ("FILE", ".json", "DIR",
                                                                                          "PNG"))):
         writes = dest in ("out", "trace", "gantt", "cluster_out", "gantt_dir")

@@ -21,7 +21,7 @@ from executor.fidelity import measured_cluster
 from executor.replay import ReplayOptions, run_job
 from experiments.benchmarks.fidelity import benchmark_plans
 from experiments.common import positive_int, print_table
-from experiments.workflow_report import timeline_busy
+from experiments.workflow.report import timeline_busy
 from pipeline.spec import ModelProfile
 
 __all__ = ["main"]

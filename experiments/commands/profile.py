@@ -110,7 +110,7 @@ def _calibrated(args: argparse.Namespace, profile: Any, cluster: Any, bench: dic
     """``profile`` with what replays of ``--calibrate`` random plans teach it (unchanged, with a line
     saying so, if the replays could not run)."""
     from executor.fidelity import calibrated_profile
-    from experiments.workflow_phases import Costs, calibrate_here
+    from experiments.workflow.phases import Costs, calibrate_here
 
     costs = Costs(profile, cluster, "measured", True, bench, bench.get("backend"), device)
     costs = calibrate_here(costs, model=args.model, scale=args.scale, microbatches=args.calibration_microbatches,

@@ -14,6 +14,7 @@ gantt_predicted.png, gantt_measured.png, gantt_fidelity.png and summary.json. Be
 job the ranks' memory is checked against this machine's (executor/preflight.py). Logs one W&B
 group (offline by default): runs profile, [train,] search, [replay,] summary; the summary run
 holds the metrics, tables, Gantt charts and the plan artifact.
+Every field of experiments.workflow.WorkflowConfig is a flag (its docstring is the help below).
 --target {executor,torchtitan,megatron} keeps the plan inside what that runtime runs and writes
 megatron_args.txt / torchtitan.toml (experiments/deploy.py); --trace FILE.json writes the best
 plan's predicted and measured timelines in the Chrome trace format.
@@ -29,99 +30,74 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
-from agents.base import DEFAULT_CALLS
 from experiments.common import (
-    add_granularity_args,
     add_strict_arg,
     check_microbatches,
     interrupted,
     non_negative_float,
     non_negative_int,
-    positive_float,
-    positive_int,
     print_table,
 )
-from experiments.deploy import add_target_arguments, add_trace_argument, print_targets
-from experiments.workflow import DEFAULT_METHODS, SEARCH_ROWS, WorkflowConfig, WorkflowReport, run_workflow
+from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args
+from experiments.deploy import print_targets
+from experiments.workflow import SEARCH_ROWS, WorkflowConfig, WorkflowReport, run_workflow
 
-__all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report"]
+__all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report", "method_list", "GROUPS"]
 
 NAME = "run"
 HELP = "the whole workflow: profile or analytic costs, search (tuner + RL), replay, compare, one W&B group"
 
 
+def method_list(text: str) -> tuple[str, ...]:
+    """``--method``: comma-separated method names, blanks dropped (the search always adds megatron)."""
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+#: WorkflowConfig fields whose flag is not named after them.
+RENAME = {"profile_path": "profile", "cluster_path": "cluster", "methods": "method", "project": "wandb_project"}
+#: Fields whose values are not "a whole number >= 1" / "a positive number" / text (the types' checks).
+PARSERS = {"seed": int, "methods": method_list, "train_policy": non_negative_int, "warmup": non_negative_int,
+           "calibration_plans": non_negative_int, "memory_reserve_gb": non_negative_float}
+#: How the help names a flag's value where the flag's own name would not say it.
+METAVARS = {"hf_config": "FILE", "profile_path": "FILE", "cluster_path": "FILE", "head_shards": "K",
+            "train_policy": "TIMESTEPS", "calibration_plans": "N", "trace": "FILE.json"}
+#: The fields that name the model: one or the other (argparse refuses both).
+MODEL_FIELDS = ("model", "hf_config")
+#: Argument group of --help -> its fields, in order; fields in none are plain options.
+GROUPS = {
+    "model (one of)": ("profile_path", "seq_len", "microbatch_size", "scale", "granularity", "head_shards"),
+    "cluster (default: this machine)": ("gpu", "cluster_path", "devices", "gpus_per_node", "memory_gb",
+                                        "memory_reserve_gb"),
+    "search": ("microbatches", "methods", "budget", "max_seconds", "seed", "perturb_moves", "policy",
+               "train_policy"),
+    "replay (this machine only)": ("replay", "steps", "warmup", "profile_repeats", "calibration_plans", "threads",
+                                   "timeout"),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_argument_group("model (one of)")
-    ex = model.add_mutually_exclusive_group()
-    ex.add_argument("--model", default=None, help="zoo model (default tiny-hybrid: built and run here)")
-    ex.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json (needs --gpu)")
-    model.add_argument("--profile", metavar="FILE", help="use this profile JSON instead of profiling")
+    """One flag per :class:`experiments.workflow.WorkflowConfig` field (:mod:`experiments.dataclass_args`),
+    in the groups of :data:`GROUPS`, plus ``--strict`` and ``--json``."""
+    flags = {"rename": RENAME, "parsers": PARSERS, "metavars": METAVARS}
+    groups = {title: parser.add_argument_group(title) for title in GROUPS}
+    model = groups["model (one of)"]
+    add_dataclass_arguments(model.add_mutually_exclusive_group(), WorkflowConfig, only=MODEL_FIELDS, **flags)
+    for title, fields in GROUPS.items():
+        add_dataclass_arguments(groups[title], WorkflowConfig, only=fields, **flags)
     add_strict_arg(model)
-    model.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: model's)")
-    model.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch")
-    model.add_argument("--scale", type=positive_float, default=1.0, help="shrink the local model's widths (0, 1]")
-    add_granularity_args(model)
-    cl = parser.add_argument_group("cluster (default: this machine)")
-    cl.add_argument("--gpu", default=None, help="GPU preset (h100, a100, ...): analytic costs, no replay")
-    cl.add_argument("--cluster", metavar="FILE", help="a cluster JSON (not this machine: no replay)")
-    cl.add_argument("--devices", type=positive_int, default=2, help="pipeline devices (local ranks here)")
-    cl.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node")
-    cl.add_argument("--memory-gb", type=positive_float, default=None,
-                    help="memory capacity per device in GiB, 2**30 bytes (default: the GPU's; 64 here)")
-    cl.add_argument("--memory-reserve-gb", type=non_negative_float, default=None,
-                    help="GiB per device plans may not use: CUDA context, NCCL, fragmentation (default: the "
-                         "GPU preset's or cluster file's; 0 on CPU ranks)")
-    se = parser.add_argument_group("search")
-    se.add_argument("--microbatches", type=positive_int, default=None, help="per iteration (default 8 here, 32 GPU)")
-    se.add_argument("--method", default=",".join(DEFAULT_METHODS),
-                    help="comma-separated methods; 'rl' is skipped with a note when no policy loads")
-    se.add_argument("--budget", default=str(DEFAULT_CALLS),
-                    help=f"per method: simulator calls ({DEFAULT_CALLS}) or seconds (30s)")
-    se.add_argument("--max-seconds", type=positive_float, default=60.0, help="cap on each method's search time")
-    se.add_argument("--seed", type=int, default=0)
-    se.add_argument("--perturb-moves", type=positive_int, default=None, help="the tuner's perturbation strength")
-    se.add_argument("--policy", default=None, help="RL policy file (default: the shipped one)")
-    se.add_argument("--train-policy", type=non_negative_int, default=0, metavar="TIMESTEPS",
-                    help="first train an RL policy this many steps and use it (0: no training)")
-    rp = parser.add_argument_group("replay (this machine only)")
-    rp.add_argument("--no-replay", action="store_true", help="search only")
-    rp.add_argument("--steps", type=positive_int, default=10, help="timed steps per plan (median kept)")
-    rp.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
-    rp.add_argument("--profile-repeats", type=positive_int, default=5, help="timed repeats per layer when profiling")
-    rp.add_argument("--calibration-plans", type=non_negative_int, default=6, metavar="N",
-                    help="random plans replayed to calibrate the profile before the search (0: none)")
-    rp.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
-    rp.add_argument("--timeout", type=positive_float, default=900.0, help="seconds for each torchrun job")
-    add_target_arguments(parser)
-    add_trace_argument(parser, "the best plan's predicted and measured timelines")
-    parser.add_argument("--out", default=None, help="output folder (default runs/run-<model>)")
-    parser.add_argument("--group", default=None, help="W&B group (default run-<model>-<time>)")
-    parser.add_argument("--wandb-project", default="adaptis", help="W&B project (runs are offline by default)")
+    placed = {*MODEL_FIELDS, *(name for fields in GROUPS.values() for name in fields)}
+    rest = [f.name for f in dataclasses.fields(WorkflowConfig) if f.name not in placed]
+    add_dataclass_arguments(parser, WorkflowConfig, only=rest, **flags)
     parser.add_argument("--json", action="store_true", help="print summary.json's content as one JSON line")
 
 
 def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
     """The :class:`WorkflowConfig` that the parsed arguments describe."""
-    model = args.model or (None if args.hf_config or (args.profile and args.gpu) else "tiny-hybrid")
-    methods = tuple(m.strip() for m in args.method.split(",") if m.strip())
-    label = model or "model"
-    if args.hf_config or (args.profile and not model):
-        label = Path(args.hf_config or args.profile).stem
-    return WorkflowConfig(
-        model=model, hf_config=args.hf_config, profile_path=args.profile, cluster_path=args.cluster, gpu=args.gpu,
-        devices=args.devices, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb,
-        memory_reserve_gb=args.memory_reserve_gb, seq_len=args.seq_len,
-        microbatch_size=args.microbatch_size, scale=args.scale, granularity=args.granularity,
-        head_shards=args.head_shards, microbatches=args.microbatches, methods=methods,
-        budget=args.budget, max_seconds=args.max_seconds, seed=args.seed, perturb_moves=args.perturb_moves,
-        policy=args.policy, train_policy=args.train_policy, replay=not args.no_replay, steps=args.steps,
-        warmup=args.warmup, profile_repeats=args.profile_repeats, calibration_plans=args.calibration_plans,
-        threads=args.threads, timeout=args.timeout,
-        out=args.out or f"runs/run-{label}", group=args.group, project=args.wandb_project, target=args.target,
-        trace=args.trace)
+    return dataclass_from_args(WorkflowConfig, args)
 
 
 def print_report(report: WorkflowReport) -> None:
@@ -211,8 +187,8 @@ def kept_files(out: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if args.microbatches is not None:
-        check_microbatches(args.microbatches, args.devices)
+    if cfg.microbatches is not None:
+        check_microbatches(cfg.microbatches, cfg.devices)
     try:
         report = run_workflow(cfg)
     except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit);

@@ -89,13 +89,50 @@ def test_values_the_types_refuse_are_argparse_errors(argv, capsys) -> None:
 def test_a_field_of_an_unknown_type_needs_a_parser() -> None:
     @dataclass
     class Odd:
-        limit: int | None = None
+        limit: int | None = 5  # not giving the flag could not mean None
+        table: dict[str, int] = field(default_factory=dict)
 
-    with pytest.raises(TypeError, match="limit"):
-        add_dataclass_arguments(argparse.ArgumentParser(), Odd)
+    for name in ("limit", "table"):
+        with pytest.raises(TypeError, match=name):
+            add_dataclass_arguments(argparse.ArgumentParser(), Odd, only=(name,))
     parser = argparse.ArgumentParser()
-    add_dataclass_arguments(parser, Odd, parsers={"limit": int})
-    assert dataclass_from_args(Odd, parser.parse_args(["--limit", "5"])) == Odd(5)
+    add_dataclass_arguments(parser, Odd, parsers={"limit": int, "table": lambda text: {text: 1}})
+    assert dataclass_from_args(Odd, parser.parse_args(["--limit", "6"])) == Odd(6)
+
+
+def test_an_optional_field_whose_default_is_none_is_the_flag_of_its_type(capsys) -> None:
+    @dataclass
+    class Opt:
+        seq_len: int | None = None
+        """Tokens (default: the model's)."""
+        memory_gb: float | None = None
+        path: str | None = None
+        """A file."""
+
+    parser = argparse.ArgumentParser(prog="opt")
+    add_dataclass_arguments(parser, Opt, metavars={"path": "FILE"})
+    assert dataclass_from_args(Opt, parser.parse_args([])) == Opt()
+    assert dataclass_from_args(Opt, parser.parse_args(["--seq-len", "8", "--memory-gb", "0.5", "--path", "p"])) == \
+        Opt(8, 0.5, "p")
+    helps = {a.dest: a for a in parser._actions}
+    assert helps["seq_len"].help == "Tokens (default: the model's)."  # no "(default: None)"
+    assert helps["path"].metavar == "FILE" and helps["memory_gb"].help is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--seq-len", "0"])
+    assert "opt: error: argument --seq-len:" in capsys.readouterr().err
+
+
+def test_only_adds_those_fields_in_its_order_into_groups() -> None:
+    parser = argparse.ArgumentParser(prog="toy")
+    group = parser.add_argument_group("sizes")
+    flags = add_dataclass_arguments(group, _Toy, only=("widths", "count"), rename={"widths": "width"})
+    assert list(flags) == ["widths", "count"] and [a.dest for a in group._group_actions] == ["widths", "count"]
+    rest = add_dataclass_arguments(parser, _Toy, exclude=("widths", "count"))
+    assert set(rest) == {"ratio", "mode", "name", "on", "off", "tagged"}
+    assert dataclass_from_args(_Toy, parser.parse_args(["--width", "3", "--count", "2"])) == _Toy(count=2, widths=[3])
+    # a help names the flag of a field in another group; a renamed flag's value is named after the flag
+    assert {a.dest: a for a in group._group_actions}["count"].help.startswith("How many --ratio steps")
+    assert {a.dest: a for a in group._group_actions}["widths"].metavar == "N,N"
 
 
 # ------------------------------------------------------------------ the train command

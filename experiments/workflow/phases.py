@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget, SearchResult
-from experiments.workflow_report import Measurement
+from experiments.workflow.report import Measurement
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.plan import Plan
 from pipeline.spec import Cluster, ModelProfile

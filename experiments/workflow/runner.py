@@ -1,5 +1,8 @@
 """The end-to-end workflow behind ``python -m experiments run``: costs, (training), search, replay, summary.
 
+Runs one :class:`~experiments.workflow.config.WorkflowConfig`; the phases it calls are in
+:mod:`experiments.workflow.phases`, the tables it reports in :mod:`experiments.workflow.report`.
+
 Reads top to bottom in :func:`run_workflow`:
 
 1. **costs** — on this machine (no ``gpu``/``cluster_path``) the executor profiles the model and
@@ -33,11 +36,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agents.base import DEFAULT_CALLS, Budget, SearchResult
+from agents.base import Budget, SearchResult
 from executor.fidelity import calibration_plans
 from experiments.common import output_folder, prediction_meta
 from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
-from experiments.workflow_phases import (
+from experiments.workflow.config import WorkflowConfig
+from experiments.workflow.phases import (
     Costs,
     Log,
     analytic_costs,
@@ -47,88 +51,11 @@ from experiments.workflow_phases import (
     search_methods,
     train_policy,
 )
-from experiments.workflow_report import Measurement, device_rows, kind_rows, method_rows, op_share
+from experiments.workflow.report import Measurement, device_rows, kind_rows, method_rows, op_share
 from pipeline.errors import ConfigError
 from pipeline.space import Problem
 
-__all__ = ["WorkflowConfig", "WorkflowReport", "run_workflow", "DEFAULT_METHODS"]
-
-#: Methods searched unless told otherwise: the baseline, three named schedules, the tuner, the policy.
-DEFAULT_METHODS = ("megatron", "1f1b", "zb-h1", "zbv", "adaptis", "rl")
-
-
-@dataclass
-class WorkflowConfig:
-    """Everything one workflow run depends on (logged as the config of every W&B run)."""
-
-    model: str | None = "tiny-hybrid"
-    """Zoo model; on this machine the executor builds it with real layers."""
-    hf_config: str | None = None
-    """A Hugging Face config.json (analytic costs only: needs ``gpu``)."""
-    profile_path: str | None = None
-    """A profile JSON instead of profiling / analytic costs."""
-    cluster_path: str | None = None
-    """A cluster JSON (means: not this machine, no replay)."""
-    gpu: str | None = None
-    """GPU preset for analytic costs; ``None``: this machine (profile and replay here)."""
-    devices: int = 2
-    """Pipeline devices (local ranks on this machine)."""
-    gpus_per_node: int = 8
-    memory_gb: float | None = None
-    """Memory capacity per device in GiB (default: the GPU's, or 64 on this machine)."""
-    memory_reserve_gb: float | None = None
-    """GiB per device plans may not use (default: the GPU preset's or cluster file's; 0 on CPU ranks)."""
-    seq_len: int | None = None
-    microbatch_size: int = 1
-    scale: float = 1.0
-    """Width scale of the locally built model."""
-    granularity: str = "layer"
-    """Plan units: ``layer`` or ``sublayer`` (blocks cut between mixer and MLP/MoE)."""
-    head_shards: int = 1
-    """The head cut into this many units over the tokens."""
-    microbatches: int | None = None
-    """Micro-batches per iteration (default 8 on this machine, 32 for a GPU cluster)."""
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    budget: str = str(DEFAULT_CALLS)
-    """Per search method: simulator calls (``400``) or seconds (``30s``)."""
-    max_seconds: float = 60.0
-    """Cap on each method's search time, whatever the budget."""
-    seed: int = 0
-    perturb_moves: int | None = None
-    """The tuner's perturbation strength (default: the tuner's)."""
-    policy: str | None = None
-    """RL policy file for ``rl`` (default: the shipped one)."""
-    train_policy: int = 0
-    """Train an RL policy for this many steps first (0: no training)."""
-    replay: bool = True
-    steps: int = 10
-    warmup: int = 2
-    profile_repeats: int = 5
-    calibration_plans: int = 6
-    """Random plans replayed on this machine to calibrate the profile before the search (0: none)."""
-    threads: int = 1
-    timeout: float = 900.0
-    """Seconds for each torchrun job."""
-    out: str = "runs/run-tiny-hybrid"
-    group: str | None = None
-    """W&B group (default ``run-<model>-<time>``)."""
-    project: str = "adaptis"
-    target: str = "executor"
-    """Runtime the plan must run in: ``executor``, ``torchtitan`` or ``megatron`` (experiments.deploy)."""
-    trace: str | None = None
-    """Write the best plan's predicted (and measured) timeline here, Chrome trace format."""
-
-    @property
-    def local(self) -> bool:
-        """The cluster is this machine (no GPU preset and no cluster file)."""
-        return self.gpu is None and self.cluster_path is None
-
-    @property
-    def label(self) -> str:
-        if self.model:
-            return self.model
-        src = self.hf_config or self.profile_path or "model"
-        return Path(src).stem if Path(src).name != "config.json" else Path(src).parent.name or "model"
+__all__ = ["WorkflowReport", "run_workflow", "SEARCH_ROWS"]
 
 
 @dataclass
