@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.arch import Architecture, LayerSpec, head_shard_tokens
@@ -634,6 +634,12 @@ def _layer_names(arch: Architecture) -> list[str]:
     return names
 
 
+def _check_degrees(arch: Architecture, **degrees: int) -> None:
+    for key, value in degrees.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"must be a whole number >= 1, got {value!r}", source=arch.name, field=key)
+
+
 def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN, microbatch_size: int = 1,
                tp: int = 1, options: CostOptions | None = None, name: str | None = None, cp: int = 1,
                ep: int = 1, sequence_parallel: bool = False) -> LayerWork:
@@ -643,10 +649,7 @@ def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN
     parallelism, ``seq_len`` then being the rank's share of a ``cp * seq_len`` sequence (attention
     pairs as ring attention computes them); ``ep`` expert parallelism (each rank holds
     ``num_experts / ep`` experts); ``sequence_parallel`` shards what TP keeps whole by ``tp``."""
-    for key, value in (("seq_len", seq_len), ("microbatch_size", microbatch_size), ("tp", tp), ("cp", cp),
-                       ("ep", ep)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"must be a whole number >= 1, got {value!r}", source=arch.name, field=key)
+    _check_degrees(arch, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp, cp=cp, ep=ep)
     spec = arch.layers[index]
     opt = options or CostOptions()
     T = seq_len * microbatch_size
@@ -719,6 +722,50 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
     )
 
 
+#: ``(sizes, layer, seq_len, microbatch_size, tp, options, gpu, ...)`` -> ``(LayerCost, unique_params)``
+#: of :func:`profile_from_architecture`: an architecture repeats a few layer specs many times, and
+#: the environments' scenarios repeat sizes across draws. Cleared when full.
+_UNIT_COSTS: dict[tuple, tuple[LayerCost, int]] = {}
+_UNIT_COSTS_MAX = 8192
+_NOT_SIZES = ("name", "layers", "extra")
+
+
+def _sizes(arch: Architecture) -> tuple:
+    """Every field of ``arch`` a layer's work can read beside its own spec (the name only labels
+    errors), with their types (``4096`` and ``4096.0`` are equal keys but not equal arithmetic)."""
+    values = tuple(getattr(arch, f) for f in arch.__dataclass_fields__ if f not in _NOT_SIZES)
+    return values + tuple(map(type, values))
+
+
+def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_size: int, tp: int,
+                options: CostOptions) -> list[tuple[LayerCost, int]]:
+    """``layer_cost(layer_work(...))`` of every layer and its unique parameters, each computed once
+    per distinct input: the layer's spec, the sizes and degrees, whether the model has a vision
+    tower, an MTP layer's mixer, a head shard's name (which its unit fields repeat)."""
+    names = _layer_names(arch)
+    context = (_sizes(arch), any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp,
+               options, spec)
+    found: dict[tuple, tuple[LayerCost, int]] = {}
+    out = []
+    for index, layer in enumerate(arch.layers):
+        key = (layer, type(layer.window), _dominant_mixer(arch) if layer.kind == "mtp" else None,
+               names[index] if layer.shards > 1 else None)
+        hit = found.get(key)
+        if hit is None:
+            hit = _UNIT_COSTS.get((context, key))
+            if hit is None:
+                work = layer_work(arch, index, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
+                                  options=options, name=names[index])
+                hit = (layer_cost(work, spec), work.unique_params)
+                if len(_UNIT_COSTS) >= _UNIT_COSTS_MAX:
+                    _UNIT_COSTS.clear()
+                _UNIT_COSTS[(context, key)] = hit
+            found[key] = hit
+        cost, unique = hit
+        out.append((replace(cost, name=names[index], extra=dict(cost.extra)), unique))
+    return out
+
+
 def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100", seq_len: int | None = None,
                               microbatch_size: int = 1, tp: int = 1, options: CostOptions | None = None,
                               name: str | None = None) -> ModelProfile:
@@ -726,14 +773,16 @@ def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100"
     ``microbatch_size`` sequences of ``seq_len`` tokens (default: the architecture's, else 4096)."""
     spec = get_gpu(gpu)
     s = seq_len if seq_len is not None else (arch.seq_len or DEFAULT_SEQ_LEN)
-    works = architecture_work(arch, seq_len=s, microbatch_size=microbatch_size, tp=tp, options=options)
+    _check_degrees(arch, seq_len=s, microbatch_size=microbatch_size, tp=tp)
+    units = _unit_costs(arch, spec=spec, seq_len=s, microbatch_size=microbatch_size, tp=tp,
+                        options=options or CostOptions())
     return ModelProfile(
         name=name or arch.name,
-        layers=tuple(layer_cost(work, spec) for work in works),
+        layers=tuple(cost for cost, _ in units),
         time_unit="ms",
         seq_len=s,
         microbatch_size=microbatch_size,
         extra={"model_type": arch.model_type, "gpu": spec.name, "tp": tp, "source": "analytic",
-               "params_total": sum(work.unique_params for work in works),
+               "params_total": sum(unique for _, unique in units),
                "granularity": arch.extra.get("granularity", "layer"), "head_shards": arch.extra.get("head_shards", 1)},
     )

@@ -280,6 +280,42 @@ def test_profile_round_trips_through_json() -> None:
     assert again.extra["gpu"] == "h100" and again.time_unit == "ms"
 
 
+def _uncached(arch: Architecture, **kw) -> list[tuple]:
+    """Every layer of ``arch`` priced one by one, without the profile's cache of repeated layers."""
+    from pipeline.costs import layer_cost
+
+    gpu = kw.pop("gpu", "h100")
+    return [(c.to_dict(), c.extra) for c in (layer_cost(w, gpu) for w in architecture_work(arch, **kw))]
+
+
+@pytest.mark.parametrize("kw", [{}, {"gpu": "a100", "tp": 2, "microbatch_size": 2},
+                                {"options": CostOptions(dropout=True, flash_attention=False)}])
+def test_repeated_layers_are_priced_once_and_exactly_as_alone(kw: dict) -> None:
+    """The profile prices each distinct layer once (the models repeat a few blocks; the
+    environments repeat sizes across scenarios): every figure as the layer priced alone, renamed,
+    each layer with its own ``extra``; a model of the same sizes with another name, and the same
+    layers in another order, too."""
+    import pipeline.costs as costs
+    from pipeline.arch import refine_architecture
+
+    base = load_zoo_architecture("tiny-hybrid")
+    for arch in (base, refine_architecture(base, granularity="sublayer", head_shards=2), ALL_KINDS,
+                 base.with_layers(base.layers[:1] + tuple(reversed(base.layers[1:-1])) + base.layers[-1:])):
+        for cold in (True, False):
+            if cold:
+                costs._UNIT_COSTS.clear()
+            profile = profile_from_architecture(arch, seq_len=128, **kw)
+            assert [(c.to_dict(), c.extra) for c in profile.layers] == _uncached(arch, seq_len=128, **kw)
+            assert len({id(c.extra) for c in profile.layers}) == profile.num_layers
+            assert profile.extra["params_total"] == sum(w.unique_params for w in architecture_work(arch, seq_len=1))
+    from dataclasses import replace
+
+    renamed = profile_from_architecture(replace(base, name="other"), seq_len=128, **kw)
+    assert renamed.layers == profile_from_architecture(base, seq_len=128, **kw).layers
+    with pytest.raises(ConfigError, match="microbatch_size"):  # True == 1 as a key, not as a size
+        profile_from_architecture(base, seq_len=128, microbatch_size=True)
+
+
 def test_sequence_length_default_and_errors() -> None:
     arch = load_zoo_architecture("tiny-hybrid")
     assert profile_from_architecture(arch).seq_len == 128
