@@ -217,19 +217,33 @@ def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Clu
     best = np.full((S, L + 1), inf)
     arg = np.zeros((S, L + 1), dtype=int)
     best[0, 1:] = pre[1:] / speeds[placement[0]]
-    # The last stage of a prefix [0, j) starts at some i in [s, j): one (i, j) matrix per stage,
-    # impossible splits at infinity, the first minimum kept (the same split as a loop over i).
-    i_idx = np.arange(L + 1)[:, None]
-    j_idx = np.arange(L + 1)[None, :]
-    span = (pre[None, :] - pre[:, None])
+    # The last stage of a prefix [0, j) starts at some i in [s, j), and only j in [s + 1, s + n]
+    # leaves a layer for each later stage (n = L - S + 1): one n x n block of (i, j) per stage,
+    # i >= j at infinity, the first minimum kept (the same split as a loop over i; the rows and
+    # columns outside the block are all infinite).
+    n = L - S + 1
+    span = pre[None, :] - pre[:, None]
+    finite = bool(np.isfinite(pre).all()) and all(0.0 < x < inf for x in speeds)
+    ended = np.tri(n, n, -1, dtype=bool)  # row r (i = s + r) at or past column c (j = s + 1 + c)
+    if finite:  # every block's best[s - 1] is finite: an infinite span is what masking gives
+        span[np.tri(L + 1, L + 1, 0, dtype=bool)] = inf
+    scaled: dict[float, np.ndarray] = {}
+    cols = np.arange(n)
     for s in range(1, S):
         sp = speeds[placement[s]]
-        vals = np.maximum(best[s - 1][:, None], span / sp)
-        vals[(i_idx < s) | (i_idx >= j_idx)] = inf
-        lo, hi = s + 1, L - (S - 1 - s) + 1
-        k = np.argmin(vals[:, lo:hi], axis=0)
-        best[s, lo:hi] = vals[k, np.arange(lo, hi)]
-        arg[s, lo:hi] = k
+        by = scaled.get(sp)
+        if by is None:
+            by = scaled[sp] = span / sp
+        vals = np.maximum(best[s - 1, s:s + n, None], by[s:s + n, s + 1:s + 1 + n])
+        if not finite:
+            vals[ended] = inf
+        k = vals.argmin(axis=0)
+        top = vals[k, cols]
+        best[s, s + 1:s + 1 + n] = top
+        k += s
+        if not finite:
+            k[top == inf] = 0  # a column with no finite split: argmin's first row, as over every row
+        arg[s, s + 1:s + 1 + n] = k
     sizes, j = [], L
     for s in range(S - 1, 0, -1):
         i = int(arg[s, j])

@@ -112,3 +112,51 @@ def test_bad_start_names_the_field(start: tuple[int, ...], match: str) -> None:
     with pytest.raises(PlanError, match=match) as err:
         device_balanced_sizes(_profile([1.0] * 12), (0, 1, 0, 1), ideal_cluster(2), start=start)
     assert err.value.field == "partition"
+
+
+def _full_dp(costs: list[float], placement: tuple[int, ...], speeds: tuple[float, ...]) -> tuple[int, ...]:
+    """The stage-balanced DP over the whole (L+1) x (L+1) matrix of splits per stage (what
+    :func:`balanced_sizes` computed before it kept only the block of splits that can finish)."""
+    S, L = len(placement), len(costs)
+    pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=float))])
+    best = np.full((S, L + 1), np.inf)
+    arg = np.zeros((S, L + 1), dtype=int)
+    best[0, 1:] = pre[1:] / speeds[placement[0]]
+    i_idx, j_idx = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+    span = pre[None, :] - pre[:, None]
+    for s in range(1, S):
+        vals = np.maximum(best[s - 1][:, None], span / speeds[placement[s]])
+        vals[(i_idx < s) | (i_idx >= j_idx)] = np.inf
+        lo, hi = s + 1, L - (S - 1 - s) + 1
+        k = np.argmin(vals[:, lo:hi], axis=0)
+        best[s, lo:hi] = vals[k, np.arange(lo, hi)]
+        arg[s, lo:hi] = k
+    sizes, j = [], L
+    for s in range(S - 1, 0, -1):
+        sizes.append(j - int(arg[s, j]))
+        j = int(arg[s, j])
+    return tuple(reversed([*sizes, j]))
+
+
+def test_stage_balanced_split_is_the_full_dp() -> None:
+    """The same split as the DP over every (start, end) pair, ties (whole-number costs) and mixed
+    speeds included."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        L = int(rng.integers(1, 40))
+        costs = (rng.integers(1, 4, L).astype(float) if rng.random() < 0.5 else rng.random(L) * 3).tolist()
+        P = int(rng.integers(1, 6))
+        chunks = int(rng.integers(1, 4))
+        kind = "sequential" if chunks == 1 or P < 2 else str(rng.choice(["interleaved", "v", "wave"]))
+        if kind == "v":
+            chunks = 2
+        if P * chunks > L:
+            continue
+        placement = make_placement(kind, P, chunks)
+        speeds = tuple(float(rng.choice([1.0, 0.5, 0.8])) for _ in range(P))
+        cluster = Cluster(devices=P, device_list=tuple(Device(speed=x, memory_gb=80.0) for x in speeds))
+        assert balanced_sizes(_profile(costs), placement, cluster) == _full_dp(costs, placement, speeds)
+        if L > 2:  # an infinite cost (no finite split anywhere past it) splits the same way too
+            costs[int(rng.integers(L))] = np.inf
+            with np.errstate(invalid="ignore"):  # inf - inf in the prefix differences, in both
+                assert balanced_sizes(_profile(costs), placement, cluster) == _full_dp(costs, placement, speeds)
