@@ -76,6 +76,22 @@ class _Columns:
     out: list[int]
     groups: list[tuple[str, float] | None] | None = None
     """Per layer ``(shared_group, grad_sync_bytes)`` or None; ``None`` when no layer shares weights."""
+    spans: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
+    """``(a, b)`` -> the sums of the columns over layers ``[a, b)`` (:meth:`span`), one stage's."""
+
+    def span(self, a: int, b: int) -> tuple:
+        """``(f, b, w, b_full, act, graph, keep, params)`` summed over layers ``[a, b)`` (``b_full``
+        0 without it), each ``sum`` of its slice as a stage sums it, computed once per range:
+        the candidates of a search share most of their stages."""
+        hit = self.spans.get((a, b))
+        if hit is None:
+            if len(self.spans) >= 65536:
+                self.spans.clear()
+            hit = self.spans[(a, b)] = (
+                sum(self.f[a:b]), sum(self.b[a:b]), sum(self.w[a:b]),
+                sum(self.b_full[a:b]) if self.b_full is not None else 0.0, sum(self.act[a:b]),
+                sum(self.graph[a:b]), sum(self.keep[a:b]), sum(self.params[a:b]))
+        return hit
 
 
 def _columns(profile: ModelProfile) -> _Columns:
@@ -144,18 +160,19 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     for s, (a, b) in enumerate(partition):
         d = placement[s]
         sp = speeds[d]
-        fwd, bwd_w = sum(col.f[a:b]) / sp, sum(col.w[a:b]) / sp
+        sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params = col.span(a, b)
+        fwd, bwd_w = sum_f / sp, sum_w / sp
         redo = recompute is not None and bool(recompute[s])
         f.append(fwd + over)
         if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
-            i.append(fwd + sum(col.b[a:b]) / sp + bwd_w + over)
+            i.append(fwd + sum_b / sp + bwd_w + over)
             w.append(over)
         else:
-            i.append(sum(col.b[a:b]) / sp + over)
+            i.append(sum_b / sp + over)
             w.append(bwd_w + over)
         if col.b_full is not None:
-            fused.append(sum(col.b_full[a:b]) / sp + 2 * over + (fwd if redo else 0.0))
-        full = scale * sum(col.act[a:b])
+            fused.append(sum_fused / sp + 2 * over + (fwd if redo else 0.0))
+        full = scale * sum_act
         if redo:
             act.append(float(col.out[a - 1] if a else 8 * profile.tokens_per_microbatch))
             keep.append(0.0)
@@ -165,11 +182,11 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             if s == 0 and training.first_stage_defers_backward:
                 keep.append(act[-1])
             elif training.input_backward_keeps_graph:
-                keep.append(scale * sum(col.graph[a:b]))
+                keep.append(scale * sum_graph)
             else:
-                keep.append(scale * sum(col.keep[a:b]))
+                keep.append(scale * sum_keep)
         if col.groups is None:
-            static[d] += training.param_bytes * sum(col.params[a:b])
+            static[d] += training.param_bytes * sum_params
         else:
             for k in range(a, b):
                 group = col.groups[k]

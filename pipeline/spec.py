@@ -402,7 +402,7 @@ class Cluster:
     def speeds(self) -> tuple[float, ...]:
         return tuple(self.device(d).speed for d in range(self.devices))
 
-    @property
+    @cached_property
     def memory_limits_bytes(self) -> tuple[float, ...]:
         """Bytes a plan may use per device: capacity less the reserve."""
         return tuple((self.device(d).memory_gb - self.memory_reserve_gb) * GIB for d in range(self.devices))

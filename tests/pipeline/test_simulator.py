@@ -270,3 +270,28 @@ def test_recomputing_plan_is_slower_and_lighter() -> None:
     a, b = simulate(plan, prof, cluster), simulate(redo, prof, cluster)
     assert b.iteration_time > a.iteration_time
     assert max(b.peak_memory) < max(a.peak_memory)
+
+
+def test_stage_costs_are_the_same_with_the_range_sums_warm() -> None:
+    """Stage costs read each layer range's sums once per profile; a partition priced after others
+    (its ranges summed already) gets exactly what a fresh copy of the profile gives, recomputation,
+    measured fused backward and head shards included."""
+    from dataclasses import replace
+
+    from pipeline.plan import partition_from_sizes
+    from pipeline.zoo import zoo_profile
+
+    base = zoo_profile("tiny-hybrid", head_shards=2)
+    measured = replace(base, layers=tuple(replace(x, extra={**x.extra, "b_full": 0.9 * (x.b + x.w)})
+                                          for x in base.layers))
+    cluster = Cluster(devices=2, device_list=(Device(speed=1.0, memory_gb=80.0), Device(speed=0.5, memory_gb=80.0)))
+    L = base.num_layers
+    parts = [(1, L - 1), (2, L - 2), (L - 2, 2), (1, 1, L - 2), (2, 1, L - 3)]
+    for profile in (base, measured):
+        warm = replace(profile)
+        for sizes in parts:
+            placement = tuple(k % 2 for k in range(len(sizes)))
+            for recompute in (None, tuple(k == 0 for k in range(len(sizes)))):
+                kw = {"placement": placement, "recompute": recompute}
+                hot = stage_costs(warm, cluster, partition_from_sizes(sizes), **kw)
+                assert hot == stage_costs(replace(profile), cluster, partition_from_sizes(sizes), **kw)
