@@ -74,8 +74,8 @@ GROUPS = {
                                         "memory_reserve_gb"),
     "search": ("microbatches", "methods", "budget", "max_seconds", "seed", "perturb_moves", "policy",
                "train_policy"),
-    "replay (this machine only)": ("replay", "steps", "warmup", "profile_repeats", "calibration_plans", "threads",
-                                   "timeout"),
+    "replay (this machine only)": ("replay", "steps", "choose", "candidates", "warmup", "profile_repeats",
+                                   "calibration_plans", "threads", "timeout"),
 }
 
 
@@ -136,6 +136,8 @@ def print_report(report: WorkflowReport) -> None:
         line += f"; prediction error {s['prediction_error_pct']:+.1f}%"
         if "same_job_error_pct" in s:
             line += f" ({s['same_job_error_pct']:+.1f}% calibrated on the random plans replayed in the same job)"
+    if s.get("chosen_by") == "measured":
+        line += "\n  (chosen by measurement on the even timed steps; the measured times are the odd steps')"
     print(line)
     print()
     print_table(report.devices, list(report.devices[0]),

@@ -79,6 +79,13 @@ class WorkflowConfig:
     """Replay the best plan and Megatron's on this machine and measure them (off: search only)."""
     steps: int = 10
     """Timed steps per replayed plan (the median is kept)."""
+    choose: Literal["measured", "predicted"] = "measured"
+    """How the plan is chosen when it is replayed here: measured (the fastest predicted plans, up to
+    --candidates, are replayed with Megatron's and the one fastest on the even timed steps is kept;
+    every time reported comes from the odd steps, which the choice never saw) or predicted (the
+    fastest predicted plan, replayed with Megatron's)."""
+    candidates: int = 4
+    """With --choose measured: how many of the fastest predicted distinct plans to replay (>= 1)."""
     warmup: int = 2
     """Untimed steps before the timed ones."""
     profile_repeats: int = 5

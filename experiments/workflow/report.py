@@ -46,6 +46,9 @@ class Measurement:
     """The prediction with the runtime's terms re-fitted on the calibration plans replayed in the
     same job (round-robin with this plan): what the model says for this plan at the machine's speed
     during this replay. None when no calibration plans were replayed with it."""
+    chosen_on_ms: float | None = None
+    """With a choice by measurement, the median of the even timed steps, which chose the plan;
+    ``measured_ms`` is then the median of the odd ones."""
 
 
 def timeline_busy(timeline: Mapping[str, Any]) -> tuple[list[float], float]:
@@ -103,6 +106,8 @@ def method_rows(outcomes: Sequence[SearchResult], *, time_unit: str,
                 "measured_speedup": ref_measured / m.measured_ms if ref_measured else None,
                 "measured_bubble_pct": 100 * sum(bubbles) / len(bubbles) if bubbles else None,
             })
+            if m.chosen_on_ms is not None:
+                row["chosen_on_ms"] = m.chosen_on_ms
         rows.append(row)
     rows.sort(key=lambda r: (not r.get("feasible"), r["predicted"] if r.get("predicted") is not None else 1e300))
     return rows

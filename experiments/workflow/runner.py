@@ -78,7 +78,8 @@ class WorkflowReport:
     seconds: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Measurement] = field(default_factory=dict)
-    """Method -> what its replay measured (the best plan and Megatron's, when replayed)."""
+    """Method -> what its replay measured (the plans replayed: the best, Megatron's and, chosen by
+    measurement, the other candidates)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "source": self.costs.source, "cluster": self.costs.cluster.to_dict(),
@@ -262,11 +263,16 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
                           f"device ({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve); add "
                           "devices or memory (--memory-gb, --memory-reserve-gb) or use fewer micro-batches",
                           field="--memory-gb")
-    best.plan = replace(best.plan, meta={**best.plan.meta, "method": best.method, "predicted": prediction_meta(
-        best.iteration_time, profile=profile, cluster=cluster, runtime=problem.training.runtime,
-        profile_file=str(out / ("calibrated_profile.json" if costs.scales else "profile.json")))})
-    best.plan.save(out / "plan.json")
-    best.plan.save_csv(out / "plan.csv")
+
+    def save_best(o: SearchResult, **meta: str) -> None:
+        """``plan.json`` and ``plan.csv``: ``o``'s plan, with its method and prediction in its meta."""
+        o.plan = replace(o.plan, meta={**o.plan.meta, "method": o.method, **meta, "predicted": prediction_meta(
+            o.iteration_time, profile=profile, cluster=cluster, runtime=problem.training.runtime,
+            profile_file=str(out / ("calibrated_profile.json" if costs.scales else "profile.json")))})
+        o.plan.save(out / "plan.json")
+        o.plan.save_csv(out / "plan.csv")
+
+    save_best(best)
     targets = write_exports(out, searched, profile, best=pick,
                             reference=mega.iteration_time if mega is not None else None)
 
@@ -279,7 +285,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         notes.append("replay skipped (--no-replay)")
     else:
         t0 = time.perf_counter()
-        to_replay = [best] + ([mega] if mega is not None and mega is not best else [])
+        to_replay = _replay_candidates(cfg, feasible, best=best, mega=mega, profile=profile)
         again = calibration_plans(costs.profile, cluster, microbatches, count=cfg.calibration_plans,
                                   seed=cfg.seed) if costs.scales else []  # the plans the costs were fitted on
         measured, failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
@@ -288,6 +294,15 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
                                   log=log)
         if failed:
             notes.append(failed)
+        if measured and cfg.choose == "measured":
+            chosen, measured, note = _choose_by_measurement(to_replay, measured, predicted_best=best)
+            notes.append(note)
+            if chosen is not best:
+                best = chosen
+                save_best(best, chosen_by="measured")
+                targets = write_exports(out, searched, profile, reference=mega.iteration_time if mega else None,
+                                        best=next(x for x in searched if x.method == best.method))
+                targets = _executor_row_is(targets, best, mega, out=out)
         seconds["replay"] = time.perf_counter() - t0
 
     # 5. summary --------------------------------------------------------------------------------
@@ -299,6 +314,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     ops = op_share(best_measured.measured_timeline if best_measured else best.result.timeline_dict())
     gantts = _gantts(best, mega, measured, out=out, label=cfg.label)
     summary = _summary(best, mega, measured, unit=profile.time_unit)
+    summary |= {"chosen_by": cfg.choose if measured else "predicted", "predicted_best_method": pick.method}
     files = {"plan": str(out / "plan.json"), "plan_csv": str(out / "plan.csv"), "profile": str(out / "profile.json"),
              "cluster": str(out / "cluster.json"), **{k: str(v) for k, v in gantts.items()},
              **{r["target"]: str(out / r["file"]) for r in targets if r.get("file")}}
@@ -344,6 +360,58 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
                             dict(runs.dirs), seconds, summary, measured)
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str) + "\n")
     return report
+
+
+def _replay_candidates(cfg: WorkflowConfig, feasible: list[SearchResult], *, best: SearchResult,
+                       mega: SearchResult | None, profile: Any) -> list[SearchResult]:
+    """The outcomes to replay: the predicted best and Megatron's; with ``choose="measured"`` also
+    the next fastest predicted distinct plans the target runs, ``cfg.candidates`` in all (Megatron's
+    not counted)."""
+    from pipeline.targets import target_reason
+
+    picked = [best]
+    if cfg.choose == "measured":
+        for o in sorted(feasible, key=lambda o: o.iteration_time):
+            if len(picked) >= cfg.candidates:
+                break
+            same = any(o.plan == p.plan for p in picked) or (mega is not None and o.plan == mega.plan)
+            if o is mega or same or target_reason(cfg.target, o.plan, profile):
+                continue
+            picked.append(o)
+    if mega is not None and mega is not best:
+        picked.append(mega)  # even where best is its plan under another name: the baseline is always measured
+    return picked
+
+
+def _choose_by_measurement(replayed: list[SearchResult], measured: dict[str, Measurement], *,
+                           predicted_best: SearchResult) -> tuple[SearchResult, dict[str, Measurement], str]:
+    """Keep the replayed plan fastest on the even timed steps (:func:`executor.selection.choose_measured`;
+    Megatron's plan competes too) and report every replayed plan's time from the odd steps."""
+    from executor.selection import choose_measured
+
+    times = {m: list(x.measured_iteration_times or [x.measured_ms]) for m, x in measured.items()}
+    choice = choose_measured(times, among=[o.method for o in replayed if o.method in measured])
+    reported = {m: replace(x, measured_ms=choice.reported_ms[m], chosen_on_ms=choice.choosing_ms[m])
+                for m, x in measured.items()}
+    chosen = next(o for o in replayed if o.method == choice.chosen)
+    ranking = ", ".join(f"{m} {choice.choosing_ms[m]:.4g}" for m in sorted(times, key=choice.choosing_ms.get))
+    how = ("the predicted best" if chosen is predicted_best
+           else f"not the predicted best, {predicted_best.method}")
+    return chosen, reported, (f"chosen by measurement: {chosen.method} ({how}) of {len(times)} replayed plans, "
+                              f"by the median of the even timed steps (ms: {ranking}); every measured time "
+                              "reported is the median of the odd steps")
+
+
+def _executor_row_is(targets: list[dict[str, Any]], best: SearchResult, mega: SearchResult | None, *,
+                     out: Path) -> list[dict[str, Any]]:
+    """The deployment rows (and ``targets.json``) with the executor's naming the plan chosen by
+    measurement, ``plan.json``."""
+    ref = mega.iteration_time if mega is not None else None
+    rows = [({**row, "method": best.method, "iteration_time": best.iteration_time,
+              "speedup": ref / best.iteration_time if ref else None, "file": "plan.json", "chosen_by": "measured"}
+             if row.get("target") == "executor" else row) for row in targets]
+    (out / "targets.json").write_text(json.dumps(rows) + "\n")
+    return rows
 
 
 def _summary(best: SearchResult, mega: SearchResult | None, measured: dict[str, Measurement], *,
