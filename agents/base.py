@@ -10,7 +10,7 @@ from typing import Protocol
 
 from pipeline.plan import Plan
 from pipeline.simulator import Result, simulate
-from pipeline.space import Evaluator, Problem
+from pipeline.space import Evaluator, Scenario
 
 __all__ = ["DEFAULT_CALLS", "Budget", "SearchResult", "Searcher", "ImproveCallback", "BudgetClock", "finish"]
 
@@ -103,11 +103,11 @@ class Searcher(Protocol):
 
     name: str
 
-    def search(self, problem: Problem, *, budget: Budget, seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget, seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult: ...
 
 
-def finish(method: str, problem: Problem, plan: Plan | None, *, evaluator: Evaluator,
+def finish(method: str, problem: Scenario, plan: Plan | None, *, evaluator: Evaluator,
            history: list[tuple[int, float]], note: str = "") -> SearchResult:
     """Re-simulate the winner with validation and its timeline, and package the result."""
     result = None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan, method_placement
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement, objective_key
+from pipeline.space import Candidate, Evaluator, Scenario, balanced_sizes, make_placement, objective_key
 
 __all__ = ["NamedSearcher", "RandomSearcher", "PLACEMENT_CHOICES", "random_candidate"]
 
@@ -28,7 +28,7 @@ class NamedSearcher:
     def name(self) -> str:
         return f"{self.method}+dp" if self.balanced else self.method
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         ev = Evaluator(problem)
         p = problem
@@ -55,7 +55,7 @@ def _ranges(sizes):
         start += n
 
 
-def random_candidate(problem: Problem, rng: random.Random, *, evaluator: Evaluator | None = None) -> Candidate:
+def random_candidate(problem: Scenario, rng: random.Random, *, evaluator: Evaluator | None = None) -> Candidate:
     """A random point of the plan space: placement family, partition near balanced, list-scheduler knobs
     (``evaluator``: reuse its cached balanced splits)."""
     P, L = problem.devices, problem.profile.num_layers
@@ -83,7 +83,7 @@ class RandomSearcher:
 
     name: str = "random"
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         rng = random.Random(seed)
         ev = Evaluator(problem)

@@ -22,7 +22,7 @@ from pipeline.errors import PlanError
 from pipeline.exact import plan_caps, prove
 from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
-from pipeline.space import Evaluator, Problem
+from pipeline.space import Evaluator, Scenario
 
 __all__ = ["MAX_ACTIONS", "ZbOptSearcher", "solver_seconds"]
 
@@ -44,7 +44,7 @@ class ZbOptSearcher:
     name: str = "zb-opt"
     max_actions: int = MAX_ACTIONS
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         ev = Evaluator(problem)
         p = problem

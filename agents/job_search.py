@@ -67,7 +67,7 @@ from pipeline.parallelism import (
     validate_job,
 )
 from pipeline.plan import Plan
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import TrainingConfig
 
 __all__ = ["JobConfig", "JobRow", "JobSearchResult", "candidate_degrees", "search_job", "add_job_arguments",
@@ -248,7 +248,7 @@ def _tune(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
     cfg, par, bound = task
     try:
         profile, cluster, training = _setup(cfg, par)
-        problem = Problem(profile, cluster, par.microbatches, training)
+        problem = Scenario(profile, cluster, par.microbatches, training)
         found = AdaptisTuner().search(problem, budget=Budget(sim_calls=cfg.calls_per_config), seed=cfg.seed)
         if found.plan is None:
             return JobRow(par, "adaptis", None, bound, note=found.note or "no plan")

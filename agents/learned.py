@@ -40,7 +40,7 @@ import numpy as np
 from pipeline.balance import device_loads
 from pipeline.errors import ConfigError
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Problem, objective_key
+from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
 __all__ = ["FAMILIES", "FEATURES", "DEFAULT_PRIOR", "FamilyBandit", "MovePrior", "MovePolicy", "move_family",
            "move_features", "load_prior", "learned_tuner", "collect_moves", "fit_prior", "train_prior"]
@@ -87,7 +87,7 @@ class _Context:
     memory_full: int
 
     @classmethod
-    def of(cls, c: Candidate, result: Result, problem: Problem) -> _Context:
+    def of(cls, c: Candidate, result: Result, problem: Scenario) -> _Context:
         costs = np.array([x.f + x.b + x.w for x in problem.profile.layers])
         P = problem.devices
         speeds = problem.cluster.speeds
@@ -222,7 +222,7 @@ class MovePolicy:
     _ev: Evaluator | None = field(default=None, repr=False)
     _bandit: FamilyBandit | None = field(default=None, repr=False)
 
-    def round(self, phases: Sequence[Callable], current: Candidate, current_key: tuple, *, problem: Problem,
+    def round(self, phases: Sequence[Callable], current: Candidate, current_key: tuple, *, problem: Scenario,
               rng: random.Random, ev: Evaluator, state: Any, clock: Any) -> tuple[Candidate, tuple, bool]:
         """Try families until one move improves ``current`` (returned with its key and True) or every
         family's neighbours are spent without a gain (``current``, its key, False)."""
@@ -261,7 +261,7 @@ class MovePolicy:
         return current, current_key, False
 
     def _ranked(self, family: str, phases: Sequence[Callable], made: dict[int, list[Candidate]], current: Candidate,
-                result: Result, problem: Problem, rng: random.Random, ev: Evaluator, ctx: _Context) -> list:
+                result: Result, problem: Scenario, rng: random.Random, ev: Evaluator, ctx: _Context) -> list:
         """The family's neighbours as a stack (the next to simulate last)."""
         p = _PHASE[family]
         if p not in made:
@@ -305,7 +305,7 @@ def learned_tuner(*, prior: MovePrior | str | Path | None = "default", bandit: b
 # ------------------------------------------------------------------ training
 
 
-def collect_moves(problems: Sequence[Problem], *, calls: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def collect_moves(problems: Sequence[Scenario], *, calls: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(features, improved) of every move the tuner's local search simulates on ``problems``: every
     family's neighbours in full, in the tuner's order (no prior, no bandit, no chunks), so each visited
     state labels all its moves."""
@@ -345,9 +345,9 @@ def train_prior(*, scenarios: int = 40, calls: int = 1000, seed: int = 0, out: s
     """Draw ``scenarios`` training scenarios (:data:`env.scenarios.TRAIN_SCENARIO`, seeds ``seed``...),
     label the tuner's moves on them (:func:`collect_moves`), fit the prior on 90% of the scenarios and
     report its ranking on the held-back tenth; write it to ``out``."""
-    from env.scenarios import TRAIN_SCENARIO, sample_problem
+    from env.scenarios import TRAIN_SCENARIO, sample_scenario
 
-    problems = [sample_problem(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
+    problems = [sample_scenario(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
     cut = max(1, scenarios - max(1, scenarios // 10))
     X, y = collect_moves(problems[:cut], calls=calls, seed=seed)
     Xv, yv = collect_moves(problems[cut:], calls=calls, seed=seed + cut)

@@ -25,7 +25,7 @@ from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, fini
 from agents.tuner import AdaptisTuner
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.plan import interleaved_placement
-from pipeline.space import Candidate, Evaluator, Problem, objective_key
+from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 from pipeline.targets import TARGETS, model_reason, placement_reason, target_reason
 
 __all__ = ["TARGET_METHODS", "MegatronLayoutSearch", "target_filter", "target_searcher", "target_rows",
@@ -102,7 +102,7 @@ class MegatronLayoutSearch:
 
     name: str = "megatron+layout"
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         ev = Evaluator(problem)
         profile, P, M = problem.profile, problem.devices, problem.microbatches
@@ -194,7 +194,7 @@ def target_searcher(target: str, devices: int):
     return AdaptisTuner()
 
 
-def target_rows(results: Sequence[SearchResult], problem: Problem, reference: float | None) -> list[dict]:
+def target_rows(results: Sequence[SearchResult], problem: Scenario, reference: float | None) -> list[dict]:
     """For each target: the fastest feasible plan among ``results`` that it can run, its method,
     iteration time and speedup over ``reference`` (the Megatron baseline's time)."""
     rows = []

@@ -38,7 +38,7 @@ from pipeline.simulator import Result
 from pipeline.space import (
     Candidate,
     Evaluator,
-    Problem,
+    Scenario,
     by_position,
     make_placement,
     objective_key,
@@ -55,7 +55,7 @@ Key = tuple[int, float, float]
 MAX_IDLE_ROUNDS = 50
 
 
-def seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
+def seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, *,
                     speed_order: bool = True) -> list[Candidate]:
     """Starting points: every placement family with Megatron's, the DP-balanced and (several
     stages per device) the device-balanced split, under the activation budgets of the named
@@ -64,7 +64,7 @@ def seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
     return list(iter_seed_candidates(problem, evaluator, speed_order=speed_order))
 
 
-def iter_seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *,
+def iter_seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, *,
                          speed_order: bool = True, fits_first: bool = False) -> Iterator[Candidate]:
     """:func:`seed_candidates` one placement family at a time, so a search under a budget in seconds
     evaluates the first ones before it spends time splitting the later ones (the device-balanced
@@ -104,7 +104,7 @@ def iter_seed_candidates(problem: Problem, evaluator: Evaluator | None = None, *
         yield from slow_first_seeds(problem, ev)
 
 
-def slow_first_seeds(problem: Problem, ev: Evaluator) -> list[Candidate]:
+def slow_first_seeds(problem: Scenario, ev: Evaluator) -> list[Candidate]:
     """On a cluster of mixed speeds, every placement family again with the devices in
     :func:`pipeline.space.slow_first` order (fastest last), at its DP-balanced and (several stages
     per device) device-balanced split, under ZB-V's budgets, memory-filling and roomy ones. Empty
@@ -132,7 +132,7 @@ def slow_first_seeds(problem: Problem, ev: Evaluator) -> list[Candidate]:
 CHAIN_NEIGHBOURS = 4
 
 
-def _chain_moves(c: Candidate, hot: int, cold: int, problem: Problem) -> list[Candidate]:
+def _chain_moves(c: Candidate, hot: int, cold: int, problem: Scenario) -> list[Candidate]:
     """Up to :data:`CHAIN_NEIGHBOURS` moves of one or two units from a stage of the ``hot`` device to
     a stage of the ``cold`` one, every boundary in between shifting with them (the stages between
     keep their sizes): those that lower the heaviest device's load per micro-batch the most."""
@@ -163,7 +163,7 @@ def _chain_moves(c: Candidate, hot: int, cold: int, problem: Problem) -> list[Ca
 LIGHTEN_UNITS = 4
 
 
-def _lighten_first_stage(c: Candidate, device: int, problem: Problem) -> list[Candidate]:
+def _lighten_first_stage(c: Candidate, device: int, problem: Scenario) -> list[Candidate]:
     """Moves of 1 to :data:`LIGHTEN_UNITS` units from ``device``'s first stage to each of its later
     stages (every boundary in between shifting) that leave the heaviest device's load per
     micro-batch as it is. The first stage's activations live longest (from its forward until the
@@ -228,7 +228,7 @@ class AdaptisTuner:
     """Learned guidance of the local search (:class:`agents.learned.MovePolicy`: which phase next, which
     neighbours first, how many); None: every phase in order, every neighbour (the plain tuner)."""
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
                own_seeds: bool = True, scenario_caches: Evaluator | None = None,
                named_plans: bool | None = None) -> SearchResult:
@@ -333,7 +333,7 @@ class AdaptisTuner:
     # ------------------------------------------------------------------ phases
 
     @staticmethod
-    def _partition_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
+    def _partition_moves(c: Candidate, result: Result, problem: Scenario, rng: random.Random, ev: Evaluator):
         """Move boundary layers of the busiest device's stages (and into the idlest device's)."""
         if not result.valid:
             return
@@ -365,7 +365,7 @@ class AdaptisTuner:
                     yield with_filled_budgets(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
-    def _placement_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator, *,
+    def _placement_moves(c: Candidate, result: Result, problem: Scenario, rng: random.Random, ev: Evaluator, *,
                          speed_order: bool = True):
         """Other placement families (balanced split; with ``speed_order`` on mixed speeds, each
         also with the devices slowest first), and swapping two stages' devices."""
@@ -401,7 +401,7 @@ class AdaptisTuner:
                     yield replace(order_knobs, placement=tuple(pl))
 
     @staticmethod
-    def _schedule_moves(c: Candidate, result: Result, problem: Problem, rng: random.Random, ev: Evaluator):
+    def _schedule_moves(c: Candidate, result: Result, problem: Scenario, rng: random.Random, ev: Evaluator):
         """Activation budgets per device (warm-up depth), W deferral, fused B, forward priority."""
         P = problem.devices
         base = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zb-h1", P),
@@ -441,7 +441,7 @@ class AdaptisTuner:
                 yield replace(base, max_pending_w=mpw)
 
     @staticmethod
-    def _perturb(c: Candidate, problem: Problem, rng: random.Random, strength: int) -> Candidate:
+    def _perturb(c: Candidate, problem: Scenario, rng: random.Random, strength: int) -> Candidate:
         sizes = list(c.sizes)
         S = len(sizes)
         for _ in range(strength):

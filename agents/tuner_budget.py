@@ -17,7 +17,7 @@ import math
 from agents import base as _base
 from agents.base import Budget, BudgetClock
 from pipeline.megatron import megatron_chunk_counts
-from pipeline.space import Candidate, Evaluator, Problem
+from pipeline.space import Candidate, Evaluator, Scenario
 
 __all__ = ["PROBE_BATCH", "TIME_SHARE", "READ_MARGIN", "NAMED_SHARE", "TunerClock", "calls_room", "candidate_kind",
            "would_overrun", "NamedTimer"]
@@ -110,7 +110,7 @@ class NamedTimer:
         self.first = 0.0
         """Seconds the first named plan took (built and simulated)."""
 
-    def megatron_chunks(self, problem: Problem) -> list[int | None]:
+    def megatron_chunks(self, problem: Scenario) -> list[int | None]:
         if self.clock.budget.seconds is None:
             return [None]
         return list(megatron_chunk_counts(problem.profile, problem.devices, problem.microbatches))

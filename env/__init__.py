@@ -14,9 +14,9 @@ from __future__ import annotations
 from gymnasium.envs.registration import register, registry
 
 from env.pipeline_env import OBS_VERSION, PipelineEnv
-from env.scenarios import ScenarioConfig, sample_problem
+from env.scenarios import ScenarioConfig, sample_scenario
 
-__all__ = ["ENV_ID", "OBS_VERSION", "PipelineEnv", "ScenarioConfig", "sample_problem"]
+__all__ = ["ENV_ID", "OBS_VERSION", "PipelineEnv", "ScenarioConfig", "sample_scenario"]
 
 #: The registered id of :class:`PipelineEnv`.
 ENV_ID = "adaptis/Pipeline-v0"

@@ -31,7 +31,7 @@ from pipeline.simulator import Result
 from pipeline.space import (
     Candidate,
     Evaluator,
-    Problem,
+    Scenario,
     make_placement,
     microbatch_bytes,
     objective_key,
@@ -177,7 +177,7 @@ def score(result: Result, reference: float) -> float:
     return reference / result.iteration_time
 
 
-def portfolio(problem: Problem, sizes_of=None) -> list[Candidate]:
+def portfolio(problem: Scenario, sizes_of=None) -> list[Candidate]:
     """Cheap starting candidates: a few placement families under schedule-budget presets,
     each with the DP-balanced split. The editor starts from the best of them."""
     P, L = problem.devices, problem.profile.num_layers
@@ -205,7 +205,7 @@ class SharedEvaluator(Evaluator):
 
     MEMO_LIMIT = 100_000
 
-    def __init__(self, problem: Problem, *, share: SharedEvaluator | None = None, results: bool = True) -> None:
+    def __init__(self, problem: Scenario, *, share: SharedEvaluator | None = None, results: bool = True) -> None:
         super().__init__(problem)
         self._memo: dict[Candidate, Result] = {}
         if share is not None and share.problem is problem:
@@ -230,7 +230,7 @@ class SharedEvaluator(Evaluator):
 class PlanEditor:
     """Greedy plan editing for one problem (see the module docstring)."""
 
-    def __init__(self, problem: Problem, *, evaluator: Evaluator | None = None, reference: float | None = None,
+    def __init__(self, problem: Scenario, *, evaluator: Evaluator | None = None, reference: float | None = None,
                  max_calls: int | None = None, prefix: np.ndarray | None = None) -> None:
         if problem.devices > MAX_DEVICES:
             raise PlanError(f"the environment holds at most {MAX_DEVICES} devices, got {problem.devices}",

@@ -21,12 +21,12 @@ from env.editor import (
     portfolio,
     score,
 )
-from env.scenarios import ScenarioConfig, sample_problem, zero_shot_starts
+from env.scenarios import ScenarioConfig, sample_scenario, zero_shot_starts
 from pipeline.bounds import lower_bound
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan
 from pipeline.simulator import Result, simulate
-from pipeline.space import Candidate, Problem
+from pipeline.space import Candidate, Scenario
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "STAGE_FEATURES", "DEVICE_FEATURES",
@@ -66,7 +66,7 @@ def observation_space() -> spaces.Dict:
     return spaces.Dict({"stages": box(MAX_STAGES, _NS), "devices": box(MAX_DEVICES, _ND), "plan": box(_NG)})
 
 
-def megatron_time(problem: Problem) -> tuple[float, int]:
+def megatron_time(problem: Scenario) -> tuple[float, int]:
     """Iteration time of the Megatron baseline and the simulator calls it took (one per chunk count)."""
     from pipeline.megatron import megatron_chunk_counts
 
@@ -79,7 +79,7 @@ def megatron_time(problem: Problem) -> tuple[float, int]:
 class _Prep:
     """What an episode needs that depends on the scenario only (kept while the scenario repeats)."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Scenario) -> None:
         self.problem = problem
         self.references: dict[str, float] = {}
         self.evaluator = SharedEvaluator(problem)
@@ -153,7 +153,7 @@ class PipelineEnv(gym.Env):
 
     An episode works on one scenario: a model profile, a cluster (2-32 devices, possibly on
     several nodes, possibly of mixed speeds), the micro-batches of one iteration and a memory
-    limit per device (a :class:`pipeline.space.Problem`). The state is an editable plan
+    limit per device (a :class:`pipeline.space.Scenario`). The state is an editable plan
     description, a :class:`pipeline.space.Candidate`. The episode starts from the best of a
     small portfolio of cheap plans (placement families with the DP-balanced split under the
     activation budgets of the named schedules, up to 10 simulator calls; see
@@ -222,8 +222,8 @@ class PipelineEnv(gym.Env):
 
     ## Starting State
 
-    A scenario drawn by :func:`env.scenarios.sample_problem` from ``self.np_random`` (seeded by
-    ``reset(seed=...)``), or given by ``options``: ``{"problem": Problem}`` or
+    A scenario drawn by :func:`env.scenarios.sample_scenario` from ``self.np_random`` (seeded by
+    ``reset(seed=...)``), or given by ``options``: ``{"problem": Scenario}`` or
     ``{"profile": ModelProfile, "cluster": Cluster | int, "microbatches": int}``;
     ``{"start": Candidate | [Candidate, ...] | "single" | "portfolio"}`` picks the start;
     ``{"evaluator": Evaluator}`` shares a simulator-call counter and cache (the RL searcher's);
@@ -288,7 +288,7 @@ class PipelineEnv(gym.Env):
         self._last_kept = False
         self._start_time = math.inf
         self._prep: _Prep | None = None
-        self._drawn: Problem | None = None
+        self._drawn: Scenario | None = None
         self._drawn_uses = 0
         self._calls_cap = 1
         self._calls_at_start = 0
@@ -302,7 +302,7 @@ class PipelineEnv(gym.Env):
         problem = _problem_from(options)
         if problem is None:
             if seed is not None or self._drawn is None or self._drawn_uses >= self.repeat_scenario:
-                self._drawn, self._drawn_uses = sample_problem(self.np_random, self.scenario), 0
+                self._drawn, self._drawn_uses = sample_scenario(self.np_random, self.scenario), 0
             self._drawn_uses += 1
             problem = self._drawn
         evaluator = options.get("evaluator")
@@ -486,7 +486,7 @@ class PipelineEnv(gym.Env):
         }
 
 
-def _problem_from(options: dict[str, Any]) -> Problem | None:
+def _problem_from(options: dict[str, Any]) -> Scenario | None:
     if options.get("problem") is not None:
         return options["problem"]
     if options.get("evaluator") is not None:
@@ -503,7 +503,7 @@ def _problem_from(options: dict[str, Any]) -> Problem | None:
         cluster = build_cluster(str(profile.extra.get("gpu", "h100")), devices=cluster)
     if not isinstance(cluster, Cluster):
         raise PlanError("options['cluster'] must be a Cluster or a device count", field="cluster")
-    return Problem(profile, cluster, int(options.get("microbatches", 2 * cluster.devices)))
+    return Scenario(profile, cluster, int(options.get("microbatches", 2 * cluster.devices)))
 
 
 def _gantt_array(result: Result, title: str) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Scenarios for the environments: heterogeneous models on clusters of 2-32 devices.
 
-A scenario is a :class:`pipeline.space.Problem` (profile + cluster + micro-batches + memory
-limit). :func:`sample_problem` draws one from a ``numpy`` generator, so ``env.reset(seed=...)``
+A scenario is a :class:`pipeline.space.Scenario` (profile + cluster + micro-batches + memory
+limit). :func:`sample_scenario` draws one from a ``numpy`` generator, so ``env.reset(seed=...)``
 fixes it. Models are either synthetic :class:`pipeline.arch.Architecture` objects of a family
 (:data:`FAMILIES`) or the zoo's models (``experiments/configs/models``), all priced by
 :func:`pipeline.costs.profile_from_architecture`, so their layer costs have the shapes real
@@ -25,11 +25,11 @@ import numpy as np
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import profile_from_architecture
 from pipeline.hardware import build_cluster
-from pipeline.space import Candidate, Problem, cut_budgets, make_placement, preset_budgets
+from pipeline.space import Candidate, Scenario, cut_budgets, make_placement, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
 __all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "HELDOUT_MIXED_SPEEDS",
-           "sample_architecture", "sample_problem", "memory_estimate_gb", "zero_shot_starts", "zoo_family"]
+           "sample_architecture", "sample_scenario", "memory_estimate_gb", "zero_shot_starts", "zoo_family"]
 
 #: Synthetic model families the generator draws from.
 FAMILIES = ("dense", "sliding", "moe", "hybrid-mamba", "linear-hybrid")
@@ -158,7 +158,7 @@ def _zoo(name: str, gpu: str, seq_len: int) -> ModelProfile:
     return zoo_profile(name, gpu=gpu, seq_len=seq_len)
 
 
-def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioConfig()) -> Problem:
+def sample_scenario(rng: np.random.Generator, config: ScenarioConfig = ScenarioConfig()) -> Scenario:
     """One random scenario (see the module docstring); deterministic for a given generator state."""
     lo, hi = config.min_devices, config.max_devices
     P = int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi + 0.999)))) - 0.4999))
@@ -191,10 +191,10 @@ def sample_problem(rng: np.random.Generator, config: ScenarioConfig = ScenarioCo
         M = P * int(_choice(rng, config.microbatch_factors))
     while M > P and config.max_work < P * M:
         M = max(P, M // 2)
-    return Problem(profile, cluster, M)
+    return Scenario(profile, cluster, M)
 
 
-def zero_shot_starts(problem: Problem, evaluator) -> list[Candidate]:
+def zero_shot_starts(problem: Scenario, evaluator) -> list[Candidate]:
     """The one or two plans a zero-shot episode starts from, chosen without a simulator call: one
     stage per device (ZB-H1 budgets) and the better of V and interleaved (ZB-V budgets), each at
     the DP-balanced split, with each device's activation budget cut to what its memory holds

@@ -218,11 +218,11 @@ def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int
     backward and deferred or eager W. Deterministic for ``seed``."""
     import random
 
-    from pipeline.space import Candidate, Problem, materialize
+    from pipeline.space import Candidate, Scenario, materialize
 
     rng = random.Random(seed)
     P, L = cluster.devices, profile.num_layers
-    problem = Problem(profile, cluster, microbatches)
+    problem = Scenario(profile, cluster, microbatches)
     out: list[tuple[str, Plan]] = []
     for _ in range(100 * max(1, count)):
         if len(out) >= count:

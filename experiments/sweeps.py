@@ -188,7 +188,7 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time
     (priced on the trial's runtime, as the searched plan is)."""
     from agents.registry import make_searcher
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
 
     mb = int(params.get("microbatches", microbatches))
     cl = cluster
@@ -199,7 +199,7 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     if "memory_gb" in params:
         cl = cl.with_memory(float(params["memory_gb"]))
     rt = str(params.get("runtime", runtime))
-    problem = Problem(profile, cl, mb, TrainingConfig(runtime=rt))
+    problem = Scenario(profile, cl, mb, TrainingConfig(runtime=rt))
     name = str(params.get("method", method))
     searcher = make_searcher(name)
     for key, value in params.items():

@@ -1,4 +1,4 @@
-"""The plan space's values: a scenario (:class:`Problem`) and a compact, editable plan description
+"""The plan space's values: a scenario (:class:`Scenario`) and a compact, editable plan description
 (:class:`Candidate`), the plan a candidate describes (:func:`materialize`) and the search's goal
 (:func:`objective_key`).
 
@@ -29,7 +29,7 @@ from pipeline.plan import (
 from pipeline.simulator import Result, StageCosts, stage_costs
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
-__all__ = ["ORDERS", "PLACEMENT_KINDS", "Problem", "Candidate", "recompute_for", "slow_first", "by_position",
+__all__ = ["ORDERS", "PLACEMENT_KINDS", "Scenario", "Candidate", "recompute_for", "slow_first", "by_position",
            "make_placement", "list_config", "materialize", "objective_key"]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
@@ -37,7 +37,7 @@ PLACEMENT_KINDS = ("sequential", "interleaved", "v", "wave")
 
 
 @dataclass(frozen=True)
-class Problem:
+class Scenario:
     """One scenario: a model's profile, a cluster, micro-batches per iteration, training settings."""
 
     profile: ModelProfile
@@ -153,7 +153,7 @@ def list_config(c: Candidate, costs: StageCosts, devices: int) -> ListSchedulerC
                                depth_first=c.depth_first, max_pending_w=c.max_pending_w, cap_counts_w=c.cap_counts_w)
 
 
-def materialize(c: Candidate, problem: Problem, *, costs: StageCosts | None = None) -> Plan:
+def materialize(c: Candidate, problem: Scenario, *, costs: StageCosts | None = None) -> Plan:
     """The plan a candidate describes (``costs``: its stage costs, when already known)."""
     P, M = problem.devices, problem.microbatches
     partition = partition_from_sizes(c.sizes)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pipeline.balance import balanced_sizes, device_balanced_sizes
 from pipeline.budgets import memory_budgets, roomy_budgets
-from pipeline.candidates import Candidate, Problem, list_config, materialize, objective_key
+from pipeline.candidates import Candidate, Scenario, list_config, materialize, objective_key
 from pipeline.engine import Outcome, ScheduleJob, schedule_and_simulate_many
 from pipeline.errors import PlanError
 from pipeline.plan import Plan, partition_from_sizes
@@ -28,7 +28,7 @@ class Evaluator:
     Results are identical on either engine and with or without batching.
     """
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Scenario) -> None:
         self.problem = problem
         self.calls = 0
         self.started = time.perf_counter()
@@ -259,5 +259,5 @@ def _run_job(job: _Job) -> _Job:
     return job
 
 
-def _empty_plan(p: Problem) -> Plan:
+def _empty_plan(p: Scenario) -> Plan:
     return Plan(p.devices, p.microbatches, ((0, p.profile.num_layers),), (0,), ((),) * p.devices)

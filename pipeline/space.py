@@ -1,6 +1,6 @@
 """The plan space that search and RL move in, in one import.
 
-Its parts live in one module each: the values (:mod:`pipeline.candidates`: ``Problem``,
+Its parts live in one module each: the values (:mod:`pipeline.candidates`: ``Scenario``,
 ``Candidate``, ``materialize``, ``objective_key``, placements), the list scheduler's activation
 budgets (:mod:`pipeline.budgets`), the cost-aware partition (:func:`pipeline.balance.balanced_sizes`)
 and the :class:`~pipeline.evaluator.Evaluator` that simulates candidates, counts calls and caches
@@ -15,7 +15,7 @@ from pipeline.candidates import (
     ORDERS,
     PLACEMENT_KINDS,
     Candidate,
-    Problem,
+    Scenario,
     by_position,
     list_config,
     make_placement,
@@ -30,7 +30,7 @@ __all__ = [
     "ORDERS",
     "PLACEMENT_KINDS",
     "Candidate",
-    "Problem",
+    "Scenario",
     "Evaluator",
     "make_placement",
     "slow_first",

@@ -39,7 +39,7 @@ import numpy as np
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Problem, objective_key
+from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
 __all__ = ["RLSearcher", "RLTunerSearcher", "rollout", "start_candidates"]
 
@@ -60,7 +60,7 @@ def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
     return _POLICIES[key]
 
 
-def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, max_calls: int,
+def rollout(policy: Any, env: Any, *, problem: Scenario, evaluator: Evaluator, max_calls: int,
             deterministic: bool, rng: np.random.Generator | None = None,
             start: list[Candidate] | str | None = None, deadline: float | None = None
             ) -> tuple[Candidate, Plan, Result]:
@@ -74,7 +74,7 @@ def rollout(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, ma
     return ed.best, ed.best_plan, ed.best_result
 
 
-def _run_episode(policy: Any, env: Any, *, problem: Problem, evaluator: Evaluator, max_calls: int,
+def _run_episode(policy: Any, env: Any, *, problem: Scenario, evaluator: Evaluator, max_calls: int,
                  deterministic: bool, rng: np.random.Generator | None = None,
                  start: list[Candidate] | str | None = None, deadline: float | None = None) -> None:
     import time
@@ -132,7 +132,7 @@ def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -
     return int(np.argmax(probs)), None
 
 
-def start_candidates(problem: Problem) -> list[Candidate]:
+def start_candidates(problem: Scenario) -> list[Candidate]:
     """Where the policy's rollouts start: the zero-shot starts (:func:`env.scenarios.zero_shot_starts`,
     memory-aware), the environment's portfolio (list-scheduled families), the hand-built orders
     of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved placements of 2-4
@@ -211,7 +211,7 @@ class RLSearcher:
     best: tuple | None = field(default=None, repr=False)
     """After a search: (key, candidate or None, named plan or None, result) of the best plan."""
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
@@ -280,7 +280,7 @@ class RLSearcher:
             return None
         return load_ranker(path)
 
-    def _starts(self, problem: Problem, ev: Evaluator, found: list, cap: int,
+    def _starts(self, problem: Scenario, ev: Evaluator, found: list, cap: int,
                 deadline: float | None = None) -> list[Candidate] | str:
         """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
         ``found``), or without a ranker file the hand-written starts."""
@@ -342,7 +342,7 @@ class RLTunerSearcher:
     ``tuner-first``: the tuner runs its own search with all but ``rl_share`` of the budget, then the
     policy starts from the tuner's best plan and the ranker's recipes with the rest."""
 
-    def search(self, problem: Problem, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         if self.order not in ("tuner-first", "policy-first"):
             raise ValueError(f"order {self.order!r}: use tuner-first or policy-first")
@@ -373,7 +373,7 @@ class RLTunerSearcher:
         return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
                             time.perf_counter() - t0, history, note=best.note)
 
-    def _tuner_first(self, rl: RLSearcher, problem: Problem, *, budget: Budget, seed: int,
+    def _tuner_first(self, rl: RLSearcher, problem: Scenario, *, budget: Budget, seed: int,
                      on_improve: ImproveCallback | None) -> SearchResult:
         from agents.tuner import AdaptisTuner
 

@@ -49,7 +49,7 @@ from pipeline.megatron import megatron_partition
 from pipeline.space import (
     Candidate,
     Evaluator,
-    Problem,
+    Scenario,
     by_position,
     cut_budgets,
     make_placement,
@@ -108,7 +108,7 @@ class Arm:
     balanced: bool = False
 
 
-def scenario_features(problem: Problem) -> np.ndarray:
+def scenario_features(problem: Scenario) -> np.ndarray:
     """:data:`FEATURES` of a problem: sizes, how heavy the head, embedding and largest layer are
     against an even stage, how uneven the layers are, link cost, how much memory the weights take
     and how many micro-batches of activations fit, nodes, device speeds, layer kinds."""
@@ -144,7 +144,7 @@ def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ..
     return cut_budgets(ev.costs(sizes, placement, recompute), placement, budgets, split_backward=recompute is None)
 
 
-def _split_sizes(problem: Problem, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:
+def _split_sizes(problem: Scenario, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:
     if split == "dp":
         return ev.balanced_sizes(placement)
     if split == "megatron":
@@ -152,7 +152,7 @@ def _split_sizes(problem: Problem, ev: Evaluator, placement: tuple[int, ...], sp
     return ev.device_balanced_sizes(placement) if len(placement) > problem.devices else None
 
 
-def build_arm(name: str, problem: Problem, ev: Evaluator) -> Arm | None:
+def build_arm(name: str, problem: Scenario, ev: Evaluator) -> Arm | None:
     """The recipe ``name`` (one of :data:`ARMS`) on ``problem``, or None where it does not apply.
     Only what this recipe needs is computed (its split, its costs)."""
     P, L = problem.devices, problem.profile.num_layers
@@ -206,13 +206,13 @@ def build_arm(name: str, problem: Problem, ev: Evaluator) -> Arm | None:
                                max_pending_w=P if not counts_w else None))
 
 
-def arm_candidates(problem: Problem, ev: Evaluator) -> dict[str, Arm]:
+def arm_candidates(problem: Scenario, ev: Evaluator) -> dict[str, Arm]:
     """Every recipe that applies to ``problem``, by name (a subset of :data:`ARMS`)."""
     arms = ((name, build_arm(name, problem, ev)) for name in ARMS)
     return {name: arm for name, arm in arms if arm is not None}
 
 
-def named_result(arm: Arm, problem: Problem, ev: Evaluator):
+def named_result(arm: Arm, problem: Scenario, ev: Evaluator):
     """(plan, result) of a named arm (one counted simulator call), or (None, None) when it does not apply."""
     from pipeline.plan import partition_from_sizes
     from pipeline.schedules import build_plan, method_placement
@@ -228,7 +228,7 @@ def named_result(arm: Arm, problem: Problem, ev: Evaluator):
     return plan, ev.simulate_plan(plan)
 
 
-def _arm_times(problem: Problem) -> np.ndarray:
+def _arm_times(problem: Scenario) -> np.ndarray:
     """Iteration time of every arm on ``problem`` (inf: infeasible; nan: does not apply)."""
     ev = Evaluator(problem)
     arms = arm_candidates(problem, ev)
@@ -249,12 +249,12 @@ def _arm_times(problem: Problem) -> np.ndarray:
 def collect_arm_labels(n: int, *, seed: int, progress: Callable[[int], None] | None = None
                        ) -> tuple[np.ndarray, np.ndarray]:
     """(features, arm times) of ``n`` scenarios drawn from :data:`env.scenarios.TRAIN_SCENARIO`."""
-    from env.scenarios import TRAIN_SCENARIO, sample_problem
+    from env.scenarios import TRAIN_SCENARIO, sample_scenario
 
     rng = np.random.default_rng(seed)
     feats, times = [], []
     while len(feats) < n:
-        problem = sample_problem(rng, TRAIN_SCENARIO)
+        problem = sample_scenario(rng, TRAIN_SCENARIO)
         t = _arm_times(problem)
         if not np.isfinite(t).any():
             continue  # nothing fits: no ranking to learn
@@ -446,7 +446,7 @@ def holds_one_microbatch(c: Candidate | None, ev: Evaluator) -> bool:
     return cut_budgets(costs, c.placement, (1.0,) * ev.problem.devices, split_backward=c.split_backward) is not None
 
 
-def ranked_starts(problem: Problem, ev: Evaluator, ranker: StartRanker, *, k: int,
+def ranked_starts(problem: Scenario, ev: Evaluator, ranker: StartRanker, *, k: int,
                   deadline: float | None = None, speed_twins: bool = True) -> list[Arm]:
     """The ``k`` applicable arms the ranker scores highest, best first, one of them a recipe that
     fits by construction (:func:`fits_by_construction`, on a layout that holds one micro-batch:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from agents.rl.policy import ALGOS, old_module_paths, save_policy
-from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_problem
+from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_scenario
 from pipeline.errors import ConfigError
 
 __all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "train",
@@ -234,7 +234,7 @@ def _held_out(config: TrainConfig) -> tuple[list, list[float] | None]:
         return [], None
     key = (config.eval_scenarios, config.eval_tuner_calls)
     if key not in _HELD_OUT:
-        problems = [sample_problem(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
+        problems = [sample_scenario(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
                     for i in range(config.eval_scenarios)]
         _HELD_OUT[key] = (problems, tuner_times(problems, calls=config.eval_tuner_calls))
     return _HELD_OUT[key]

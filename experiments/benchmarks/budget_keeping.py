@@ -28,7 +28,7 @@ from agents.registry import make_searcher
 from experiments.commands.search import _BestPlanWriter
 from pipeline import zoo
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import TrainingConfig
 
 __all__ = ["SIZES", "Size", "measure", "main"]
@@ -47,10 +47,10 @@ class Size:
         units = "" if self.granularity == "layer" else f", {self.granularity}"
         return f"{self.model}/{self.devices}/{self.microbatches}{units}"
 
-    def problem(self) -> Problem:
+    def problem(self) -> Scenario:
         profile = zoo.zoo_profile(self.model, gpu="h100", granularity=self.granularity)
-        return Problem(profile, build_cluster("h100", devices=self.devices), self.microbatches,
-                       TrainingConfig(runtime="pytorch"))
+        return Scenario(profile, build_cluster("h100", devices=self.devices), self.microbatches,
+                        TrainingConfig(runtime="pytorch"))
 
 
 #: Small to the case of issue 30 (``--budget 1s`` took 4.1 s there).

@@ -38,7 +38,7 @@ from pipeline.balance import device_loads  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
-from pipeline.space import Candidate, Evaluator, Problem, make_placement  # noqa: E402
+from pipeline.space import Candidate, Evaluator, Scenario, make_placement  # noqa: E402
 from pipeline.spec import GIB, Cluster, TrainingConfig  # noqa: E402
 from pipeline.zoo import zoo_profile  # noqa: E402
 
@@ -53,13 +53,14 @@ def rows(model: str, cluster: Cluster, microbatches: int, *, gpu: str = "h100", 
     (see ``--help``)."""
     P, M = cluster.devices, microbatches
     training = TrainingConfig(input_backward_keeps_graph=runtime == "pytorch")
-    mega = make_searcher("megatron").search(Problem(zoo_profile(model, gpu=gpu, seq_len=seq_len), cluster, M, training))
+    even = Scenario(zoo_profile(model, gpu=gpu, seq_len=seq_len), cluster, M, training)
+    mega = make_searcher("megatron").search(even)
     k = auto_head_shards(zoo_profile(model, gpu=gpu, seq_len=seq_len, granularity="sublayer"))
     profile = zoo_profile(model, gpu=gpu, seq_len=seq_len, granularity="sublayer", head_shards=k)
     if runtime == "weight-store":  # what I keeps for W: the matmuls' inputs plus their output gradients
         profile = replace(profile, layers=tuple(
             replace(x, w_act_bytes=x.w_retained + max(0, x.w_graph - x.act_bytes)) for x in profile.layers))
-    problem = Problem(profile, cluster, M, training)
+    problem = Scenario(profile, cluster, M, training)
     ev = Evaluator(problem)
     costs = [x.f + x.b + x.w for x in profile.layers]
     mean = sum(costs) / P

@@ -143,15 +143,15 @@ def _tuner_rows(with_python: bool) -> list[dict[str, Any]]:
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
     from pipeline.hardware import build_cluster
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
     rows = []
     profile = zoo_profile("gemma-large", gpu="h100", seq_len=4096)
     for P, M in ((16, 64), (32, 256)):
-        problem = Problem(profile, build_cluster("h100", devices=P, gpus_per_node=8), M)
+        problem = Scenario(profile, build_cluster("h100", devices=P, gpus_per_node=8), M)
 
-        def run(problem: Problem = problem) -> tuple[float, float]:
+        def run(problem: Scenario = problem) -> tuple[float, float]:
             t0 = time.perf_counter()
             found = AdaptisTuner().search(problem, budget=Budget(sim_calls=400), seed=0)
             return time.perf_counter() - t0, found.iteration_time

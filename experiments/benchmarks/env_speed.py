@@ -29,10 +29,10 @@ def _small_problem():
     from env.scenarios import sample_architecture
     from pipeline.costs import profile_from_architecture
     from pipeline.hardware import build_cluster
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
 
     arch = sample_architecture(np.random.default_rng(3), blocks=14)
-    return Problem(profile_from_architecture(arch, seq_len=2048), build_cluster("h100", devices=4), 8)
+    return Scenario(profile_from_architecture(arch, seq_len=2048), build_cluster("h100", devices=4), 8)
 
 
 def env_factory(case: str):

@@ -63,9 +63,9 @@ def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, 
     if tuner_calls:
         from agents.base import Budget
         from agents.registry import make_searcher
-        from pipeline.space import Problem
+        from pipeline.space import Scenario
 
-        problem = Problem(profile, cluster, microbatches)
+        problem = Scenario(profile, cluster, microbatches)
         for method in ("adaptis", "rl"):
             found = make_searcher(method).search(problem, budget=Budget(sim_calls=tuner_calls), seed=0)
             if found.ok and found.plan is not None:

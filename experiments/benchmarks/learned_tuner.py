@@ -44,10 +44,10 @@ import numpy as np
 from agents.base import Budget, SearchResult
 from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, train_prior
 from agents.tuner import AdaptisTuner, _State
-from env.scenarios import HELDOUT_SCENARIO, sample_problem
+from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline import zoo
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
+from pipeline.space import Scenario
 
 __all__ = ["METHODS", "scenarios", "calls_to", "measure", "main"]
 
@@ -71,16 +71,16 @@ def _methods(prior: MovePrior) -> dict[str, Callable[[], AdaptisTuner]]:
 METHODS = ("adaptis", "learned", "learned-random", "learned-no-bandit", "learned-no-prior")
 
 
-def scenarios(*, draws: int, large: int, draw_seed: int = 20_000) -> list[tuple[str, Problem]]:
+def scenarios(*, draws: int, large: int, draw_seed: int = 20_000) -> list[tuple[str, Scenario]]:
     """The held-out zoo models on 8 devices (32 micro-batches), ``draws`` held-out draws, ``large`` large ones."""
-    out = [(f"{name}/8", Problem(zoo.zoo_profile(name, gpu="h100"), build_cluster("h100", devices=8), 32))
+    out = [(f"{name}/8", Scenario(zoo.zoo_profile(name, gpu="h100"), build_cluster("h100", devices=8), 32))
            for name in HELDOUT_SCENARIO.zoo_models]
     for i in range(draws):
-        p = sample_problem(np.random.default_rng(draw_seed + i), HELDOUT_SCENARIO)
+        p = sample_scenario(np.random.default_rng(draw_seed + i), HELDOUT_SCENARIO)
         out.append((f"{p.profile.name}#{i}/{p.devices}", p))
     for name, P, M in LARGE[:large]:
         prof = zoo.zoo_profile(name, gpu="h100", granularity="sublayer")
-        out.append((f"{name}/{P}/{M}/sublayer", Problem(prof, build_cluster("h100", devices=P), M)))
+        out.append((f"{name}/{P}/{M}/sublayer", Scenario(prof, build_cluster("h100", devices=P), M)))
     return out
 
 
@@ -115,7 +115,7 @@ def calls_to(log: list[Improvement], target: float) -> tuple[int | None, float |
     return None, None
 
 
-def _run(make: Callable[[], AdaptisTuner], problem: Problem, budget: Budget, seed: int
+def _run(make: Callable[[], AdaptisTuner], problem: Scenario, budget: Budget, seed: int
          ) -> tuple[SearchResult, float, list[Improvement]]:
     log: list[Improvement] = []
     with _improvements(log):
@@ -129,7 +129,7 @@ def _final(res: SearchResult) -> float:
     return res.iteration_time if res.feasible else math.inf
 
 
-def measure(name: str, problem: Problem, *, methods: dict[str, Callable[[], AdaptisTuner]], seeds: int, calls: int,
+def measure(name: str, problem: Scenario, *, methods: dict[str, Callable[[], AdaptisTuner]], seeds: int, calls: int,
             within: float, walls: list[float]) -> dict:
     """One scenario's row (see the module docstring)."""
     runs = {m: [_run(f, problem, Budget(sim_calls=calls), s) for s in range(seeds)] for m, f in methods.items()}

@@ -24,7 +24,7 @@ import numpy as np
 
 from agents.base import Budget
 from agents.tuner import AdaptisTuner
-from env.scenarios import HELDOUT_MIXED_SPEEDS, sample_problem
+from env.scenarios import HELDOUT_MIXED_SPEEDS, sample_scenario
 from experiments.common import positive_int
 
 __all__ = ["scenario_rows", "summary", "main"]
@@ -35,7 +35,7 @@ def scenario_rows(scenarios: int, *, seed: int = 50_000, budget: int = 400) -> I
     order and in speed order and their ratio (unrounded), or which of the two found no feasible plan
     (``feasible``); draws whose devices all have one speed are left out."""
     for i in range(scenarios):
-        problem = sample_problem(np.random.default_rng(seed + i), HELDOUT_MIXED_SPEEDS)
+        problem = sample_scenario(np.random.default_rng(seed + i), HELDOUT_MIXED_SPEEDS)
         speeds = problem.cluster.speeds
         if max(speeds) == min(speeds):  # every device drew the same speed: nothing to order
             continue

@@ -26,7 +26,7 @@ from agents.tuner import AdaptisTuner  # noqa: E402
 from experiments.commands.reproduce import auto_head_shards  # noqa: E402
 from pipeline.bounds import lower_bound  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
-from pipeline.space import Candidate, Problem  # noqa: E402
+from pipeline.space import Candidate, Scenario  # noqa: E402
 from pipeline.zoo import zoo_profile  # noqa: E402
 
 __all__ = ["NoRecomputeTuner", "main"]
@@ -36,7 +36,7 @@ class NoRecomputeTuner(AdaptisTuner):
     """The tuner without its recompute move."""
 
     @staticmethod
-    def _schedule_moves(c: Candidate, result, problem: Problem, rng, ev) -> Iterator[Candidate]:  # type: ignore[override]
+    def _schedule_moves(c: Candidate, result, problem: Scenario, rng, ev) -> Iterator[Candidate]:  # type: ignore[override]
         return (n for n in AdaptisTuner._schedule_moves(c, result, problem, rng, ev) if n.recompute is None)
 
 
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if memory:
             cluster = cluster.with_memory(memory)
         whole = zoo_profile(model, seq_len=seq)
-        mega = make_searcher("megatron").search(Problem(whole, cluster, M)).iteration_time
+        mega = make_searcher("megatron").search(Scenario(whole, cluster, M)).iteration_time
         bound = lower_bound(whole, cluster, M).value
         shards = {"layer": auto_head_shards(whole),
                   "sublayer": auto_head_shards(zoo_profile(model, seq_len=seq, granularity="sublayer"))}
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("both", "sublayer", shards["sublayer"], AdaptisTuner),
                                      ("both-norecompute", "sublayer", shards["sublayer"], NoRecomputeTuner)):
             prof = zoo_profile(model, seq_len=seq, granularity=gran, head_shards=k)
-            r = tuner().search(Problem(prof, cluster, M), budget=budget, seed=0)
+            r = tuner().search(Scenario(prof, cluster, M), budget=budget, seed=0)
             ok = r.ok and r.result.feasible
             out[name] = round(mega / r.iteration_time, 3) if ok else None
             out[f"{name}_recompute"] = bool(ok and r.plan.recompute)

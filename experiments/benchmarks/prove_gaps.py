@@ -43,7 +43,7 @@ from agents.exact import ZbOptSearcher
 from agents.registry import make_searcher
 from pipeline.exact import prove
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 from pipeline.zoo import zoo_profile
 
@@ -55,15 +55,15 @@ HARDEST = (("gemma-large", 4096), ("deepseek-large", 4096), ("gemma-large", 2048
 PUBLISHED_ROWS = tuple(f"zb_t4_{m}_m{n}_ZB-2p" for m in ("1.5B", "6.2B") for n in (24, 32, 64))
 
 
-def reproduce_cases() -> Iterator[tuple[str, Problem]]:
+def reproduce_cases() -> Iterator[tuple[str, Scenario]]:
     """The three hardest cases of ``reproduce`` (see the module docstring)."""
     for model, seq in HARDEST:
         profile = zoo_profile(model, gpu="h100", seq_len=seq)
         cluster = build_cluster("h100", devices=16, gpus_per_node=8)
-        yield f"{model} {seq // 1024}k", Problem(profile, cluster, 64, TrainingConfig(runtime="ideal"))
+        yield f"{model} {seq // 1024}k", Scenario(profile, cluster, 64, TrainingConfig(runtime="ideal"))
 
 
-def published_cases(path: Path = PUBLISHED) -> Iterator[tuple[str, Problem]]:
+def published_cases(path: Path = PUBLISHED) -> Iterator[tuple[str, Scenario]]:
     """The Zero Bubble paper's profiled stages (see the module docstring)."""
     rows = {r["id"]: r for r in json.loads(path.read_text())["rows"]}
     for rid in PUBLISHED_ROWS:
@@ -74,11 +74,11 @@ def published_cases(path: Path = PUBLISHED) -> Iterator[tuple[str, Problem]]:
         profile = ModelProfile(rid, layers, time_unit="ms")
         cluster = Cluster(devices=P, latency_us=1000 * t["T_comm"], p2p_gbps=1e9, memory_gb=2 * P,
                           memory_reserve_gb=0)
-        yield f"{row['model']['name'].split()[-1]} m={M}", Problem(profile, cluster, M,
+        yield f"{row['model']['name'].split()[-1]} m={M}", Scenario(profile, cluster, M,
                                                                  TrainingConfig(runtime="zb-sync"))
 
 
-def prove_case(name: str, problem: Problem, *, seconds: float, budget: int) -> dict[str, Any]:
+def prove_case(name: str, problem: Scenario, *, seconds: float, budget: int) -> dict[str, Any]:
     """Tune, then prove the tuner's plan: one row of the table."""
     tuned = make_searcher("adaptis").search(problem, budget=Budget(sim_calls=budget), seed=0)
     if not tuned.feasible:
@@ -95,10 +95,10 @@ def prove_case(name: str, problem: Problem, *, seconds: float, budget: int) -> d
             "seconds": s["seconds"], "formulation": proof.formulation}
 
 
-def zb_opt_case(name: str, problem: Problem, *, seconds: float) -> dict[str, Any]:
+def zb_opt_case(name: str, problem: Scenario, *, seconds: float) -> dict[str, Any]:
     """``zb-h2`` and ``zb-opt`` at ``zb-h2``'s own peak memory (the device limit lifted so that ``zb-h2``,
     whose budget of 2(p - d) - 1 micro-batches counts only those before their I, fits)."""
-    problem = Problem(problem.profile, problem.cluster.with_memory(1000.0), problem.microbatches, problem.training)
+    problem = Scenario(problem.profile, problem.cluster.with_memory(1000.0), problem.microbatches, problem.training)
     h2 = make_searcher("zb-h2").search(problem, budget=Budget(sim_calls=1))
     opt = ZbOptSearcher().search(problem, budget=Budget(sim_calls=None, seconds=seconds))
     unit = problem.profile.seconds_per_unit * 1e3

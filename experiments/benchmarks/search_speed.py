@@ -19,7 +19,7 @@ from agents.baselines import NamedSearcher
 from agents.tuner import AdaptisTuner
 from pipeline.bounds import lower_bound
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.zoo import zoo_profile
 
 CASES = {"small": ("gemma-small", 4), "medium": ("gemma-medium", 8), "large": ("gemma-large", 16)}
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = zoo_profile(model, seq_len=args.seq_len)
         cluster = build_cluster("h100", devices=devices)
         for mbs in (int(x) for x in args.microbatches.split(",")):
-            problem = Problem(profile, cluster, mbs)
+            problem = Scenario(profile, cluster, mbs)
             bound = lower_bound(profile, cluster, mbs).value
             mega = NamedSearcher("megatron").search(problem).iteration_time
             for calls in (int(x) for x in args.budgets.split(",")):

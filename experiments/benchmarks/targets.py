@@ -26,7 +26,7 @@ from agents.base import Budget
 from agents.baselines import NamedSearcher
 from agents.targets import TARGET_METHODS, target_rows, target_searcher
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.targets import TARGETS
 from pipeline.zoo import zoo_profile
 
@@ -42,7 +42,7 @@ def run_case(model: str, devices: int, seq_len: int, *, gpu: str, microbatches: 
              seed: int) -> dict[str, Any]:
     """One case: the baseline, each target's search, each target's best speedup."""
     profile = zoo_profile(model, gpu=gpu, seq_len=seq_len)
-    problem = Problem(profile, build_cluster(gpu, devices=devices, gpus_per_node=8), microbatches)
+    problem = Scenario(profile, build_cluster(gpu, devices=devices, gpus_per_node=8), microbatches)
     mega = NamedSearcher("megatron").search(problem)
     results = [mega]
     seconds = {}

@@ -26,7 +26,7 @@ from agents.base import Budget
 from agents.job_search import JobConfig, search_job
 from agents.registry import make_searcher
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import TrainingConfig
 from pipeline.zoo import load_zoo_architecture, zoo_profile
 
@@ -45,7 +45,7 @@ def memory_rows(*, dp: int, budget: int, runtime: str = "ideal") -> list[dict]:
         for label, training in (("pipeline only (18 B/param)", TrainingConfig(runtime=runtime)),
                                 (f"dp={dp}, distributed optimizer",
                                  TrainingConfig(runtime=runtime, data_parallel=dp, zero_stage=1))):
-            problem = Problem(profile, cluster, 64, training)
+            problem = Scenario(profile, cluster, 64, training)
             for method in METHODS:
                 found = make_searcher(method).search(problem, budget=Budget(sim_calls=budget), seed=0)
                 res = found.result

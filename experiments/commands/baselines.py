@@ -31,7 +31,7 @@ from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.render import gantt_png
 from pipeline.schedules import NAMED_METHODS
-from pipeline.space import Problem
+from pipeline.space import Scenario
 
 NAME = "baselines"
 HELP = "compare every named schedule (GPipe, 1F1B, interleaved, zero-bubble, V-shape, ...)"
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
-def compare(problem: Problem, methods: Sequence[str]) -> tuple[list[dict], list[SearchResult]]:
+def compare(problem: Scenario, methods: Sequence[str]) -> tuple[list[dict], list[SearchResult]]:
     """Each named method on ``problem``, ``megatron`` added when missing (the speedups are over it):
     the rows ``baselines`` prints (:func:`experiments.results.method_rows`, sorted, with each row's
     largest peak as ``peak_memory_max_gb``) and the search results, in ``methods``' order."""
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "megatron" not in methods:
         methods.append("megatron")
-    problem = Problem(profile, cluster, args.microbatches, resolve_training(args))
+    problem = Scenario(profile, cluster, args.microbatches, resolve_training(args))
     rows, results = compare(problem, methods)
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "methods": methods}

@@ -98,14 +98,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
-    """(name, Problem) of every held-out scenario the arguments ask for."""
+    """(name, Scenario) of every held-out scenario the arguments ask for."""
     import numpy as np
 
-    from env.scenarios import HELDOUT_MIXED_SPEEDS, HELDOUT_SCENARIO, sample_problem
+    from env.scenarios import HELDOUT_MIXED_SPEEDS, HELDOUT_SCENARIO, sample_scenario
     from pipeline.costs import profile_from_architecture
     from pipeline.hardware import build_cluster
     from pipeline.hf import load_hf_config
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.zoo import list_models, zoo_profile
 
     if args.models == "heldout":
@@ -121,11 +121,11 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
         profiles.append((Path(path).stem, profile_from_architecture(load_hf_config(path), gpu=args.gpu)))
     devices = _device_counts(args.devices)
     check_microbatches(args.microbatches, max(devices, default=1))
-    out = [(name, Problem(prof, build_cluster(args.gpu, devices=P), args.microbatches))
+    out = [(name, Scenario(prof, build_cluster(args.gpu, devices=P), args.microbatches))
            for name, prof in profiles for P in devices if prof.num_layers >= P]
     config = HELDOUT_MIXED_SPEEDS if args.mixed_speeds else HELDOUT_SCENARIO
     for i in range(args.heldout):
-        p = sample_problem(np.random.default_rng(args.heldout_seed + i), config)
+        p = sample_scenario(np.random.default_rng(args.heldout_seed + i), config)
         out.append((f"{p.profile.name}#{i}", p))
     training = resolve_training(args)  # every method and yardstick priced on the same runtime
     return [(name, replace(p, training=training)) for name, p in out]

@@ -32,7 +32,7 @@ from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
 from pipeline.runtime import RUNTIMES
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import ModelProfile, TrainingConfig
 from pipeline.zoo import zoo_profile
 
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         profile = zoo_profile(model, gpu=args.gpu, seq_len=seq)
         cluster = build_cluster(args.gpu, devices=devices, gpus_per_node=8)
         training = TrainingConfig(runtime=args.runtime)
-        problem = Problem(profile, cluster, args.microbatches, training)
+        problem = Scenario(profile, cluster, args.microbatches, training)
         bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
         results = {m: make_searcher(m).search(problem, budget=budget, seed=args.seed) for m in methods}
         mega = results["megatron"]
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             # the richer space holds the whole-layer plans too (blocks kept together), but a head
             # cut into shards costs a little more than the whole head: bound the union by the lower
             fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches, runtime=args.runtime).value)
-            found = make_searcher("adaptis").search(Problem(fine, cluster, args.microbatches, training), budget=budget,
+            found = make_searcher("adaptis").search(Scenario(fine, cluster, args.microbatches, training), budget=budget,
                                                     seed=args.seed)
             ok = found.ok and found.result.feasible and mega.ok
             rows.append({"model": model, "seq_len": seq, "devices": devices, "method": "adaptis-richer",

@@ -71,7 +71,7 @@ from pipeline.errors import ConfigError
 from pipeline.plan import Plan
 from pipeline.render import gantt_side_by_side
 from pipeline.simulator import Result
-from pipeline.space import Problem, objective_key
+from pipeline.space import Scenario, objective_key
 from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             s.ranker_path = args.ranker
     out = output_folder(args.out or
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
-    problem = Problem(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
+    problem = Scenario(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
     bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
     def predicted(result: Result) -> dict:
         return prediction_meta(result.iteration_time, profile=profile, cluster=cluster,
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_proof(best: SearchResult, profile: ModelProfile, cluster: Cluster, problem: Problem, *, seconds: float,
+def _print_proof(best: SearchResult, profile: ModelProfile, cluster: Cluster, problem: Scenario, *, seconds: float,
                  out: Path, as_json: bool) -> None:
     """``--prove``: the best plan's proven gap (pipeline.exact), one line (or one JSON object)."""
     from pipeline.exact import prove

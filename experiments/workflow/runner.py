@@ -53,7 +53,7 @@ from experiments.workflow.phases import (
 )
 from experiments.workflow.report import Measurement, device_rows, kind_rows, method_rows, op_share
 from pipeline.errors import ConfigError
-from pipeline.space import Problem
+from pipeline.space import Scenario
 
 __all__ = ["WorkflowReport", "run_workflow", "SEARCH_ROWS"]
 
@@ -246,7 +246,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     methods = with_target_method(list(dict.fromkeys(["megatron", *cfg.methods])), cfg.target)
     log(f"searching {len(methods)} methods for {profile.name} on {cluster.devices} devices, {microbatches} "
         f"micro-batches (budget {cfg.budget}, at most {budget.seconds:g} s each)")
-    problem = Problem(profile, cluster, microbatches)
+    problem = Scenario(profile, cluster, microbatches)
     settings = {"adaptis": {"perturb_moves": cfg.perturb_moves}} if cfg.perturb_moves is not None else {}
     outcomes = search_methods(problem, methods, budget=budget, seed=cfg.seed, settings=settings, policy=policy,
                               log=log, on_result=lambda done: _write_rows(out / SEARCH_ROWS, done, profile.time_unit))

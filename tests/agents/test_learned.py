@@ -29,7 +29,7 @@ from agents.registry import SEARCHERS, make_searcher
 from agents.tuner import AdaptisTuner
 from pipeline.errors import ConfigError
 from pipeline.plan import validate_plan
-from pipeline.space import Candidate, Problem
+from pipeline.space import Candidate, Scenario
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
 
@@ -37,8 +37,8 @@ BUDGET = Budget(sim_calls=150)
 
 
 @pytest.fixture(scope="module")
-def gemma4() -> Problem:
-    return Problem(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+def gemma4() -> Scenario:
+    return Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
 
 
 def test_registered_and_the_plain_tuner_has_no_policy() -> None:
@@ -52,9 +52,9 @@ def test_registered_and_the_plain_tuner_has_no_policy() -> None:
 @pytest.mark.parametrize("case", ["hetero", "gemma-small", "nemotronh-small"])
 def test_learned_returns_valid_feasible_plans(case: str, hetero_profile, h100x4) -> None:
     if case == "hetero":
-        problem = Problem(hetero_profile, h100x4, 16)
+        problem = Scenario(hetero_profile, h100x4, 16)
     else:
-        problem = Problem(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
+        problem = Scenario(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
     res = make_searcher("learned").search(problem, budget=BUDGET, seed=1)
     assert res.method == "learned" and res.feasible
     validate_plan(res.plan, num_layers=problem.profile.num_layers, devices=problem.devices)
@@ -62,14 +62,14 @@ def test_learned_returns_valid_feasible_plans(case: str, hetero_profile, h100x4)
     assert res.history and res.history[-1][-1] == pytest.approx(res.iteration_time, rel=1e-9)
 
 
-def test_deterministic_per_seed(gemma4: Problem) -> None:
+def test_deterministic_per_seed(gemma4: Scenario) -> None:
     runs = [learned_tuner().search(gemma4, budget=Budget(sim_calls=300), seed=s) for s in (3, 3)]
     assert runs[0].history == runs[1].history
     assert runs[0].plan.to_json() == runs[1].plan.to_json()
 
 
 def test_respects_call_and_second_budgets(hetero_profile, h100x4, monkeypatch) -> None:
-    problem = Problem(hetero_profile, h100x4, 16)
+    problem = Scenario(hetero_profile, h100x4, 16)
     for calls in (40, 200):  # (under ~22 calls the named plans alone overrun it, in the plain tuner too)
         assert learned_tuner().search(problem, budget=Budget(sim_calls=calls)).sim_calls <= calls + 1
     # a fake clock that ticks 1 ms a reading (as the tuner's own test): the search ends within a few readings
@@ -80,7 +80,7 @@ def test_respects_call_and_second_budgets(hetero_profile, h100x4, monkeypatch) -
         assert res.ok and next(reads) <= seconds / 1e-3 + 5
 
 
-def test_without_the_hook_the_tuner_is_unchanged(gemma4: Problem) -> None:
+def test_without_the_hook_the_tuner_is_unchanged(gemma4: Scenario) -> None:
     """The plain tuner's path, recorded before the hook existed (commit 220e4ba): same calls of each
     improvement, same final time and plan."""
     res = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
@@ -91,7 +91,7 @@ def test_without_the_hook_the_tuner_is_unchanged(gemma4: Problem) -> None:
     assert res.plan.placement == (0, 1, 2, 1, 3, 3, 1, 0, 0, 1, 2, 3, 2, 2, 3, 0)
 
 
-def test_the_policy_changes_the_path_but_not_the_start(gemma4: Problem) -> None:
+def test_the_policy_changes_the_path_but_not_the_start(gemma4: Scenario) -> None:
     """The named plans and the seeds come first in both; only the local search differs."""
     plain = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
     guided = learned_tuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
@@ -160,7 +160,7 @@ def test_fit_prior_ranks_a_learnable_signal_and_is_deterministic() -> None:
     assert r.weights.tolist() == MovePrior.random(0).weights.tolist() != MovePrior.random(1).weights.tolist()
 
 
-def test_collect_moves_labels_the_tuners_moves(gemma4: Problem) -> None:
+def test_collect_moves_labels_the_tuners_moves(gemma4: Scenario) -> None:
     X, y = collect_moves([gemma4], calls=300)
     assert X.shape[1] == len(FEATURES) and len(X) == len(y) > 20
     assert 0 < y.sum() < len(y) and np.isfinite(X).all()

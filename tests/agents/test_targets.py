@@ -14,7 +14,7 @@ from agents.baselines import NamedSearcher
 from agents.targets import MegatronLayoutSearch, target_rows, target_searcher
 from pipeline import zoo
 from pipeline.hardware import build_cluster
-from pipeline.space import Problem, objective_key
+from pipeline.space import Scenario, objective_key
 from pipeline.spec import LayerCost
 from pipeline.targets import megatron_args, target_reason
 
@@ -69,7 +69,7 @@ def _check_with_megatron(plan, profile) -> PipelineParallelLayerLayout:
 @pytest.mark.parametrize("model", MODELS)
 def test_megatron_target_layout_is_accepted_by_megatron_core(model: str, devices: int) -> None:
     profile = _profile(model)
-    problem = Problem(profile, build_cluster("h100", devices=devices), MICROBATCHES)
+    problem = Scenario(profile, build_cluster("h100", devices=devices), MICROBATCHES)
     found = MegatronLayoutSearch().search(problem, budget=Budget(sim_calls=12))
     assert found.ok, found.note
     assert target_reason("megatron", found.plan, profile) is None
@@ -85,7 +85,7 @@ def test_megatron_target_keeps_mtp_layers_where_megatron_wants_them() -> None:
     mtp = replace(layers[-2], name="mtp0", kind="mtp")
     profile = replace(base, layers=tuple(layers[:-1] + [mtp, layers[-1]]))
     assert isinstance(mtp, LayerCost)
-    problem = Problem(profile, build_cluster("h100", devices=4), MICROBATCHES)
+    problem = Scenario(profile, build_cluster("h100", devices=4), MICROBATCHES)
     found = MegatronLayoutSearch().search(problem, budget=Budget(sim_calls=40))
     assert found.ok
     layout = _check_with_megatron(found.plan, profile)
@@ -94,7 +94,7 @@ def test_megatron_target_keeps_mtp_layers_where_megatron_wants_them() -> None:
 
 def test_torchtitan_target_stays_loop_or_v_and_targets_rank_by_flexibility() -> None:
     profile = _profile("gemma-small")
-    problem = Problem(profile, build_cluster("h100", devices=4), MICROBATCHES)
+    problem = Scenario(profile, build_cluster("h100", devices=4), MICROBATCHES)
     budget = Budget(sim_calls=60)
     mega = NamedSearcher("megatron").search(problem)
     results = [mega, target_searcher("megatron", 4).search(problem, budget=budget),
@@ -117,7 +117,7 @@ def test_megatron_layout_stops_before_a_step_would_end_past_a_seconds_budget(mon
 
     now = [100.0]
     monkeypatch.setattr(targets.time, "perf_counter", lambda: now[0])
-    problem = Problem(zoo.zoo_profile("gemma-small"), build_cluster("h100", devices=4), 8)
+    problem = Scenario(zoo.zoo_profile("gemma-small"), build_cluster("h100", devices=4), 8)
     from pipeline.space import Evaluator
 
     clock = targets._StepClock(Budget(sim_calls=None, seconds=1.0), Evaluator(problem))

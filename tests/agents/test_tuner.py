@@ -16,7 +16,7 @@ from agents.tuner import AdaptisTuner, seed_candidates
 from pipeline.errors import ConfigError
 from pipeline.plan import validate_plan
 from pipeline.schedules import NAMED_METHODS
-from pipeline.space import Candidate, Evaluator, Problem, balanced_sizes, make_placement
+from pipeline.space import Candidate, Evaluator, Scenario, balanced_sizes, make_placement
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
 from tests.conftest import ideal_cluster, uniform_profile
@@ -24,7 +24,7 @@ from tests.conftest import ideal_cluster, uniform_profile
 BUDGET = Budget(sim_calls=150)
 
 
-def _best_named(problem: Problem) -> float:
+def _best_named(problem: Scenario) -> float:
     """The best named schedule, at Megatron's split or the DP-balanced one."""
     times = [NamedSearcher(m, balanced=b).search(problem).iteration_time for m in NAMED_METHODS
              for b in (False, True)]
@@ -34,11 +34,11 @@ def _best_named(problem: Problem) -> float:
 @pytest.mark.parametrize("case", ["hetero", "gemma-small", "deepseek-small", "nemotronh-small", "uniform"])
 def test_tuner_never_worse_than_best_named(case: str, hetero_profile, h100x4) -> None:
     if case == "hetero":
-        problem = Problem(hetero_profile, h100x4, 16)
+        problem = Scenario(hetero_profile, h100x4, 16)
     elif case == "uniform":
-        problem = Problem(uniform_profile(16), ideal_cluster(4), 16)
+        problem = Scenario(uniform_profile(16), ideal_cluster(4), 16)
     else:
-        problem = Problem(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
+        problem = Scenario(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
     result = AdaptisTuner().search(problem, budget=BUDGET)
     assert result.ok and result.result.feasible
     validate_plan(result.plan, num_layers=problem.profile.num_layers, devices=problem.devices)
@@ -47,32 +47,32 @@ def test_tuner_never_worse_than_best_named(case: str, hetero_profile, h100x4) ->
 
 
 def test_tuner_beats_megatron_on_a_heavy_head(hetero_profile, h100x4) -> None:
-    problem = Problem(hetero_profile, h100x4, 32)
+    problem = Scenario(hetero_profile, h100x4, 32)
     mega = NamedSearcher("megatron").search(problem).iteration_time
     tuned = AdaptisTuner().search(problem, budget=BUDGET).iteration_time
     assert mega / tuned > 1.25
 
 
 def test_tuner_loses_nothing_on_a_homogeneous_model() -> None:
-    problem = Problem(uniform_profile(32), ideal_cluster(4), 16)
+    problem = Scenario(uniform_profile(32), ideal_cluster(4), 16)
     mega = NamedSearcher("megatron").search(problem).iteration_time
     tuned = AdaptisTuner().search(problem, budget=BUDGET).iteration_time
     assert tuned <= mega
 
 
 def test_same_seed_same_plan(hetero_profile, h100x4) -> None:
-    problem = Problem(hetero_profile, h100x4, 16)
+    problem = Scenario(hetero_profile, h100x4, 16)
     a = AdaptisTuner().search(problem, budget=BUDGET, seed=7)
     b = AdaptisTuner().search(problem, budget=BUDGET, seed=7)
     assert a.plan == b.plan and a.iteration_time == b.iteration_time and a.history == b.history
 
 
 def test_tight_memory_changes_the_answer(hetero_profile, h100x4) -> None:
-    free = AdaptisTuner().search(Problem(hetero_profile, h100x4, 32), budget=BUDGET)
+    free = AdaptisTuner().search(Scenario(hetero_profile, h100x4, 32), budget=BUDGET)
     limit_gb = 0.8 * max(free.result.peak_memory_gb)
     # usable memory: 80% of the free plan's peak (the capacity less the reserve)
     tight_cluster = h100x4.with_memory(limit_gb + h100x4.memory_reserve_gb)
-    tight = AdaptisTuner().search(Problem(hetero_profile, tight_cluster, 32), budget=BUDGET)
+    tight = AdaptisTuner().search(Scenario(hetero_profile, tight_cluster, 32), budget=BUDGET)
     assert tight.result.feasible
     assert max(tight.result.peak_memory_gb) <= limit_gb
     assert tight.plan != free.plan
@@ -85,13 +85,13 @@ def test_tight_memory_changes_the_answer(hetero_profile, h100x4) -> None:
 
 
 def test_random_search_spends_its_budget(hetero_profile, h100x4) -> None:
-    res = RandomSearcher().search(Problem(hetero_profile, h100x4, 16), budget=Budget(sim_calls=40), seed=1)
+    res = RandomSearcher().search(Scenario(hetero_profile, h100x4, 16), budget=Budget(sim_calls=40), seed=1)
     assert res.ok and 35 <= res.sim_calls <= 40
 
 
 def test_improvements_are_reported_as_they_happen(hetero_profile, h100x4) -> None:
     seen = []
-    res = AdaptisTuner().search(Problem(hetero_profile, h100x4, 16), budget=Budget(sim_calls=80),
+    res = AdaptisTuner().search(Scenario(hetero_profile, h100x4, 16), budget=Budget(sim_calls=80),
                                 on_improve=lambda plan, result: seen.append(result.iteration_time))
     assert seen == sorted(seen, reverse=True)
     assert seen[-1] == pytest.approx(res.iteration_time)
@@ -104,7 +104,8 @@ def test_seconds_budget_is_honoured(hetero_profile, h100x4, monkeypatch) -> None
     for seconds in (0.05, 0.5):
         reads = itertools.count(1)
         monkeypatch.setattr(agents.base, "time", SimpleNamespace(perf_counter=lambda r=reads: next(r) * 1e-3))
-        res = AdaptisTuner().search(Problem(hetero_profile, h100x4, 16), budget=Budget(sim_calls=None, seconds=seconds))
+        res = AdaptisTuner().search(Scenario(hetero_profile, h100x4, 16),
+                                    budget=Budget(sim_calls=None, seconds=seconds))
         assert res.ok and next(reads) <= seconds / 1e-3 + 5
         calls[seconds] = res.sim_calls
     assert 0 < calls[0.05] < calls[0.5]
@@ -133,7 +134,7 @@ def test_registry_names() -> None:
 
 
 def test_evaluator_caches_and_counts(hetero_profile, h100x4) -> None:
-    ev = Evaluator(Problem(hetero_profile, h100x4, 8))
+    ev = Evaluator(Scenario(hetero_profile, h100x4, 8))
     c = Candidate((4, 4, 4, 4), (0, 1, 2, 3))
     ev.evaluate(c)
     ev.evaluate(c)
@@ -150,7 +151,7 @@ def test_tuner_recomputes_where_memory_binds() -> None:
 
     profile = uniform_profile(4, act=6 * GIB, out=1 << 20)
     cluster = Cluster(devices=2, memory_gb=10, p2p_gbps=1e12, latency_us=0.0)
-    problem = Problem(profile, cluster, 8)
+    problem = Scenario(profile, cluster, 8)
     r = AdaptisTuner().search(problem, budget=Budget(sim_calls=200), seed=0)
     assert r.ok and r.result.feasible
     assert r.plan.recompute is not None and any(r.plan.recompute)
@@ -164,7 +165,7 @@ def test_placement_moves_drop_recompute_of_another_stage_count() -> None:
     deepseek-large 4k with finer units); moves that keep the stages keep it."""
     import random
 
-    problem = Problem(uniform_profile(16), ideal_cluster(4), 8)
+    problem = Scenario(uniform_profile(16), ideal_cluster(4), 8)
     ev = Evaluator(problem)
     placement = make_placement("sequential", 4, 1)
     c = Candidate(ev.balanced_sizes(placement), placement, "list", (2.0,) * 4, recompute=(True, False, False, False))
@@ -175,7 +176,7 @@ def test_placement_moves_drop_recompute_of_another_stage_count() -> None:
         assert ev.result(m).valid
 
 
-def _alternating_problem(memory_gb: float = 1e9) -> Problem:
+def _alternating_problem(memory_gb: float = 1e9) -> Scenario:
     """Light and heavy units in turn (a block's attention and MLP, cut apart), two devices in two
     chunks: balanced by stage, one device gets 6 of 10 per micro-batch; balanced by device, 5."""
     from pipeline.spec import LayerCost, ModelProfile
@@ -183,7 +184,7 @@ def _alternating_problem(memory_gb: float = 1e9) -> Problem:
     costs = [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0]
     profile = ModelProfile("alt", tuple(LayerCost(f"u{i}", "mlp", c / 3, c / 3, c / 3, 1000, 1 << 20, 1 << 10)
                                         for i, c in enumerate(costs)))
-    return Problem(profile, Cluster(devices=2, memory_gb=memory_gb, p2p_gbps=1e12, latency_us=0.0), 16)
+    return Scenario(profile, Cluster(devices=2, memory_gb=memory_gb, p2p_gbps=1e12, latency_us=0.0), 16)
 
 
 def test_seeds_hold_the_device_balanced_split_under_memory_filling_budgets() -> None:
@@ -208,7 +209,7 @@ def test_tuner_balances_devices_not_stages() -> None:
     costs = [1.0, 2.0] * 13
     profile = ModelProfile("alt", tuple(LayerCost(f"u{i}", "mlp", c / 3, c / 3, c / 3, 1000, 1 << 20, 1 << 10)
                                         for i, c in enumerate(costs)))
-    problem = Problem(profile, Cluster(devices=3, memory_gb=1e9, p2p_gbps=1e12, latency_us=0.0), 16)
+    problem = Scenario(profile, Cluster(devices=3, memory_gb=1e9, p2p_gbps=1e12, latency_us=0.0), 16)
     r = AdaptisTuner().search(problem, budget=Budget(sim_calls=300), seed=0)
     bound = sum(costs) / 3 * problem.microbatches
     assert r.ok and r.result.feasible
@@ -227,7 +228,7 @@ def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -
     from pipeline.hardware import build_cluster
 
     profile = zoo_profile("gemma-large", seq_len=4096, granularity="sublayer", head_shards=8)
-    problem = Problem(profile, build_cluster("h100", devices=16, gpus_per_node=8), 64)
+    problem = Scenario(profile, build_cluster("h100", devices=16, gpus_per_node=8), 64)
     ev = Evaluator(problem)
     placement = make_placement("interleaved", 16, 3)
     base = Candidate(ev.device_balanced_sizes(placement), placement)
@@ -256,9 +257,9 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
     import numpy as np
 
     from agents.tuner import with_filled_budgets, with_roomy_budgets
-    from env.scenarios import HELDOUT_SCENARIO, sample_problem
+    from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 
-    problem = sample_problem(np.random.default_rng(20010), HELDOUT_SCENARIO)
+    problem = sample_scenario(np.random.default_rng(20010), HELDOUT_SCENARIO)
     ev = Evaluator(problem)
     placement = make_placement("sequential", problem.devices, 1)
     base = with_filled_budgets(Candidate(ev.balanced_sizes(placement), placement, "list"), ev)
@@ -271,7 +272,7 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
     assert best.iteration_time < 0.8 * before.iteration_time
 
 
-def _mixed_speed_head_problem() -> Problem:
+def _mixed_speed_head_problem() -> Scenario:
     """Twelve layers and a head as heavy as four of them on four devices, the first and the last
     at half speed: every placement family in index order ends on a slow device (sequential,
     interleaved and wave-3 on device 3, V and wave-4 on device 0), so the head lands on one."""
@@ -281,7 +282,7 @@ def _mixed_speed_head_problem() -> Problem:
     layers.append(LayerCost("head", "head", 4.0, 4.0, 4.0, 1000, 1000, 0))
     cluster = Cluster(devices=4, p2p_gbps=1e12, latency_us=0.0,
                       device_list=(Device(0.5, 1e6), Device(1.0, 1e6), Device(1.0, 1e6), Device(0.5, 1e6)))
-    return Problem(ModelProfile("head-heavy", tuple(layers)), cluster, 16)
+    return Scenario(ModelProfile("head-heavy", tuple(layers)), cluster, 16)
 
 
 def test_slow_first_seeds_put_the_head_on_the_fastest_device() -> None:
@@ -302,7 +303,7 @@ def test_slow_first_seeds_put_the_head_on_the_fastest_device() -> None:
 
     (t_ordered, c_ordered), (t_plain, _) = best(ordered), best(plain)
     assert t_ordered < 0.9 * t_plain and c_ordered.placement[-1] in (1, 2)
-    uniform = Problem(problem.profile, ideal_cluster(4), 16)
+    uniform = Scenario(problem.profile, ideal_cluster(4), 16)
     assert slow_first_seeds(uniform, Evaluator(uniform)) == []
     found = AdaptisTuner().search(problem, budget=Budget(200), seed=0)
     assert found.plan is not None and found.plan.placement[-1] in (1, 2)
@@ -312,7 +313,7 @@ def test_named_plans_false_skips_the_named_schedules(hetero_profile, h100x4) -> 
     """``AdaptisTuner(named_plans=False)``: no named schedule is simulated, so its first calls are
     its own seeds and its best plan is always an editable candidate; the default simulates them
     first (one call each)."""
-    problem = Problem(hetero_profile, h100x4, 16)
+    problem = Scenario(hetero_profile, h100x4, 16)
     skip = AdaptisTuner(named_plans=False)
     res = skip.search(problem, budget=BUDGET)
     assert res.ok and res.result.feasible and skip.best_candidate is not None
@@ -334,8 +335,9 @@ def test_a_seconds_budget_is_kept_at_a_large_size(monkeypatch) -> None:
     from pipeline.hardware import build_cluster
     from pipeline.spec import TrainingConfig
 
-    problem = Problem(zoo_profile("gemma-large", gpu="h100", granularity="sublayer"), build_cluster("h100", devices=32),
-                      256, TrainingConfig(runtime="pytorch"))
+    problem = Scenario(zoo_profile("gemma-large", gpu="h100", granularity="sublayer"),
+                       build_cluster("h100", devices=32),
+                       256, TrainingConfig(runtime="pytorch"))
     per_call = 0.01
     tuner = AdaptisTuner()
     monkeypatch.setattr(agents.base, "time", SimpleNamespace(
@@ -374,7 +376,7 @@ def test_a_seconds_budget_probes_before_it_batches(hetero_profile, h100x4) -> No
         sizes.append(sum(not self.known(c) for c in dict.fromkeys(candidates)))
         return original(self, candidates)
 
-    problem = Problem(hetero_profile, h100x4, 16)
+    problem = Scenario(hetero_profile, h100x4, 16)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Evaluator, "results", results)
         AdaptisTuner().search(problem, budget=Budget(sim_calls=None, seconds=0.3))

@@ -27,22 +27,22 @@ from env.editor import (
 from pipeline.errors import PlanError
 from pipeline.plan import validate_plan
 from pipeline.simulator import simulate
-from pipeline.space import Candidate, Evaluator, Problem, objective_key
+from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 from pipeline.spec import Cluster, ModelProfile
 from tests.conftest import ROOT, ideal_cluster, uniform_profile
 
 PROFILE = ModelProfile.load(ROOT / "experiments/configs/profiles/hetero-head-16.json")
 CLUSTER = Cluster.load(ROOT / "experiments/configs/clusters/h100x4.json")
-PROBLEM = Problem(PROFILE, CLUSTER, 8)
+PROBLEM = Scenario(PROFILE, CLUSTER, 8)
 
 
-def _editor(problem: Problem = PROBLEM, **kw) -> PlanEditor:
+def _editor(problem: Scenario = PROBLEM, **kw) -> PlanEditor:
     editor = PlanEditor(problem, **kw)
     editor.start()
     return editor
 
 
-def _check_candidate(c: Candidate, problem: Problem) -> None:
+def _check_candidate(c: Candidate, problem: Scenario) -> None:
     assert sum(c.sizes) == problem.profile.num_layers and min(c.sizes) >= 1
     assert len(c.placement) == c.num_stages and set(c.placement) <= set(range(problem.devices))
     if c.budgets is not None:
@@ -147,7 +147,7 @@ def test_the_call_budget_leaves_only_stop() -> None:
 
 def test_fit_memory_cuts_budgets_to_what_memory_holds() -> None:
     profile = uniform_profile(8, act=2**30, params=10**6)  # 1 GiB of activations per layer and micro-batch
-    problem = Problem(profile, ideal_cluster(4, memory_gb=6.0), 16)
+    problem = Scenario(profile, ideal_cluster(4, memory_gb=6.0), 16)
     ev = Evaluator(problem)
     c = Candidate((2, 2, 2, 2), (0, 1, 2, 3), "list", (16.0,) * 4)
     res = ev.result(c)
@@ -166,7 +166,7 @@ def test_score_ranks_fast_over_slow_over_overflowing_over_invalid() -> None:
     res = editor.result
     assert score(res, res.iteration_time) == pytest.approx(1.0)
     assert score(res, 2 * res.iteration_time) == pytest.approx(2.0)
-    tight = Problem(uniform_profile(8, act=2**30), ideal_cluster(4, memory_gb=2.0), 16)
+    tight = Scenario(uniform_profile(8, act=2**30), ideal_cluster(4, memory_gb=2.0), 16)
     over = Evaluator(tight).result(Candidate((2, 2, 2, 2), (0, 1, 2, 3), "list", (16.0,) * 4))
     assert -2.0 <= score(over, 1.0) < -1.0
     bad = Evaluator(PROBLEM).result(Candidate((15, 1), (0, 1), "zbv"))  # ZB-V needs a V placement
@@ -187,7 +187,7 @@ def test_shared_evaluator_shares_the_scenarios_caches_and_still_counts_calls() -
     assert own.costs(c.sizes, c.placement) is first.costs(c.sizes, c.placement)
     again = own.result(c)
     assert again is not r and again.iteration_time == r.iteration_time and own.calls == 1
-    other = SharedEvaluator(Problem(PROFILE, CLUSTER, 8), share=first)  # an equal problem, not the same object
+    other = SharedEvaluator(Scenario(PROFILE, CLUSTER, 8), share=first)  # an equal problem, not the same object
     assert other.costs(c.sizes, c.placement) is not first.costs(c.sizes, c.placement)
     assert other.result(c) is not r
 
@@ -224,4 +224,4 @@ def test_an_editor_decides_the_same_with_a_shared_evaluator() -> None:
 
 def test_too_many_devices_is_refused() -> None:
     with pytest.raises(PlanError, match=f"at most {MAX_DEVICES} devices"):
-        PlanEditor(Problem(uniform_profile(64), ideal_cluster(MAX_DEVICES + 1), 64))
+        PlanEditor(Scenario(uniform_profile(64), ideal_cluster(MAX_DEVICES + 1), 64))

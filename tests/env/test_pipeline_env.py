@@ -12,7 +12,7 @@ from env.pipeline_env import PipelineEnv, observation_space
 from env.scenarios import ScenarioConfig
 from pipeline.plan import validate_plan
 from pipeline.simulator import simulate
-from pipeline.space import Candidate, Problem, materialize
+from pipeline.space import Candidate, Scenario, materialize
 from tests.conftest import ideal_cluster, uniform_profile
 
 SMALL = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
@@ -103,7 +103,7 @@ def test_seeding_gives_identical_episodes():
 
 
 def test_fixed_problem_and_start_options():
-    problem = Problem(uniform_profile(12), ideal_cluster(4), 8)
+    problem = Scenario(uniform_profile(12), ideal_cluster(4), 8)
     start = Candidate((9, 1, 1, 1), (0, 1, 2, 3), "list", (4.0, 3.0, 2.0, 1.0))
     e = _small_env()
     obs, info = e.reset(options={"problem": problem, "start": start, "reference": "megatron"})
@@ -157,7 +157,7 @@ def test_env_edits_plans_over_finer_units():
     from pipeline.zoo import zoo_profile
 
     fine = zoo_profile("tiny-hybrid", granularity="sublayer", head_shards=2)
-    problem = Problem(fine, ideal_cluster(2), 4)
+    problem = Scenario(fine, ideal_cluster(2), 4)
     env = _small_env()
     obs, info = env.reset(seed=0, options={"problem": problem})
     rng = np.random.default_rng(0)
@@ -218,11 +218,11 @@ def test_repeated_scenario_counts_calls_as_a_fresh_one():
 
 @pytest.mark.parametrize("devices", [2, 32])
 def test_one_layout_serves_2_to_32_devices(devices):
-    from env.scenarios import TRAIN_SCENARIO, sample_problem
+    from env.scenarios import TRAIN_SCENARIO, sample_scenario
 
     cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=40, max_blocks=40,
                          microbatches=(64,))
-    problem = sample_problem(np.random.default_rng(0), cfg)
+    problem = sample_scenario(np.random.default_rng(0), cfg)
     e = PipelineEnv(max_calls=14)
     obs, info = e.reset(options={"problem": problem, "start": "single"})
     assert info["sim_calls"] <= 2 and observation_space().contains(obs)
@@ -242,9 +242,9 @@ def test_train_and_heldout_scenarios_are_disjoint():
     assert set(HELDOUT_SCENARIO.families) == {"hybrid-mamba"}
     assert HELDOUT_SCENARIO.min_blocks > TRAIN_SCENARIO.max_blocks
     rng = np.random.default_rng(0)
-    from env.scenarios import sample_problem
+    from env.scenarios import sample_scenario
 
-    draws = [sample_problem(rng, TRAIN_SCENARIO) for _ in range(40)]
+    draws = [sample_scenario(rng, TRAIN_SCENARIO) for _ in range(40)]
     assert all(2 <= p.devices <= 32 and 8 <= p.microbatches <= 256 for p in draws)
     assert not any("nemotron" in p.profile.name or "hybrid-mamba" in p.profile.name for p in draws)
     assert any(p.cluster.gpus_per_node and p.devices > p.cluster.gpus_per_node for p in draws)
@@ -266,12 +266,12 @@ def test_fit_memory_repairs_a_plan_that_overflows():
     from env.editor import fit_memory
     from pipeline.space import Evaluator
 
-    problem = Problem(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
+    problem = Scenario(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
     ev = Evaluator(problem)
     free = Candidate((3, 3, 3, 3), (0, 1, 2, 3), "list", None)
     res = ev.result(free)
     need = max(res.peak_memory)
-    tight = Problem(problem.profile, problem.cluster.with_memory(0.6 * need / 2**30), 16)
+    tight = Scenario(problem.profile, problem.cluster.with_memory(0.6 * need / 2**30), 16)
     ev = Evaluator(tight)
     res = ev.result(free)
     assert res.valid and not res.feasible

@@ -16,7 +16,7 @@ from env.scenarios import (
     ScenarioConfig,
     memory_estimate_gb,
     sample_architecture,
-    sample_problem,
+    sample_scenario,
     zero_shot_starts,
     zoo_family,
 )
@@ -30,7 +30,7 @@ SYNTHETIC = re.compile(r"synthetic-(?P<family>[a-z-]+)-(?P<blocks>\d+)$")
 
 def _draws(config: ScenarioConfig, n: int, seed: int = 0) -> list:
     rng = np.random.default_rng(seed)
-    return [sample_problem(rng, config) for _ in range(n)]
+    return [sample_scenario(rng, config) for _ in range(n)]
 
 
 @pytest.mark.parametrize("config", [ScenarioConfig(), TRAIN_SCENARIO, HELDOUT_SCENARIO, HELDOUT_MIXED_SPEEDS],
@@ -38,7 +38,7 @@ def _draws(config: ScenarioConfig, n: int, seed: int = 0) -> list:
 def test_a_seed_fixes_the_scenario(config: ScenarioConfig) -> None:
     for seed in (0, 7, 123):
         a, b = np.random.default_rng(seed), np.random.default_rng(seed)
-        first, second = sample_problem(a, config), sample_problem(b, config)
+        first, second = sample_scenario(a, config), sample_scenario(b, config)
         assert first == second
         assert a.random() == b.random()  # and consumes the generator the same way
     names = {(p.profile.name, p.devices, p.microbatches, p.cluster.memory_gb) for p in _draws(config, 12)}
@@ -147,7 +147,7 @@ def test_zoo_family_and_the_memory_estimate() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_zero_shot_starts_cost_no_simulator_call(seed: int) -> None:
-    problem = sample_problem(np.random.default_rng(seed), TRAIN_SCENARIO)
+    problem = sample_scenario(np.random.default_rng(seed), TRAIN_SCENARIO)
     ev = Evaluator(problem)
     starts = zero_shot_starts(problem, ev)
     assert ev.calls == 0 and 1 <= len(starts) <= 2

@@ -17,7 +17,7 @@ from pipeline.bounds import lower_bound
 from pipeline.hardware import build_cluster
 from pipeline.schedules import NAMED_METHODS
 from pipeline.simulator import simulate
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import LayerCost, ModelProfile
 
 CLUSTER = build_cluster("h100", devices=8)
@@ -45,14 +45,14 @@ def _bound(profile: ModelProfile) -> float:
 
 
 def test_baselines_never_beat_the_bound(measured_profile: ModelProfile) -> None:
-    rows, _ = compare(Problem(measured_profile, CLUSTER, 16), NAMED_METHODS)
+    rows, _ = compare(Scenario(measured_profile, CLUSTER, 16), NAMED_METHODS)
     assert len(rows) >= 8
     assert all(r["vs_lower_bound"] >= 1.0 for r in rows if r.get("vs_lower_bound") is not None), rows
     assert any(r.get("vs_lower_bound") is not None for r in rows)
 
 
 def test_search_and_simulate_never_beat_the_bound(measured_profile: ModelProfile) -> None:
-    problem = Problem(measured_profile, CLUSTER, 16)
+    problem = Scenario(measured_profile, CLUSTER, 16)
     results = [make_searcher(m).search(problem, budget=Budget(60), seed=0) for m in ("megatron", "zbv", "adaptis")]
     rows = method_rows(results, _bound(measured_profile))
     assert all(r["vs_lower_bound"] >= 1.0 for r in rows if r.get("vs_lower_bound") is not None), rows

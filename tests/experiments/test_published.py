@@ -102,12 +102,13 @@ def test_a_whole_job_row_without_its_degrees_says_why() -> None:
 @needs_dev
 def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts() -> None:
     from experiments.commands.baselines import compare
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
-    problem = Problem(ModelProfile.load(root / "profiles" / "zb-1.5b-stages.json"),
-                      Cluster.load(root / "clusters" / "zb-a100x8-stages.json"), 24, TrainingConfig(runtime="megatron"))
+    problem = Scenario(ModelProfile.load(root / "profiles" / "zb-1.5b-stages.json"),
+                       Cluster.load(root / "clusters" / "zb-a100x8-stages.json"), 24,
+                       TrainingConfig(runtime="megatron"))
     rows, _ = compare(problem, ["1f1b"])
     one_f_one_b = next(r for r in rows if r["method"] == "1f1b")
     per_gpu = 144 / (one_f_one_b["iteration_time"] / 1e3) / 8  # 24 micro-batches of 6 samples, 8 GPUs

@@ -18,10 +18,10 @@ REQUIRED = {"method", "iteration_time", "bubble", "peak_memory_gb", "feasible", 
 
 
 def _problem():
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.spec import Cluster, ModelProfile
 
-    return Problem(ModelProfile.load(PROFILE), Cluster.load(CLUSTER), 8)
+    return Scenario(ModelProfile.load(PROFILE), Cluster.load(CLUSTER), 8)
 
 
 def _json_lines(text: str) -> list[dict]:

@@ -80,14 +80,14 @@ def test_searcher_settings_reach_the_searcher(hetero_profile, h100x4) -> None:
 
 def test_each_trial_is_priced_on_its_runtime_and_so_is_its_reference(hetero_profile, h100x4) -> None:
     from agents.registry import make_searcher
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.spec import TrainingConfig
 
     trials = run_sweep({"runtime": ["ideal", "megatron"]}, profile=hetero_profile, cluster=h100x4,
                        microbatches=8, method="megatron", budget="1", seed=0)
     by_runtime = {t.params["runtime"]: t for t in trials}
     for name, trial in by_runtime.items():
-        alone = make_searcher("megatron").search(Problem(hetero_profile, h100x4, 8, TrainingConfig(runtime=name)),
+        alone = make_searcher("megatron").search(Scenario(hetero_profile, h100x4, 8, TrainingConfig(runtime=name)),
                                                  budget=Budget(1))
         assert trial.iteration_time == pytest.approx(alone.iteration_time)
         assert trial.speedup == pytest.approx(1.0)  # Megatron against itself on the same runtime

@@ -172,14 +172,14 @@ def test_a_file_output_inside_a_file_is_one_line(tmp_path, capsys) -> None:
 ], ids=lambda a: a[0] if isinstance(a, list) else None)
 def test_too_many_microbatches_are_refused_before_any_work(argv, field, tmp_path, capsys, monkeypatch) -> None:
     """`baselines ... --microbatches 100000` grew ~90 MB/s for minutes without a line: now one line at once,
-    before any problem is set up (a Problem or an Evaluator made would fail the test)."""
+    before any problem is set up (a Scenario or an Evaluator made would fail the test)."""
     from experiments.common import MAX_MICROBATCH_DEVICES
-    from pipeline.space import Evaluator, Problem
+    from pipeline.space import Evaluator, Scenario
 
     def work(*_a, **_k) -> None:
         raise AssertionError("work started before the micro-batches were checked")
 
-    monkeypatch.setattr(Problem, "__init__", work)
+    monkeypatch.setattr(Scenario, "__init__", work)
     monkeypatch.setattr(Evaluator, "__init__", work)
     assert main([*argv, "--out", str(tmp_path / "out")] if argv[0] != "baselines" else argv) == 2
     line = _one_error_line(capsys.readouterr().err)

@@ -225,10 +225,10 @@ def test_packing_rejects_bad_input() -> None:
 def test_no_searched_plan_beats_the_packing_bound(hetero_profile, h100x4) -> None:
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
 
     lb = lower_bound(hetero_profile, h100x4, 8)
-    r = AdaptisTuner().search(Problem(hetero_profile, h100x4, 8), budget=Budget(sim_calls=60), seed=0)
+    r = AdaptisTuner().search(Scenario(hetero_profile, h100x4, 8), budget=Budget(sim_calls=60), seed=0)
     assert lb.packing > 0 and r.iteration_time >= lb.value - 1e-9
 
 
@@ -239,13 +239,13 @@ def test_bounds_hold_over_finer_units(granularity: str, shards: int) -> None:
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
     from pipeline.hardware import build_cluster
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
     cluster = build_cluster("h100", devices=4)
     fine = zoo_profile("gemma-small", seq_len=2048, granularity=granularity, head_shards=shards)
     lb = lower_bound(fine, cluster, 16)
-    r = AdaptisTuner().search(Problem(fine, cluster, 16), budget=Budget(sim_calls=40), seed=0)
+    r = AdaptisTuner().search(Scenario(fine, cluster, 16), budget=Budget(sim_calls=40), seed=0)
     assert r.iteration_time >= lb.value - 1e-9
     if shards == 1:
         assert lb.value <= lower_bound(zoo_profile("gemma-small", seq_len=2048), cluster, 16).value + 1e-9

@@ -248,11 +248,11 @@ def test_the_tuner_finds_the_same_plan_on_either_engine(model: str, devices: int
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
     from pipeline.hardware import build_cluster
-    from pipeline.space import Problem
+    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
-    problem = Problem(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),
-                      microbatches)
+    problem = Scenario(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),
+                       microbatches)
     native = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
     with engine.python_reference():
         reference = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)

@@ -16,7 +16,7 @@ from pipeline.exact import device_load_bound, plan_caps, prove
 from pipeline.plan import Action, Plan
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 from tests.conftest import ROOT
 
@@ -134,7 +134,7 @@ def test_seconds_must_be_positive(seconds: float) -> None:
 def test_zb_opt_is_never_slower_than_zb_h2_at_its_memory() -> None:
     profile = _profile([(1.0, 1.0, 0.5)] * 4)
     cluster = Cluster(devices=4, memory_gb=100, memory_reserve_gb=0, latency_us=300, p2p_gbps=100)
-    problem = Problem(profile, cluster, 8, IDEAL)
+    problem = Scenario(profile, cluster, 8, IDEAL)
     h2 = make_searcher("zb-h2").search(problem, budget=Budget(sim_calls=10))
     opt = ZbOptSearcher().search(problem, budget=Budget(sim_calls=None, seconds=5))
     assert opt.ok and opt.feasible and "gap" in opt.note

@@ -12,7 +12,7 @@ from pipeline.plan import Action, Plan, even_partition, sequential_placement
 from pipeline.runtime import IDEAL, RUNTIMES, Runtime, runtime_named
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
-from pipeline.space import Candidate, Evaluator, Problem
+from pipeline.space import Candidate, Evaluator, Scenario
 from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
 
 PLAIN_BLOCKING = Runtime("blocking", "test", blocking_p2p=True)
@@ -77,7 +77,7 @@ def test_overlapped_iterations_take_their_steady_period() -> None:
 
 def test_the_search_sees_the_same_time_as_simulate_under_an_overlapping_runtime() -> None:
     profile, cluster = _profile(), _cluster()
-    problem = Problem(profile, cluster, 8, TrainingConfig(runtime="zb"))
+    problem = Scenario(profile, cluster, 8, TrainingConfig(runtime="zb"))
     ev = Evaluator(problem)
     c = Candidate((2, 2, 2, 2), (0, 1, 2, 3))
     plan, result = ev.evaluate(c)

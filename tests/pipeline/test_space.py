@@ -9,7 +9,7 @@ from pipeline.hardware import build_cluster
 from pipeline.space import (
     Candidate,
     Evaluator,
-    Problem,
+    Scenario,
     make_placement,
     memory_budgets,
     microbatch_bytes,
@@ -24,7 +24,7 @@ from pipeline.zoo import zoo_profile
 def test_memory_budgets_fill_memory_and_fit(kind: str, chunks: int, keeps_graph: bool) -> None:
     profile = zoo_profile("gemma-small", seq_len=4096)
     cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
-    problem = Problem(profile, cluster, 32, TrainingConfig(input_backward_keeps_graph=keeps_graph))
+    problem = Scenario(profile, cluster, 32, TrainingConfig(input_backward_keeps_graph=keeps_graph))
     ev = Evaluator(problem)
     placement = make_placement(kind, 4, chunks)
     sizes = ev.balanced_sizes(placement)
@@ -47,7 +47,7 @@ def _gemma_small_interleaved_at_40_gib():
     where PyTorch's I keeps more than F added."""
     profile = zoo_profile("gemma-small", seq_len=4096)
     cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
-    ev = Evaluator(Problem(profile, cluster, 32))
+    ev = Evaluator(Scenario(profile, cluster, 32))
     placement = make_placement("interleaved", 4, 2)
     sizes = ev.balanced_sizes(placement)
     return ev, placement, sizes, ev.costs(sizes, placement)
@@ -83,7 +83,7 @@ def test_roomy_budgets_size_a_microbatch_by_its_activations_and_hold_back_one_ke
 
 def test_evaluator_device_balanced_sizes_is_cached_and_matches() -> None:
     profile = zoo_profile("gemma-small", seq_len=2048, granularity="sublayer")
-    problem = Problem(profile, build_cluster("h100", devices=4, gpus_per_node=8), 16)
+    problem = Scenario(profile, build_cluster("h100", devices=4, gpus_per_node=8), 16)
     ev = Evaluator(problem)
     placement = make_placement("interleaved", 4, 3)
     got = ev.device_balanced_sizes(placement)
@@ -107,10 +107,11 @@ def test_cut_budgets_keep_whole_microbatches_that_fit():
     """Budgets are cut to the whole micro-batches memory holds after the static share; None when one does not fit."""
     import numpy as np
 
-    from env.scenarios import ScenarioConfig, sample_problem
+    from env.scenarios import ScenarioConfig, sample_scenario
     from pipeline.space import Evaluator, cut_budgets, microbatch_bytes
 
-    problem = sample_problem(np.random.default_rng(3), ScenarioConfig(min_devices=4, max_devices=4, microbatches=(16,)))
+    config = ScenarioConfig(min_devices=4, max_devices=4, microbatches=(16,))
+    problem = sample_scenario(np.random.default_rng(3), config)
     placement = (0, 1, 2, 3)
     costs = Evaluator(problem).costs(Evaluator(problem).balanced_sizes(placement), placement)
     held = microbatch_bytes(costs, placement, 4)
@@ -138,12 +139,12 @@ def test_slow_first_orders_devices_by_speed_and_budgets_follow_their_position():
 def test_the_evaluator_counts_every_call_made_through_it() -> None:
     from pipeline.schedules import build_plan
     from pipeline.simulator import simulate
-    from pipeline.space import Candidate, Evaluator, Problem
+    from pipeline.space import Candidate, Evaluator, Scenario
     from pipeline.spec import Cluster, LayerCost, ModelProfile
 
     profile = ModelProfile("t", tuple(LayerCost(f"l{k}", "block", 1.0, 1.0, 0.5, 10, 100, 100) for k in range(8)))
     cluster = Cluster(devices=4)
-    ev = Evaluator(Problem(profile, cluster, 8))
+    ev = Evaluator(Scenario(profile, cluster, 8))
     plan = build_plan("1f1b", profile, cluster, microbatches=8)
     assert ev.simulate_plan(plan).iteration_time == simulate(plan, profile, cluster).iteration_time
     assert ev.calls == 1

@@ -19,7 +19,7 @@ from pipeline.hardware import build_cluster
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Action, interleaved_placement, v_placement, wave_placement
 from pipeline.schedules import build_plan
-from pipeline.space import Candidate, Problem, balanced_sizes, materialize
+from pipeline.space import Candidate, Scenario, balanced_sizes, materialize
 from pipeline.targets import (
     is_v_placement,
     looped_chunks,
@@ -39,7 +39,7 @@ TOL = 1e-5
 def tiny():
     profile = zoo.zoo_profile("tiny-hybrid")
     cluster = build_cluster("h100", devices=2)
-    return profile, cluster, Problem(profile, cluster, 4)
+    return profile, cluster, Scenario(profile, cluster, 4)
 
 
 def test_what_each_target_runs(tiny) -> None:

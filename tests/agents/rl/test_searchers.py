@@ -14,15 +14,15 @@ from agents.rl.searchers import RLSearcher, RLTunerSearcher, rollout
 from agents.rl.train import TrainConfig, latest_checkpoint, train
 from agents.tuner import AdaptisTuner
 from env.pipeline_env import PipelineEnv
-from env.scenarios import ScenarioConfig, sample_problem
+from env.scenarios import ScenarioConfig, sample_scenario
 from pipeline.errors import ConfigError
-from pipeline.space import Candidate, Evaluator, Problem
+from pipeline.space import Candidate, Evaluator, Scenario
 from pipeline.spec import LayerCost, ModelProfile
 from tests.conftest import ideal_cluster
 
 # A fixed scenario with an obviously bad start: 12 equal layers, 9 of them on device 0.
 _LAYERS = tuple(LayerCost(f"l{i}", "attention+mlp", 1.0, 1.0, 1.0, 1000, 1000, 0) for i in range(12))
-PROBLEM = Problem(ModelProfile("fixed", _LAYERS), ideal_cluster(4), 8)
+PROBLEM = Scenario(ModelProfile("fixed", _LAYERS), ideal_cluster(4), 8)
 BAD_START = Candidate((9, 1, 1, 1), (0, 1, 2, 3), "list", (4.0, 3.0, 2.0, 1.0))
 
 
@@ -74,7 +74,7 @@ def test_saved_policy_plans_other_sizes(trained, devices, blocks, zero_shot):
     out, _ = trained
     cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=blocks, max_blocks=blocks,
                          microbatches=(32,))
-    problem = sample_problem(np.random.default_rng(devices), cfg)
+    problem = sample_scenario(np.random.default_rng(devices), cfg)
     searcher = RLSearcher(policy_path=str(out / "policy.pth"), samples=2, zero_shot=zero_shot)
     res = searcher.search(problem, budget=Budget(400), seed=0)
     assert res.ok and res.plan.devices == devices and res.plan.num_layers == problem.profile.num_layers
@@ -109,7 +109,7 @@ def test_checkpoint_and_resume(trained):
 
 def test_default_policy_and_rl_tuner_within_the_tuner_budget():
     assert DEFAULT_POLICY.is_file() and DEFAULT_POLICY.with_suffix(".json").is_file()
-    problem = sample_problem(np.random.default_rng(99), ScenarioConfig(max_devices=4, max_blocks=16))
+    problem = sample_scenario(np.random.default_rng(99), ScenarioConfig(max_devices=4, max_blocks=16))
     rl = RLSearcher().search(problem, budget=Budget(400), seed=0)
     assert rl.ok and rl.sim_calls <= 40
     both = RLTunerSearcher().search(problem, budget=Budget(120), seed=0)

@@ -21,7 +21,7 @@ from agents.rl.starts import (
     save_ranker,
     scenario_features,
 )
-from env.scenarios import ScenarioConfig, sample_problem
+from env.scenarios import ScenarioConfig, sample_scenario
 from pipeline.errors import ConfigError
 from pipeline.space import Evaluator
 
@@ -29,7 +29,7 @@ from pipeline.space import Evaluator
 def _problem(devices: int = 4, blocks: int = 16, seed: int = 1):
     cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=blocks, max_blocks=blocks,
                          microbatches=(16,))
-    return sample_problem(np.random.default_rng(seed), cfg)
+    return sample_scenario(np.random.default_rng(seed), cfg)
 
 
 def test_arms_are_named_once_and_applicable_ones_are_a_subset():
@@ -204,7 +204,7 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
     from agents.rl.starts import build_arm, fits_by_construction, holds_one_microbatch
     from env.scenarios import HELDOUT_MIXED_SPEEDS
 
-    problem = sample_problem(np.random.default_rng(50016), HELDOUT_MIXED_SPEEDS)
+    problem = sample_scenario(np.random.default_rng(50016), HELDOUT_MIXED_SPEEDS)
     ev = Evaluator(problem)
     overflowing = build_arm("list:interleaved4:devbal:filled", problem, ev)
     assert overflowing is not None and not holds_one_microbatch(overflowing.candidate, ev)

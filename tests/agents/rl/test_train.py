@@ -24,10 +24,10 @@ from agents.rl.train import (
 )
 from env.pipeline_env import PipelineEnv
 from pipeline.errors import ConfigError
-from pipeline.space import Problem
+from pipeline.space import Scenario
 from tests.conftest import ideal_cluster, uniform_profile
 
-PROBLEM = Problem(uniform_profile(8), ideal_cluster(2), 4)
+PROBLEM = Scenario(uniform_profile(8), ideal_cluster(2), 4)
 
 
 def _fixed_env(rank: int = 0) -> PipelineEnv:  # noqa: ARG001
@@ -149,6 +149,6 @@ def test_evaluation_never_reports_the_plan_worse_than_its_start() -> None:
 
 
 def test_tuner_times_are_infinite_where_nothing_fits() -> None:
-    roomy, cramped = PROBLEM, Problem(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
+    roomy, cramped = PROBLEM, Scenario(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
     times = tuner_times([roomy, cramped], calls=10)
     assert np.isfinite(times[0]) and times[0] > 0 and times[1] == float("inf")
