@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from pipeline.plan import Action
@@ -51,10 +52,26 @@ class StageCosts:
     """Time after the last action: the all-reduce of shared weights' gradients across devices
     (head shards on several devices); added to the makespan."""
 
-    @property
+    @cached_property
     def backward(self) -> tuple[float, ...]:
-        """Duration of each stage's fused backward B (read it once per simulation)."""
+        """Duration of each stage's fused backward B (computed once)."""
         return self.fused if self.fused is not None else tuple(a + b for a, b in zip(self.i, self.w))
+
+    @cached_property
+    def _device_activations(self) -> dict[tuple[tuple[int, ...], int], tuple[float, ...]]:
+        return {}
+
+    def device_activations(self, placement: Sequence[int], devices: int) -> tuple[float, ...]:
+        """Activation bytes one micro-batch holds on each device: ``act`` summed, in stage order,
+        over the stages the device runs (computed once per placement)."""
+        key = (tuple(placement), devices)
+        hit = self._device_activations.get(key)
+        if hit is None:
+            per = [0.0] * devices
+            for s, d in enumerate(key[0]):
+                per[d] += self.act[s]
+            hit = self._device_activations[key] = tuple(per)
+        return hit
 
 
 def run_reference(schedule: Sequence[Sequence[Action]], costs: StageCosts, *, devices: int, microbatches: int,

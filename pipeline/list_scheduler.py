@@ -218,7 +218,5 @@ def budget_caps(costs: StageCosts, placement: Sequence[int], devices: int, *,
                 microbatches_per_device: Sequence[float]) -> tuple[float, ...]:
     """Caps in bytes from budgets in micro-batches: one micro-batch on device ``d`` holds the
     activations of every stage ``d`` runs."""
-    per_mb = [0.0] * devices
-    for s, d in enumerate(placement):
-        per_mb[d] += costs.act[s]
+    per_mb = costs.device_activations(placement, devices)
     return tuple(max(1.0, k) * per_mb[d] for d, k in enumerate(microbatches_per_device))

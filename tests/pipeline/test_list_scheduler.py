@@ -86,6 +86,11 @@ def test_budget_caps_are_budgets_times_a_devices_microbatch() -> None:
     caps = budget_caps(costs, placement, 4, microbatches_per_device=(4.0, 2.5, 1.0, 0.0))
     per_mb = [costs.act[d] + costs.act[7 - d] for d in range(4)]
     assert caps == pytest.approx((4.0 * per_mb[0], 2.5 * per_mb[1], per_mb[2], per_mb[3]))  # at least one
+    # a device's micro-batch is summed once per placement: another placement of the same costs gets its own
+    other = tuple(s % 4 for s in range(8))
+    assert budget_caps(costs, other, 4, microbatches_per_device=(1.0,) * 4) == tuple(
+        costs.act[d] + costs.act[d + 4] for d in range(4))
+    assert budget_caps(costs, placement, 4, microbatches_per_device=(4.0, 2.5, 1.0, 0.0)) == caps
 
 
 @pytest.mark.parametrize("p,m,kind", CASES)
