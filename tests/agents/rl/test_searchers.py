@@ -224,9 +224,9 @@ def test_evaluate_agent_mixed_speeds_and_the_index_order_baseline(tmp_path, caps
     from experiments.commands.evaluate_agent import _scenarios
 
     args = argparse.Namespace(models="none", hf_config=[], devices="8", gpu="h100", microbatches=32, heldout=3,
-                              heldout_seed=50014, mixed_speeds=True)
+                              heldout_seed=50014, mixed_speeds=True, runtime=None)
     assert all(max(p.cluster.speeds) > min(p.cluster.speeds) for _, p in _scenarios(args))
-    on_megatron = _scenarios(argparse.Namespace(**vars(args), runtime="megatron"))
+    on_megatron = _scenarios(argparse.Namespace(**{**vars(args), "runtime": "megatron"}))
     assert [p.training.runtime for _, p in on_megatron] == ["megatron"] * 3  # --runtime reaches every scenario
     assert main(["evaluate-agent", "--models", "none", "--heldout", "1", "--heldout-seed", "50016", "--mixed-speeds",
                  "--methods", "rl,rl-index-order", "--out", str(tmp_path), "--json"]) == 0
