@@ -1,6 +1,6 @@
 """The facade over the two engines that run the hot loops: the compiled one
 (``pipeline/_native/engine.cpp``) and the pure-Python reference (:func:`pipeline.event_sim.run_reference`,
-:func:`pipeline.list_scheduler.list_schedule_python`, :func:`pipeline.plan.schedule_problem`).
+:func:`pipeline.list_scheduler.list_schedule_python`, :func:`pipeline.plan.schedule_defect`).
 
 This is the only module that knows there are two: everything else calls the typed functions below,
 and argument packing for the compiled module is private to it. Selected once, at import, by the
@@ -33,7 +33,7 @@ import numpy as np
 from pipeline.errors import PlanError
 from pipeline.event_sim import StageCosts, TimelineEntry, run_reference
 from pipeline.list_scheduler import ListSchedulerConfig, list_schedule_python
-from pipeline.plan import Action, Plan, Schedule, ScheduleProblem, schedule_problem
+from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defect
 
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
            "python_reference", "schedule_arrays", "actions_from_arrays", "simulate_schedule", "list_schedule",
@@ -238,10 +238,10 @@ def schedule_and_simulate_many(jobs: Sequence[ScheduleJob], *, threads: int | No
     return [r if isinstance(r, str) else Outcome(r[0], r[1], tuple(r[2]), tuple(r[3])) for r in raw]
 
 
-def check_schedule(plan: Plan) -> ScheduleProblem | None:
-    """The first structural problem of ``plan.schedule`` (see :func:`pipeline.plan.schedule_problem`)."""
+def check_schedule(plan: Plan) -> ScheduleDefect | None:
+    """The first structural defect of ``plan.schedule`` (see :func:`pipeline.plan.schedule_defect`)."""
     if _native is None:
-        return schedule_problem(plan)
+        return schedule_defect(plan)
     rows, offsets = schedule_arrays(plan.schedule)
     kind, data = _native.check_schedule(plan.devices, plan.microbatches, list(plan.placement), rows, offsets)
     return (kind, tuple(data)) if kind else None

@@ -30,8 +30,8 @@ __all__ = [
     "wave_placement",
     "validate_plan",
     "validate_layout",
-    "schedule_problem",
-    "raise_schedule_problem",
+    "schedule_defect",
+    "raise_schedule_defect",
     "PLAN_VERSION",
 ]
 
@@ -278,9 +278,9 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
     its forward) is checked by the simulator, which names the actions it could not run.
     """
     validate_layout(plan, num_layers=num_layers, devices=devices, source=source)
-    problem = schedule_problem(plan)
+    problem = schedule_defect(plan)
     if problem is not None:
-        raise_schedule_problem(plan, problem, source=source)
+        raise_schedule_defect(plan, problem, source=source)
 
 
 def validate_layout(plan: Plan, *, num_layers: int | None = None, devices: int | None = None,
@@ -319,15 +319,15 @@ def validate_layout(plan: Plan, *, num_layers: int | None = None, devices: int |
                         "of actions per device", source=source, field="schedule")
 
 
-#: A structural problem of a schedule: (kind, data). Kinds and data: ``stage``, ``mb``, ``device``:
+#: A structural defect of a schedule: (kind, data). Kinds and data: ``stage``, ``mb``, ``device``:
 #: (device, flat action index); ``twice``: (device, flat index, first device); ``both``: (stage,
 #: micro-batch, op code of the split half); ``missing``: flat (stage, op code, micro-batch) triples,
 #: at most 9 of them. Op codes: F=0, I=1, W=2, B=3. The compiled engine reports the same.
-ScheduleProblem = tuple[str, tuple[int, ...]]
+ScheduleDefect = tuple[str, tuple[int, ...]]
 
 
-def schedule_problem(plan: Plan) -> ScheduleProblem | None:
-    """The first structural problem of ``plan.schedule`` (the readable reference of the check the
+def schedule_defect(plan: Plan) -> ScheduleDefect | None:
+    """The first structural defect of ``plan.schedule`` (the readable reference of the check the
     compiled engine runs): every action names an existing stage and micro-batch on the device that
     holds the stage, no action twice, and every (stage, micro-batch) has F and either B or I and W."""
     seen: dict[tuple[int, str, int], int] = {}
@@ -367,9 +367,9 @@ def schedule_problem(plan: Plan) -> ScheduleProblem | None:
     return ("missing", tuple(missing)) if missing else None
 
 
-def raise_schedule_problem(plan: Plan, problem: ScheduleProblem, *, source: str = "plan") -> None:
-    """Raise the PlanError that names a :data:`ScheduleProblem`, the actions and the fix."""
-    kind, data = problem
+def raise_schedule_defect(plan: Plan, defect: ScheduleDefect, *, source: str = "plan") -> None:
+    """Raise the PlanError that names a :data:`ScheduleDefect`, the actions and the fix."""
+    kind, data = defect
 
     def action_at(device: int, flat: int) -> Action:
         before = sum(len(acts) for acts in plan.schedule[:device])
@@ -396,5 +396,5 @@ def raise_schedule_problem(plan: Plan, problem: ScheduleProblem, *, source: str 
         message = (f"missing actions {shown}; every stage needs F and B (or I and W) for every "
                    "micro-batch")
     else:
-        raise ValueError(f"unknown schedule problem {kind!r}")
+        raise ValueError(f"unknown schedule defect {kind!r}")
     raise PlanError(message, source=source, field="schedule")

@@ -47,7 +47,7 @@ from pipeline import engine
 from pipeline.errors import PlanError
 from pipeline.event_sim import StageCosts, TimelineEntry
 from pipeline.hardware import memory_bandwidth
-from pipeline.plan import Action, Plan, raise_schedule_problem, validate_layout
+from pipeline.plan import Action, Plan, raise_schedule_defect, validate_layout
 from pipeline.runtime import Runtime, runtime_named
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 
@@ -381,7 +381,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
             validate_layout(plan, num_layers=profile.num_layers, devices=cluster.devices)
             problem = engine.check_schedule(plan)
             if problem is not None:
-                raise_schedule_problem(plan, problem)
+                raise_schedule_defect(plan, problem)
         except PlanError as exc:
             dummy = StageCosts((), (), (), (), (), (), tuple(0.0 for _ in range(P)),
                                tuple(cluster.memory_limits_bytes[:P]) if cluster.devices >= P else

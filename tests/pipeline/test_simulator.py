@@ -180,11 +180,11 @@ def test_throughput_counts_tokens(hetero_profile, h100x4) -> None:
 def test_a_huge_count_is_refused_fast() -> None:
     """A typo such as ``"microbatches": 1e9`` gives an answer at once, not a billion-step loop: the
     check stops after a few missing actions (both engines), and nothing is simulated."""
-    from pipeline.plan import schedule_problem
+    from pipeline.plan import schedule_defect
 
     plan = Plan(2, 10**9, ((0, 1), (1, 2)), (0, 1), [[parse_action("0F0"), parse_action("0B0")],
                                                      [parse_action("1F0"), parse_action("1B0")]])
-    kind, missing = schedule_problem(plan)
+    kind, missing = schedule_defect(plan)
     assert kind == "missing" and len(missing) // 3 <= 10
     assert engine.check_schedule(plan) == (kind, missing)
     r = simulate(plan, uniform_profile(2), ideal_cluster(2))
