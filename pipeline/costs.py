@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.arch import Architecture, LayerSpec, head_shard_tokens
@@ -728,13 +728,27 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
 _UNIT_COSTS: dict[tuple, tuple[LayerCost, int]] = {}
 _UNIT_COSTS_MAX = 8192
 _NOT_SIZES = ("name", "layers", "extra")
+#: Fields a block (its mixer and FFN: ``_block``) never reads: blocks of the same sizes cost the
+#: same under any vocabulary.
+_NOT_BLOCK = (*_NOT_SIZES, "vocab_size", "tie_word_embeddings")
 
 
-def _sizes(arch: Architecture) -> tuple:
-    """Every field of ``arch`` a layer's work can read beside its own spec (the name only labels
-    errors), with their types (``4096`` and ``4096.0`` are equal keys but not equal arithmetic)."""
-    values = tuple(getattr(arch, f) for f in arch.__dataclass_fields__ if f not in _NOT_SIZES)
+def _sizes(arch: Architecture, skip: tuple[str, ...]) -> tuple:
+    """Every field of ``arch`` but ``skip`` (a layer's work reads no more beside its own spec; the
+    name only labels errors), with their types (``4096`` and ``4096.0`` are equal keys but not
+    equal arithmetic)."""
+    values = tuple(getattr(arch, f) for f in arch.__dataclass_fields__ if f not in skip)
     return values + tuple(map(type, values))
+
+
+def _renamed(cost: LayerCost, name: str) -> LayerCost:
+    """``replace(cost, name=name, extra=dict(cost.extra))`` without the constructor's cost."""
+    out = object.__new__(LayerCost)
+    d = out.__dict__
+    d.update(cost.__dict__)
+    d["name"] = name
+    d["extra"] = dict(cost.extra)
+    return out
 
 
 def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_size: int, tp: int,
@@ -743,8 +757,9 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
     per distinct input: the layer's spec, the sizes and degrees, whether the model has a vision
     tower, an MTP layer's mixer, a head shard's name (which its unit fields repeat)."""
     names = _layer_names(arch)
-    context = (_sizes(arch), any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp,
-               options, spec)
+    degrees = (any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp, options, spec)
+    context = (_sizes(arch, _NOT_SIZES), *degrees)
+    blocks = (_sizes(arch, _NOT_BLOCK), *degrees)
     found: dict[tuple, tuple[LayerCost, int]] = {}
     out = []
     for index, layer in enumerate(arch.layers):
@@ -752,17 +767,18 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
                names[index] if layer.shards > 1 else None)
         hit = found.get(key)
         if hit is None:
-            hit = _UNIT_COSTS.get((context, key))
+            full = (blocks if layer.kind == "block" else context, key)
+            hit = _UNIT_COSTS.get(full)
             if hit is None:
                 work = layer_work(arch, index, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
                                   options=options, name=names[index])
                 hit = (layer_cost(work, spec), work.unique_params)
                 if len(_UNIT_COSTS) >= _UNIT_COSTS_MAX:
                     _UNIT_COSTS.clear()
-                _UNIT_COSTS[(context, key)] = hit
+                _UNIT_COSTS[full] = hit
             found[key] = hit
         cost, unique = hit
-        out.append((replace(cost, name=names[index], extra=dict(cost.extra)), unique))
+        out.append((_renamed(cost, names[index]), unique))
     return out
 
 

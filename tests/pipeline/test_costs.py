@@ -292,14 +292,17 @@ def _uncached(arch: Architecture, **kw) -> list[tuple]:
                                 {"options": CostOptions(dropout=True, flash_attention=False)}])
 def test_repeated_layers_are_priced_once_and_exactly_as_alone(kw: dict) -> None:
     """The profile prices each distinct layer once (the models repeat a few blocks; the
-    environments repeat sizes across scenarios): every figure as the layer priced alone, renamed,
-    each layer with its own ``extra``; a model of the same sizes with another name, and the same
-    layers in another order, too."""
+    environments repeat sizes across scenarios; a block's cost does not depend on the vocabulary):
+    every figure as the layer priced alone, renamed, each layer with its own ``extra``; a model of
+    the same sizes with another name or vocabulary, and the same layers in another order, too."""
+    from dataclasses import replace
+
     import pipeline.costs as costs
     from pipeline.arch import refine_architecture
 
     base = load_zoo_architecture("tiny-hybrid")
-    for arch in (base, refine_architecture(base, granularity="sublayer", head_shards=2), ALL_KINDS,
+    other_vocab = replace(base, vocab_size=2 * base.vocab_size, tie_word_embeddings=not base.tie_word_embeddings)
+    for arch in (base, refine_architecture(base, granularity="sublayer", head_shards=2), ALL_KINDS, other_vocab,
                  base.with_layers(base.layers[:1] + tuple(reversed(base.layers[1:-1])) + base.layers[-1:])):
         for cold in (True, False):
             if cold:
@@ -308,8 +311,6 @@ def test_repeated_layers_are_priced_once_and_exactly_as_alone(kw: dict) -> None:
             assert [(c.to_dict(), c.extra) for c in profile.layers] == _uncached(arch, seq_len=128, **kw)
             assert len({id(c.extra) for c in profile.layers}) == profile.num_layers
             assert profile.extra["params_total"] == sum(w.unique_params for w in architecture_work(arch, seq_len=1))
-    from dataclasses import replace
-
     renamed = profile_from_architecture(replace(base, name="other"), seq_len=128, **kw)
     assert renamed.layers == profile_from_architecture(base, seq_len=128, **kw).layers
     with pytest.raises(ConfigError, match="microbatch_size"):  # True == 1 as a key, not as a size
