@@ -1,6 +1,6 @@
 """Training of plan-editing policies (MaskablePPO or PPO) with checkpoints, evaluation and resume.
 
-Reads top to bottom: a :class:`TrainConfig`, vectorised environments (one process each with
+Reads top to bottom: a :class:`PPOConfig`, vectorised environments (one process each with
 ``vec="subproc"``, so both cores step environments), the model (MaskablePPO with the
 size-independent :class:`agents.rl.net.EntityPolicy` by default), callbacks (periodic
 checkpoint, stop-and-save on SIGINT/SIGTERM, periodic evaluation on held-out scenarios
@@ -31,7 +31,7 @@ from agents.rl.policy import ALGOS, old_module_paths, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_scenario
 from pipeline.errors import ConfigError
 
-__all__ = ["TrainConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "train",
+__all__ = ["PPOConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "train",
            "evaluate_policy_on", "latest_checkpoint", "tuner_times"]
 
 
@@ -43,8 +43,8 @@ MAX_WIDTH = 8192
 
 
 @dataclass
-class TrainConfig:
-    """Everything a training run depends on (saved in the policy's metadata). Each field is a flag of
+class PPOConfig:
+    """Everything a PPO training run depends on (saved in the policy's metadata). Each field is a flag of
     ``python -m experiments train`` (its docstring is the flag's help)."""
 
     algo: Literal["maskable-ppo", "ppo"] = "maskable-ppo"
@@ -121,7 +121,7 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _make_env(config: TrainConfig, rank: int) -> Callable[[], Any]:
+def _make_env(config: PPOConfig, rank: int) -> Callable[[], Any]:
     def thunk():
         from env.pipeline_env import PipelineEnv
 
@@ -228,7 +228,7 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
 _HELD_OUT: dict[tuple[int, int], tuple[list, list[float] | None]] = {}
 
 
-def _held_out(config: TrainConfig) -> tuple[list, list[float] | None]:
+def _held_out(config: PPOConfig) -> tuple[list, list[float] | None]:
     """The evaluation scenarios (seeds 10_000 + i of :data:`HELDOUT_SCENARIO`) and the tuner's times on them."""
     if not config.eval_every:
         return [], None
@@ -240,7 +240,7 @@ def _held_out(config: TrainConfig) -> tuple[list, list[float] | None]:
     return _HELD_OUT[key]
 
 
-def _imitate(policy: Any, config: TrainConfig, tracker: Any, out: Path) -> dict[str, Any]:
+def _imitate(policy: Any, config: PPOConfig, tracker: Any, out: Path) -> dict[str, Any]:
     """The imitation phase (:func:`agents.rl.imitation.pretrain`) with held-out evaluations before
     and after it, and of random edits, written to ``eval.jsonl`` (``phase`` column) and W&B."""
     from agents.rl.imitation import ImitationConfig, pretrain
@@ -271,7 +271,7 @@ def _imitate(policy: Any, config: TrainConfig, tracker: Any, out: Path) -> dict[
     return summary
 
 
-def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, bool]):
+def _callbacks(config: PPOConfig, tracker: Any, out: Path, stop: dict[str, bool]):
     from stable_baselines3.common.callbacks import BaseCallback
 
     problems, tuner = _held_out(config)
@@ -327,7 +327,7 @@ def _callbacks(config: TrainConfig, tracker: Any, out: Path, stop: dict[str, boo
     return Periodic()
 
 
-def check_config(config: TrainConfig) -> None:
+def check_config(config: PPOConfig) -> None:
     """Refuse a config that cannot train, before anything starts: a ConfigError naming the flag of
     ``python -m experiments train`` (each field's flag is ``--`` and its name with ``-``)."""
     if config.algo not in ALGOS:
@@ -379,7 +379,7 @@ def check_config(config: TrainConfig) -> None:
                           field="--network")
 
 
-def train(config: TrainConfig, *, tracker: Any = None, logger: Any = None, command: str = "",
+def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command: str = "",
           env_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Train (or resume) a policy; returns a summary (timesteps, seconds, paths).
 

@@ -96,11 +96,11 @@ class _Clock:
 
 def ppo_today(*, timesteps: int, seed: int = 0) -> dict[str, float]:
     """Steps/s of :func:`agents.rl.train.train` with its default configuration (no evaluation)."""
-    from agents.rl.train import TrainConfig, train
+    from agents.rl.train import PPOConfig, train
 
     with tempfile.TemporaryDirectory() as out:
-        config = TrainConfig(timesteps=timesteps, seed=seed, eval_every=0, checkpoint_every=10 * timesteps,
-                             progress_bar=False, out=out)
+        config = PPOConfig(timesteps=timesteps, seed=seed, eval_every=0, checkpoint_every=10 * timesteps,
+                           progress_bar=False, out=out)
         res = train(config)
     return {"steps_per_s": res["timesteps"] / res["seconds"], "seconds": res["seconds"]}
 
@@ -113,11 +113,11 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from stable_baselines3.common.vec_env import VecMonitor
 
     from agents.rl.net import EntityPolicy
-    from agents.rl.train import TrainConfig
+    from agents.rl.train import PPOConfig
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
 
-    c = TrainConfig()
+    c = PPOConfig()
     th.set_num_threads(max(1, c.torch_threads))
     vec = VecMonitor(make_vec_env(n_envs, max_steps=c.max_steps, max_calls=c.max_calls, scenario=TRAIN_SCENARIO,
                                   repeat_scenario=c.repeat_scenario, single_start_share=c.single_start_share,

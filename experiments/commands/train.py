@@ -1,6 +1,6 @@
 """Train a plan-editing policy in adaptis/Pipeline-v0 (MaskablePPO or PPO), with checkpoints.
 
-Every field of agents.rl.train.TrainConfig is a flag (its docstring is the help below).
+Every field of agents.rl.train.PPOConfig is a flag (its docstring is the help below).
 Writes OUT/checkpoints/model_<steps>.zip (every --checkpoint-every steps and on Ctrl-C/SIGTERM),
 OUT/eval.jsonl (held-out evaluation every --eval-every steps), OUT/learning_curve.png, and the
 final OUT/policy.pth + OUT/policy.json (use with: search --method rl --policy OUT/policy.pth).
@@ -87,20 +87,20 @@ RENAME = {"progress_bar": "progress"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`agents.rl.train.TrainConfig` field (:mod:`experiments.dataclass_args`)."""
-    from agents.rl.train import TrainConfig
+    """One flag per :class:`agents.rl.train.PPOConfig` field (:mod:`experiments.dataclass_args`)."""
+    from agents.rl.train import PPOConfig
 
-    add_dataclass_arguments(parser, TrainConfig, rename=RENAME, parsers=PARSERS)
+    add_dataclass_arguments(parser, PPOConfig, rename=RENAME, parsers=PARSERS)
     add_output_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.rl.train import TrainConfig, check_config, train
+    from agents.rl.train import PPOConfig, check_config, train
     from experiments.tracking.hooks import tracked_run
     from experiments.tracking.sb3 import make_sb3_logger
 
     # PPO has no masks: it trains the MLP (the entity network scores only allowed actions).
-    config = dataclass_from_args(TrainConfig, args, network=args.network if args.algo == "maskable-ppo" else "mlp",
+    config = dataclass_from_args(PPOConfig, args, network=args.network if args.algo == "maskable-ppo" else "mlp",
                                  progress_bar=args.progress_bar and sys.stderr.isatty())
     check_config(config)
     output_folder(args.out)

@@ -149,13 +149,13 @@ def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log
 
     SB3's metrics and the evaluation curve go to ``tracker`` (the workflow's ``train`` run).
     """
-    from agents.rl.train import TrainConfig, train
+    from agents.rl.train import PPOConfig, train
     from experiments.tracking.sb3 import make_sb3_logger
 
     n_steps = max(16, min(256, timesteps // 2 // 16 * 16))  # a multiple of 16: every minibatch of min(64, n) is full
-    config = TrainConfig(timesteps=timesteps, seed=seed, n_envs=1, out=str(out), n_steps=n_steps,
-                         batch_size=min(64, n_steps), eval_every=max(n_steps, timesteps // 2), eval_scenarios=2,
-                         checkpoint_every=timesteps, progress_bar=False)
+    config = PPOConfig(timesteps=timesteps, seed=seed, n_envs=1, out=str(out), n_steps=n_steps,
+                       batch_size=min(64, n_steps), eval_every=max(n_steps, timesteps // 2), eval_scenarios=2,
+                       checkpoint_every=timesteps, progress_bar=False)
     log(f"training an RL policy for {timesteps} steps -> {out}")
     summary = train(config, tracker=tracker, logger=make_sb3_logger(tracker, formats=()),
                     command=f"python -m experiments run --train-policy {timesteps}")

@@ -10,7 +10,7 @@ from typing import Literal
 
 import pytest
 
-from agents.rl.train import TrainConfig
+from agents.rl.train import PPOConfig
 from experiments.cli import build_parser, main
 from experiments.commands import train as train_command
 from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args, field_docs
@@ -144,11 +144,11 @@ def _train_parser() -> argparse.ArgumentParser:
 
 def test_every_train_config_field_has_a_documented_flag() -> None:
     actions = {a.dest: a for a in _train_parser()._actions}
-    docs = field_docs(TrainConfig)
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        assert f.name in actions, f"TrainConfig.{f.name} has no flag"
-        assert docs[f.name], f"TrainConfig.{f.name} has no docstring (it is the flag's help)"
+    docs = field_docs(PPOConfig)
+    hints = typing.get_type_hints(PPOConfig)
+    for f in dataclasses.fields(PPOConfig):
+        assert f.name in actions, f"PPOConfig.{f.name} has no flag"
+        assert docs[f.name], f"PPOConfig.{f.name} has no docstring (it is the flag's help)"
         action = actions[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         assert action.default == default, f.name
@@ -168,15 +168,15 @@ def test_the_existing_train_flags_keep_their_names() -> None:
 def test_the_algos_are_the_policy_files_algos() -> None:
     from agents.rl.policy import ALGOS
 
-    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["algo"])) == set(ALGOS)
+    assert set(typing.get_args(typing.get_type_hints(PPOConfig)["algo"])) == set(ALGOS)
 
 
 @pytest.fixture
-def captured(monkeypatch) -> list[TrainConfig]:
+def captured(monkeypatch) -> list[PPOConfig]:
     """The configs ``train`` would have trained (no training runs)."""
     import agents.rl.train
 
-    seen: list[TrainConfig] = []
+    seen: list[PPOConfig] = []
 
     def fake_train(config, **_):
         seen.append(config)
@@ -193,7 +193,7 @@ def test_flags_reach_the_config(captured, tmp_path) -> None:
                  "--n-epochs", "3", "--ent-coef", "0", "--allow-stop", "--single-start-share", "1",
                  "--max-calls", "12", "--eval-every", "0", "--seed", "4294966", "--no-progress", "--out", out]) == 0
     (config,) = captured
-    assert dataclasses.replace(config) == TrainConfig(
+    assert dataclasses.replace(config) == PPOConfig(
         gamma=0.9, batch_size=32, hidden=16, net_arch=[32, 16], n_epochs=3, ent_coef=0.0, allow_stop=True,
         single_start_share=1.0, max_calls=12, eval_every=0, seed=4294966, progress_bar=False, out=out)
 
@@ -240,8 +240,8 @@ def test_values_that_do_not_go_together_are_one_error_line(argv, flag, captured,
 
 
 def test_the_command_uses_the_generator_for_every_field() -> None:
-    """No hand-written add_argument for a TrainConfig field is left in the command."""
+    """No hand-written add_argument for a PPOConfig field is left in the command."""
     import inspect
 
     source = inspect.getsource(train_command.add_arguments)
-    assert "add_dataclass_arguments(parser, TrainConfig" in source and "add_argument(" not in source
+    assert "add_dataclass_arguments(parser, PPOConfig" in source and "add_argument(" not in source

@@ -52,11 +52,11 @@ def test_a_corrupt_start_ranker_is_named(kind: str, tmp_path: Path) -> None:
 
 
 def test_resuming_from_a_corrupt_checkpoint_is_named(tmp_path: Path) -> None:
-    from agents.rl.train import TrainConfig, train
+    from agents.rl.train import PPOConfig, train
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "model_64.zip").write_bytes(b"PK\x03\x04cut short")
-    config = TrainConfig(timesteps=128, n_envs=1, vec="dummy", out=str(tmp_path), resume=True, eval_every=0)
+    config = PPOConfig(timesteps=128, n_envs=1, vec="dummy", out=str(tmp_path), resume=True, eval_every=0)
     with pytest.raises(ConfigError, match=r"field '--resume': checkpoint .*model_64.zip cannot be read"):
         train(config)
 

@@ -11,7 +11,7 @@ import pytest
 from agents.base import Budget
 from agents.rl.policy import DEFAULT_POLICY, load_policy
 from agents.rl.searchers import RLSearcher, RLTunerSearcher, rollout
-from agents.rl.train import TrainConfig, latest_checkpoint, train
+from agents.rl.train import PPOConfig, latest_checkpoint, train
 from agents.tuner import AdaptisTuner
 from env.pipeline_env import PipelineEnv
 from env.scenarios import ScenarioConfig, sample_scenario
@@ -48,8 +48,8 @@ def _episode_gain(policy) -> float:
 def trained(tmp_path_factory) -> tuple[Path, dict]:
     """A tiny MaskablePPO run on the fixed scenario (a few seconds)."""
     out = tmp_path_factory.mktemp("train")
-    config = TrainConfig(timesteps=512, seed=0, n_envs=1, out=str(out), eval_every=0, checkpoint_every=256,
-                         n_steps=128, batch_size=64, learning_rate=3e-3, progress_bar=False, max_steps=1)
+    config = PPOConfig(timesteps=512, seed=0, n_envs=1, out=str(out), eval_every=0, checkpoint_every=256,
+                       n_steps=128, batch_size=64, learning_rate=3e-3, progress_bar=False, max_steps=1)
     summary = train(config, env_fn=_fixed_env)
     return out, summary
 
@@ -98,8 +98,8 @@ def test_policy_metadata_is_checked(trained, tmp_path):
 def test_checkpoint_and_resume(trained):
     out, summary = trained
     assert latest_checkpoint(out).name == "model_512.zip"
-    config = TrainConfig(timesteps=768, seed=0, n_envs=1, out=str(out), eval_every=0, checkpoint_every=256,
-                         n_steps=128, batch_size=64, progress_bar=False, max_steps=1, resume=True)
+    config = PPOConfig(timesteps=768, seed=0, n_envs=1, out=str(out), eval_every=0, checkpoint_every=256,
+                       n_steps=128, batch_size=64, progress_bar=False, max_steps=1, resume=True)
     again = train(config, env_fn=_fixed_env)
     assert again["timesteps"] == 768 and not again["interrupted"]
     assert latest_checkpoint(out).name == "model_768.zip"

@@ -15,7 +15,7 @@ import pytest
 from agents.rl.train import (
     MAX_SEED,
     MAX_WIDTH,
-    TrainConfig,
+    PPOConfig,
     check_config,
     evaluate_policy_on,
     latest_checkpoint,
@@ -38,18 +38,18 @@ def _fixed_env(rank: int = 0) -> PipelineEnv:  # noqa: ARG001
     return Fixed(max_steps=2)
 
 
-def _tiny(out: Path, **changes) -> TrainConfig:
-    return TrainConfig(**{"timesteps": 64, "n_steps": 32, "batch_size": 32, "n_envs": 1, "vec": "dummy",
-                          "eval_every": 0, "checkpoint_every": 32, "progress_bar": False, "out": str(out),
-                          **changes})
+def _tiny(out: Path, **changes) -> PPOConfig:
+    return PPOConfig(**{"timesteps": 64, "n_steps": 32, "batch_size": 32, "n_envs": 1, "vec": "dummy",
+                        "eval_every": 0, "checkpoint_every": 32, "progress_bar": False, "out": str(out),
+                        **changes})
 
 
 def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
-    check_config(TrainConfig())
-    check_config(TrainConfig(ranker_scenarios=9000, imitation_states=20000, timesteps=102400, learning_rate=1e-4,
-                             eval_every=51200, checkpoint_every=51200))
-    check_config(TrainConfig(algo="ppo", network="mlp", seed=MAX_SEED, eval_every=0, gamma=1.0, ent_coef=0.0,
-                             single_start_share=1.0))
+    check_config(PPOConfig())
+    check_config(PPOConfig(ranker_scenarios=9000, imitation_states=20000, timesteps=102400, learning_rate=1e-4,
+                           eval_every=51200, checkpoint_every=51200))
+    check_config(PPOConfig(algo="ppo", network="mlp", seed=MAX_SEED, eval_every=0, gamma=1.0, ent_coef=0.0,
+                           single_start_share=1.0))
 
 
 @pytest.mark.parametrize("changes,flag", [
@@ -85,7 +85,7 @@ def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
     ({"algo": "ppo", "network": "entity"}, "--network"),
 ])
 def test_a_config_that_cannot_train_names_the_flag(changes: dict, flag: str) -> None:
-    config = dataclasses.replace(TrainConfig(), **changes)
+    config = dataclasses.replace(PPOConfig(), **changes)
     with pytest.raises(ConfigError, match=f"field '{flag}'"):
         check_config(config)
 
