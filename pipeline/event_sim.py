@@ -8,9 +8,9 @@ engines: :mod:`pipeline.engine` chooses.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import NamedTuple
 
 from pipeline.plan import Action
@@ -52,25 +52,28 @@ class StageCosts:
     """Time after the last action: the all-reduce of shared weights' gradients across devices
     (head shards on several devices); added to the makespan."""
 
-    @cached_property
+    @property
     def backward(self) -> tuple[float, ...]:
-        """Duration of each stage's fused backward B (computed once)."""
-        return self.fused if self.fused is not None else tuple(a + b for a, b in zip(self.i, self.w))
-
-    @cached_property
-    def _device_activations(self) -> dict[tuple[tuple[int, ...], int], tuple[float, ...]]:
-        return {}
+        """Duration of each stage's fused backward B (computed once; kept beside the fields)."""
+        hit = self.__dict__.get("_backward")
+        if hit is None:
+            hit = self.__dict__["_backward"] = (self.fused if self.fused is not None
+                                                 else tuple(map(operator.add, self.i, self.w)))
+        return hit
 
     def device_activations(self, placement: Sequence[int], devices: int) -> tuple[float, ...]:
         """Activation bytes one micro-batch holds on each device: ``act`` summed, in stage order,
-        over the stages the device runs (computed once per placement)."""
+        over the stages the device runs (computed once per placement; kept beside the fields)."""
+        memo = self.__dict__.get("_device_activations")
+        if memo is None:
+            memo = self.__dict__["_device_activations"] = {}
         key = (tuple(placement), devices)
-        hit = self._device_activations.get(key)
+        hit = memo.get(key)
         if hit is None:
             per = [0.0] * devices
             for s, d in enumerate(key[0]):
                 per[d] += self.act[s]
-            hit = self._device_activations[key] = tuple(per)
+            hit = memo[key] = tuple(per)
         return hit
 
 

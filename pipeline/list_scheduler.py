@@ -219,4 +219,4 @@ def budget_caps(costs: StageCosts, placement: Sequence[int], devices: int, *,
     """Caps in bytes from budgets in micro-batches: one micro-batch on device ``d`` holds the
     activations of every stage ``d`` runs."""
     per_mb = costs.device_activations(placement, devices)
-    return tuple(max(1.0, k) * per_mb[d] for d, k in enumerate(microbatches_per_device))
+    return tuple([max(1.0, k) * per_mb[d] for d, k in enumerate(microbatches_per_device)])
