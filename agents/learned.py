@@ -42,18 +42,18 @@ from pipeline.errors import ConfigError
 from pipeline.simulator import Result
 from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
-__all__ = ["FAMILIES", "FEATURES", "DEFAULT_PRIOR", "FamilyBandit", "MovePrior", "MovePolicy", "move_family",
+__all__ = ["MOVE_FAMILIES", "FEATURES", "DEFAULT_PRIOR", "FamilyBandit", "MovePrior", "MovePolicy", "move_family",
            "move_features", "load_prior", "learned_tuner", "collect_moves", "fit_prior", "train_prior"]
 
 #: The move families, in the plain tuner's order.
-FAMILIES = ("partition", "placement", "budget", "schedule")
+MOVE_FAMILIES = ("partition", "placement", "budget", "schedule")
 #: The phase of :class:`agents.tuner.AdaptisTuner` each family's neighbours come from.
 _PHASE = {"partition": 0, "placement": 1, "budget": 2, "schedule": 2}
 _KNOBS = ("split_backward", "eager_w", "depth_first", "cap_counts_w", "max_pending_w", "recompute", "budgets_none",
           "order")
 #: The prior's input, one number each (see :func:`move_features`).
 FEATURES = (
-    *(f"family:{f}" for f in FAMILIES), "position", "log_neighbours", "units_moved", "d_max_load", "d_load_sq",
+    *(f"family:{f}" for f in MOVE_FAMILIES), "position", "log_neighbours", "units_moved", "d_max_load", "d_load_sq",
     "load_better", "load_worse", "stages_ratio", "budget_delta", "budget_devices", "budget_up_full",
     *(f"knob:{k}" for k in _KNOBS), "bubble_max", "bubble_mean", "memory_max", "stages_per_device", "overflow",
     "fixed_order", "placement_family")
@@ -63,7 +63,7 @@ PRIOR_VERSION = 1
 
 
 def move_family(c: Candidate, n: Candidate) -> str:
-    """The family of the move from ``c`` to ``n`` (one of :data:`FAMILIES`)."""
+    """The family of the move from ``c`` to ``n`` (one of :data:`MOVE_FAMILIES`)."""
     if n.placement != c.placement:
         return "placement"
     if n.sizes != c.sizes:
@@ -107,7 +107,7 @@ class _Context:
 def move_features(c: Candidate, n: Candidate, family: str, *, position: float, count: int, ctx: _Context
                   ) -> list[float]:
     """The numbers :class:`MovePrior` scores a move by, in :data:`FEATURES` order; no simulation."""
-    f = [float(family == x) for x in FAMILIES]
+    f = [float(family == x) for x in MOVE_FAMILIES]
     f += [position, math.log1p(count)]
     moved = 0.5 * sum(abs(a - b) for a, b in zip(n.sizes, c.sizes)) if len(n.sizes) == len(c.sizes) else 0.0
     top = float(ctx.loads.max())
@@ -186,14 +186,14 @@ class FamilyBandit:
     """UCB1 over the move families: the mean is improvements per simulator call (with one prior
     success in two calls), the bonus ``c * sqrt(ln N / n)`` over calls spent; deterministic."""
 
-    def __init__(self, families: Sequence[str] = FAMILIES, *, c: float = 1.0) -> None:
+    def __init__(self, families: Sequence[str] = MOVE_FAMILIES, *, c: float = 1.0) -> None:
         self.c = c
         self.calls = {f: 0 for f in families}
         self.wins = {f: 0.0 for f in families}
 
     def pick(self, open_families: Sequence[str]) -> str:
         total = sum(self.calls.values()) + 1
-        return max(open_families, key=lambda f: (self.score(f, total), -FAMILIES.index(f)))
+        return max(open_families, key=lambda f: (self.score(f, total), -MOVE_FAMILIES.index(f)))
 
     def score(self, family: str, total: int | None = None) -> float:
         total = total if total is not None else sum(self.calls.values()) + 1
@@ -232,7 +232,7 @@ class MovePolicy:
         ctx = _Context.of(current, result, problem)
         made: dict[int, list[Candidate]] = {}
         queues: dict[str, list[Candidate]] = {}
-        open_families = list(FAMILIES)
+        open_families = list(MOVE_FAMILIES)
         while open_families and not clock.spent():
             family = self._bandit.pick(open_families) if self.bandit else open_families[0]
             if family not in queues:

@@ -42,7 +42,7 @@ from pipeline.space import (
 __all__ = [
     "MAX_DEVICES",
     "MAX_STAGES",
-    "FAMILIES",
+    "PLACEMENT_FAMILIES",
     "BUDGET_PRESETS",
     "ACTIONS",
     "N_ACTIONS",
@@ -64,8 +64,8 @@ __all__ = [
 MAX_DEVICES = 32
 MAX_STAGES = 128
 #: Placement families (kind, chunks per device); an action picks one with the DP-balanced split.
-FAMILIES: tuple[tuple[str, int], ...] = (("sequential", 1), ("interleaved", 2), ("interleaved", 3),
-                                         ("interleaved", 4), ("v", 2), ("wave", 3), ("wave", 4))
+PLACEMENT_FAMILIES: tuple[tuple[str, int], ...] = (("sequential", 1), ("interleaved", 2), ("interleaved", 3),
+                                                   ("interleaved", 4), ("v", 2), ("wave", 3), ("wave", 4))
 #: Activation-budget presets (per device, in micro-batches) after the named schedules.
 BUDGET_PRESETS = ("zb-h1", "zb-h2", "zbv", "v-half", "unlimited")
 _MPW = (None, 2, "P")
@@ -90,7 +90,7 @@ def _action_table() -> tuple[Edit, ...]:
     acts = [Edit("stop")]
     acts += [Edit("grow-left", i) for i in range(MAX_STAGES - 1)]
     acts += [Edit("grow-right", i) for i in range(MAX_STAGES - 1)]
-    acts += [Edit("family", k) for k in range(len(FAMILIES))]
+    acts += [Edit("family", k) for k in range(len(PLACEMENT_FAMILIES))]
     acts.append(Edit("rebalance"))
     acts += [Edit("budget-up", d) for d in range(MAX_DEVICES)]
     acts += [Edit("budget-down", d) for d in range(MAX_DEVICES)]
@@ -109,7 +109,7 @@ N_ACTIONS = len(ACTIONS)
 GROW_LEFT = 1
 GROW_RIGHT = GROW_LEFT + MAX_STAGES - 1
 _FAMILY = GROW_RIGHT + MAX_STAGES - 1
-_REBALANCE = _FAMILY + len(FAMILIES)
+_REBALANCE = _FAMILY + len(PLACEMENT_FAMILIES)
 BUDGET_UP = _REBALANCE + 1
 BUDGET_DOWN = BUDGET_UP + MAX_DEVICES
 _ALL_UP = BUDGET_DOWN + MAX_DEVICES
@@ -144,7 +144,7 @@ def _family_placements(devices: int, layers: int) -> tuple[tuple[int, ...] | Non
     if hit is None:
         hit = tuple(make_placement(kind, devices, chunks)
                     if devices * chunks <= min(layers, MAX_STAGES) and (chunks == 1 or devices >= 2) else None
-                    for kind, chunks in FAMILIES)
+                    for kind, chunks in PLACEMENT_FAMILIES)
         _PLACEMENTS[key] = hit
     return hit
 
@@ -160,7 +160,7 @@ def _presets(devices: int) -> tuple[tuple[float, ...] | None, ...]:
 
 
 def family_of(c: Candidate, devices: int) -> int:
-    """Index in :data:`FAMILIES` of the candidate's placement, or -1 for another mapping."""
+    """Index in :data:`PLACEMENT_FAMILIES` of the candidate's placement, or -1 for another mapping."""
     for k, placement in enumerate(_family_placements(devices, c.num_stages)):
         if placement == c.placement:
             return k

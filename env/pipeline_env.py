@@ -11,10 +11,10 @@ from gymnasium import spaces
 
 from env.editor import (
     ACTIONS,
-    FAMILIES,
     MAX_DEVICES,
     MAX_STAGES,
     N_ACTIONS,
+    PLACEMENT_FAMILIES,
     PlanEditor,
     SharedEvaluator,
     family_of,
@@ -48,7 +48,7 @@ DEVICE_FEATURES: tuple[str, ...] = (
 #: Names of the entries of the ``plan`` observation.
 GLOBAL_FEATURES: tuple[str, ...] = (
     "log2(devices)/5", "log2(microbatches)/8", "log2(layers)/8", "chunks/4", "microbatches/stages",
-    *[f"family={k}{c}" for k, c in FAMILIES], "family=other",
+    *[f"family={k}{c}" for k, c in PLACEMENT_FAMILIES], "family=other",
     "split_backward", "eager_w", "depth_first", "cap_counts_w", "pending_w=none", "pending_w=2", "pending_w=P",
     "budgets=unlimited", "log(time/bound)", "log(start/time)", "feasible", "memory_overflow",
     "steps_left", "calls_left", "last_kept", "comm_share", "head_share", "memory_tightness", "multi_node",
@@ -452,7 +452,7 @@ class PipelineEnv(gym.Env):
         np.clip(st, -_CLIP, _CLIP, out=st)
         np.clip(dev, -_CLIP, _CLIP, out=dev)
         fam = family_of(c, P)
-        onehot = [0.0] * (len(FAMILIES) + 1)
+        onehot = [0.0] * (len(PLACEMENT_FAMILIES) + 1)
         onehot[fam] = 1.0
         mpw = c.max_pending_w
         comm_share, head_share, tight, multi, spread = prep.consts

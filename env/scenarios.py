@@ -3,7 +3,7 @@
 A scenario is a :class:`pipeline.space.Scenario` (profile + cluster + micro-batches + memory
 limit). :func:`sample_scenario` draws one from a ``numpy`` generator, so ``env.reset(seed=...)``
 fixes it. Models are either synthetic :class:`pipeline.arch.Architecture` objects of a family
-(:data:`FAMILIES`) or the zoo's models (``experiments/configs/models``), all priced by
+(:data:`MODEL_FAMILIES`) or the zoo's models (``experiments/configs/models``), all priced by
 :func:`pipeline.costs.profile_from_architecture`, so their layer costs have the shapes real
 models have: a vocabulary-heavy embedding and head, MoE layers after dense ones, Mamba or
 linear-attention mixers beside attention, optional multi-token-prediction heads. Clusters span
@@ -28,11 +28,12 @@ from pipeline.hardware import build_cluster
 from pipeline.space import Candidate, Scenario, cut_budgets, make_placement, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
-__all__ = ["FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "HELDOUT_MIXED_SPEEDS",
-           "sample_architecture", "sample_scenario", "memory_estimate_gb", "zero_shot_starts", "zoo_family"]
+__all__ = ["MODEL_FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
+           "HELDOUT_MIXED_SPEEDS", "sample_architecture", "sample_scenario", "memory_estimate_gb", "zero_shot_starts",
+           "zoo_family"]
 
 #: Synthetic model families the generator draws from.
-FAMILIES = ("dense", "sliding", "moe", "hybrid-mamba", "linear-hybrid")
+MODEL_FAMILIES = ("dense", "sliding", "moe", "hybrid-mamba", "linear-hybrid")
 #: The zoo's families (model name prefix -> synthetic family of the same kind).
 ZOO_FAMILIES = {"gemma": "sliding", "deepseek": "moe", "nemotronh": "hybrid-mamba", "llama": "dense"}
 
@@ -64,7 +65,7 @@ class ScenarioConfig:
     """Share of scenarios whose memory limit is set near what a plain 1F1B plan needs."""
     gpus: tuple[str, ...] = ("h100", "a100", "h200")
     """GPU presets."""
-    families: tuple[str, ...] = FAMILIES
+    families: tuple[str, ...] = MODEL_FAMILIES
     """Synthetic families to draw from."""
     zoo_models: tuple[str, ...] = ()
     """Zoo models to draw from as well (``zoo_share`` of the draws)."""
@@ -100,7 +101,7 @@ def _choice(rng: np.random.Generator, options: tuple | list):
     return options[int(rng.integers(len(options)))]
 
 
-def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tuple[str, ...] = FAMILIES
+def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tuple[str, ...] = MODEL_FAMILIES
                         ) -> Architecture:
     """A random heterogeneous architecture with ``blocks`` repeated layers plus embedding and head."""
     family = _choice(rng, families)

@@ -81,7 +81,7 @@ def _fused_case_ratio() -> dict[str, Any]:
 
 
 def _grid(against: Path | None) -> list[dict[str, Any]]:
-    from experiments.commands.reproduce import FAMILIES, SIZES
+    from experiments.commands.reproduce import PAPER_MODELS, SIZES
 
     other = None
     if against is not None:
@@ -90,7 +90,7 @@ def _grid(against: Path | None) -> list[dict[str, Any]]:
         sys.modules["other_bounds"] = other
         spec.loader.exec_module(other)  # type: ignore[union-attr]
     rows = []
-    for family in FAMILIES:
+    for family in PAPER_MODELS:
         for size, devices in SIZES.items():
             for seq in (2048, 4096):
                 profile = zoo_profile(f"{family}-{size}", gpu="h100", seq_len=seq)

@@ -30,7 +30,7 @@ from pipeline.space import Scenario
 from pipeline.targets import TARGETS
 from pipeline.zoo import zoo_profile
 
-FAMILIES = ("gemma", "deepseek", "nemotronh")
+PAPER_MODELS = ("gemma", "deepseek", "nemotronh")
 SIZES = {"small": 4, "medium": 8, "large": 16}
 
 
@@ -108,7 +108,7 @@ def write_outputs(out: Path, cases: list[dict[str, Any]], command: str) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", default=",".join(PAPER_MODELS))
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--seq-lens", default="2048,4096")
     parser.add_argument("--gpu", default="h100")

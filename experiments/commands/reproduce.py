@@ -39,7 +39,7 @@ from pipeline.zoo import zoo_profile
 NAME = "reproduce"
 HELP = "run the paper's grid (3 families x 3 sizes x 2 sequence lengths) and compare with its figures"
 
-FAMILIES = ("gemma", "deepseek", "nemotronh")
+PAPER_MODELS = ("gemma", "deepseek", "nemotronh")
 SIZES = {"small": 4, "medium": 8, "large": 16}
 #: AdaPtis speedups over I-1F1B from the authors' published plotting data: (family, seq) -> small/medium/large.
 PAPER = {
@@ -52,7 +52,7 @@ DEFAULT_METHODS = ("megatron", "i1f1b-v2", "1f1b", "zb-h1", "zb-h2", "zbv", "v-h
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated model families")
+    parser.add_argument("--families", default=",".join(PAPER_MODELS), help="comma-separated model families")
     parser.add_argument("--sizes", default=",".join(SIZES), help="small (4 devices), medium (8), large (16)")
     parser.add_argument("--seq-lens", default="2048,4096", help="comma-separated sequence lengths")
     parser.add_argument("--gpu", default="h100", help="GPU preset for the analytic costs")
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     families = _split(args.families)
     sizes = _split(args.sizes)
     for f in families:
-        if f not in FAMILIES:
-            raise ConfigError(f"unknown family {f!r}; use {', '.join(FAMILIES)}", field="--families")
+        if f not in PAPER_MODELS:
+            raise ConfigError(f"unknown family {f!r}; use {', '.join(PAPER_MODELS)}", field="--families")
     for s in sizes:
         if s not in SIZES:
             raise ConfigError(f"unknown size {s!r}; use {', '.join(SIZES)}", field="--sizes")

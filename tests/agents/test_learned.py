@@ -14,8 +14,8 @@ import agents.base
 from agents.base import Budget
 from agents.learned import (
     DEFAULT_PRIOR,
-    FAMILIES,
     FEATURES,
+    MOVE_FAMILIES,
     FamilyBandit,
     MovePolicy,
     MovePrior,
@@ -129,7 +129,7 @@ def test_bandit_prefers_a_family_that_keeps_improving() -> None:
         bandit.update("budget", calls=4, gain=0.01)
         for f in ("partition", "placement", "schedule"):
             bandit.update(f, calls=4, gain=0.0)
-    assert bandit.pick(FAMILIES) == "budget"
+    assert bandit.pick(MOVE_FAMILIES) == "budget"
     assert bandit.pick(["partition", "schedule"]) in ("partition", "schedule")  # only among the open ones
     # a family never tried gets its turn before one that spent many calls for nothing
     fresh = FamilyBandit()
@@ -164,5 +164,5 @@ def test_collect_moves_labels_the_tuners_moves(gemma4: Scenario) -> None:
     X, y = collect_moves([gemma4], calls=300)
     assert X.shape[1] == len(FEATURES) and len(X) == len(y) > 20
     assert 0 < y.sum() < len(y) and np.isfinite(X).all()
-    fam = X[:, :len(FAMILIES)]
+    fam = X[:, :len(MOVE_FAMILIES)]
     assert (fam.sum(axis=1) == 1).all() and math.isclose(float(fam.max()), 1.0)

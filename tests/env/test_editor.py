@@ -9,13 +9,13 @@ from env.editor import (
     ACTIONS,
     BUDGET_DOWN,
     BUDGET_UP,
-    FAMILIES,
     GLOBAL_ACTIONS,
     GROW_LEFT,
     GROW_RIGHT,
     MAX_DEVICES,
     MAX_STAGES,
     N_ACTIONS,
+    PLACEMENT_FAMILIES,
     Edit,
     PlanEditor,
     SharedEvaluator,
@@ -60,7 +60,7 @@ def test_the_action_table_has_one_entry_per_edit() -> None:
     assert set(GLOBAL_ACTIONS).isdisjoint(per_item) and set(GLOBAL_ACTIONS) | per_item == set(range(N_ACTIONS))
     assert len(set(ACTIONS)) == N_ACTIONS
     assert str(Edit("stop")) == "stop" and str(Edit("family", 2)) == "family(2)"
-    assert sum(e.kind == "family" for e in ACTIONS) == len(FAMILIES)
+    assert sum(e.kind == "family" for e in ACTIONS) == len(PLACEMENT_FAMILIES)
 
 
 def test_start_takes_the_best_starting_plan() -> None:
@@ -71,7 +71,7 @@ def test_start_takes_the_best_starting_plan() -> None:
     assert editor.best == editor.current and editor.best_result is editor.result
     assert editor.plan.num_layers == PROFILE.num_layers and editor.best_plan == editor.plan
     for c in starts:
-        kind, chunks = FAMILIES[family_of(c, PROBLEM.devices)]
+        kind, chunks = PLACEMENT_FAMILIES[family_of(c, PROBLEM.devices)]
         assert len(c.placement) == chunks * PROBLEM.devices
     with pytest.raises(PlanError, match="no starting candidate"):
         PlanEditor(PROBLEM).start([])

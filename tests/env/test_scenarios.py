@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from env.scenarios import (
-    FAMILIES,
     HELDOUT_MIXED_SPEEDS,
     HELDOUT_SCENARIO,
+    MODEL_FAMILIES,
     TRAIN_SCENARIO,
     ScenarioConfig,
     memory_estimate_gb,
@@ -62,7 +62,7 @@ def test_default_draws_stay_in_their_ranges() -> None:
         assert p.profile.num_layers in (blocks + 2, blocks + 3)  # embedding and head, maybe an MTP layer
         assert p.profile.layers[0].kind == "embedding" and p.profile.layers[-1].kind == "head"
         assert p.cluster.gpus_per_node is None and len(set(p.cluster.speeds)) == 1
-    assert {SYNTHETIC.match(p.profile.name)["family"] for p in draws} == set(FAMILIES)
+    assert {SYNTHETIC.match(p.profile.name)["family"] for p in draws} == set(MODEL_FAMILIES)
 
 
 def test_microbatch_counts_and_the_work_cap() -> None:
@@ -115,7 +115,7 @@ def test_training_never_draws_what_is_held_out() -> None:
             assert p.profile.name in HELDOUT_SCENARIO.zoo_models
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", MODEL_FAMILIES)
 def test_each_family_has_its_layer_shapes(family: str) -> None:
     rng = np.random.default_rng(5)
     for _ in range(5):

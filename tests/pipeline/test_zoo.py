@@ -10,7 +10,7 @@ from experiments.common import DEFAULT_MODEL, resolve_profile
 from pipeline.errors import ConfigError
 from pipeline.zoo import ZOO_DIR, list_models, load_zoo_architecture, zoo_config_path, zoo_profile
 
-FAMILIES = {  # name: (hidden, blocks)
+PAPER_MODEL_SIZES = {  # name: (hidden, blocks)
     "gemma-small": (1536, 32), "gemma-medium": (1536, 64), "gemma-large": (1536, 128),
     "deepseek-small": (2048, 16), "deepseek-medium": (2048, 32), "deepseek-large": (2048, 64),
     "nemotronh-small": (1024, 28), "nemotronh-medium": (1024, 56), "nemotronh-large": (1024, 112),
@@ -19,7 +19,7 @@ FAMILIES = {  # name: (hidden, blocks)
 
 def test_the_zoo_lists_the_papers_models_and_the_controls() -> None:
     assert ZOO_DIR.is_dir()
-    assert set(FAMILIES) | {"llama-control", "tiny-hybrid"} <= set(list_models())
+    assert set(PAPER_MODEL_SIZES) | {"llama-control", "tiny-hybrid"} <= set(list_models())
     assert DEFAULT_MODEL in list_models()
 
 
@@ -34,7 +34,7 @@ def test_every_zoo_model_loads_and_builds_a_profile(name: str) -> None:
     assert profile.layers[0].kind == "embedding" and profile.layers[-1].kind == "head"
 
 
-@pytest.mark.parametrize("name,sizes", FAMILIES.items())
+@pytest.mark.parametrize("name,sizes", PAPER_MODEL_SIZES.items())
 def test_paper_families_have_the_papers_sizes(name: str, sizes: tuple[int, int]) -> None:
     arch = load_zoo_architecture(name)
     assert (arch.hidden_size, arch.num_blocks) == sizes
