@@ -130,6 +130,7 @@ def _with(c: Candidate, **changes) -> Candidate:
     out = _new(Candidate)
     d = out.__dict__
     d.update(c.__dict__)
+    d.pop("_hash", None)  # the hash of c's fields (Candidate.__hash__)
     d.update(changes)
     return out
 

@@ -70,6 +70,22 @@ class Candidate:
     recompute: tuple[bool, ...] | None = None
     """Per stage: recompute its activations in the backward (see ``Plan.recompute``); None: none."""
 
+    def __hash__(self) -> int:
+        """The dataclass's own hash (of every field, in order), computed once and kept beside the
+        fields: searches and the environments look each candidate up in several caches. A copy that
+        changes a field must not carry it (``env.editor._with`` drops it; pickles leave it out)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.sizes, self.placement, self.order, self.budgets,
+                                               self.split_backward, self.eager_w, self.depth_first,
+                                               self.max_pending_w, self.cap_counts_w, self.recompute))
+        return h
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)  # strings hash differently in another process
+        return state
+
     @property
     def num_stages(self) -> int:
         return len(self.sizes)

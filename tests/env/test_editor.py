@@ -225,3 +225,15 @@ def test_an_editor_decides_the_same_with_a_shared_evaluator() -> None:
 def test_too_many_devices_is_refused() -> None:
     with pytest.raises(PlanError, match=f"at most {MAX_DEVICES} devices"):
         PlanEditor(Scenario(uniform_profile(64), ideal_cluster(MAX_DEVICES + 1), 64))
+
+
+def test_the_fast_copies_do_not_carry_the_hash() -> None:
+    """``_with`` copies a candidate's fields without its constructor; the kept hash of the
+    original (``Candidate.__hash__``) must not come along with the changed fields."""
+    from env.editor import _with
+
+    c = Candidate((2, 3), (0, 1), budgets=(1.0, 2.0))
+    hash(c)
+    moved = _with(c, sizes=(3, 2))
+    assert hash(moved) == hash(Candidate((3, 2), (0, 1), budgets=(1.0, 2.0))) != hash(c)
+    assert moved in {Candidate((3, 2), (0, 1), budgets=(1.0, 2.0))}

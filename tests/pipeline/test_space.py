@@ -153,3 +153,16 @@ def test_the_evaluator_counts_every_call_made_through_it() -> None:
     found = other.result(c)
     assert ev.cached(c) is None and ev.adopt(c, found) is found
     assert ev.calls == 2 and ev.known(c) and ev.call_number(c) == 2 and ev.result(c) is found and ev.calls == 2
+
+
+def test_a_candidates_hash_is_the_dataclass_hash_kept_once() -> None:
+    """Candidate keeps the hash of its fields (what the dataclass would give) beside them; a
+    pickle or a copy leaves it out."""
+    import copy
+    import pickle
+    from dataclasses import fields
+
+    c = Candidate((2, 3), (0, 1), budgets=(1.0, 2.0), recompute=(False, True))
+    assert hash(c) == hash(tuple(getattr(c, f.name) for f in fields(c))) and "_hash" in c.__dict__
+    for other in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c), copy.copy(c)):
+        assert other == c and "_hash" not in other.__dict__ and hash(other) == hash(c)
