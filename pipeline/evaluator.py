@@ -12,6 +12,7 @@ from pipeline.budgets import memory_budgets, roomy_budgets
 from pipeline.candidates import Candidate, Scenario, list_config, materialize, objective_key
 from pipeline.engine import Outcome, ScheduleJob, schedule_and_simulate_many
 from pipeline.errors import PlanError
+from pipeline.event_sim import iteration_time
 from pipeline.plan import Plan, partition_from_sizes
 from pipeline.runtime import runtime_named
 from pipeline.simulator import Result, StageCosts, simulate, stage_costs
@@ -204,7 +205,7 @@ class Evaluator:
             _, makespan, busy, peak = job.outcome
             costs = job.costs
             static = costs.static_bytes
-            res = Result(True, None, makespan + costs.post_step, tuple(busy),
+            res = Result(True, None, iteration_time(costs, makespan, busy), tuple(busy),
                          tuple(static[d] + peak[d] for d in range(p.devices)),
                          costs.memory_limit, p.microbatches * p.profile.tokens_per_microbatch,
                          p.profile.seconds_per_unit, p.profile.time_unit, [], devices=p.devices)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from pipeline.plan import Action
 
-__all__ = ["TimelineEntry", "StageCosts", "run_reference"]
+__all__ = ["TimelineEntry", "StageCosts", "run_reference", "iteration_time"]
 
 
 class TimelineEntry(NamedTuple):
@@ -51,6 +51,8 @@ class StageCosts:
     post_step: float = 0.0
     """Time after the last action: the all-reduce of shared weights' gradients across devices
     (head shards on several devices); added to the makespan."""
+    contention: float = 0.0
+    """The profile's ``compute_contention``: see :func:`iteration_time`."""
 
     @property
     def backward(self) -> tuple[float, ...]:
@@ -181,3 +183,17 @@ def run_reference(schedule: Sequence[Sequence[Action]], costs: StageCosts, *, de
         timeline.sort(key=lambda e: (e.device, e.start))
     return done >= total, makespan, busy, peak, ptr, timeline
 
+
+def iteration_time(costs: StageCosts, makespan: float, busy: Sequence[float]) -> float:
+    """The iteration time of a simulated schedule: its makespan, then ``post_step``, plus what
+    compute contention between devices of one host adds (``costs.contention``, 0 for GPUs).
+
+    While two devices compute at once each runs ``1 + contention`` times slower. The schedule's
+    time when devices compute together, ``sum(busy) - makespan`` over ``devices - 1`` (exact for
+    two devices that are never idle together; a mean for more), is stretched by that factor; the
+    schedule itself is the uncontended one's (a first-order model: the Gantt chart shows the
+    schedule, the iteration time carries the stretch)."""
+    if costs.contention <= 0 or len(busy) < 2:
+        return makespan + costs.post_step
+    together = max(0.0, sum(busy) - makespan) / (len(busy) - 1)
+    return makespan + costs.post_step + costs.contention * together

@@ -238,6 +238,10 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
     PlanError for a plan the simulator refuses."""
     if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
         raise ConfigError(f"must be a number of seconds above 0, got {seconds!r}", field="--seconds")
+    if profile.compute_contention:
+        raise ConfigError(f"the profile prices compute contention between devices ({profile.compute_contention:g}), "
+                          "which the exact model does not; prove a plan on a profile without it "
+                          "(compute_contention 0, as GPU profiles are)", field="compute_contention")
     t0 = time.perf_counter()
     base = simulate(plan, profile, cluster, training=training, record_timeline=False)
     if not base.valid:

@@ -45,7 +45,7 @@ from typing import Any
 
 from pipeline import engine
 from pipeline.errors import PlanError
-from pipeline.event_sim import StageCosts, TimelineEntry
+from pipeline.event_sim import StageCosts, TimelineEntry, iteration_time
 from pipeline.hardware import memory_bandwidth
 from pipeline.plan import Action, Plan, raise_schedule_defect, validate_layout
 from pipeline.runtime import Runtime, runtime_named
@@ -228,7 +228,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         comm = [0.0] * len(comm)
     static = [x + y for x, y in zip(static, transient)]
     return StageCosts(tuple(f), tuple(i), tuple(w), tuple(act), tuple(keep), tuple(comm), tuple(static),
-                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post)
+                      cluster.memory_limits_bytes, tuple(fused) if measured_b else None, post,
+                      profile.compute_contention)
 
 
 def optimizer_step_seconds(params_held: Sequence[float], cluster: Cluster, *, runtime: Runtime,
@@ -401,7 +402,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
     static = costs.static_bytes
     if runtime_named(training.runtime).overlap_iterations:
         makespan = steady_period(costs, plan.schedule, devices=P, microbatches=M, makespan=makespan)
-    makespan += costs.post_step  # the shared weights' gradient all-reduce and the runtime's step
+    makespan = iteration_time(costs, makespan, busy)  # + the gradient all-reduce, the step, contention
     return Result(True, None, makespan, tuple(busy), tuple(static[d] + peak[d] for d in range(P)),
                   costs.memory_limit, tokens, profile.seconds_per_unit, profile.time_unit, timeline, devices=P)
 

@@ -234,11 +234,17 @@ class ModelProfile:
     runtime posting the send and the receive, and the transport's copies competing with compute
     (gloo's threads on a CPU). Added to the action that sends and to the action that receives.
     0 for analytic profiles; fitted from replays by ``executor.fidelity.calibrate``."""
+    compute_contention: float = 0.0
+    """How much slower a device computes while another device of the same host computes too
+    (dimensionless): CPU ranks sharing a machine's cores, caches and memory bandwidth. The
+    simulator adds ``compute_contention x`` the time devices compute at once (the busy time beyond
+    the makespan, over ``devices - 1``) to the iteration time. 0 for GPUs, whose compute does not
+    share SMs across devices; fitted from replays by ``executor.fidelity.calibrate``."""
 
     def __post_init__(self) -> None:
         if not self.layers:
             raise ProfileError("a profile needs at least one layer", source=self.name, field="layers")
-        for name in ("action_overhead", "transfer_overhead"):
+        for name in ("action_overhead", "transfer_overhead", "compute_contention"):
             o = getattr(self, name)
             if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or o < 0:
                 raise ProfileError(f"must be a number >= 0, got {o!r}", source=self.name, field=name)
@@ -271,6 +277,8 @@ class ModelProfile:
             out["action_overhead"] = self.action_overhead
         if self.transfer_overhead:
             out["transfer_overhead"] = self.transfer_overhead
+        if self.compute_contention:
+            out["compute_contention"] = self.compute_contention
         out.update(self.extra)
         out["layers"] = [layer.to_dict() for layer in self.layers]
         return out
@@ -294,7 +302,7 @@ class ModelProfile:
         if not isinstance(name, str):
             raise ProfileError("must be a string", source=source, field="name")
         known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "action_overhead", "transfer_overhead",
-                 "layers"}
+                 "compute_contention", "layers"}
         costs = tuple(LayerCost.from_dict(layer, source=source) for layer in layers)
         _warn_unknown_layer_fields(layers, source)
         return cls(
@@ -309,6 +317,8 @@ class ModelProfile:
                                     default=0.0),
             transfer_overhead=_number(raw, "transfer_overhead", error=ProfileError, source=source, minimum=0,
                                       default=0.0),
+            compute_contention=_number(raw, "compute_contention", error=ProfileError, source=source, minimum=0,
+                                       default=0.0),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
