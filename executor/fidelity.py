@@ -25,7 +25,8 @@ from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
-           "runtime_profile", "fit_runtime_scales", "fit_kind_scales", "fit_overheads", "fit_action_overhead",
+           "runtime_profile", "fit_runtime_scales", "fit_contention", "fit_kind_scales", "fit_overheads",
+           "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
            "rank_agreement", "fidelity_summary"]
 
@@ -57,6 +58,8 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
         profile = replace(profile, action_overhead=float(k["overhead"]))
     if "transfer" in k:
         profile = replace(profile, transfer_overhead=float(k["transfer"]))
+    if "contention" in k:
+        profile = replace(profile, compute_contention=float(k["contention"]))
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
     for s, (start, end) in enumerate(plan.partition):
@@ -104,6 +107,63 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
             measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
             predicted[key] = predicted.get(key, 0.0) + per_stage[stage][op]
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
+
+
+def _overlap_events(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                    runs: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, float]]:
+    """Every measured action as (scale key, profiled time, measured time, overlap): the share of its
+    time other devices computed too (their overlapping compute over its duration and the other
+    devices' count), from the replay's timeline (ranks' clocks aligned by the step's barrier)."""
+    ms_per_unit = profile.seconds_per_unit * 1e3
+    out = []
+    for (_, plan), run in zip(named_plans, runs):
+        base = runtime_profile(profile, plan)
+        events = run["timeline"]["events"]
+        by_device: dict[int, list[tuple[float, float]]] = {}
+        for e in events:
+            by_device.setdefault(e["device"], []).append((e["start"], e["end"]))
+        others = max(1, plan.devices - 1)
+        for e in events:
+            stage, op, _ = parse_action(e["action"])
+            start, end = plan.partition[stage]
+            ls = base.layers[start:end]
+            prof = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
+                    "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}[op]
+            dur = e["end"] - e["start"]
+            if prof <= 0 or dur <= 0:
+                continue
+            together = sum(max(0.0, min(e["end"], b) - max(e["start"], a))
+                           for d, spans in by_device.items() if d != e["device"] for a, b in spans)
+            out.append((_scale_key(stage, op), prof, dur / ms_per_unit, min(1.0, together / (dur * others))))
+    return out
+
+
+def fit_contention(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                   runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The compute contention (key ``"contention"``, :attr:`pipeline.spec.ModelProfile.compute_contention`)
+    and the per-operation factors beside it that best explain every measured action's time as
+    ``factor x profiled x (1 + contention x overlap)`` (least squared relative error; contention on
+    a grid of 0.01 over 0-1, each factor the ratio of sums for it). The factors are then the
+    operations' speeds with no other device computing; ``contention`` 0 gives
+    :func:`fit_runtime_scales`'s."""
+    events = _overlap_events(named_plans, profile, runs)
+    if not events:
+        return {}
+
+    def factors(c: float) -> dict[str, float]:
+        num: dict[str, float] = {}
+        den: dict[str, float] = {}
+        for key, prof, dur, ov in events:
+            num[key] = num.get(key, 0.0) + dur
+            den[key] = den.get(key, 0.0) + prof * (1 + c * ov)
+        return {key: num[key] / den[key] for key in SCALE_KEYS if den.get(key, 0.0) > 0}
+
+    def misfit(c: float) -> float:
+        k = factors(c)
+        return sum(((dur - k[key] * prof * (1 + c * ov)) / dur) ** 2 for key, prof, dur, ov in events)
+
+    best = min((c / 100 for c in range(101)), key=misfit)
+    return factors(best) | {"contention": best}
 
 
 #: Shrinkage of a layer kind's own factor toward its operation's (ridge weight, relative to the
@@ -198,12 +258,14 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
-              runs: Sequence[dict[str, Any]], kinds: bool = False) -> dict[str, float]:
+              runs: Sequence[dict[str, Any]], kinds: bool = False, contention: bool = False) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
-    all the time between actions, as before the per-transfer term existed."""
-    scales = fit_runtime_scales(named_plans, profile, runs)
+    all the time between actions, as before the per-transfer term existed. ``contention``: the
+    factors and the compute contention from :func:`fit_contention` instead."""
+    scales = fit_contention(named_plans, profile, runs) if contention else {}
+    scales = scales or fit_runtime_scales(named_plans, profile, runs)
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
@@ -261,6 +323,7 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
         layers.append(replace(layer, f=layer.f * kk["F"], b=layer.b * kk["I"], w=layer.w * kk["W"], extra=extra))
     return replace(profile, layers=tuple(layers), action_overhead=float(k.get("overhead", profile.action_overhead)),
                    transfer_overhead=float(k.get("transfer", profile.transfer_overhead)),
+                   compute_contention=float(k.get("contention", profile.compute_contention)),
                    extra={**profile.extra, "runtime_scales": {key: round(v, 6) for key, v in k.items()}})
 
 
@@ -321,12 +384,12 @@ def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
 def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                     runs: Sequence[dict[str, Any]],
                     calibration: tuple[Sequence[tuple[str, Plan]], Sequence[dict[str, Any]]] | None = None,
-                    kinds: bool = False) -> list[PlanComparison]:
+                    kinds: bool = False, contention: bool = False) -> list[PlanComparison]:
     """Predictions whose calibration never saw the predicted plan. With ``calibration`` (other
     plans and their runs), :func:`calibrate` fits on those and predicts every plan; without,
     leave one plan out (each plan predicted from the others; needs at least two plans)."""
     if calibration is not None:
-        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1], kinds=kinds)
+        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1], kinds=kinds, contention=contention)
         return compare_plans(named_plans, profile, cluster, runs=runs, scales=scales)
     if len(named_plans) < 2:
         raise ValueError("cross-validation needs at least two replayed plans")
@@ -334,7 +397,7 @@ def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     for k, item in enumerate(named_plans):
         others = [j for j in range(len(named_plans)) if j != k]
         scales = calibrate([named_plans[j] for j in others], profile, cluster, runs=[runs[j] for j in others],
-                           kinds=kinds)
+                           kinds=kinds, contention=contention)
         out += compare_plans([item], profile, cluster, runs=[runs[k]], scales=scales)
     return out
 

@@ -11,7 +11,8 @@ plans in the measured order (every pair, and the pairs the measurement itself re
 by each third of the timed steps), twice: from the per-layer profile alone ("profile"), and calibrated
 on the random plans' replays only ("calibrated": a factor per kind of operation and the
 per-action and per-transfer overheads, executor.fidelity.calibrate; "+ per kind": the same with a
-factor per operation and layer kind as well, fit_kind_scales, off by default; the benchmark plans
+factor per operation and layer kind as well, fit_kind_scales, off by default; "+ contention": the
+factors and the compute contention between the ranks from fit_contention; the benchmark plans
 never inform their own predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
@@ -34,6 +35,7 @@ if str(ROOT) not in sys.path:
 from executor.fidelity import (  # noqa: E402
     PlanComparison,
     block_medians,
+    calibrate,
     calibration_plans,
     compare_plans,
     cross_validated,
@@ -157,12 +159,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     cv_summary = fidelity_summary(cv)
     per_kind = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs), kinds=True)
     per_kind_summary = fidelity_summary(per_kind)
+    contended = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs), contention=True)
+    contended_summary = fidelity_summary(contended)
+    fitted = calibrate(calib, profile, cluster, runs=calib_runs, contention=True)
     factors = stage_factors(plans + calib, profile, result["runs"]) if args.stage_factors else None
     if args.json:
         print(json.dumps({"plans": [c.row() for c in comps], **summary, **({"stage_factors": factors} if factors
                                                                            else {}),
                           "calibrated": {"plans": [c.row() for c in cv], **cv_summary},
                           "calibrated_per_kind": {"plans": [c.row() for c in per_kind], **per_kind_summary},
+                          "calibrated_contention": {"plans": [c.row() for c in contended], **contended_summary,
+                                                    "contention": fitted.get("contention")},
                           "p2p": result["p2p"]}))
         return 0
     print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each, {args.lowering} receives), "
@@ -170,16 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
     rows = [{**a.row(), "spread_pct": _spread_pct(a), "calibrated_ms": b.predicted,
-             "calibrated_error_pct": 100 * b.error} for a, b in zip(comps, cv)]
+             "calibrated_error_pct": 100 * b.error, "contention_ms": c.predicted, "contention_error_pct": 100 * c.error}
+            for a, b, c in zip(comps, cv, contended)]
     print_table(rows, ["plan", "measured_ms", "spread_pct", "predicted_ms", "error_pct", "calibrated_ms",
-                       "calibrated_error_pct"])
-    print(f"calibrated on {len(calib)} random plans replayed in the same job")
+                       "calibrated_error_pct", "contention_ms", "contention_error_pct"])
+    print(f"calibrated on {len(calib)} random plans replayed in the same job; + contention: compute contention "
+          f"{fitted.get('contention', 0):.2f} between the two ranks, fitted on the same replays")
     if factors:
         print("measured compute / profiled, per stage and operation (stage s, op, layers a:b):")
         for name, row in factors.items():
             print(f"  {name:14} " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()))
     print(f"measured order  {' < '.join(summary['measured_order'])}")
-    for label, s in (("profile", summary), ("calibrated", cv_summary), ("+ per kind", per_kind_summary)):
+    for label, s in (("profile", summary), ("calibrated", cv_summary), ("+ per kind", per_kind_summary),
+                     ("+ contention", contended_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
               f"predicted order {' < '.join(s['predicted_order'])} "
               f"({s['concordant_pairs']}/{s['pairs']} pairs agree, ties within 2% skipped; "
