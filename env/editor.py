@@ -452,10 +452,11 @@ class PlanEditor:
             tried, known = self.tried, self.ev.known
             index: dict[Candidate, list[int]] = {}
             allowed = np.zeros(N_ACTIONS, dtype=bool)
+            hc = hash(c)
             for a, t in enumerate(out):
                 if t is None:
                     continue
-                if t == c or (tried and t in tried) or known(t):
+                if (hash(t) == hc and t == c) or (tried and t in tried) or known(t):  # (equal ones hash alike)
                     out[a] = None
                     continue
                 index.setdefault(t, []).append(a)
