@@ -235,14 +235,16 @@ def balanced_sizes(profile: ModelProfile, placement: Sequence[int], cluster: Clu
         if by is None:
             by = scaled[sp] = span / sp
         vals = np.maximum(best[s - 1, s:s + n, None], by[s:s + n, s + 1:s + 1 + n])
-        if not finite:
-            vals[ended] = inf
+        if finite:  # the least value is the first least one's
+            np.add(vals.argmin(axis=0), s, out=arg[s, s + 1:s + 1 + n])
+            vals.min(axis=0, out=best[s, s + 1:s + 1 + n])
+            continue
+        vals[ended] = inf
         k = vals.argmin(axis=0)
         top = vals[k, cols]
         best[s, s + 1:s + 1 + n] = top
         k += s
-        if not finite:
-            k[top == inf] = 0  # a column with no finite split: argmin's first row, as over every row
+        k[top == inf] = 0  # a column with no finite split: argmin's first row, as over every row
         arg[s, s + 1:s + 1 + n] = k
     sizes, j = [], L
     for s in range(S - 1, 0, -1):
