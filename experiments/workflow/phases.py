@@ -265,5 +265,6 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
             measured_timeline=comp.measured_timeline, predicted_timeline=tl, loss=comp.run.get("loss"),
             measured_iteration_times=comp.run.get("measured_iteration_times"), predicted_same_job_ms=again_ms)
         refitted = "" if again_ms is None else f" ({again_ms:.4g} ms calibrated in this job)"
-        log(f"  {o.method:<10} measured {comp.measured:.4g} ms (all timed steps), predicted {m.predicted_runtime_ms:.4g} ms{refitted}")
+        log(f"  {o.method:<10} measured {comp.measured:.4g} ms (all timed steps), "
+            f"predicted {m.predicted_runtime_ms:.4g} ms{refitted}")
     return measured, None
