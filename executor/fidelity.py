@@ -25,7 +25,7 @@ from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
-           "runtime_profile", "fit_runtime_scales", "fit_contention", "fit_kind_scales", "fit_overheads",
+           "runtime_profile", "fit_runtime_scales", "fit_kind_scales", "fit_overheads",
            "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
            "rank_agreement", "fidelity_summary"]
@@ -109,63 +109,6 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
-def _overlap_events(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
-                    runs: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, float]]:
-    """Every measured action as (scale key, profiled time, measured time, overlap): the share of its
-    time other devices computed too (their overlapping compute over its duration and the other
-    devices' count), from the replay's timeline (ranks' clocks aligned by the step's barrier)."""
-    ms_per_unit = profile.seconds_per_unit * 1e3
-    out = []
-    for (_, plan), run in zip(named_plans, runs):
-        base = runtime_profile(profile, plan)
-        events = run["timeline"]["events"]
-        by_device: dict[int, list[tuple[float, float]]] = {}
-        for e in events:
-            by_device.setdefault(e["device"], []).append((e["start"], e["end"]))
-        others = max(1, plan.devices - 1)
-        for e in events:
-            stage, op, _ = parse_action(e["action"])
-            start, end = plan.partition[stage]
-            ls = base.layers[start:end]
-            prof = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
-                    "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}[op]
-            dur = e["end"] - e["start"]
-            if prof <= 0 or dur <= 0:
-                continue
-            together = sum(max(0.0, min(e["end"], b) - max(e["start"], a))
-                           for d, spans in by_device.items() if d != e["device"] for a, b in spans)
-            out.append((_scale_key(stage, op), prof, dur / ms_per_unit, min(1.0, together / (dur * others))))
-    return out
-
-
-def fit_contention(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
-                   runs: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """The compute contention (key ``"contention"``, :attr:`pipeline.spec.ModelProfile.compute_contention`)
-    and the per-operation factors beside it that best explain every measured action's time as
-    ``factor x profiled x (1 + contention x overlap)`` (least squared relative error; contention on
-    a grid of 0.01 over 0-1, each factor the ratio of sums for it). The factors are then the
-    operations' speeds with no other device computing; ``contention`` 0 gives
-    :func:`fit_runtime_scales`'s."""
-    events = _overlap_events(named_plans, profile, runs)
-    if not events:
-        return {}
-
-    def factors(c: float) -> dict[str, float]:
-        num: dict[str, float] = {}
-        den: dict[str, float] = {}
-        for key, prof, dur, ov in events:
-            num[key] = num.get(key, 0.0) + dur
-            den[key] = den.get(key, 0.0) + prof * (1 + c * ov)
-        return {key: num[key] / den[key] for key in SCALE_KEYS if den.get(key, 0.0) > 0}
-
-    def misfit(c: float) -> float:
-        k = factors(c)
-        return sum(((dur - k[key] * prof * (1 + c * ov)) / dur) ** 2 for key, prof, dur, ov in events)
-
-    best = min((c / 100 for c in range(101)), key=misfit)
-    return factors(best) | {"contention": best}
-
-
 #: Shrinkage of a layer kind's own factor toward its operation's (ridge weight, relative to the
 #: kind's own data): a kind seen in few stages keeps close to the shared factor.
 KIND_SHRINKAGE = 0.25
@@ -215,20 +158,24 @@ def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
 
 def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                   runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None,
-                  transfers: bool = True) -> dict[str, float]:
+                  transfers: bool = True, contention: bool = False) -> dict[str, float]:
     """The per-action overhead (``"overhead"``) and the per-transfer-end overhead (``"transfer"``,
     :attr:`pipeline.spec.ModelProfile.transfer_overhead`), profile time unit, that make the simulated
     iteration times of the replayed plans closest to the measured ones (least squared relative
     error), by Gauss-Newton steps from zero (the simulated time is piecewise linear in both).
     Measured action timelines cover compute only, so what the runtime spends between actions and on transfers
-    shows up here. ``transfers=False`` fits the per-action overhead alone."""
+    shows up here. ``transfers=False`` fits the per-action overhead alone. ``contention`` fits the
+    compute contention between devices as well (``"contention"``,
+    :attr:`pipeline.spec.ModelProfile.compute_contention`): how much the iteration time of the plans
+    whose devices compute together more exceeds what the per-operation factors, which average
+    over every replayed action, predict."""
     from pipeline.simulator import simulate
 
     ms_per_unit = profile.seconds_per_unit * 1e3
     targets = [(plan, run["measured_iteration_time"] / ms_per_unit) for (_, plan), run in zip(named_plans, runs)]
     if not targets:
         return {"overhead": 0.0} | ({"transfer": 0.0} if transfers else {})
-    base = {key: v for key, v in (scales or {}).items() if key not in ("overhead", "transfer")}
+    base = {key: v for key, v in (scales or {}).items() if key not in ("overhead", "transfer", "contention")}
 
     measured = np.array([m for _, m in targets])
 
@@ -236,12 +183,12 @@ def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
         return np.array([simulate(plan, runtime_profile(profile, plan, base | values), cluster, validate=False,
                                   record_timeline=False).iteration_time for plan, _ in targets])
 
-    keys = ["overhead", "transfer"] if transfers else ["overhead"]
+    keys = (["overhead", "transfer"] if transfers else ["overhead"]) + (["contention"] if contention else [])
     x = np.zeros(len(keys))
-    h = 1e-3 * float(measured.min())
+    h = np.array([1e-3 if key == "contention" else 1e-3 * float(measured.min()) for key in keys])  # unitless / time
     for _ in range(8):  # Gauss-Newton on the relative errors: times are piecewise linear in the overheads
         now = predict(dict(zip(keys, x)))
-        jac = np.stack([(predict(dict(zip(keys, x + h * np.eye(len(keys))[k]))) - now) / h
+        jac = np.stack([(predict(dict(zip(keys, x + h[k] * np.eye(len(keys))[k]))) - now) / h[k]
                         for k in range(len(keys))], axis=1) / measured[:, None]
         step, *_ = np.linalg.lstsq(jac, (measured - now) / measured, rcond=None)
         new = np.maximum(0.0, x + step)
@@ -263,13 +210,13 @@ def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cl
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
     all the time between actions, as before the per-transfer term existed. ``contention``: the
-    factors and the compute contention from :func:`fit_contention` instead."""
-    scales = fit_contention(named_plans, profile, runs) if contention else {}
-    scales = scales or fit_runtime_scales(named_plans, profile, runs)
+    compute contention between devices too (``"contention"``, fitted with the overheads)."""
+    scales = fit_runtime_scales(named_plans, profile, runs)
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
-    fitted = fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=both)
+    fitted = fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=both,
+                           contention=contention and len(named_plans) >= 3)
     return scales | {"transfer": 0.0} | fitted
 
 

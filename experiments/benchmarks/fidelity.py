@@ -12,7 +12,7 @@ by each third of the timed steps), twice: from the per-layer profile alone ("pro
 on the random plans' replays only ("calibrated": a factor per kind of operation and the
 per-action and per-transfer overheads, executor.fidelity.calibrate; "+ per kind": the same with a
 factor per operation and layer kind as well, fit_kind_scales, off by default; "+ contention": the
-factors and the compute contention between the ranks from fit_contention; the benchmark plans
+same with the compute contention between the ranks fitted with the overheads; the benchmark plans
 never inform their own predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]

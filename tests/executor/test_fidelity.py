@@ -215,35 +215,18 @@ def test_per_kind_factors_move_toward_each_kinds_own_and_help_the_fit() -> None:
         calibrate(plans, profile, cluster, runs=runs))
 
 
-def test_contention_is_read_from_actions_that_overlap_the_other_ranks_compute() -> None:
-    from executor.fidelity import fit_contention
-    from pipeline.plan import Plan
-    from pipeline.spec import LayerCost
-
-    # Every F profiled at 10 ms; measured at 1.5x alone and 1.5 x 1.2 x while the other rank computes.
-    profile = ModelProfile("p", (LayerCost("a", "x", 10, 1, 1, 0, 0, 0), LayerCost("b", "x", 10, 1, 1, 0, 0, 0)))
-    schedule = [[parse_action("0F0"), parse_action("0F1")], [parse_action("1F0"), parse_action("1F1")]]
-    plan = Plan(2, 2, ((0, 1), (1, 2)), (0, 1), schedule)
-    events = [{"device": 0, "action": "0F0", "start": 0.0, "end": 15.0},  # alone
-              {"device": 0, "action": "0F1", "start": 15.0, "end": 33.0},  # beside 1F0
-              {"device": 1, "action": "1F0", "start": 15.0, "end": 33.0},  # beside 0F1
-              {"device": 1, "action": "1F1", "start": 33.0, "end": 48.0}]  # alone
-    runs = [{"measured_iteration_time": 48.0, "timeline": {"time_unit": "ms", "devices": 2, "events": events}}]
-    fitted = fit_contention([("p", plan)], profile, runs)
-    assert fitted["contention"] == pytest.approx(0.2)
-    assert fitted["F"] == pytest.approx(1.5)
-    assert fit_runtime_scales([("p", plan)], profile, runs)["F"] == pytest.approx(66 / 40)  # one factor: the mean
-    assert calibrated_profile(profile, fitted).compute_contention == pytest.approx(0.2)
-
-
-def test_calibrate_with_contention_prices_dense_plans_slower() -> None:
+def test_calibrate_with_contention_recovers_it_and_leaves_it_off_by_default() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
-    calib = calibration_plans(profile, cluster, 4, count=6, seed=1)
-    runs = _runs_with(TRUE_SCALES | {"overhead": 0.05}, calib, profile, cluster)
-    with_c = calibrate(calib, profile, cluster, runs=runs, contention=True)
-    assert "contention" in with_c and 0 <= with_c["contention"] <= 1
+    calib = calibration_plans(profile, cluster, 4, count=8, seed=1)
+    truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2, "contention": 0.3}
+    runs = _runs_with(truth, calib, profile, cluster)
+    fitted = calibrate(calib, profile, cluster, runs=runs, contention=True)
+    assert fitted["contention"] == pytest.approx(0.3, rel=0.05)
+    assert fitted["transfer"] == pytest.approx(0.2, rel=0.1)
+    assert calibrated_profile(profile, fitted).compute_contention == fitted["contention"]
     assert "contention" not in calibrate(calib, profile, cluster, runs=runs)  # off by default
-    plan = calib[0][1]
-    busy = simulate(plan, runtime_profile(profile, plan, with_c | {"contention": 0.0}), cluster)
-    stretched = simulate(plan, runtime_profile(profile, plan, with_c | {"contention": 0.5}), cluster)
-    assert stretched.iteration_time == pytest.approx(busy.iteration_time + 0.5 * (sum(busy.busy) - busy.iteration_time))
+    plans = named_plans(4)
+    unseen = _runs_with(truth, plans, profile, cluster)
+    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs),
+                                                contention=True))
+    assert held_out["max_abs_error_pct"] < 1.0
