@@ -75,7 +75,7 @@ GROUPS = {
     "search": ("microbatches", "methods", "budget", "max_seconds", "seed", "perturb_moves", "policy",
                "train_policy"),
     "replay (this machine only)": ("replay", "steps", "choose", "candidates", "warmup", "profile_repeats",
-                                   "calibration_plans", "threads", "timeout"),
+                                   "calibration_plans", "contention", "threads", "timeout"),
 }
 
 

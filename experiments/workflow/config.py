@@ -92,6 +92,9 @@ class WorkflowConfig:
     """Timed repeats per layer when profiling."""
     calibration_plans: int = 6
     """Random plans replayed on this machine to calibrate the profile before the search (0: none)."""
+    contention: bool = False
+    """Calibrate the compute contention between the local ranks too (they share this machine's
+    cores and memory; docs/fidelity.md), so the search prices plans whose ranks compute together."""
     threads: int = 1
     """Torch threads per rank."""
     timeout: float = 900.0

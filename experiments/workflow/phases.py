@@ -98,9 +98,10 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
 
 def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int, count: int, seed: int,
                    steps: int, warmup: int, threads: int, timeout: float, granularity: str = "layer",
-                   head_shards: int = 1, log: Log = print) -> Costs:
+                   head_shards: int = 1, contention: bool = False, log: Log = print) -> Costs:
     """Replay ``count`` random plans (:func:`executor.fidelity.calibration_plans`) on this machine
-    and return ``costs`` with the fitted runtime scales and per-action overhead. If the job fails,
+    and return ``costs`` with the fitted runtime scales and per-action overhead (and, with
+    ``contention``, the compute contention between the ranks). If the job fails,
     ``costs`` come back unchanged with no scales (the search then uses the per-layer profile)."""
     from dataclasses import replace
 
@@ -120,12 +121,13 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
     except (LaunchError, AdaptisError) as exc:
         log(f"calibration skipped: {exc}")
         return costs
-    scales = calibrate(plans, profile, cluster, runs=result["runs"])
+    scales = calibrate(plans, profile, cluster, runs=result["runs"], contention=contention)
     to_ms = profile.seconds_per_unit * 1e3
     log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items()
-                                           if k not in ("overhead", "transfer"))
+                                           if k not in ("overhead", "transfer", "contention"))
         + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms"
-        + f", per transfer end {scales.get('transfer', 0.0) * to_ms:.3f} ms")
+        + f", per transfer end {scales.get('transfer', 0.0) * to_ms:.3f} ms"
+        + (f", compute contention {scales['contention']:.3f}" if "contention" in scales else ""))
     return replace(costs, scales=scales)
 
 
@@ -219,7 +221,7 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
 
 def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
            threads: int, timeout: float, granularity: str = "layer", head_shards: int = 1,
-           calibration: Sequence[tuple[str, Plan]] = (),
+           calibration: Sequence[tuple[str, Plan]] = (), contention: bool = False,
            log: Log = print) -> tuple[dict[str, Measurement], str | None]:
     """Run the plans of ``outcomes`` in one ``torchrun`` job and measure them.
 
@@ -251,7 +253,7 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
                           scales=costs.scales)
     same_job = [None] * len(comps)
     if calibration:
-        refit = calibrate(calibration, profile, costs.cluster, runs=calibration_runs)
+        refit = calibrate(calibration, profile, costs.cluster, runs=calibration_runs, contention=contention)
         same_job = [c.predicted * to_ms for c in compare_plans([(o.method, o.plan) for o in outcomes], profile,
                                                                costs.cluster, runs=runs, scales=refit)]
     measured: dict[str, Measurement] = {}

@@ -218,7 +218,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         costs = calibrate_here(costs, model=cfg.model, scale=cfg.scale, microbatches=microbatches,
                                count=cfg.calibration_plans, seed=cfg.seed, steps=cfg.steps, warmup=cfg.warmup,
                                threads=cfg.threads, timeout=cfg.timeout, granularity=cfg.granularity,
-                               head_shards=cfg.head_shards, log=log)
+                               head_shards=cfg.head_shards, contention=cfg.contention, log=log)
     seconds["costs"] = time.perf_counter() - t0
     cluster = costs.cluster
     profile = costs.search_profile
@@ -291,7 +291,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         measured, failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
                                   warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout,
                                   granularity=cfg.granularity, head_shards=cfg.head_shards, calibration=again,
-                                  log=log)
+                                  contention=cfg.contention, log=log)
         if failed:
             notes.append(failed)
         if measured and cfg.choose == "measured":
