@@ -25,7 +25,7 @@ from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
-           "runtime_profile", "fit_runtime_scales", "fit_kind_scales", "fit_overheads",
+           "runtime_profile", "fit_runtime_scales", "fit_kind_scales", "overlap_shares", "uncontended", "fit_overheads",
            "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
            "rank_agreement", "fidelity_summary"]
@@ -156,6 +156,42 @@ def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     return out
 
 
+def overlap_shares(named_plans: Sequence[tuple[str, Plan]], runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per kind of operation (keys :data:`SCALE_KEYS`), the share of its measured time during which
+    the other devices computed too (their overlapping compute over its duration and the other
+    devices' count, summed over every action of the replays; the ranks' clocks are aligned by the
+    step's barrier): how much contention the per-operation factors of those replays average in."""
+    together: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for (_, plan), run in zip(named_plans, runs):
+        events = run["timeline"]["events"]
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for e in events:
+            spans.setdefault(e["device"], []).append((e["start"], e["end"]))
+        others = max(1, plan.devices - 1)
+        for e in events:
+            stage, op, _ = parse_action(e["action"])
+            key = _scale_key(stage, op)
+            overlap = sum(max(0.0, min(e["end"], b) - max(e["start"], a))
+                          for d, ds in spans.items() if d != e["device"] for a, b in ds)
+            together[key] = together.get(key, 0.0) + overlap / others
+            total[key] = total.get(key, 0.0) + e["end"] - e["start"]
+    return {key: together[key] / total[key] for key in total if total[key] > 0}
+
+
+def uncontended(scales: Mapping[str, float], shares: Mapping[str, float], contention: float) -> dict[str, float]:
+    """``scales`` with each operation's factor (and its layer kinds', ``"B@head"``) divided by
+    ``1 + contention x`` its :func:`overlap_shares` share: the factors of an action no other device
+    computes beside, which the simulator's contention term then stretches where devices compute at
+    once (:func:`pipeline.event_sim.iteration_time`)."""
+    out = dict(scales)
+    for key, v in scales.items():
+        op = key.split("@")[0]
+        if op in SCALE_KEYS:
+            out[key] = v / (1 + contention * shares.get(op, 0.0))
+    return out
+
+
 def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                   runs: Sequence[dict[str, Any]], scales: Mapping[str, float] | None = None,
                   transfers: bool = True, contention: bool = False) -> dict[str, float]:
@@ -166,9 +202,9 @@ def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     Measured action timelines cover compute only, so what the runtime spends between actions and on transfers
     shows up here. ``transfers=False`` fits the per-action overhead alone. ``contention`` fits the
     compute contention between devices as well (``"contention"``,
-    :attr:`pipeline.spec.ModelProfile.compute_contention`): how much the iteration time of the plans
-    whose devices compute together more exceeds what the per-operation factors, which average
-    over every replayed action, predict."""
+    :attr:`pipeline.spec.ModelProfile.compute_contention`), with ``scales`` taken as the replays'
+    average factors and made :func:`uncontended` for each value tried; the caller applies the
+    same to ``scales`` with the fitted value (:func:`calibrate` does)."""
     from pipeline.simulator import simulate
 
     ms_per_unit = profile.seconds_per_unit * 1e3
@@ -178,9 +214,11 @@ def fit_overheads(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     base = {key: v for key, v in (scales or {}).items() if key not in ("overhead", "transfer", "contention")}
 
     measured = np.array([m for _, m in targets])
+    shares = overlap_shares(named_plans, runs) if contention else {}
 
     def predict(values: dict[str, float]) -> np.ndarray:
-        return np.array([simulate(plan, runtime_profile(profile, plan, base | values), cluster, validate=False,
+        factors = uncontended(base, shares, values["contention"]) if contention else base
+        return np.array([simulate(plan, runtime_profile(profile, plan, factors | values), cluster, validate=False,
                                   record_timeline=False).iteration_time for plan, _ in targets])
 
     keys = (["overhead", "transfer"] if transfers else ["overhead"]) + (["contention"] if contention else [])
@@ -210,13 +248,16 @@ def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cl
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
     all the time between actions, as before the per-transfer term existed. ``contention``: the
-    compute contention between devices too (``"contention"``, fitted with the overheads)."""
+    compute contention between devices too (``"contention"``, fitted with the overheads; the
+    per-operation factors then are :func:`uncontended`)."""
     scales = fit_runtime_scales(named_plans, profile, runs)
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
     fitted = fit_overheads(named_plans, profile, cluster, runs=runs, scales=scales, transfers=both,
                            contention=contention and len(named_plans) >= 3)
+    if "contention" in fitted:
+        scales = uncontended(scales, overlap_shares(named_plans, runs), fitted["contention"])
     return scales | {"transfer": 0.0} | fitted
 
 

@@ -215,18 +215,33 @@ def test_per_kind_factors_move_toward_each_kinds_own_and_help_the_fit() -> None:
         calibrate(plans, profile, cluster, runs=runs))
 
 
+def _contended(runs: list[dict], contention: float) -> list[dict]:
+    """The runs with each action as long as contention makes it: stretched by ``contention`` times
+    the share of it the other device computed beside (the iteration times already carry it)."""
+    out = []
+    for run in runs:
+        events = run["timeline"]["events"]
+        stretched = []
+        for e in events:
+            beside = sum(max(0.0, min(e["end"], o["end"]) - max(e["start"], o["start"]))
+                         for o in events if o["device"] != e["device"])
+            stretched.append({**e, "end": e["end"] + contention * beside})
+        out.append({**run, "timeline": {**run["timeline"], "events": stretched}})
+    return out
+
+
 def test_calibrate_with_contention_recovers_it_and_leaves_it_off_by_default() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
     calib = calibration_plans(profile, cluster, 4, count=8, seed=1)
     truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2, "contention": 0.3}
-    runs = _runs_with(truth, calib, profile, cluster)
+    runs = _contended(_runs_with(truth, calib, profile, cluster), 0.3)
     fitted = calibrate(calib, profile, cluster, runs=runs, contention=True)
     assert fitted["contention"] == pytest.approx(0.3, rel=0.05)
     assert fitted["transfer"] == pytest.approx(0.2, rel=0.1)
     assert calibrated_profile(profile, fitted).compute_contention == fitted["contention"]
     assert "contention" not in calibrate(calib, profile, cluster, runs=runs)  # off by default
     plans = named_plans(4)
-    unseen = _runs_with(truth, plans, profile, cluster)
+    unseen = _contended(_runs_with(truth, plans, profile, cluster), 0.3)
     held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs),
                                                 contention=True))
     assert held_out["max_abs_error_pct"] < 1.0
