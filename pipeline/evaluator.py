@@ -36,7 +36,8 @@ class Evaluator:
         self._cache: dict[Candidate, Result] = {}
         self._plans: dict[Candidate, Plan] = {}
         self._costs: dict[tuple[tuple[int, ...], tuple[int, ...]], StageCosts] = {}
-        self._balanced: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._balanced: dict[tuple, tuple[int, ...]] = {}
+        """Placement, or ``("speeds", the stages' speeds)``, -> the DP-balanced split."""
         self._device_balanced: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
         self._call_numbers: dict[Candidate, int] = {}
         # Overlapped iterations are timed on the order itself (simulator.steady_period): plans are built.
@@ -94,11 +95,20 @@ class Evaluator:
         return hit
 
     def balanced_sizes(self, placement: tuple[int, ...]) -> tuple[int, ...]:
-        """:func:`balanced_sizes` of the problem for ``placement`` (cached)."""
+        """:func:`balanced_sizes` of the problem for ``placement`` (cached, by placement and by the
+        speeds of its stages, all the split depends on: on a cluster of one speed, every placement
+        of as many stages has the same split)."""
         hit = self._balanced.get(placement)
         if hit is None:
             p = self.problem
-            hit = self._balanced[placement] = balanced_sizes(p.profile, placement, p.cluster)
+            speeds = p.cluster.speeds
+            if len(placement) > p.profile.num_layers or not all(0 <= d < len(speeds) for d in placement):
+                return balanced_sizes(p.profile, placement, p.cluster)  # its error, or its answer
+            key = ("speeds", tuple([speeds[d] for d in placement]))
+            hit = self._balanced.get(key)
+            if hit is None:
+                hit = self._balanced[key] = balanced_sizes(p.profile, placement, p.cluster)
+            self._balanced[placement] = hit
         return hit
 
     def device_balanced_sizes(self, placement: tuple[int, ...], start: tuple[int, ...] | None = None

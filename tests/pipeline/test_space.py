@@ -166,3 +166,27 @@ def test_a_candidates_hash_is_the_dataclass_hash_kept_once() -> None:
     assert hash(c) == hash(tuple(getattr(c, f.name) for f in fields(c))) and "_hash" in c.__dict__
     for other in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c), copy.copy(c)):
         assert other == c and "_hash" not in other.__dict__ and hash(other) == hash(c)
+
+
+def test_the_evaluators_splits_are_shared_by_placements_of_the_same_stage_speeds(monkeypatch) -> None:
+    """The DP-balanced split depends on the stages' speeds only: on a cluster of one speed the
+    evaluator runs it once for V and interleaved (as many stages), on mixed speeds once each; every
+    answer is balanced_sizes' own."""
+    from dataclasses import replace
+
+    import pipeline.evaluator as evaluator
+    from pipeline.balance import balanced_sizes
+    from pipeline.spec import Device
+
+    calls = []
+    monkeypatch.setattr(evaluator, "balanced_sizes", lambda *a, **k: calls.append(a[1]) or balanced_sizes(*a, **k))
+    profile = zoo_profile("gemma-small", seq_len=4096)
+    even = build_cluster("h100", devices=4)
+    mixed = replace(even, device_list=tuple(Device(speed=s, memory_gb=80.0) for s in (1.0, 0.5, 1.0, 0.8)))
+    for cluster, runs in ((even, 2), (mixed, 3)):
+        calls.clear()
+        ev = Evaluator(Scenario(profile, cluster, 16))
+        for kind, chunks in (("v", 2), ("interleaved", 2), ("v", 2), ("sequential", 1)):
+            placement = make_placement(kind, 4, chunks)
+            assert ev.balanced_sizes(placement) == balanced_sizes(profile, placement, cluster)
+        assert len(calls) == runs
