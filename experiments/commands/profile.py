@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "profile, as run does (0: the per-layer profile alone)")
     parser.add_argument("--calibration-microbatches", type=positive_int, default=8,
                         help="micro-batches of the calibration plans")
+    parser.add_argument("--contention", action="store_true",
+                        help="with --calibrate: also fit the compute contention between the local ranks "
+                             "(the profile's compute_contention; docs/fidelity.md)")
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
 
 
@@ -115,7 +118,7 @@ def _calibrated(args: argparse.Namespace, profile: Any, cluster: Any, bench: dic
     costs = Costs(profile, cluster, "measured", True, bench, bench.get("backend"), device)
     costs = calibrate_here(costs, model=args.model, scale=args.scale, microbatches=args.calibration_microbatches,
                            count=args.calibrate, seed=0, steps=5, warmup=2, threads=args.threads, timeout=900.0,
-                           granularity=args.granularity, head_shards=args.head_shards,
+                           granularity=args.granularity, head_shards=args.head_shards, contention=args.contention,
                            log=log or (lambda _line: None))
     return calibrated_profile(profile, costs.scales) if costs.scales else profile
 
