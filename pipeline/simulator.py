@@ -78,6 +78,22 @@ class _Columns:
     """Per layer ``(shared_group, grad_sync_bytes)`` or None; ``None`` when no layer shares weights."""
     spans: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
     """``(a, b)`` -> the sums of the columns over layers ``[a, b)`` (:meth:`span`), one stage's."""
+    stages: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
+    """``(id(cluster), id(training))`` -> ``(cluster, training, runtime, memo)``: :func:`stage_costs`'
+    per-stage figures on that cluster and training (the objects held, so the ids stay theirs)."""
+
+    def stage_memo(self, cluster: Cluster, training: TrainingConfig, runtime: Runtime) -> dict[tuple, tuple]:
+        """The per-stage memo of :func:`stage_costs` for these objects (a new one for others)."""
+        key = (id(cluster), id(training))
+        hit = self.stages.get(key)
+        if hit is None or hit[0] is not cluster or hit[1] is not training or hit[2] is not runtime:
+            if len(self.stages) >= 8:
+                self.stages.clear()
+            hit = self.stages[key] = (cluster, training, runtime, {})
+        memo = hit[3]
+        if len(memo) >= 65536:
+            memo.clear()
+        return memo
 
     def span(self, a: int, b: int) -> tuple:
         """``(f, b, w, b_full, act, graph, keep, params)`` summed over layers ``[a, b)`` (``b_full``
@@ -157,36 +173,49 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     scale = training.activation_scale
     transient = [0.0] * cluster.devices
     holders: dict[str, tuple[float, set[int]]] = {}
-    for s, (a, b) in enumerate(partition):
-        d = placement[s]
-        sp = speeds[d]
+    tokens = profile.tokens_per_microbatch
+    defers, keeps_graph, param_bytes = training.first_stage_defers_backward, training.input_backward_keeps_graph, \
+        training.param_bytes
+
+    def one(a: int, b: int, sp: float, redo: bool, first: bool) -> tuple:
+        """(f, i, w, fused, act, keep, static bytes, full activations) of one stage."""
         sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params = col.span(a, b)
         fwd, bwd_w = sum_f / sp, sum_w / sp
-        redo = recompute is not None and bool(recompute[s])
-        f.append(fwd + over)
         if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
-            i.append(fwd + sum_b / sp + bwd_w + over)
-            w.append(over)
+            i_s, w_s = fwd + sum_b / sp + bwd_w + over, over
         else:
-            i.append(sum_b / sp + over)
-            w.append(bwd_w + over)
-        if col.b_full is not None:
-            fused.append(sum_fused / sp + 2 * over + (fwd if redo else 0.0))
+            i_s, w_s = sum_b / sp + over, bwd_w + over
+        fused_s = sum_fused / sp + 2 * over + (fwd if redo else 0.0) if measured_b else None
         full = scale * sum_act
         if redo:
-            act.append(float(col.out[a - 1] if a else 8 * profile.tokens_per_microbatch))
-            keep.append(0.0)
-            transient[d] = max(transient[d], full)
+            act_s, keep_s = float(col.out[a - 1] if a else 8 * tokens), 0.0
+        elif first and defers:
+            act_s = keep_s = full
         else:
-            act.append(full)
-            if s == 0 and training.first_stage_defers_backward:
-                keep.append(act[-1])
-            elif training.input_backward_keeps_graph:
-                keep.append(scale * sum_graph)
-            else:
-                keep.append(scale * sum_keep)
+            act_s, keep_s = full, scale * sum_graph if keeps_graph else scale * sum_keep
+        return fwd + over, i_s, w_s, fused_s, act_s, keep_s, param_bytes * sum_params, full
+
+    memo = col.stage_memo(cluster, training, runtime)  # each figure a pure function of its key here
+    last = len(partition) - 1
+    for s, (a, b) in enumerate(partition):
+        d = placement[s]
+        redo = recompute is not None and bool(recompute[s])
+        key = (a, b, d, redo, s == 0)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = one(a, b, speeds[d], redo, s == 0)
+        f_s, i_s, w_s, fused_s, act_s, keep_s, static_s, full = hit
+        f.append(f_s)
+        i.append(i_s)
+        w.append(w_s)
+        if measured_b:
+            fused.append(fused_s)
+        act.append(act_s)
+        keep.append(keep_s)
+        if redo:
+            transient[d] = max(transient[d], full)
         if col.groups is None:
-            static[d] += training.param_bytes * sum_params
+            static[d] += static_s
         else:
             for k in range(a, b):
                 group = col.groups[k]
@@ -197,8 +226,13 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
                 if d not in devices:
                     devices.add(d)
                     static[d] += training.param_bytes * col.params[k]
-        if s + 1 < len(partition):
-            comm.append(cluster.transfer_seconds(d, placement[s + 1], col.out[b - 1]) / unit)
+        if s < last:
+            nxt = placement[s + 1]
+            ckey = (d, nxt, b)
+            c = memo.get(ckey)
+            if c is None:
+                c = memo[ckey] = cluster.transfer_seconds(d, nxt, col.out[b - 1]) / unit
+            comm.append(c)
         else:
             comm.append(0.0)
     post = sum(_ring_all_reduce(cluster, sorted(devs), nbytes) for nbytes, devs in holders.values()) / unit

@@ -273,9 +273,10 @@ def test_recomputing_plan_is_slower_and_lighter() -> None:
 
 
 def test_stage_costs_are_the_same_with_the_range_sums_warm() -> None:
-    """Stage costs read each layer range's sums once per profile; a partition priced after others
-    (its ranges summed already) gets exactly what a fresh copy of the profile gives, recomputation,
-    measured fused backward and head shards included."""
+    """Stage costs read each layer range's sums and each stage's figures once per profile (and
+    cluster and training); a partition priced after others (its ranges and stages known already)
+    gets exactly what a fresh copy of the profile gives, recomputation, measured fused backward,
+    head shards and two trainings in turn included."""
     from dataclasses import replace
 
     from pipeline.plan import partition_from_sizes
@@ -292,6 +293,7 @@ def test_stage_costs_are_the_same_with_the_range_sums_warm() -> None:
         for sizes in parts:
             placement = tuple(k % 2 for k in range(len(sizes)))
             for recompute in (None, tuple(k == 0 for k in range(len(sizes)))):
-                kw = {"placement": placement, "recompute": recompute}
-                hot = stage_costs(warm, cluster, partition_from_sizes(sizes), **kw)
-                assert hot == stage_costs(replace(profile), cluster, partition_from_sizes(sizes), **kw)
+                for training in (TrainingConfig(), TrainingConfig(first_stage_defers_backward=False)):
+                    kw = {"placement": placement, "recompute": recompute, "training": training}
+                    hot = stage_costs(warm, cluster, partition_from_sizes(sizes), **kw)
+                    assert hot == stage_costs(replace(profile), cluster, partition_from_sizes(sizes), **kw)
