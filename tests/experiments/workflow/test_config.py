@@ -46,7 +46,8 @@ def test_the_existing_run_flags_keep_their_names_and_defaults() -> None:
            "--steps": 10, "--warmup": 2, "--profile-repeats": 5, "--calibration-plans": 6, "--threads": 1,
            "--timeout": 900.0, "--target": "executor", "--trace": None, "--out": None, "--group": None,
            "--wandb-project": "adaptis", "--json": False}
-    added = {"--choose": "measured", "--candidates": 4, "--contention": False}  # new since (issue 24: the plan chosen by measurement)
+    # new since (issue 24): the plan chosen by measurement, the ranks' compute contention
+    added = {"--choose": "measured", "--candidates": 4, "--contention": False}
     assert set(actions) == {"-h", "--help", "--no-replay", *old, *added}
     assert {flag: actions[flag].default for flag in added} == added
     assert {flag: actions[flag].default for flag in old} == old
