@@ -112,6 +112,39 @@ def stage_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     return out
 
 
+def overlap_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                    runs: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Per kind of operation, the median measured-over-profiled time of the actions the other
+    rank computed beside for under 30% of their time (``alone``) and for over 70% (``beside``),
+    with their counts: what compute contention between the ranks does to one action."""
+    import statistics
+
+    from executor.fidelity import _scale_key, runtime_profile
+    from pipeline.plan import parse_action
+
+    ratios: dict[str, dict[str, list[float]]] = {}
+    ms = profile.seconds_per_unit * 1e3
+    for (_, plan), run in zip(named_plans, runs):
+        base = runtime_profile(profile, plan)
+        events = run["timeline"]["events"]
+        for e in events:
+            s, op, _ = parse_action(e["action"])
+            a, b = plan.partition[s]
+            ls = base.layers[a:b]
+            profiled = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
+                        "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}[op] * ms
+            dur = e["end"] - e["start"]
+            if profiled <= 0 or dur <= 0:
+                continue
+            beside = sum(max(0.0, min(e["end"], o["end"]) - max(e["start"], o["start"]))
+                         for o in events if o["device"] != e["device"]) / dur / max(1, plan.devices - 1)
+            bucket = "alone" if beside < 0.3 else "beside" if beside > 0.7 else None
+            if bucket:
+                ratios.setdefault(_scale_key(s, op), {"alone": [], "beside": []})[bucket].append(dur / profiled)
+    return {key: {f"{b}": statistics.median(v) for b, v in buckets.items() if v}
+            | {f"{b}_n": float(len(v)) for b, v in buckets.items()} for key, buckets in ratios.items()}
+
+
 def _spread_pct(c: PlanComparison) -> float | None:
     """How far apart the medians of each third of a plan's timed steps are, % of its median: what the
     measurement alone cannot tell apart."""
@@ -164,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fitted = calibrate(calib, profile, cluster, runs=calib_runs, contention=True)
     factors = stage_factors(plans + calib, profile, result["runs"]) if args.stage_factors else None
     if args.json:
+        overlap = {"overlap_factors": overlap_factors(plans + calib, profile, result["runs"])} if factors else {}
         print(json.dumps({"plans": [c.row() for c in comps], **summary, **({"stage_factors": factors} if factors
-                                                                           else {}),
+                                                                           else {}), **overlap,
                           "calibrated": {"plans": [c.row() for c in cv], **cv_summary},
                           "calibrated_per_kind": {"plans": [c.row() for c in per_kind], **per_kind_summary},
                           "calibrated_contention": {"plans": [c.row() for c in contended], **contended_summary,
@@ -187,6 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("measured compute / profiled, per stage and operation (stage s, op, layers a:b):")
         for name, row in factors.items():
             print(f"  {name:14} " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()))
+        print("measured compute / profiled, median over the actions the other rank computed beside for under 30% "
+              "(alone) and over 70% (beside) of their time:")
+        for key, row in overlap_factors(plans + calib, profile, result["runs"]).items():
+            print(f"  {key:3} alone {row.get('alone', float('nan')):.2f} (n={row['alone_n']:.0f})  "
+                  f"beside {row.get('beside', float('nan')):.2f} (n={row['beside_n']:.0f})")
     print(f"measured order  {' < '.join(summary['measured_order'])}")
     for label, s in (("profile", summary), ("calibrated", cv_summary), ("+ per kind", per_kind_summary),
                      ("+ contention", contended_summary)):

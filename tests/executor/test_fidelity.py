@@ -189,6 +189,21 @@ def test_stage_factors_read_each_stages_measured_compute_over_its_profile() -> N
             assert factor == pytest.approx({"F": 1.5, "I": 1.0, "W": 2.0, "B": 0.5}[op], rel=1e-6), key
 
 
+def test_overlap_factors_split_each_operation_by_what_the_other_rank_did() -> None:
+    from experiments.benchmarks.fidelity import overlap_factors
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    plans = named_plans(4)
+    runs = _contended(_runs_with({"F": 1.0, "I": 1.0, "W": 1.0, "W0": 1.0, "B": 1.0}, plans, profile, cluster), 0.5)
+    got = overlap_factors(plans, profile, runs)
+    for key, row in got.items():  # alone: the profile; fully beside the other rank: about 1.5x
+        if row["alone_n"]:
+            assert row["alone"] < 1.15, key
+        if row["beside_n"]:
+            assert row["beside"] > 1.3, key
+    assert any(row["alone_n"] for row in got.values()) and any(row["beside_n"] for row in got.values())
+
+
 def test_per_kind_factors_move_toward_each_kinds_own_and_help_the_fit() -> None:
     """A head whose fused backward runs at half its profile and blocks at 1.6x: one factor per
     operation averages them; the per-kind factors land on each side of it, and the calibration's
