@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "profile, as run does (0: the per-layer profile alone)")
     parser.add_argument("--calibration-microbatches", type=positive_int, default=8,
                         help="micro-batches of the calibration plans")
-    parser.add_argument("--contention", action="store_true",
-                        help="with --calibrate: also fit the compute contention between the local ranks "
-                             "(the profile's compute_contention; docs/fidelity.md)")
+    parser.add_argument("--no-contention", dest="contention", action="store_false",
+                        help="with --calibrate: leave out the compute contention between the local ranks "
+                             "(the profile's compute_contention, fitted by default; docs/fidelity.md)")
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
 
 

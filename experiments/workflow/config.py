@@ -92,9 +92,10 @@ class WorkflowConfig:
     """Timed repeats per layer when profiling."""
     calibration_plans: int = 6
     """Random plans replayed on this machine to calibrate the profile before the search (0: none)."""
-    contention: bool = False
+    contention: bool = True
     """Calibrate the compute contention between the local ranks too (they share this machine's
-    cores and memory; docs/fidelity.md), so the search prices plans whose ranks compute together."""
+    cores and memory; docs/fidelity.md), so the search prices plans whose ranks compute together
+    (off: one factor per operation and the overheads only)."""
     threads: int = 1
     """Torch threads per rank."""
     timeout: float = 900.0
