@@ -76,7 +76,7 @@ class WorkflowConfig:
     train_policy: int = 0
     """First train an RL policy this many steps and use it (0: no training)."""
     replay: bool = True
-    """Replay the best plan and Megatron's on this machine and measure them (off: search only)."""
+    """Replay the searched plans and Megatron's on this machine and measure them (off: search only)."""
     steps: int = 10
     """Timed steps per replayed plan (the median is kept)."""
     choose: Literal["measured", "predicted"] = "measured"

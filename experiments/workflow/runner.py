@@ -11,10 +11,11 @@ Reads top to bottom in :func:`run_workflow`:
    search then prices plans with; for a named GPU the analytic costs are used instead;
 2. **train** (optional) — a short RL training run whose policy the ``rl`` method then uses;
 3. **search** — the Megatron baseline, named schedules, the AdaPtis tuner and the RL policy;
-4. **replay** — on this machine, the best plan and the Megatron baseline run through the
-   executor under ``torchrun`` and are measured, round-robin with the calibration plans again, so
-   each prediction is also given re-calibrated in the same job (skipped, with a note, for a named
-   GPU cluster);
+4. **replay** — on this machine, the fastest predicted plans (``candidates``) and the Megatron
+   baseline run through the executor under ``torchrun`` and are measured, round-robin with the
+   calibration plans again, so each prediction is also given re-calibrated in the same job; with
+   ``choose="measured"`` the plan fastest on the even timed steps is kept and every time reported
+   is the odd steps' (skipped, with a note, for a named GPU cluster);
 5. **summary** — predicted and measured times, speedups, bubbles, memory, and where the time went.
 
 Tracking: one W&B run per phase (``profile``, ``train``, ``search``, ``replay``, ``summary``), all
