@@ -71,19 +71,20 @@ def save_policy(model: Any, path: str | Path, *, algo: str, extra: dict[str, Any
     return path
 
 
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The metadata beside a policy file; ConfigError when missing or unreadable."""
+def read_metadata(path: str | Path, *, what: str = "policy", field: str = "--policy") -> dict[str, Any]:
+    """The metadata (``.json``) beside a policy or start-ranker file; ConfigError naming ``field``
+    when missing or unreadable."""
     meta_path = Path(path).with_suffix(".json")
     if not meta_path.is_file():
-        raise ConfigError(f"no metadata file {meta_path} beside the policy; policies are saved with one "
-                          "(python -m experiments train)", field="--policy")
+        raise ConfigError(f"no metadata file {meta_path} beside the {what}; {what} files are saved with one "
+                          "(python -m experiments train)", field=field)
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"bad policy metadata {meta_path}: {exc}", field="--policy") from None
+        raise ConfigError(f"bad {what} metadata {meta_path}: {exc}", field=field) from None
     if not isinstance(meta, dict):
-        raise ConfigError(f"bad policy metadata {meta_path}: expected a JSON object, got {type(meta).__name__}",
-                          field="--policy")
+        raise ConfigError(f"bad {what} metadata {meta_path}: expected a JSON object, got {type(meta).__name__}",
+                          field=field)
     return meta
 
 

@@ -407,12 +407,9 @@ def load_ranker(path: str | Path | None = None) -> StartRanker:
     if not path.is_file() or not meta_path.is_file():
         raise ConfigError(f"start ranker {path} (and its .json) not found; train one with python -m experiments "
                           "train --ranker-scenarios N", field="--ranker")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"bad start ranker metadata {meta_path}: {exc}", field="--ranker") from None
-    if not isinstance(meta, dict):
-        meta = {}
+    from agents.rl.policy import read_metadata
+
+    meta = read_metadata(path, what="start ranker", field="--ranker")
     if meta.get("arms") != list(ARMS) or meta.get("features") != list(FEATURES):
         raise ConfigError(f"start ranker {path} was trained for other arms or features; retrain it", field="--ranker")
     if meta.get("format") != "adaptis-start-ranker/2":

@@ -11,9 +11,10 @@ from typing import Literal
 import pytest
 
 from agents.rl.train import PPOConfig
-from experiments.cli import build_parser, main
+from experiments.cli import main
 from experiments.commands import train as train_command
-from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args, field_docs
+from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args
+from tests.experiments.flags import assert_fields_are_documented_flags, command_parser
 
 
 @dataclass
@@ -138,22 +139,11 @@ def test_only_adds_those_fields_in_its_order_into_groups() -> None:
 # ------------------------------------------------------------------ the train command
 
 def _train_parser() -> argparse.ArgumentParser:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices["train"]
+    return command_parser("train")
 
 
 def test_every_train_config_field_has_a_documented_flag() -> None:
-    actions = {a.dest: a for a in _train_parser()._actions}
-    docs = field_docs(PPOConfig)
-    hints = typing.get_type_hints(PPOConfig)
-    for f in dataclasses.fields(PPOConfig):
-        assert f.name in actions, f"PPOConfig.{f.name} has no flag"
-        assert docs[f.name], f"PPOConfig.{f.name} has no docstring (it is the flag's help)"
-        action = actions[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        assert action.default == default, f.name
-        if typing.get_origin(hints[f.name]) is Literal:
-            assert tuple(action.choices) == typing.get_args(hints[f.name])
+    assert_fields_are_documented_flags(PPOConfig, _train_parser())
 
 
 def test_the_existing_train_flags_keep_their_names() -> None:

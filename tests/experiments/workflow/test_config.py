@@ -6,34 +6,22 @@ import argparse
 import dataclasses
 import inspect
 import typing
-from typing import Literal
 
 import pytest
 
-from experiments.cli import build_parser, main
+from experiments.cli import main
 from experiments.commands import run as run_command
-from experiments.dataclass_args import field_docs
 from experiments.workflow import DEFAULT_METHODS, WorkflowConfig
 from pipeline.targets import TARGETS
+from tests.experiments.flags import assert_fields_are_documented_flags, command_parser
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices["run"]
+    return command_parser("run")
 
 
 def test_every_workflow_config_field_has_a_documented_flag() -> None:
-    actions = {a.dest: a for a in _run_parser()._actions}
-    docs = field_docs(WorkflowConfig)
-    hints = typing.get_type_hints(WorkflowConfig)
-    for f in dataclasses.fields(WorkflowConfig):
-        assert f.name in actions, f"WorkflowConfig.{f.name} has no flag"
-        assert docs[f.name], f"WorkflowConfig.{f.name} has no docstring (it is the flag's help)"
-        assert actions[f.name].default == f.default, f.name
-        if typing.get_origin(hints[f.name]) is Literal:
-            assert tuple(actions[f.name].choices) == typing.get_args(hints[f.name])
-    help_text = _run_parser().format_help()
-    assert all(flag in help_text for a in actions.values() for flag in a.option_strings)
+    assert_fields_are_documented_flags(WorkflowConfig, _run_parser())
 
 
 def test_the_existing_run_flags_keep_their_names_and_defaults() -> None:
