@@ -32,6 +32,14 @@ def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
             proc.wait()
 
 
+def sigint_default() -> None:
+    """A ``preexec_fn`` for a child the test will Ctrl-C: SIGINT back to its default, so Python in
+    the child raises KeyboardInterrupt even where the test runner itself was started with SIGINT
+    ignored (a background job of a non-interactive shell, as some CI runners start it); a
+    terminal's foreground job never is."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def exit_after(proc: subprocess.Popen, interrupt: Callable[[], None], *,
                timeout: float) -> tuple[str | None, str | None]:
     """Call ``interrupt`` (send a signal, kill a rank) and wait for ``proc`` to end: its stdout and

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from executor.replay import REPO_ROOT, torchrun_command
-from tests.conftest import exit_after, reaped
+from tests.conftest import exit_after, reaped, sigint_default
 from tests.executor.plans import named_plans
 
 pytestmark = pytest.mark.slow  # torchrun jobs, killed
@@ -112,7 +112,7 @@ def test_ctrl_c_on_replay_leaves_no_stray_process(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "experiments", "replay", "--plan", str(plan_path), "--model", "tiny-hybrid",
            "--seq-len", "32", "--steps", "100000", "--json"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=sigint_default)
     with reaped(proc):
         deadline = time.monotonic() + 120
         family: list[int] = []

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipeline.plan import Plan, validate_plan
-from tests.conftest import ROOT, exit_after, reaped
+from tests.conftest import ROOT, exit_after, reaped, sigint_default
 
 PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
 CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
@@ -27,7 +27,7 @@ def test_interrupted_search_leaves_its_best_plan(tmp_path, sig, code) -> None:
            "--microbatches", "16", "--method", "zbv,adaptis", "--budget", "1000000", "--out", str(out)]
     env = dict(os.environ, WANDB_MODE="disabled")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)
     def tuner_improved() -> bool:  # megatron and zbv have finished, and the tuner beat them
         return (out / "plan.json").exists() and json.loads((out / "plan.json").read_text())["meta"].get("method") \
             == "adaptis"
@@ -65,7 +65,7 @@ def test_interrupted_training_saves_and_resumes(tmp_path) -> None:
             "--eval-every", "0", "--checkpoint-every", "128", "--n-steps", "64", "--no-progress"]
     env = dict(os.environ, WANDB_MODE="disabled")
     proc = subprocess.Popen([*base, "--timesteps", "1000000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=sigint_default)
     with reaped(proc):
         deadline = time.monotonic() + 120
         while latest_checkpoint(out) is None and time.monotonic() < deadline:
@@ -89,8 +89,7 @@ def _train(out, *extra: str) -> subprocess.Popen:
            "--out", str(out), "--eval-every", "0", "--n-steps", "64", "--no-progress", "--timesteps", "1000000",
            *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=sigint_default)
 
 
 def _clean_stop(err: str) -> str:
@@ -139,7 +138,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path) -> None:
 def _interrupt_when(cmd: list[str], ready, sig: int, *, wait: float = 90) -> tuple[int, str]:
     """Start ``cmd``, send ``sig`` once ``ready()`` holds, and return its exit code and stderr."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=sigint_default)
     with reaped(proc):
         deadline = time.monotonic() + wait
         while not ready() and proc.poll() is None and time.monotonic() < deadline:
