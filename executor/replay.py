@@ -123,7 +123,8 @@ def run_torchrun(nproc: int, worker_args: Sequence[str], *, timeout: float = 600
     env[CHECKED_ENV] = "1"  # run_job checked the job's memory before this start (executor.preflight)
     env.setdefault("TORCHELASTIC_ERROR_FILE", "")
     env.pop("TORCHELASTIC_ERROR_FILE")
-    proc = subprocess.Popen(torchrun_command(nproc, worker_args), cwd=REPO_ROOT, env=env, text=True,
+    guarded = [sys.executable, "-m", "executor.orphan_guard", str(os.getpid()), *torchrun_command(nproc, worker_args)]
+    proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -133,3 +133,46 @@ def test_ctrl_c_on_replay_leaves_no_stray_process(tmp_path: Path) -> None:
     while any(_alive(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [p for p in family if _alive(p)] == []
+
+
+def test_a_replay_killed_outright_takes_its_job_with_it(tmp_path: Path) -> None:
+    """SIGKILL (or the OOM killer) gives replay no chance to stop torchrun, which runs in a session of
+    its own; the parent-death signal set by executor.orphan_guard ends the job anyway."""
+    plan_path = tmp_path / "orphan-plan.json"
+    dict(named_plans(microbatches=4))["1f1b"].save(plan_path)
+    cmd = [sys.executable, "-m", "experiments", "replay", "--plan", str(plan_path), "--model", "tiny-hybrid",
+           "--seq-len", "32", "--steps", "100000", "--json"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        family: list[int] = []
+        while time.monotonic() < deadline:  # replay's job: torchrun and its two workers (plans in a temp dir)
+            family = [p for p in _descendants(proc.pid) if "executor.launch" in _cmdline(p)]
+            if sum("torch.distributed.run" not in _cmdline(p) for p in family) >= 2:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("replay's workers did not start")
+        os.kill(proc.pid, signal.SIGKILL)  # the parent alone: its job is in another session
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 60  # the hang guard; torchrun stops its workers on SIGTERM
+    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [p for p in family if _alive(p)]
+    for p in alive:  # do not leave them to the rest of the run
+        os.kill(p, signal.SIGKILL)
+    assert alive == [], f"the job outlived its parent: {[_cmdline(p)[:80] for p in alive]}"
+
+
+def test_the_orphan_guard_refuses_a_bad_command_line_and_a_dead_parent() -> None:
+    guard = [sys.executable, "-m", "executor.orphan_guard"]
+    bad = subprocess.run([*guard, "not-a-pid", "true"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+    if sys.platform.startswith("linux"):  # another pid than its parent's: the parent is "gone", start nothing
+        gone = subprocess.run([*guard, "1", sys.executable, "-c", "print('started')"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=30)
+        assert gone.returncode == 1 and "started" not in gone.stdout
+    ran = subprocess.run([*guard, str(os.getpid()), sys.executable, "-c", "print('started')"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0 and ran.stdout.strip() == "started"
