@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.plan import Plan, parse_action
-from pipeline.spec import Cluster, ModelProfile
+from pipeline.spec import Cluster, LayerCost, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
-           "runtime_profile", "fit_runtime_scales", "fit_kind_scales", "overlap_shares", "uncontended", "fit_overheads",
+           "runtime_profile", "scale_key", "profiled_time", "shares_beside", "fit_runtime_scales", "fit_kind_scales",
+           "overlap_shares", "uncontended", "fit_overheads",
            "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
            "rank_agreement", "fidelity_summary"]
@@ -81,8 +82,35 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     return replace(profile, layers=tuple(layers))
 
 
-def _scale_key(stage: int, op: str) -> str:
+def scale_key(stage: int, op: str) -> str:
+    """The :data:`SCALE_KEYS` key of an action: its operation, ``"W0"`` for the first stage's W."""
     return "W0" if stage == 0 and op == "W" else op
+
+
+def profiled_time(layers: Sequence[LayerCost], op: str) -> float:
+    """What ``op`` (F, I, W or a fused B) costs over ``layers`` in their profile (B: the measured
+    ``b_full`` where a layer has it, else ``b + w``), in the profile's time unit."""
+    if op == "F":
+        return sum(x.f for x in layers)
+    if op == "I":
+        return sum(x.b for x in layers)
+    if op == "W":
+        return sum(x.w for x in layers)
+    return sum(float(x.extra.get("b_full", x.b + x.w)) for x in layers)
+
+
+def shares_beside(events: Sequence[dict[str, Any]], devices: int) -> list[float]:
+    """Per event of a replay's timeline, the share of its time the other devices computed too:
+    their overlapping compute over its duration and the other devices' count (the ranks' clocks
+    are aligned by the step's barrier); 0 for an event of no duration."""
+    others = max(1, devices - 1)
+    out = []
+    for e in events:
+        dur = e["end"] - e["start"]
+        together = sum(max(0.0, min(e["end"], o["end"]) - max(e["start"], o["start"]))
+                       for o in events if o["device"] != e["device"])
+        out.append(together / (dur * others) if dur > 0 else 0.0)
+    return out
 
 
 def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
@@ -96,16 +124,12 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     predicted: dict[str, float] = {}
     for (_, plan), run in zip(named_plans, runs):
         base = runtime_profile(profile, plan)
-        per_stage = {}
-        for s, (start, end) in enumerate(plan.partition):
-            ls = base.layers[start:end]
-            per_stage[s] = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
-                            "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}
         for event in run["timeline"]["events"]:
             stage, op, _ = parse_action(event["action"])
-            key = _scale_key(stage, op)
+            key = scale_key(stage, op)
+            start, end = plan.partition[stage]
             measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
-            predicted[key] = predicted.get(key, 0.0) + per_stage[stage][op]
+            predicted[key] = predicted.get(key, 0.0) + profiled_time(base.layers[start:end], op)
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
@@ -137,10 +161,9 @@ def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
             start, end = plan.partition[stage]
             per_kind: dict[str, float] = {}
             for x in raw.layers[start:end]:
-                t = {"F": x.f, "I": x.b, "W": x.w, "B": float(x.extra.get("b_full", x.b + x.w))}[op]
-                per_kind[x.kind] = per_kind.get(x.kind, 0.0) + t
+                per_kind[x.kind] = per_kind.get(x.kind, 0.0) + profiled_time((x,), op)
             if sum(per_kind.values()) > 0:
-                rows.setdefault(_scale_key(stage, op), []).append((per_kind, statistics.median(times)))
+                rows.setdefault(scale_key(stage, op), []).append((per_kind, statistics.median(times)))
     out: dict[str, float] = {}
     for key, data in rows.items():
         seen = [kd for kd in kinds if any(pk.get(kd, 0.0) > 0 for pk, _ in data)]
@@ -165,16 +188,10 @@ def overlap_shares(named_plans: Sequence[tuple[str, Plan]], runs: Sequence[dict[
     total: dict[str, float] = {}
     for (_, plan), run in zip(named_plans, runs):
         events = run["timeline"]["events"]
-        spans: dict[int, list[tuple[float, float]]] = {}
-        for e in events:
-            spans.setdefault(e["device"], []).append((e["start"], e["end"]))
-        others = max(1, plan.devices - 1)
-        for e in events:
+        for e, share in zip(events, shares_beside(events, plan.devices)):
             stage, op, _ = parse_action(e["action"])
-            key = _scale_key(stage, op)
-            overlap = sum(max(0.0, min(e["end"], b) - max(e["start"], a))
-                          for d, ds in spans.items() if d != e["device"] for a, b in ds)
-            together[key] = together.get(key, 0.0) + overlap / others
+            key = scale_key(stage, op)
+            together[key] = together.get(key, 0.0) + share * (e["end"] - e["start"])
             total[key] = total.get(key, 0.0) + e["end"] - e["start"]
     return {key: together[key] / total[key] for key in total if total[key] > 0}
 

@@ -90,7 +90,7 @@ def stage_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     an action's compute depends on what else runs at the same time."""
     import statistics
 
-    from executor.fidelity import runtime_profile
+    from executor.fidelity import profiled_time, runtime_profile
     from pipeline.plan import parse_action
 
     out: dict[str, dict[str, float]] = {}
@@ -103,9 +103,7 @@ def stage_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
         row = {}
         for (s, op), times in sorted(durations.items()):
             a, b = plan.partition[s]
-            ls = base.layers[a:b]
-            profiled = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
-                        "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}[op]
+            profiled = profiled_time(base.layers[a:b], op)
             if profiled > 0:
                 row[f"{s}{op}[{a}:{b}]"] = statistics.median(times) / (profiled * profile.seconds_per_unit * 1e3)
         out[name] = row
@@ -119,7 +117,7 @@ def overlap_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     with their counts: what compute contention between the ranks does to one action."""
     import statistics
 
-    from executor.fidelity import _scale_key, runtime_profile
+    from executor.fidelity import profiled_time, runtime_profile, scale_key, shares_beside
     from pipeline.plan import parse_action
 
     ratios: dict[str, dict[str, list[float]]] = {}
@@ -127,20 +125,16 @@ def overlap_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     for (_, plan), run in zip(named_plans, runs):
         base = runtime_profile(profile, plan)
         events = run["timeline"]["events"]
-        for e in events:
+        for e, beside in zip(events, shares_beside(events, plan.devices)):
             s, op, _ = parse_action(e["action"])
             a, b = plan.partition[s]
-            ls = base.layers[a:b]
-            profiled = {"F": sum(x.f for x in ls), "I": sum(x.b for x in ls), "W": sum(x.w for x in ls),
-                        "B": sum(float(x.extra.get("b_full", x.b + x.w)) for x in ls)}[op] * ms
+            profiled = profiled_time(base.layers[a:b], op) * ms
             dur = e["end"] - e["start"]
             if profiled <= 0 or dur <= 0:
                 continue
-            beside = sum(max(0.0, min(e["end"], o["end"]) - max(e["start"], o["start"]))
-                         for o in events if o["device"] != e["device"]) / dur / max(1, plan.devices - 1)
             bucket = "alone" if beside < 0.3 else "beside" if beside > 0.7 else None
             if bucket:
-                ratios.setdefault(_scale_key(s, op), {"alone": [], "beside": []})[bucket].append(dur / profiled)
+                ratios.setdefault(scale_key(s, op), {"alone": [], "beside": []})[bucket].append(dur / profiled)
     return {key: {f"{b}": statistics.median(v) for b, v in buckets.items() if v}
             | {f"{b}_n": float(len(v)) for b, v in buckets.items()} for key, buckets in ratios.items()}
 
