@@ -94,13 +94,17 @@ class ReplayOptions:
     """Weights and data seed."""
     lowering: str = "early"
     """How receives are placed in each rank's program (:mod:`executor.lowering`): ``early`` or ``torch``."""
+    gc: str = "freeze"
+    """``freeze``: after the warm-up, the job's long-lived objects leave the garbage collector's scans
+    (:func:`executor.launch.freeze_collector`); ``auto``: Python's default."""
 
     def worker_args(self) -> list[str]:
         args = ["--model", self.model, "--scale", str(self.scale), "--granularity", self.granularity,
                 "--head-shards", str(self.head_shards), "--seq-len", str(self.seq_len),
                 "--microbatch-size", str(self.microbatch_size), "--steps", str(self.steps),
                 "--warmup", str(self.warmup), "--threads", str(self.threads),
-                "--timeout", str(self.transfer_timeout), "--seed", str(self.seed), "--lowering", self.lowering]
+                "--timeout", str(self.transfer_timeout), "--seed", str(self.seed), "--lowering", self.lowering,
+                "--gc", self.gc]
         if self.check:
             args.append("--check")
         if self.backend:

@@ -117,3 +117,17 @@ def test_finer_units_match_one_process() -> None:
     split = dict(plans)["split-head"]
     assert split.placement[split.num_stages - 1] != split.placement[split.num_stages - 2]  # shards apart
     assert dict(plans)["recompute"].recompute == (True, True)
+
+
+def test_the_collector_is_frozen_after_the_warm_up_and_stays_on() -> None:
+    import gc
+
+    from executor.launch import freeze_collector
+
+    try:
+        freeze_collector()
+        assert gc.get_freeze_count() > 0 and gc.isenabled()  # frozen objects are never scanned; collection runs
+    finally:
+        gc.unfreeze()
+    assert ReplayOptions().worker_args()[-2:] == ["--gc", "freeze"]
+    assert ReplayOptions(gc="auto").worker_args()[-2:] == ["--gc", "auto"]
