@@ -29,7 +29,7 @@ __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_me
            "overlap_shares", "uncontended", "fit_overheads",
            "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
-           "rank_agreement", "fidelity_summary"]
+           "plan_identity", "copy_gap", "rank_agreement", "fidelity_summary"]
 
 
 #: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
@@ -420,23 +420,57 @@ def block_medians(c: PlanComparison) -> list[float] | None:
     return [statistics.median(times[k::BLOCKS]) for k in range(BLOCKS)]
 
 
+def plan_identity(c: PlanComparison) -> str | None:
+    """What makes two replayed plans the same plan (partition, placement, schedule, recomputation;
+    not the name), from the plan the worker ran; None where the run does not carry it."""
+    raw = c.run.get("plan") if isinstance(c.run, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    import json
+
+    return json.dumps({k: v for k, v in raw.items() if k not in ("meta", "version")}, sort_keys=True)
+
+
+def copy_gap(comparisons: Sequence[PlanComparison]) -> float | None:
+    """The largest relative gap between the measured times of two replays of the same plan in one job
+    (:func:`plan_identity`; e.g. the tuner's and the RL policy's plan, or a copy the benchmark adds):
+    what this job's measurement cannot tell apart. None without copies."""
+    gaps = [abs(a.measured - b.measured) / min(a.measured, b.measured)
+            for i, a in enumerate(comparisons) for b in comparisons[i + 1:]
+            if plan_identity(a) is not None and plan_identity(a) == plan_identity(b)]
+    return max(gaps) if gaps else None
+
+
 def rank_agreement(comparisons: Sequence[PlanComparison], *, tie: float = 0.02) -> dict[str, Any]:
     """Whether the model ranks the plans in the measured order. Pairs whose measured times are
-    within ``tie`` (relative) of each other count as ties and are not held against the model.
+    within ``tie`` (relative) of each other count as ties and are not held against the model, and
+    two replays of one plan (:func:`plan_identity`) are not a pair: the model prices them alike by
+    construction.
 
     ``resolved_pairs`` / ``concordant_resolved``: the same count over the pairs whose measured order
     the measurement itself repeats: beyond ``tie``, and the same in each of :data:`BLOCKS`
     interleaved subsamples of the timed steps (a pair the same job orders both ways is noise, not a
     ranking the model can miss). Plans timed round-robin share the machine's drift, so the
-    subsamples compare like with like."""
-    pairs = agree = resolved = agree_resolved = 0
+    subsamples compare like with like.
+
+    ``copy_gap_pct`` (:func:`copy_gap`) and ``pairs_beyond_copies`` / ``concordant_beyond_copies``:
+    where the job replayed a plan twice, the pairs further apart than those two replays (and than
+    ``tie``); without copies, the same as ``pairs``."""
+    gap = copy_gap(comparisons)
+    floor = max(tie, gap or 0.0)
+    pairs = agree = resolved = agree_resolved = beyond = agree_beyond = 0
     for i, a in enumerate(comparisons):
         for b in comparisons[i + 1:]:
+            if plan_identity(a) is not None and plan_identity(a) == plan_identity(b):
+                continue
             if abs(a.measured - b.measured) <= tie * min(a.measured, b.measured):
                 continue
             pairs += 1
             hit = (a.predicted < b.predicted) == (a.measured < b.measured)
             agree += hit
+            if abs(a.measured - b.measured) > floor * min(a.measured, b.measured):
+                beyond += 1
+                agree_beyond += hit
             ma, mb = block_medians(a), block_medians(b)
             if ma is not None and mb is not None and len({x < y for x, y in zip(ma, mb)}) == 1:
                 resolved += 1
@@ -445,7 +479,9 @@ def rank_agreement(comparisons: Sequence[PlanComparison], *, tie: float = 0.02) 
     predicted_order = [c.name for c in sorted(comparisons, key=lambda c: c.predicted)]
     return {"measured_order": measured_order, "predicted_order": predicted_order,
             "same_order": measured_order == predicted_order, "pairs": pairs, "concordant_pairs": agree,
-            "resolved_pairs": resolved, "concordant_resolved": agree_resolved}
+            "resolved_pairs": resolved, "concordant_resolved": agree_resolved,
+            "copy_gap_pct": None if gap is None else 100 * gap, "pairs_beyond_copies": beyond,
+            "concordant_beyond_copies": agree_beyond}
 
 
 def fidelity_summary(comparisons: Sequence[PlanComparison]) -> dict[str, Any]:

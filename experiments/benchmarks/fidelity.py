@@ -16,7 +16,7 @@ same with the compute contention between the ranks fitted with the overheads; th
 never inform their own predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
-      [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--json]
+      [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--json] [--save FILE | --from FILE]
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ METHODS = ("1f1b", "i1f1b-v2", "zb-h1", "zbv")
 
 
 def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *,
-                    tuner_calls: int = 0) -> list[tuple[str, Plan]]:
-    """The named plans, a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1) and, with
-    ``tuner_calls``, the AdaPtis tuner's plan and the RL policy's (the plans a search picks, which
-    exploit whatever the model gets wrong)."""
+                    tuner_calls: int = 0, copy_of: str | None = None) -> list[tuple[str, Plan]]:
+    """The named plans, a hand-made uneven one (3/1/2/2 layers, placement 1, 0, 0, 1), with
+    ``tuner_calls`` the AdaPtis tuner's plan and the RL policy's (the plans a search picks, which
+    exploit whatever the model gets wrong), and last a second replay of ``copy_of``
+    (``"1f1b-copy"``): how far apart the same job measures one plan twice."""
     plans = [(m, build_plan(m, profile, cluster, microbatches=microbatches)) for m in METHODS]
     if tuner_calls:
         from agents.base import Budget
@@ -79,6 +80,11 @@ def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, 
         order = list_schedule(costs, placement, 2, microbatches=microbatches, config=ListSchedulerConfig())
         plans.append(("uneven-custom", Plan(2, microbatches, partition, placement, order,
                                             {"method": "uneven-custom"})))
+    if copy_of:
+        named = dict(plans)
+        if copy_of not in named:
+            raise ValueError(f"copy_of {copy_of!r} is not one of the benchmark's plans {sorted(named)}")
+        plans.append((f"{copy_of}-copy", named[copy_of]))
     return plans
 
 
@@ -146,6 +152,38 @@ def _spread_pct(c: PlanComparison) -> float | None:
     return None if blocks is None else 100 * (max(blocks) - min(blocks)) / c.measured
 
 
+def replay_set(args: argparse.Namespace) -> tuple[list[tuple[str, Plan]], list[tuple[str, Plan]], dict]:
+    """Profile the machine, build the benchmark's and the calibration plans, replay them all in one
+    job: the benchmark plans, the calibration plans and the job's result."""
+    options = ReplayOptions(model=args.model, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
+                            steps=args.steps, warmup=args.warmup, threads=args.threads, lowering=args.lowering)
+    first = run_job([], options, measure=True, profile_repeats=3)
+    first_profile, first_cluster = ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"])
+    plans = benchmark_plans(first_profile, first_cluster, args.microbatches, tuner_calls=args.tuner_calls,
+                            copy_of=args.copy or None)
+    calib = calibration_plans(first_profile, first_cluster, args.microbatches, count=args.calibration_plans,
+                              seed=args.seed)
+    return plans, calib, run_job([plan for _, plan in plans + calib], options, measure=True)
+
+
+def save_replay_set(path: Path, plans: Sequence[tuple[str, Plan]], calib: Sequence[tuple[str, Plan]],
+                    result: dict) -> None:
+    """Write a replay set: the named benchmark and calibration plans and the job's result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 1, "plans": [[n, plan.to_dict()] for n, plan in plans],
+                                "calibration": [[n, plan.to_dict()] for n, plan in calib], "result": result}))
+
+
+def load_replay_set(path: Path) -> tuple[list[tuple[str, Plan]], list[tuple[str, Plan]], dict]:
+    """Read what :func:`save_replay_set` wrote."""
+    raw = json.loads(path.read_text())
+    if raw.get("version") != 1:
+        raise ValueError(f"version {raw.get('version')!r}, expected 1")
+    plans = [(n, Plan.from_dict(d, source=f"{path}: plan {n}")) for n, d in raw["plans"]]
+    calib = [(n, Plan.from_dict(d, source=f"{path}: plan {n}")) for n, d in raw["calibration"]]
+    return plans, calib, raw["result"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-hybrid")
@@ -165,18 +203,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stage-factors", action="store_true",
                    help="also print, per plan (calibration plans too), each stage's measured compute over its "
                         "profile, per operation")
+    p.add_argument("--copy", default="1f1b", metavar="PLAN",
+                   help="replay this benchmark plan twice (PLAN-copy): the gap between the two is the job's "
+                        "noise floor, and pairs within it are not counted as resolved ('' for no copy)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--save", type=Path, default=None, metavar="FILE",
+                   help="also write the replay set (plans, profile, link, every run's timeline) to FILE, "
+                        "to analyse again with --from")
+    p.add_argument("--from", dest="from_file", type=Path, default=None, metavar="FILE",
+                   help="analyse a replay set written by --save instead of replaying (no torchrun job)")
     args = p.parse_args(argv)
-    options = ReplayOptions(model=args.model, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
-                            steps=args.steps, warmup=args.warmup, threads=args.threads, lowering=args.lowering)
-    first = run_job([], options, measure=True, profile_repeats=3)
     if args.calibration_plans < 1:
         p.error("--calibration-plans must be at least 1")
-    first_profile, first_cluster = ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"])
-    plans = benchmark_plans(first_profile, first_cluster, args.microbatches, tuner_calls=args.tuner_calls)
-    calib = calibration_plans(first_profile, first_cluster, args.microbatches, count=args.calibration_plans,
-                              seed=args.seed)
-    result = run_job([plan for _, plan in plans + calib], options, measure=True)
+    names = (*METHODS, "uneven-custom", *(("adaptis", "rl") if args.tuner_calls else ()))
+    if args.copy and args.copy not in names:
+        p.error(f"--copy {args.copy!r}: not one of the benchmark's plans ({', '.join(names)}; '' for none)")
+    if args.from_file is not None:
+        try:
+            plans, calib, result = load_replay_set(args.from_file)
+        except (OSError, ValueError, KeyError) as exc:
+            p.error(f"--from {args.from_file}: not a replay set written by --save ({exc})")
+    else:
+        plans, calib, result = replay_set(args)
+        if args.save is not None:
+            save_replay_set(args.save, plans, calib, {**result, "job": {"model": args.model,
+                                                                        "lowering": args.lowering}})
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])
     runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
@@ -200,8 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                     "contention": fitted.get("contention")},
                           "p2p": result["p2p"]}))
         return 0
-    print(f"{args.model}: 2 ranks ({result['backend']}, {result['threads']} thread each, {args.lowering} receives), "
-          f"{args.microbatches} "
+    job = result.get("job", {"model": args.model, "lowering": args.lowering})
+    print(f"{job['model']}: 2 ranks ({result['backend']}, {result['threads']} thread each, "
+          f"{job['lowering']} receives), {plans[0][1].microbatches} "
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
     rows = [{**a.row(), "spread_pct": _spread_pct(a), "calibrated_ms": b.predicted,
@@ -221,12 +273,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {key:3} alone {row.get('alone', float('nan')):.2f} (n={row['alone_n']:.0f})  "
                   f"beside {row.get('beside', float('nan')):.2f} (n={row['beside_n']:.0f})")
     print(f"measured order  {' < '.join(summary['measured_order'])}")
+    if summary["copy_gap_pct"] is not None:
+        print(f"the same plan replayed twice in this job measured {summary['copy_gap_pct']:.1f}% apart (its noise "
+              f"floor); pairs further apart than that and than 2%: {summary['pairs_beyond_copies']}")
     for label, s in (("profile", summary), ("calibrated", cv_summary), ("+ per kind", per_kind_summary),
                      ("+ contention", contended_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
               f"predicted order {' < '.join(s['predicted_order'])} "
               f"({s['concordant_pairs']}/{s['pairs']} pairs agree, ties within 2% skipped; "
-              f"{s['concordant_resolved']}/{s['resolved_pairs']} of the pairs every third of the steps orders alike)")
+              f"{s['concordant_resolved']}/{s['resolved_pairs']} of the pairs every third of the steps orders alike; "
+              f"{s['concordant_beyond_copies']}/{s['pairs_beyond_copies']} beyond the copies' gap)")
     return 0
 
 

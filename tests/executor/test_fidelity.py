@@ -174,6 +174,53 @@ def test_only_pairs_every_third_of_the_steps_orders_alike_count_as_resolved() ->
     assert block_medians(_comparison("short", 1.0, [1.0, 2.0])) is None
 
 
+def test_two_replays_of_one_plan_are_no_pair_and_set_the_jobs_noise_floor() -> None:
+    from executor.fidelity import copy_gap, plan_identity
+
+    plans = dict(named_plans(4))
+    one, other = plans["1f1b"].to_dict(), plans["zb-h1"].to_dict()
+    a = replace(_comparison("a", 10.0, [100.0] * 6), run={"measured_iteration_times": [100.0] * 6, "plan": one})
+    copy = replace(_comparison("a-copy", 10.0, [103.0] * 6),
+                   run={"measured_iteration_times": [103.0] * 6, "plan": {**one, "meta": {"method": "copy"}}})
+    near = replace(_comparison("b", 9.0, [102.5] * 6), run={"measured_iteration_times": [102.5] * 6, "plan": other})
+    assert plan_identity(a) == plan_identity(copy) != plan_identity(near)  # the name and meta do not count
+    assert copy_gap([a, copy, near]) == pytest.approx(0.03)
+    got = rank_agreement([a, copy, near])
+    assert got["copy_gap_pct"] == pytest.approx(3.0)
+    # (a, copy) is no pair; (a, b) 2.5% apart and (copy, b) 0.5% (a tie) leave one pair, which the
+    # model misses (it puts b first), but the job measured one plan 3% apart from itself
+    assert (got["pairs"], got["concordant_pairs"]) == (1, 0)
+    assert (got["pairs_beyond_copies"], got["concordant_beyond_copies"]) == (0, 0)
+    without = rank_agreement([a, near])
+    assert without["copy_gap_pct"] is None and without["pairs_beyond_copies"] == without["pairs"] == 1
+    assert plan_identity(_comparison("no plan", 1.0, [1.0])) is None
+
+
+def test_the_fidelity_benchmark_analyses_a_saved_replay_set_again(tmp_path, capsys) -> None:
+    from experiments.benchmarks.fidelity import load_replay_set, main, save_replay_set
+
+    profile, cluster = _measured_profile(), Cluster(devices=2, latency_us=60.0, p2p_gbps=4.0)
+    plans, calib = named_plans(4), calibration_plans(profile, cluster, 4, count=3, seed=1)
+    scales = {**TRUE_SCALES, "overhead": 0.05, "transfer": 0.1}
+    runs = _runs_with(scales, plans + calib, profile, cluster)
+    for (_, plan), run in zip(plans + calib, runs):
+        run["plan"] = plan.to_dict()
+    result = {"profile": profile.to_dict(), "p2p": {"latency_us": 60.0, "p2p_gbps": 4.0, "backend": "gloo"},
+              "runs": runs, "backend": "gloo", "threads": 1, "job": {"model": "tiny-hybrid", "lowering": "early"}}
+    path = tmp_path / "set.json"
+    save_replay_set(path, plans, calib, result)
+    back_plans, back_calib, back = load_replay_set(path)
+    assert [n for n, _ in back_plans] == [n for n, _ in plans] and len(back_calib) == 3
+    assert [p.schedule for _, p in back_plans] == [p.schedule for _, p in plans]
+    assert main(["--from", str(path), "--tuner-calls", "0", "--copy", ""]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated on 3 random plans" in out and "measured order" in out
+    (tmp_path / "bad.json").write_text('{"version": 7}')
+    with pytest.raises(SystemExit):
+        main(["--from", str(tmp_path / "bad.json")])
+    assert "not a replay set written by --save" in capsys.readouterr().err
+
+
 def test_stage_factors_read_each_stages_measured_compute_over_its_profile() -> None:
     from experiments.benchmarks.fidelity import stage_factors
 
