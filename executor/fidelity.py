@@ -101,8 +101,8 @@ def profiled_time(layers: Sequence[LayerCost], op: str) -> float:
 
 def shares_beside(events: Sequence[dict[str, Any]], devices: int) -> list[float]:
     """Per event of a replay's timeline, the share of its time the other devices computed too:
-    their overlapping compute over its duration and the other devices' count (the ranks' clocks
-    are aligned by the step's barrier); 0 for an event of no duration."""
+    their overlapping compute over its duration and the other devices' count (the ranks on one
+    clock: :func:`executor.launch.rank_offsets`); 0 for an event of no duration."""
     others = max(1, devices - 1)
     out = []
     for e in events:
@@ -182,8 +182,8 @@ def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
 def overlap_shares(named_plans: Sequence[tuple[str, Plan]], runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per kind of operation (keys :data:`SCALE_KEYS`), the share of its measured time during which
     the other devices computed too (their overlapping compute over its duration and the other
-    devices' count, summed over every action of the replays; the ranks' clocks are aligned by the
-    step's barrier): how much contention the per-operation factors of those replays average in."""
+    devices' count, summed over every action of the replays; the ranks on one clock,
+    :func:`executor.launch.rank_offsets`): how much contention the per-operation factors of those replays average in."""
     together: dict[str, float] = {}
     total: dict[str, float] = {}
     for (_, plan), run in zip(named_plans, runs):

@@ -2,7 +2,8 @@
 
 It runs one or more plans on real layers in one process group and, on rank 0, writes a JSON
 result (``--out``): per plan the measured iteration times, the measured timeline (the
-simulator's timeline format, milliseconds, clocks aligned by a barrier before each step), the
+simulator's timeline format, milliseconds; ranks of one host on their shared monotonic clock,
+across hosts aligned by a barrier before each step), the
 losses and, with ``--check``, the largest relative gradient, loss and weight errors against
 the unpipelined model run on one process. ``--p2p-bench`` instead measures point-to-point
 latency and bandwidth between ranks 0 and 1.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -155,6 +157,18 @@ def _prepare(plan: Any, arch: Any, args: argparse.Namespace, rank: int, device: 
     return {"ex": ex, "tokens": tokens, "labels": labels, "out": out, "steps": []}
 
 
+def rank_offsets(starts: Sequence[float], hosts: Sequence[str]) -> list[float]:
+    """Seconds to add to each rank's step-relative times to put them on one clock. Ranks of one host
+    read the same monotonic clock (``perf_counter``), so their step starts place them exactly:
+    each rank's start after the earliest (the barrier releases ranks up to a few ms apart, and a
+    timeline aligned on each rank's own start then shows a consumer starting before its producer
+    ended). Across hosts the clocks differ and the barrier is the alignment: 0 for every rank."""
+    if len(set(hosts)) != 1:
+        return [0.0] * len(starts)
+    first = min(starts)
+    return [t - first for t in starts]
+
+
 def freeze_collector() -> None:
     """Collect, then move every object alive now (modules, stages, buffers, torch's own) out of the
     cyclic garbage collector's reach (``gc.freeze``). The collector stays on and its time stays in
@@ -185,18 +199,22 @@ def _run_plans(plans: Sequence[Any], arch: Any, args: argparse.Namespace, rank: 
     results = []
     for job in jobs:
         steps = job["steps"]
-        local = [{"seconds": r.seconds, "loss": r.loss,
-                  "records": [(s, op, mb, a - r.start, b - r.start) for s, op, mb, a, b in r.records]}
-                 for r in steps]
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, local)
+        local = {"host": socket.gethostname(),
+                 "steps": [{"seconds": r.seconds, "loss": r.loss, "start": r.start,
+                            "records": [(s, op, mb, a - r.start, b - r.start) for s, op, mb, a, b in r.records]}
+                           for r in steps]}
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, local)
         if rank != 0:
             continue
         out = job["out"]
+        gathered = [g["steps"] for g in everyone]
         times = [max(g[k]["seconds"] for g in gathered) for k in range(len(steps))]
         med = statistics.median(times)
         pick = min(range(len(times)), key=lambda k: abs(times[k] - med))  # the step closest to the median
-        events = [{"device": d, "action": f"{s}{op}{mb}", "start": a * 1e3, "end": b * 1e3}
+        offsets = rank_offsets([g[pick]["start"] for g in gathered], [g["host"] for g in everyone])
+        events = [{"device": d, "action": f"{s}{op}{mb}", "start": (a + offsets[d]) * 1e3,
+                   "end": (b + offsets[d]) * 1e3}
                   for d, g in enumerate(gathered) for s, op, mb, a, b in g[pick]["records"]]
         events.sort(key=lambda e: (e["device"], e["start"]))
         losses = [x["loss"] for g in gathered for x in g if x["loss"] is not None]

@@ -131,3 +131,11 @@ def test_the_collector_is_frozen_after_the_warm_up_and_stays_on() -> None:
         gc.unfreeze()
     assert ReplayOptions().worker_args()[-2:] == ["--gc", "freeze"]
     assert ReplayOptions(gc="auto").worker_args()[-2:] == ["--gc", "auto"]
+
+
+def test_ranks_of_one_host_share_a_clock_and_others_keep_the_barrier() -> None:
+    from executor.launch import rank_offsets
+
+    # rank 1 left the barrier 3 ms after rank 0: its step-relative times move 3 ms later
+    assert rank_offsets([10.000, 10.003], ["box", "box"]) == pytest.approx([0.0, 0.003])
+    assert rank_offsets([10.000, 99.0], ["a", "b"]) == [0.0, 0.0]  # two hosts: two clocks
