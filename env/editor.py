@@ -20,7 +20,7 @@ simulator calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -285,31 +285,58 @@ class PlanEditor:
 
     def start(self, candidates: Sequence[Candidate] | None = None) -> None:
         """Evaluate the starting candidates (default :func:`portfolio`) and start from the best."""
+        for _ in self.starting(candidates):
+            pass
+
+    def starting(self, candidates: Sequence[Candidate] | None = None) -> Iterator[list[Candidate]]:
+        """:meth:`start`, run step by step: before each round of evaluations it yields the
+        candidates that round surely evaluates, in order, so a caller can simulate them beforehand
+        in one batch (:class:`env.vector_env.PipelineVectorEnv`); what it does is :meth:`start`'s."""
         cands = list(candidates) if candidates is not None else portfolio(self.problem, self.balanced)
         if not cands:
             raise PlanError("no starting candidate fits this problem", field="start")
+        # The call count as a start evaluating one candidate after another has it (the batch run
+        # at the yield is ahead of it): what the call budget is checked against.
+        calls = self.ev.calls
+        yield cands[:self._surely(len(cands), first=True)]
         best_c, best_k = None, None
         over: list[tuple[float, Candidate]] = []
         for c in cands:
-            if best_c is not None and not self.budget_left():
+            if best_c is not None and not self._left(calls):
                 break
             res = self.ev.result(c)
+            calls = max(calls, self.ev.call_number(c))
             k = objective_key(res)
             if res.valid and not res.feasible:
                 over.append((res.iteration_time, c))
             if best_k is None or k < best_k:
                 best_c, best_k = c, k
         # Tight memory: the fastest plans that do not fit, with their budgets cut to fit.
-        for _, c in sorted(over, key=lambda x: x[0])[:self.repair_starts]:
-            fixed = fit_memory(c, self.ev.result(c), self.ev)
-            if fixed is None or not self.budget_left():
+        fastest = sorted(over, key=lambda x: x[0])[:self.repair_starts]
+        repairs = [fixed for _, c in fastest if (fixed := fit_memory(c, self.ev.result(c), self.ev)) is not None]
+        if repairs:
+            yield repairs[:self._surely(len(repairs), first=False)]
+        for fixed in repairs:
+            if not self._left(calls):
                 continue
             k = objective_key(self.ev.result(fixed))
+            calls = max(calls, self.ev.call_number(fixed))
             if k < best_k:
                 best_c, best_k = fixed, k
         assert best_c is not None
         self._set_current(best_c)
         self.best, self.best_result = self.current, self.result
+
+    def _left(self, calls: int) -> bool:
+        return self.max_calls is None or calls < self.max_calls
+
+    def _surely(self, n: int, *, first: bool) -> int:
+        """How many of ``n`` candidates evaluated in turn while calls are left are surely evaluated
+        (each costs at most one call; ``first``: the first one is evaluated whatever is left)."""
+        if self.max_calls is None:
+            return n
+        left = self.max_calls - self.ev.calls
+        return min(n, max(left, 1 if first else 0))
 
     def _set_current(self, c: Candidate) -> None:
         self.current = c

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -297,6 +298,15 @@ class PipelineEnv(gym.Env):
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        for _ in self._resetting(seed=seed, options=options):
+            pass
+        return self._obs(), self._info(kept=False, edit="start")
+
+    def _resetting(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+                   ) -> Iterator[list[Candidate]]:
+        """:meth:`reset` up to its observation, run step by step: it yields the starting plans it
+        is about to simulate (:meth:`env.editor.PlanEditor.starting`), which the vector env
+        simulates in its batch beforehand; what it does is :meth:`reset`'s."""
         super().reset(seed=seed)
         options = dict(options or {})
         problem = _problem_from(options)
@@ -328,28 +338,31 @@ class PipelineEnv(gym.Env):
             start = prep.portfolio
         elif isinstance(start, Candidate):
             start = [start]
-        self.editor.start(start)
+        yield from self.editor.starting(start)
         self.steps = 0
         self._last_kept = False
         self._start_time = self.editor.result.iteration_time
         self._calls_cap = max(1, (max_calls or self.max_steps + 10) - evaluator.calls)
         self._calls_at_start = evaluator.calls
         self._obs_cache = None
-        return self._obs(), self._info(kept=False, edit="start")
 
     def step(self, action):
+        reward, terminated, truncated, kept, edit = self._step(action)
+        return self._obs(), reward, terminated, truncated, self._info(kept=kept, edit=edit)
+
+    def _step(self, action) -> tuple[float, bool, bool, bool, str]:
+        """:meth:`step` without its observation and info: ``(reward, terminated, truncated, kept, edit)``."""
         ed = self._editor()
         a = int(action)
         if not 0 <= a < N_ACTIONS:
             raise ValueError(f"action {action!r} is outside Discrete({N_ACTIONS})")
         if a == 0 and ed.mask()[0]:
-            return self._obs(), 0.0, True, False, self._info(kept=False, edit="stop")
+            return 0.0, True, False, False, "stop"
         if not ed.mask()[a]:
             # A masked edit changes nothing and costs no simulator call; it still uses a step.
             self.steps += 1
             self._last_kept = False
-            truncated = self.steps >= self.max_steps
-            return self._obs(), -self.step_cost, False, bool(truncated), self._info(kept=False, edit="masked")
+            return -self.step_cost, False, bool(self.steps >= self.max_steps), False, "masked"
         before = score(ed.result, self.reference)
         kept, _ = ed.apply(a)
         self.steps += 1
@@ -358,7 +371,7 @@ class PipelineEnv(gym.Env):
         mask = ed.mask()
         terminated = not mask[1:].any() and ed.budget_left()
         truncated = (self.steps >= self.max_steps or not ed.budget_left()) and not terminated
-        return self._obs(), reward, bool(terminated), bool(truncated), self._info(kept=kept, edit=str(ACTIONS[a]))
+        return reward, bool(terminated), bool(truncated), bool(kept), str(ACTIONS[a])
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions as a boolean array (what sb3-contrib's MaskablePPO reads)."""
@@ -386,6 +399,12 @@ class PipelineEnv(gym.Env):
         return self.editor
 
     def _obs(self) -> dict[str, np.ndarray]:
+        st, dev, g = self._obs_parts()
+        return {"stages": st.copy(), "devices": dev.copy(), "plan": g}
+
+    def _obs_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(stages, devices, plan)`` of the observation; ``stages`` and ``devices`` are the cached
+        arrays of the current plan (never to be written: :meth:`_obs` copies them)."""
         ed = self._editor()
         cache = self._obs_cache
         if cache is None or cache[0] is not ed.current:
@@ -401,7 +420,7 @@ class PipelineEnv(gym.Env):
         calls_left = (self._calls_cap - (ed.ev.calls - self._calls_at_start)) / self._calls_cap
         g = np.array([*head, (self.max_steps - self.steps) / self.max_steps, max(0.0, calls_left),
                       float(self._last_kept), *tail], dtype=np.float32)
-        return {"stages": st.copy(), "devices": dev.copy(), "plan": g}
+        return st, dev, g
 
     def _state_obs(self) -> tuple[np.ndarray, np.ndarray, list[float], list[float]]:
         """The parts of the observation that depend on the current plan only."""

@@ -32,7 +32,7 @@ are simulated one by one, in the reset.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,9 @@ from env.pipeline_env import PipelineEnv
 from pipeline.space import Candidate, Evaluator, results_across
 
 __all__ = ["PipelineVectorEnv"]
+
+#: The observation's entries in the order of ``PipelineEnv._obs_parts``.
+_PARTS = ("stages", "devices", "plan")
 
 
 class PipelineVectorEnv(VectorEnv):
@@ -96,7 +99,15 @@ class PipelineVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._keys = tuple(self.single_observation_space.spaces)
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
-        self._obs: list[Any] = [None] * self.num_envs
+        self._obs: list[tuple[np.ndarray, ...] | None] = [None] * self.num_envs
+        """Each environment's observation, its arrays in ``_PARTS`` order (never to be written)."""
+        # Environments whose step / reset are PipelineEnv's run their parts here (a subclass that
+        # overrides one is stepped / reset through it).
+        plain = [type(e)._obs is PipelineEnv._obs and type(e)._obs_parts is PipelineEnv._obs_parts
+                 for e in self.envs]
+        self._plain_step = [p and type(e).step is PipelineEnv.step for p, e in zip(plain, self.envs)]
+        self._plain_reset = [p and type(e).reset is PipelineEnv.reset for p, e in zip(plain, self.envs)]
+        self._sim_seconds = 0.0
         self.batched_calls = 0
         """Native batches run by :meth:`step` (one per step that simulated something)."""
         self.timings = {"step": 0.0, "prefetch": 0.0, "resets": 0.0}
@@ -119,7 +130,7 @@ class PipelineVectorEnv(VectorEnv):
         options = dict(options) if options else {}
         mask = options.pop("reset_mask", None)
         if mask is None:
-            which = range(n)
+            which = list(range(n))
             self._obs = [None] * n
         else:
             mask = np.asarray(mask)
@@ -127,11 +138,9 @@ class PipelineVectorEnv(VectorEnv):
                 raise ValueError(f"options['reset_mask'] must be a bool array of shape ({n},) with a True, "
                                  f"got {mask!r}")
             which = np.flatnonzero(mask).tolist()
-        infos: list[tuple[int, dict[str, Any]]] = []
-        for i in which:
-            self._obs[i], info = self.envs[i].reset(seed=seeds[i], options=options or None)
-            self._autoreset[i] = False
-            infos.append((i, info))
+        # One evaluator handed to every environment counts their calls in turn: one reset after another.
+        infos = self._resets(which, seeds=seeds, options=options or None, batched="evaluator" not in options)
+        self._autoreset[which] = False
         if any(o is None for o in self._obs):
             raise ValueError("reset with a reset_mask before every environment was reset once: call reset() first")
         return self._batch_obs(), self._batch_infos(infos)
@@ -148,43 +157,54 @@ class PipelineVectorEnv(VectorEnv):
             raise ValueError(f"environments {np.flatnonzero(self._autoreset).tolist()} ended: reset them "
                              "(options={'reset_mask': ...}) before stepping with autoreset_mode=Disabled")
         t0 = time.perf_counter()
-        self._prefetch(acts, skip=self._autoreset if next_step else None)
+        self._sim_seconds = 0.0
+        info_of: dict[int, dict[str, Any]] = {}
+        ending = np.flatnonzero(self._autoreset).tolist() if next_step else []
+        stepping = self._requests(acts, skip=self._autoreset if next_step else None)
+        if ending:  # their starting plans join the step's batch
+            info_of.update(self._resets(ending, seeds=None, options=None, batched=True, with_batch=stepping))
+        else:
+            self._simulate(stepping)
         t1 = time.perf_counter()
-        resets = 0.0
         rewards = np.zeros(n, dtype=np.float64)
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
-        infos: list[tuple[int, dict[str, Any]]] = []
-        finals: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
+        obs = self._obs
+        plain = self._plain_step
+        skip = set(ending)
+        finals: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]] = []
         for i, env in enumerate(self.envs):
-            if next_step and self._autoreset[i]:
-                r0 = time.perf_counter()
-                self._obs[i], info = env.reset()
-                resets += time.perf_counter() - r0
+            if i in skip:
+                continue
+            if plain[i]:
+                rewards[i], terms[i], truncs[i], kept, edit = env._step(acts[i])
+                obs[i], info = env._obs_parts(), env._info(kept=kept, edit=edit)
             else:
-                self._obs[i], rewards[i], terms[i], truncs[i], info = env.step(acts[i])
-                if mode == AutoresetMode.SAME_STEP and (terms[i] or truncs[i]):
-                    finals.append((i, self._obs[i], info))
-                    r0 = time.perf_counter()
-                    self._obs[i], info = env.reset()
-                    resets += time.perf_counter() - r0
-            infos.append((i, info))
+                o, rewards[i], terms[i], truncs[i], info = env.step(acts[i])
+                obs[i] = tuple(o[k] for k in _PARTS)
+            info_of[i] = info
+            if mode == AutoresetMode.SAME_STEP and (terms[i] or truncs[i]):
+                finals.append((i, {k: v.copy() for k, v in zip(_PARTS, obs[i])}, info))
+        t2 = time.perf_counter()
+        if finals:
+            info_of.update(self._resets([i for i, _, _ in finals], seeds=None, options=None, batched=True))
         self._autoreset = terms | truncs
-        out = self._batch_infos(infos)
+        out = self._batch_infos([(i, info_of[i]) for i in range(n)])
         if finals:
             final_obs = np.full(n, None, dtype=object)
-            for i, obs, _ in finals:
-                final_obs[i] = obs
+            for i, o, _ in finals:
+                final_obs[i] = o
             out["final_obs"] = final_obs
             out["_final_obs"] = np.isin(np.arange(n), [i for i, _, _ in finals])
             out["final_info"] = self._batch_infos([(i, info) for i, _, info in finals])
             out["_final_info"] = out["_final_obs"].copy()
-        obs = self._batch_obs()
+        t3 = time.perf_counter()
+        batch = self._batch_obs()
         tm = self.timings
         tm["step"] += time.perf_counter() - t0
-        tm["prefetch"] += t1 - t0
-        tm["resets"] += resets
-        return obs, rewards, terms, truncs, out
+        tm["prefetch"] += self._sim_seconds
+        tm["resets"] += (t1 - t0) + (t3 - t2) - self._sim_seconds if (ending or finals) else 0.0
+        return batch, rewards, terms, truncs, out
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions of every environment, ``(num_envs, 344)`` bool (MaskablePPO's masks)."""
@@ -196,14 +216,64 @@ class PipelineVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------ batching
 
-    def _prefetch(self, acts: list[int], *, skip: np.ndarray | None) -> None:
-        """Simulate, in one native batch, the new plan each environment's step will ask for.
+    def _resets(self, which: list[int], *, seeds: list[int | None] | None, options: dict[str, Any] | None,
+                batched: bool, with_batch: list[tuple[Evaluator, Candidate]] | None = None
+                ) -> list[tuple[int, dict[str, Any]]]:
+        """Reset the environments ``which`` (their observations into ``self._obs``) and return their
+        infos; with ``batched``, the starting plans of all of them are simulated in native batches
+        (:meth:`env.pipeline_env.PipelineEnv._resetting`), the first one together with
+        ``with_batch`` (a step's edited plans)."""
+        infos: dict[int, dict[str, Any]] = {}
+        runs: list[tuple[int, Iterator[list[Candidate]]]] = []
+        for i in which:
+            env, seed = self.envs[i], None if seeds is None else seeds[i]
+            if batched and self._plain_reset[i]:
+                runs.append((i, env._resetting(seed=seed, options=options)))
+            else:
+                o, infos[i] = env.reset(seed=seed, options=options)
+                self._obs[i] = tuple(o[k] for k in _PARTS)
+        first = list(with_batch or ())
+        while runs or first:
+            self._simulate(first + self._advance(runs))
+            first = []
+        for i in which:
+            if i not in infos:
+                env = self.envs[i]
+                self._obs[i], infos[i] = env._obs_parts(), env._info(kept=False, edit="start")
+        return [(i, infos[i]) for i in which]
+
+    def _advance(self, runs: list[tuple[int, Iterator[list[Candidate]]]]) -> list[tuple[Evaluator, Candidate]]:
+        """Run each reset to its next round of simulations (dropping those that finished) and
+        return what that round will simulate: the plans not known yet, up to the first one the
+        scenario's memo holds (the reset adopts it in turn, and the calls keep their order)."""
+        requests: list[tuple[Evaluator, Candidate]] = []
+        done = []
+        for k, (i, run) in enumerate(runs):
+            try:
+                hint = next(run)
+            except StopIteration:
+                done.append(k)
+                continue
+            ev = self.envs[i].editor.ev
+            memo = getattr(ev, "_memo", None)
+            for t in hint:
+                if ev.known(t):
+                    continue
+                if memo is not None and t in memo:
+                    break
+                requests.append((ev, t))
+        for k in reversed(done):
+            del runs[k]
+        return requests
+
+    def _requests(self, acts: list[int], *, skip: np.ndarray | None) -> list[tuple[Evaluator, Candidate]]:
+        """The new plan each environment's step will ask for.
 
         A step evaluates exactly one candidate: the target of its action when the action is an
-        allowed edit (``PlanEditor.apply``). Evaluating it here, on the environment's own
-        evaluator, counts and caches the call the step would make, so the step finds it ready
-        and nothing else changes (a result the scenario's shared memo holds is left to the step,
-        which adopts it as it would)."""
+        allowed edit (``PlanEditor.apply``). Evaluating it beforehand (:meth:`_simulate`), on the
+        environment's own evaluator, counts and caches the call the step would make, so the step
+        finds it ready and nothing else changes (a result the scenario's shared memo holds is left
+        to the step, which adopts it as it would)."""
         requests: list[tuple[Evaluator, Candidate]] = []
         for i, env in enumerate(self.envs):
             a = acts[i]
@@ -220,19 +290,29 @@ class PipelineVectorEnv(VectorEnv):
             if memo is not None and t in memo:
                 continue
             requests.append((ev, t))
+        return requests
+
+    def _simulate(self, requests: list[tuple[Evaluator, Candidate]]) -> None:
+        """Simulate ``requests`` in one native batch, each on its evaluator (which counts and caches
+        it as its ``result`` would), and keep each result in the scenario's memo as
+        ``SharedEvaluator.result`` does."""
         if not requests:
             return
+        t0 = time.perf_counter()
         self.batched_calls += 1
+        seen: set[tuple[int, Candidate]] = set()
         for (ev, t), res in zip(requests, results_across(requests, threads=self.engine_threads)):
             memo = getattr(ev, "_memo", None)
-            if memo is not None:  # what SharedEvaluator.result keeps for the scenario's later episodes
+            if memo is not None and (id(ev), t) not in seen:
+                seen.add((id(ev), t))
                 if len(memo) >= ev.MEMO_LIMIT:
                     memo.clear()
                 memo[t] = res
+        self._sim_seconds += time.perf_counter() - t0
 
     def _batch_obs(self) -> dict[str, np.ndarray]:
         obs = self._obs
-        return {k: np.stack([o[k] for o in obs]) for k in self._keys}
+        return {k: np.stack([o[_PARTS.index(k)] for o in obs]) for k in self._keys}
 
     def _batch_infos(self, items: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         """Gymnasium's vector info layout (what ``VectorEnv._add_info`` builds, faster): each key an

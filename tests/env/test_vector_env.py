@@ -314,3 +314,45 @@ def test_a_seeded_rollout_is_pinned() -> None:
     assert episodes.tolist() == [2, 2, 2, 2] and infos["sim_calls"].tolist() == [19, 19, 19, 19]
     assert infos["best_iteration_time"] == pytest.approx(
         [601.8267620625547, 707.4960232762296, 67.12519125241798, 88.51158992134816], rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("max_calls", [None, 4, 13])
+def test_batched_resets_count_calls_in_order(mode, max_calls):
+    """Resets simulate their starting plans in the step's batch: with call budgets that cut the
+    start short (4: fewer than the portfolio) and repeated scenarios whose memo holds the starts,
+    every evaluator still numbers its calls as the environment stepped alone does."""
+    n, kw = 4, {"max_steps": 4, "max_calls": max_calls, "repeat_scenario": 2, "single_start_share": 0.3}
+    vec, ref = _vec(n, autoreset_mode=mode, **kw), _sync(n, mode, **kw)
+    rng = np.random.default_rng(3)
+    vec.reset(seed=11)
+    ref.reset(seed=11)
+    for _ in range(14):
+        for a, b in zip(vec.envs, ref.envs):
+            assert a.editor.ev._call_numbers == b.editor.ev._call_numbers
+            assert a.editor.ev.calls == b.editor.ev.calls and a.editor.current == b.editor.current
+        acts = _actions(vec.action_masks(), rng)
+        o1, r1, t1, u1, i1 = vec.step(acts)
+        o2, r2, t2, u2, i2 = ref.step(acts)
+        assert all(np.array_equal(o1[k], o2[k]) for k in o1)
+        assert np.array_equal(r1, r2) and np.array_equal(t1 | u1, t2 | u2)
+        _same_infos(i1, i2)
+
+
+def test_subclass_overriding_reset_is_reset_through_it():
+    """An env_factory's subclass that overrides reset (a fixed scenario) is reset by its own reset."""
+    from env.scenarios import sample_scenario
+
+    problem = sample_scenario(np.random.default_rng(2), SMALL)
+
+    class Fixed(PipelineEnv):
+        def reset(self, *, seed=None, options=None):
+            return super().reset(seed=seed, options={"problem": problem, **(options or {})})
+
+    vec = PipelineVectorEnv(3, env_factory=lambda: Fixed(max_steps=2))
+    vec.reset(seed=0)
+    assert all(e.editor.problem is problem for e in vec.envs)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        vec.step(_actions(vec.action_masks(), rng))
+    assert all(e.editor.problem is problem for e in vec.envs)
