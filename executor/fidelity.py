@@ -25,8 +25,8 @@ from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, LayerCost, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
-           "runtime_profile", "scale_key", "profiled_time", "shares_beside", "fit_runtime_scales", "fit_kind_scales",
-           "overlap_shares", "uncontended", "fit_overheads",
+           "runtime_profile", "scale_key", "layer_key", "profiled_time", "fit_layer_scales", "unit_plans",
+           "shares_beside", "fit_runtime_scales", "fit_kind_scales", "overlap_shares", "uncontended", "fit_overheads",
            "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
            "plan_identity", "copy_gap", "rank_agreement", "fidelity_summary"]
@@ -48,9 +48,10 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     * on the first stage ``I`` does nothing (no input gradient to send) and ``W`` runs the whole
       backward in one pass: that stage's ``b`` moves into ``w``, priced at ``b_full`` when known.
 
-    ``scales`` (from :func:`calibrate`) multiply each kind of operation (keys :data:`SCALE_KEYS`)
-    and set the per-action overhead (key ``"overhead"``, the profile's time unit): what measured
-    replays teach the model. Profiles without ``b_full`` (analytic ones) price B as ``b + w``.
+    ``scales`` (from :func:`calibrate`) multiply each kind of operation (keys :data:`SCALE_KEYS`;
+    a layer kind's own, ``"B@head"``, instead of its operation's; a layer's own, ``"W#3"``
+    (:func:`layer_key`), on top) and set the per-action overhead (key ``"overhead"``, the profile's
+    time unit): what measured replays teach the model. Profiles without ``b_full`` (analytic ones) price B as ``b + w``.
     """
     from dataclasses import replace
 
@@ -63,10 +64,16 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
         profile = replace(profile, compute_contention=float(k["contention"]))
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
+    own_b = [v for key, v in k.items() if key.startswith("B#")]
+    typical_b = statistics.median(own_b) if own_b else 1.0
     for s, (start, end) in enumerate(plan.partition):
         for i in range(start, end):
             layer = layers[i]
-            kk = {op: k.get(f"{op}@{layer.kind}", k[op]) for op in SCALE_KEYS}  # a kind's own, else the op's
+            # a kind's own factor, else the op's; times the layer's own (fit_layer_scales; the first
+            # stage's W is the layer's whole backward: its fused B's factor over a typical layer's)
+            kk = {op: k.get(f"{op}@{layer.kind}", k[op]) * (k.get(layer_key(op, i), 1.0) if op != "W0"
+                                                            else k.get(layer_key("B", i), typical_b) / typical_b)
+                  for op in SCALE_KEYS}
             measured = "b_full" in layer.extra
             full = float(layer.extra["b_full"]) if measured else layer.b + layer.w
             extra = {**layer.extra, "b_full": full * kk["B"]} if measured else layer.extra
@@ -85,6 +92,11 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
 def scale_key(stage: int, op: str) -> str:
     """The :data:`SCALE_KEYS` key of an action: its operation, ``"W0"`` for the first stage's W."""
     return "W0" if stage == 0 and op == "W" else op
+
+
+def layer_key(op: str, index: int) -> str:
+    """The key of layer ``index``'s own factor on ``op`` (a :data:`SCALE_KEYS` key): ``"W#3"``."""
+    return f"{op}#{index}"
 
 
 def profiled_time(layers: Sequence[LayerCost], op: str) -> float:
@@ -114,23 +126,73 @@ def shares_beside(events: Sequence[dict[str, Any]], devices: int) -> list[float]
 
 
 def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
-                       runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+                       runs: Sequence[dict[str, Any]], *, base: Mapping[str, float] | None = None) -> dict[str, float]:
     """Per kind of operation, measured time over predicted time, summed over every action of the
     replayed plans (their measured timelines): the factors :func:`runtime_profile` applies.
     Kinds the runs never executed are left out (factor 1). Measured timelines are in ms; the
-    profile may use any time unit."""
+    profile may use any time unit. ``base``: per-layer factors (:func:`fit_layer_scales`) the
+    predictions already carry, so these factors are what is left on top of them."""
     ms_per_unit = profile.seconds_per_unit * 1e3
     measured: dict[str, float] = {}
     predicted: dict[str, float] = {}
     for (_, plan), run in zip(named_plans, runs):
-        base = runtime_profile(profile, plan)
+        base_profile = runtime_profile(profile, plan, base)
         for event in run["timeline"]["events"]:
             stage, op, _ = parse_action(event["action"])
             key = scale_key(stage, op)
             start, end = plan.partition[stage]
             measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
-            predicted[key] = predicted.get(key, 0.0) + profiled_time(base.layers[start:end], op)
+            predicted[key] = predicted.get(key, 0.0) + profiled_time(base_profile.layers[start:end], op)
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
+
+
+def fit_layer_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                     runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per layer and operation F, I, W, B (keys :func:`layer_key`, ``"W#3"``; a first stage's W,
+    the whole backward of its layers, takes their B factors), the median over the replayed plans
+    of what that layer alone took in the pipeline (the median duration of the operation on a stage
+    of that one layer) over its per-layer profile. Only stages of one layer inform it, and not the
+    first stage (no input gradient, nothing received: its one layer, the embedding, costs little
+    beside the runtime's work around it, and its factors made the fit worse); :func:`unit_plans`
+    replays every other layer so. The profile times each
+    layer once per pass, after its neighbour in the model: on two CPU ranks two identical blocks came
+    out 0.64 and 0.82 ms by their place in that pass (0.48-0.50 ms each when repeated alone), and
+    the head's fused backward 40% above what the pipeline spends. A stage's time is the sum of its
+    layers' own in the pipeline far more closely than of their profiled times (the spread of the
+    one over the other, over the multi-layer stages of four replay sets: F 0.08 against 0.12, I 0.10
+    against 0.13, W 0.09 against 0.16, fused B 0.07 against 0.21, in log)."""
+    ms_per_unit = profile.seconds_per_unit * 1e3
+    ratios: dict[str, list[float]] = {}
+    for (_, plan), run in zip(named_plans, runs):
+        raw = runtime_profile(profile, plan)
+        durations: dict[tuple[int, str], list[float]] = {}
+        for event in run["timeline"]["events"]:
+            stage, op, _ = parse_action(event["action"])
+            durations.setdefault((stage, op), []).append((event["end"] - event["start"]) / ms_per_unit)
+        for (stage, op), times in durations.items():
+            start, end = plan.partition[stage]
+            profiled = profiled_time(raw.layers[start:end], op)
+            if end - start == 1 and profiled > 0 and stage != 0:
+                key = layer_key(scale_key(stage, op), start)
+                ratios.setdefault(key, []).append(statistics.median(times) / profiled)
+    return {key: float(np.clip(statistics.median(v), 0.2, 5.0)) for key, v in sorted(ratios.items())}
+
+
+def unit_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> list[tuple[str, Plan]]:
+    """Two plans that time every layer alone in the pipeline, for :func:`fit_layer_scales`: one stage
+    per layer, stage ``s`` on device ``s mod devices``, list-scheduled with a split backward
+    (``"unit-split"``: F, I and W of each layer) and a fused one (``"unit-fused"``: its B)."""
+    from pipeline.space import Candidate, Scenario, materialize
+
+    P, L = cluster.devices, profile.num_layers
+    problem = Scenario(profile, cluster, microbatches)
+    out = []
+    for name, split in (("unit-split", True), ("unit-fused", False)):
+        cand = Candidate((1,) * L, tuple(s % P for s in range(L)), "list", None, split_backward=split)
+        plan = materialize(cand, problem)
+        out.append((name, Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
+                               {"method": name})))
+    return out
 
 
 #: Shrinkage of a layer kind's own factor toward its operation's (ridge weight, relative to the
@@ -260,14 +322,18 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
-              runs: Sequence[dict[str, Any]], kinds: bool = False, contention: bool = False) -> dict[str, float]:
+              runs: Sequence[dict[str, Any]], kinds: bool = False, contention: bool = False,
+              layers: bool = False) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
     all the time between actions, as before the per-transfer term existed. ``contention``: the
     compute contention between devices too (``"contention"``, fitted with the overheads; the
-    per-operation factors then are :func:`uncontended`)."""
-    scales = fit_runtime_scales(named_plans, profile, runs)
+    per-operation factors then are :func:`uncontended`). ``layers``: each layer's own factor first
+    (:func:`fit_layer_scales`, from the stages of one layer; :func:`unit_plans` gives every layer
+    one), the per-operation factors then fitted on top of them."""
+    own = fit_layer_scales(named_plans, profile, runs) if layers else {}
+    scales = fit_runtime_scales(named_plans, profile, runs, base=own) | own
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
@@ -279,10 +345,11 @@ def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cl
 
 
 def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, *, count: int,
-                      seed: int = 0) -> list[tuple[str, Plan]]:
+                      seed: int = 0, units: bool = False) -> list[tuple[str, Plan]]:
     """``count`` random plans to replay for calibration: random partitions into 2-6 stages,
     random stage-to-device maps that use every device, list-scheduled with fused or split
-    backward and deferred or eager W. Deterministic for ``seed``."""
+    backward and deferred or eager W. Deterministic for ``seed``. ``units``: the two
+    :func:`unit_plans` first (every layer timed alone, for ``calibrate(..., layers=True)``)."""
     import random
 
     from pipeline.space import Candidate, Scenario, materialize
@@ -309,7 +376,7 @@ def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int
         name = f"calib{len(out)}"
         out.append((name, Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                                {"method": name})))
-    return out
+    return (unit_plans(profile, cluster, microbatches) if units else []) + out
 
 
 def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> ModelProfile:
@@ -320,8 +387,8 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
 
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales)
     layers = []
-    for layer in profile.layers:
-        kk = {op: k.get(f"{op}@{layer.kind}", k[op]) for op in SCALE_KEYS}
+    for i, layer in enumerate(profile.layers):
+        kk = {op: k.get(f"{op}@{layer.kind}", k[op]) * k.get(layer_key(op, i), 1.0) for op in SCALE_KEYS}
         extra = dict(layer.extra)
         if "b_full" in extra:
             extra["b_full"] = float(extra["b_full"]) * kk["B"]
@@ -389,12 +456,13 @@ def compare_plans(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
 def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
                     runs: Sequence[dict[str, Any]],
                     calibration: tuple[Sequence[tuple[str, Plan]], Sequence[dict[str, Any]]] | None = None,
-                    kinds: bool = False, contention: bool = False) -> list[PlanComparison]:
+                    kinds: bool = False, contention: bool = False, layers: bool = False) -> list[PlanComparison]:
     """Predictions whose calibration never saw the predicted plan. With ``calibration`` (other
     plans and their runs), :func:`calibrate` fits on those and predicts every plan; without,
     leave one plan out (each plan predicted from the others; needs at least two plans)."""
     if calibration is not None:
-        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1], kinds=kinds, contention=contention)
+        scales = calibrate(calibration[0], profile, cluster, runs=calibration[1], kinds=kinds, contention=contention,
+                           layers=layers)
         return compare_plans(named_plans, profile, cluster, runs=runs, scales=scales)
     if len(named_plans) < 2:
         raise ValueError("cross-validation needs at least two replayed plans")
@@ -402,7 +470,7 @@ def cross_validated(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     for k, item in enumerate(named_plans):
         others = [j for j in range(len(named_plans)) if j != k]
         scales = calibrate([named_plans[j] for j in others], profile, cluster, runs=[runs[j] for j in others],
-                           kinds=kinds, contention=contention)
+                           kinds=kinds, contention=contention, layers=layers)
         out += compare_plans([item], profile, cluster, runs=[runs[k]], scales=scales)
     return out
 

@@ -5,15 +5,17 @@ model on every rank at once, then runs several plans round-robin (1F1B, interlea
 ZB-H1, ZB-V and a hand-made plan with an uneven partition and a non-sequential placement that
 stands in for a searched plan) and the plans the AdaPtis tuner and the RL policy pick
 (``--tuner-calls``). The plans are built from a first quick profile of this machine.
-The same job also replays --calibration-plans random plans (random partitions and placements).
+The same job also replays --calibration-plans random plans (random partitions and placements) and two
+with every layer a stage of its own (executor.fidelity.unit_plans: each layer timed alone in the pipeline).
 Prints per plan the prediction error, then the median error and whether the model ranks the
 plans in the measured order (every pair, and the pairs the measurement itself resolves: ordered alike
 by each third of the timed steps), twice: from the per-layer profile alone ("profile"), and calibrated
 on the random plans' replays only ("calibrated": a factor per kind of operation and the
 per-action and per-transfer overheads, executor.fidelity.calibrate; "+ per kind": the same with a
 factor per operation and layer kind as well, fit_kind_scales, off by default; "+ contention": the
-same with the compute contention between the ranks fitted with the overheads; the benchmark plans
-never inform their own predictions).
+same with the compute contention between the ranks fitted with the overheads; "+ per layer": that and
+each layer's own factor from the stages of one layer, fit_layer_scales; the benchmark plans never inform
+their own predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
       [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--json] [--save FILE | --from FILE]
@@ -162,7 +164,7 @@ def replay_set(args: argparse.Namespace) -> tuple[list[tuple[str, Plan]], list[t
     plans = benchmark_plans(first_profile, first_cluster, args.microbatches, tuner_calls=args.tuner_calls,
                             copy_of=args.copy or None)
     calib = calibration_plans(first_profile, first_cluster, args.microbatches, count=args.calibration_plans,
-                              seed=args.seed)
+                              seed=args.seed, units=True)
     return plans, calib, run_job([plan for _, plan in plans + calib], options, measure=True)
 
 
@@ -239,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_kind_summary = fidelity_summary(per_kind)
     contended = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs), contention=True)
     contended_summary = fidelity_summary(contended)
+    per_layer = cross_validated(plans, profile, cluster, runs=runs, calibration=(calib, calib_runs), contention=True,
+                                layers=True)
+    per_layer_summary = fidelity_summary(per_layer)
     fitted = calibrate(calib, profile, cluster, runs=calib_runs, contention=True)
     factors = stage_factors(plans + calib, profile, result["runs"]) if args.stage_factors else None
     if args.json:
@@ -249,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "calibrated_per_kind": {"plans": [c.row() for c in per_kind], **per_kind_summary},
                           "calibrated_contention": {"plans": [c.row() for c in contended], **contended_summary,
                                                     "contention": fitted.get("contention")},
+                          "calibrated_layers": {"plans": [c.row() for c in per_layer], **per_layer_summary},
                           "p2p": result["p2p"]}))
         return 0
     job = result.get("job", {"model": args.model, "lowering": args.lowering})
@@ -257,12 +263,16 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
     rows = [{**a.row(), "spread_pct": _spread_pct(a), "calibrated_ms": b.predicted,
-             "calibrated_error_pct": 100 * b.error, "contention_ms": c.predicted, "contention_error_pct": 100 * c.error}
-            for a, b, c in zip(comps, cv, contended)]
+             "calibrated_error_pct": 100 * b.error, "contention_ms": c.predicted, "contention_error_pct": 100 * c.error,
+             "layers_ms": d.predicted, "layers_error_pct": 100 * d.error}
+            for a, b, c, d in zip(comps, cv, contended, per_layer)]
     print_table(rows, ["plan", "measured_ms", "spread_pct", "predicted_ms", "error_pct", "calibrated_ms",
-                       "calibrated_error_pct", "contention_ms", "contention_error_pct"])
-    print(f"calibrated on {len(calib)} random plans replayed in the same job; + contention: compute contention "
-          f"{fitted.get('contention', 0):.2f} between the two ranks, fitted on the same replays")
+                       "calibrated_error_pct", "contention_ms", "contention_error_pct", "layers_ms",
+                       "layers_error_pct"])
+    units = sum(1 for name, _ in calib if name.startswith("unit-"))
+    print(f"calibrated on {len(calib) - units} random plans and {units} with every layer a stage of its own, replayed "
+          f"in the same job; + contention: compute contention {fitted.get('contention', 0):.2f} between the two ranks, "
+          "fitted on the same replays; + per layer: with it, each layer's own factor from the stages of one layer")
     if factors:
         print("measured compute / profiled, per stage and operation (stage s, op, layers a:b):")
         for name, row in factors.items():
@@ -277,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"the same plan replayed twice in this job measured {summary['copy_gap_pct']:.1f}% apart (its noise "
               f"floor); pairs further apart than that and than 2%: {summary['pairs_beyond_copies']}")
     for label, s in (("profile", summary), ("calibrated", cv_summary), ("+ per kind", per_kind_summary),
-                     ("+ contention", contended_summary)):
+                     ("+ contention", contended_summary), ("+ per layer", per_layer_summary)):
         print(f"{label:16} median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%; "
               f"predicted order {' < '.join(s['predicted_order'])} "
               f"({s['concordant_pairs']}/{s['pairs']} pairs agree, ties within 2% skipped; "

@@ -95,6 +95,41 @@ def test_calibrate_recovers_scales_and_overhead() -> None:
     assert held_out["max_abs_error_pct"] < 1.0 and held_out["same_order"]
 
 
+def test_each_layers_own_factor_comes_from_the_stages_of_that_layer_alone() -> None:
+    from executor.fidelity import fit_layer_scales, unit_plans
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    L = profile.num_layers
+    units = unit_plans(profile, cluster, 4)
+    assert [n for n, _ in units] == ["unit-split", "unit-fused"]
+    for _, plan in units:  # every layer a stage, round-robin over the devices
+        assert plan.partition == tuple((i, i + 1) for i in range(L)) and plan.placement == tuple(i % 2 for i in range(L))
+    assert {a.op for acts in units[0][1].schedule for a in acts} == {"F", "I", "W"}
+    assert {a.op for acts in units[1][1].schedule for a in acts} == {"F", "B"}
+    # the runtime spends layer 3's F at 1.5x, layer 5's W at 0.7x and the head's fused B at 0.6x
+    # on top of the per-operation factors: a mis-profiled layer that no per-operation factor expresses
+    truth = TRUE_SCALES | {"F#3": 1.5, "W#5": 0.7, f"B#{L - 1}": 0.6}
+    calib = calibration_plans(profile, cluster, 4, count=6, seed=1, units=True)
+    assert [n for n, _ in calib[:2]] == ["unit-split", "unit-fused"] and len(calib) == 8
+    runs = _runs_with(truth, calib, profile, cluster)
+    own = fit_layer_scales(calib, profile, runs)
+    assert own["F#3"] == pytest.approx(0.9 * 1.5, rel=1e-6) and own["W#5"] == pytest.approx(1.4 * 0.7, rel=1e-6)
+    assert own[f"B#{L - 1}"] == pytest.approx(0.8 * 0.6, rel=1e-6) and "W0#0" not in own
+    fitted = calibrate(calib, profile, cluster, runs=runs, layers=True)
+    for key in ("F", "I", "W", "B"):  # what is left on top of the layers' own: next to nothing (the
+        assert fitted[key] == pytest.approx(1.0, rel=0.01), key  # first layer has no factor of its own)
+    assert fitted["W0"] == pytest.approx(1.05, rel=0.01)  # the first stage's W: its layers' fused B's deviations
+    plans = named_plans(4)
+    unseen = _runs_with(truth, plans, profile, cluster)
+    with_layers = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs),
+                                                   layers=True))
+    without = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs)))
+    assert with_layers["max_abs_error_pct"] < 0.5 and without["max_abs_error_pct"] > 1.0
+    baked = calibrated_profile(profile, fitted)
+    assert baked.layers[3].f == pytest.approx(profile.layers[3].f * fitted["F"] * fitted["F#3"], rel=1e-9)
+    assert baked.layers[3].f == pytest.approx(profile.layers[3].f * 0.9 * 1.5, rel=0.01)
+
+
 def test_calibrate_recovers_the_transfer_overhead_too() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
     truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2}
