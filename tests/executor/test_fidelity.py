@@ -103,7 +103,8 @@ def test_each_layers_own_factor_comes_from_the_stages_of_that_layer_alone() -> N
     units = unit_plans(profile, cluster, 4)
     assert [n for n, _ in units] == ["unit-split", "unit-fused"]
     for _, plan in units:  # every layer a stage, round-robin over the devices
-        assert plan.partition == tuple((i, i + 1) for i in range(L)) and plan.placement == tuple(i % 2 for i in range(L))
+        assert plan.partition == tuple((i, i + 1) for i in range(L))
+        assert plan.placement == tuple(i % 2 for i in range(L))
     assert {a.op for acts in units[0][1].schedule for a in acts} == {"F", "I", "W"}
     assert {a.op for acts in units[1][1].schedule for a in acts} == {"F", "B"}
     # the runtime spends layer 3's F at 1.5x, layer 5's W at 0.7x and the head's fused B at 0.6x
