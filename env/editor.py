@@ -260,7 +260,7 @@ class PlanEditor:
         self._targets: list[Candidate | None] | None = None
         self._mask: np.ndarray | None = None
         self._allowed = np.zeros(N_ACTIONS, dtype=bool)
-        self._index: dict[Candidate, list[int]] = {}
+        self._index: dict[int, list[int]] = {}
         self._times: list[float] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -439,21 +439,22 @@ class PlanEditor:
         if self._targets is None:
             c = self.current
             assert c is not None
-            out: list[Candidate | None] = [None] * N_ACTIONS
+            found: list[tuple[int, Candidate | None]] = []  # (action, its candidate) where it applies
+            add = found.append
             S, P = c.num_stages, self.problem.devices
             sizes = c.sizes
             for i in range(S - 1):
                 if sizes[i + 1] > 1:
-                    out[GROW_LEFT + i] = _move(c, i + 1, i)
+                    add((GROW_LEFT + i, _move(c, i + 1, i)))
                 if sizes[i] > 1:
-                    out[GROW_RIGHT + i] = _move(c, i, i + 1)
+                    add((GROW_RIGHT + i, _move(c, i, i + 1)))
             p = self.problem
             bal = self.ev.balanced_sizes
             for k, placement in enumerate(_family_placements(P, p.profile.num_layers)):
                 if placement is not None:
-                    out[_FAMILY + k] = _with(c, placement=placement, sizes=bal(placement),
-                                             recompute=recompute_for(c, len(placement)))
-            out[_REBALANCE] = _with(c, sizes=bal(c.placement))
+                    add((_FAMILY + k, _with(c, placement=placement, sizes=bal(placement),
+                                            recompute=recompute_for(c, len(placement)))))
+            add((_REBALANCE, _with(c, sizes=bal(c.placement))))
             b = c.budgets
             if b is not None:
                 cap = float(max(p.microbatches, 1))
@@ -461,33 +462,42 @@ class PlanEditor:
                     x = b[d]
                     up, down = min(cap, max(1.0, x + 1.0)), min(cap, max(1.0, x - 1.0))
                     if up != x:
-                        out[BUDGET_UP + d] = _with(c, budgets=(*b[:d], up, *b[d + 1:]))
+                        add((BUDGET_UP + d, _with(c, budgets=(*b[:d], up, *b[d + 1:]))))
                     if down != x:
-                        out[BUDGET_DOWN + d] = _with(c, budgets=(*b[:d], down, *b[d + 1:]))
-                out[_ALL_UP] = _with(c, budgets=tuple(min(cap, max(1.0, x + 1.0)) for x in b))
-                out[_ALL_UP + 1] = _with(c, budgets=tuple(min(cap, max(1.0, x - 1.0)) for x in b))
+                        add((BUDGET_DOWN + d, _with(c, budgets=(*b[:d], down, *b[d + 1:]))))
+                add((_ALL_UP, _with(c, budgets=tuple(min(cap, max(1.0, x + 1.0)) for x in b))))
+                add((_ALL_UP + 1, _with(c, budgets=tuple(min(cap, max(1.0, x - 1.0)) for x in b))))
             for i, budgets in enumerate(_presets(P)):
-                out[_PRESET + i] = _with(c, budgets=budgets)
+                add((_PRESET + i, _with(c, budgets=budgets)))
             cd = c.__dict__
             for i, knob in enumerate(_KNOBS):
-                out[_TOGGLE + i] = _with(c, **{knob: not cd[knob]})
+                add((_TOGGLE + i, _with(c, **{knob: not cd[knob]})))
             for i, v in enumerate(_MPW):
-                out[_PENDING + i] = _with(c, max_pending_w=P if v == "P" else v)
-            out[_HOT] = self._bottleneck_move(hot=True)
-            out[_HOT + 1] = self._bottleneck_move(hot=False)
-            out[_FIT] = fit_memory(c, self.result, self.ev)
-            tried, known = self.tried, self.ev.known
-            index: dict[Candidate, list[int]] = {}
+                add((_PENDING + i, _with(c, max_pending_w=P if v == "P" else v)))
+            add((_HOT, self._bottleneck_move(hot=True)))
+            add((_HOT + 1, self._bottleneck_move(hot=False)))
+            add((_FIT, fit_memory(c, self.result, self.ev)))
+            ev = self.ev
+            # Evaluator.known is a look-up in its cache: done here without the call.
+            known = ev._cache.__contains__ if type(ev).known is Evaluator.known else ev.known
+            tried = self.tried
+            out: list[Candidate | None] = [None] * N_ACTIONS
+            index: dict[int, list[int]] = {}  # a candidate's hash -> the actions leading to it
             allowed = np.zeros(N_ACTIONS, dtype=bool)
             hc = hash(c)
-            for a, t in enumerate(out):
+            for a, t in found:
                 if t is None:
                     continue
-                if (hash(t) == hc and t == c) or (tried and t in tried) or known(t):  # (equal ones hash alike)
-                    out[a] = None
+                h = hash(t)
+                if (h == hc and t == c) or (tried and t in tried) or known(t):  # (equal ones hash alike)
                     continue
-                index.setdefault(t, []).append(a)
-                allowed[a] = True
+                out[a] = t
+                hit = index.get(h)
+                if hit is None:
+                    index[h] = [a]
+                else:
+                    hit.append(a)
+            allowed[[a for a, _ in found if out[a] is not None]] = True
             allowed[0] = self.allow_stop or not allowed.any()
             self._targets, self._allowed, self._index = out, allowed, index
         return self._targets
@@ -520,9 +530,12 @@ class PlanEditor:
             return True, res
         self.tried.add(t)
         allowed = self._allowed.copy()
-        for i in self._index.pop(t, ()):
-            self._targets[i] = None
-            allowed[i] = False
+        targets = self._targets
+        same = self._index.get(hash(t), ())
+        for i in same:
+            if targets[i] is not None and targets[i] == t:
+                targets[i] = None
+                allowed[i] = False
         if not allowed[1:].any():
             allowed[0] = True
         self._allowed = allowed

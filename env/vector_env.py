@@ -107,7 +107,8 @@ class PipelineVectorEnv(VectorEnv):
                  for e in self.envs]
         self._plain_step = [p and type(e).step is PipelineEnv.step for p, e in zip(plain, self.envs)]
         self._plain_reset = [p and type(e).reset is PipelineEnv.reset for p, e in zip(plain, self.envs)]
-        self._sim_seconds = 0.0
+        self._plain_info = [type(e)._info is PipelineEnv._info for e in self.envs]
+        self._sim_seconds = self._reset_seconds = 0.0
         self.batched_calls = 0
         """Native batches run by :meth:`step` (one per step that simulated something)."""
         self.timings = {"step": 0.0, "prefetch": 0.0, "resets": 0.0}
@@ -143,7 +144,7 @@ class PipelineVectorEnv(VectorEnv):
         self._autoreset[which] = False
         if any(o is None for o in self._obs):
             raise ValueError("reset with a reset_mask before every environment was reset once: call reset() first")
-        return self._batch_obs(), self._batch_infos(infos)
+        return self._batch_obs(), self._infos(infos)
 
     def step(self, actions):
         n = self.num_envs
@@ -157,39 +158,41 @@ class PipelineVectorEnv(VectorEnv):
             raise ValueError(f"environments {np.flatnonzero(self._autoreset).tolist()} ended: reset them "
                              "(options={'reset_mask': ...}) before stepping with autoreset_mode=Disabled")
         t0 = time.perf_counter()
-        self._sim_seconds = 0.0
-        info_of: dict[int, dict[str, Any]] = {}
+        self._sim_seconds = self._reset_seconds = 0.0
+        info_of: dict[int, dict[str, Any] | tuple[bool, str]] = {}
         ending = np.flatnonzero(self._autoreset).tolist() if next_step else []
         stepping = self._requests(acts, skip=self._autoreset if next_step else None)
         if ending:  # their starting plans join the step's batch
             info_of.update(self._resets(ending, seeds=None, options=None, batched=True, with_batch=stepping))
         else:
             self._simulate(stepping)
-        t1 = time.perf_counter()
         rewards = np.zeros(n, dtype=np.float64)
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
         obs = self._obs
-        plain = self._plain_step
+        plain, plain_info = self._plain_step, self._plain_info
         skip = set(ending)
+        same_step = mode == AutoresetMode.SAME_STEP
         finals: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]] = []
         for i, env in enumerate(self.envs):
             if i in skip:
                 continue
             if plain[i]:
                 rewards[i], terms[i], truncs[i], kept, edit = env._step(acts[i])
-                obs[i], info = env._obs_parts(), env._info(kept=kept, edit=edit)
+                obs[i] = env._obs_parts()
+                # the info is read from the environment's state once every environment stepped
+                info = (kept, edit) if plain_info[i] else env._info(kept=kept, edit=edit)
             else:
                 o, rewards[i], terms[i], truncs[i], info = env.step(acts[i])
                 obs[i] = tuple(o[k] for k in _PARTS)
-            info_of[i] = info
-            if mode == AutoresetMode.SAME_STEP and (terms[i] or truncs[i]):
+            if same_step and (terms[i] or truncs[i]):
+                info = self._info_of(i, info)  # before the reset changes its state
                 finals.append((i, {k: v.copy() for k, v in zip(_PARTS, obs[i])}, info))
-        t2 = time.perf_counter()
+            info_of[i] = info
         if finals:
             info_of.update(self._resets([i for i, _, _ in finals], seeds=None, options=None, batched=True))
         self._autoreset = terms | truncs
-        out = self._batch_infos([(i, info_of[i]) for i in range(n)])
+        out = self._infos([(i, info_of[i]) for i in range(n)])
         if finals:
             final_obs = np.full(n, None, dtype=object)
             for i, o, _ in finals:
@@ -198,12 +201,11 @@ class PipelineVectorEnv(VectorEnv):
             out["_final_obs"] = np.isin(np.arange(n), [i for i, _, _ in finals])
             out["final_info"] = self._batch_infos([(i, info) for i, _, info in finals])
             out["_final_info"] = out["_final_obs"].copy()
-        t3 = time.perf_counter()
         batch = self._batch_obs()
         tm = self.timings
         tm["step"] += time.perf_counter() - t0
         tm["prefetch"] += self._sim_seconds
-        tm["resets"] += (t1 - t0) + (t3 - t2) - self._sim_seconds if (ending or finals) else 0.0
+        tm["resets"] += self._reset_seconds
         return batch, rewards, terms, truncs, out
 
     def action_masks(self) -> np.ndarray:
@@ -218,12 +220,13 @@ class PipelineVectorEnv(VectorEnv):
 
     def _resets(self, which: list[int], *, seeds: list[int | None] | None, options: dict[str, Any] | None,
                 batched: bool, with_batch: list[tuple[Evaluator, Candidate]] | None = None
-                ) -> list[tuple[int, dict[str, Any]]]:
+                ) -> list[tuple[int, dict[str, Any] | tuple[bool, str]]]:
         """Reset the environments ``which`` (their observations into ``self._obs``) and return their
-        infos; with ``batched``, the starting plans of all of them are simulated in native batches
-        (:meth:`env.pipeline_env.PipelineEnv._resetting`), the first one together with
-        ``with_batch`` (a step's edited plans)."""
-        infos: dict[int, dict[str, Any]] = {}
+        infos (or ``(kept, edit)``, read by :meth:`_infos`); with ``batched``, the starting plans of
+        all of them are simulated in native batches (:meth:`env.pipeline_env.PipelineEnv._resetting`),
+        the first one together with ``with_batch`` (a step's edited plans)."""
+        t0, sims = time.perf_counter(), self._sim_seconds
+        infos: dict[int, dict[str, Any] | tuple[bool, str]] = {}
         runs: list[tuple[int, Iterator[list[Candidate]]]] = []
         for i in which:
             env, seed = self.envs[i], None if seeds is None else seeds[i]
@@ -239,7 +242,9 @@ class PipelineVectorEnv(VectorEnv):
         for i in which:
             if i not in infos:
                 env = self.envs[i]
-                self._obs[i], infos[i] = env._obs_parts(), env._info(kept=False, edit="start")
+                self._obs[i] = env._obs_parts()
+                infos[i] = (False, "start") if self._plain_info[i] else env._info(kept=False, edit="start")
+        self._reset_seconds += time.perf_counter() - t0 - (self._sim_seconds - sims)
         return [(i, infos[i]) for i in which]
 
     def _advance(self, runs: list[tuple[int, Iterator[list[Candidate]]]]) -> list[tuple[Evaluator, Candidate]]:
@@ -313,6 +318,41 @@ class PipelineVectorEnv(VectorEnv):
     def _batch_obs(self) -> dict[str, np.ndarray]:
         obs = self._obs
         return {k: np.stack([o[_PARTS.index(k)] for o in obs]) for k in self._keys}
+
+    def _info_of(self, i: int, info: dict[str, Any] | tuple[bool, str]) -> dict[str, Any]:
+        """Environment ``i``'s info dict (``info`` itself, or built from its ``(kept, edit)``)."""
+        return info if isinstance(info, dict) else self.envs[i]._info(kept=info[0], edit=info[1])
+
+    def _infos(self, items: list[tuple[int, dict[str, Any] | tuple[bool, str]]]) -> dict[str, Any]:
+        """The vector infos of ``items``: built column by column when every environment gave
+        ``(kept, edit)``, as :meth:`_batch_infos` builds them from ``PipelineEnv._info`` dicts."""
+        n = self.num_envs
+        if [i for i, _ in items] != list(range(n)) or not all(type(info) is tuple for _, info in items):
+            return self._batch_infos([(i, self._info_of(i, info)) for i, info in items])
+        eds = [env._editor() for env in self.envs]
+
+        def objects(values: list[Any]) -> np.ndarray:
+            col = np.empty(n, dtype=object)
+            col[:] = values
+            return col
+
+        cols = {
+            "action_mask": np.stack([ed.mask() for ed in eds]).astype(np.int8),
+            "iteration_time": np.array([float(ed.result.iteration_time) for ed in eds], dtype=float),
+            "best_iteration_time": np.array([float(ed.best_result.iteration_time) for ed in eds], dtype=float),
+            "feasible": np.array([bool(ed.result.feasible) for ed in eds], dtype=bool),
+            "sim_calls": np.array([int(ed.ev.calls) for ed in eds], dtype=int),
+            "reference_time": np.array([float(env.reference) for env in self.envs], dtype=float),
+            "kept": np.array([bool(info[0]) for _, info in items], dtype=bool),
+            "edit": objects([info[1] for _, info in items]),
+            "candidate": objects([ed.current for ed in eds]),
+            "best_candidate": objects([ed.best for ed in eds]),
+        }
+        out: dict[str, Any] = {}
+        for key, col in cols.items():
+            out[key] = col
+            out[f"_{key}"] = np.ones(n, dtype=bool)
+        return out
 
     def _batch_infos(self, items: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         """Gymnasium's vector info layout (what ``VectorEnv._add_info`` builds, faster): each key an
