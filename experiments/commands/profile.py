@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-contention", dest="contention", action="store_false",
                         help="with --calibrate: leave out the compute contention between the local ranks "
                              "(the profile's compute_contention, fitted by default; docs/fidelity.md)")
+    parser.add_argument("--no-layer-factors", dest="layer_factors", action="store_false",
+                        help="with --calibrate: leave out each layer's own factor (fitted by default from two more "
+                             "replayed plans with every layer a stage of its own; docs/fidelity.md)")
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
 
 
@@ -119,6 +122,7 @@ def _calibrated(args: argparse.Namespace, profile: Any, cluster: Any, bench: dic
     costs = calibrate_here(costs, model=args.model, scale=args.scale, microbatches=args.calibration_microbatches,
                            count=args.calibrate, seed=0, steps=5, warmup=2, threads=args.threads, timeout=900.0,
                            granularity=args.granularity, head_shards=args.head_shards, contention=args.contention,
+                           layer_factors=args.layer_factors,
                            log=log or (lambda _line: None))
     return calibrated_profile(profile, costs.scales) if costs.scales else profile
 

@@ -98,10 +98,12 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
 
 def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int, count: int, seed: int,
                    steps: int, warmup: int, threads: int, timeout: float, granularity: str = "layer",
-                   head_shards: int = 1, contention: bool = False, log: Log = print) -> Costs:
+                   head_shards: int = 1, contention: bool = False, layer_factors: bool = False,
+                   log: Log = print) -> Costs:
     """Replay ``count`` random plans (:func:`executor.fidelity.calibration_plans`) on this machine
     and return ``costs`` with the fitted runtime scales and per-action overhead (and, with
-    ``contention``, the compute contention between the ranks). If the job fails,
+    ``contention``, the compute contention between the ranks; with ``layer_factors``, two plans
+    that time every layer alone as well, and each layer's own factor). If the job fails,
     ``costs`` come back unchanged with no scales (the search then uses the per-layer profile)."""
     from dataclasses import replace
 
@@ -109,10 +111,10 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
     from executor.replay import LaunchError, ReplayOptions, run_job
 
     profile, cluster = costs.profile, costs.cluster
-    plans = calibration_plans(profile, cluster, microbatches, count=count, seed=seed)
+    plans = calibration_plans(profile, cluster, microbatches, count=count, seed=seed, units=layer_factors)
     if not plans:
         return costs
-    log(f"calibrating: replaying {len(plans)} random plans ({warmup} warm-up + {steps} timed steps each) ...")
+    log(f"calibrating: replaying {len(plans)} plans ({warmup} warm-up + {steps} timed steps each) ...")
     options = ReplayOptions(model=model, scale=scale, seq_len=profile.seq_len, microbatch_size=profile.microbatch_size,
                             steps=steps, warmup=warmup, threads=threads, granularity=granularity,
                             head_shards=head_shards)
@@ -121,14 +123,24 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
     except (LaunchError, AdaptisError) as exc:
         log(f"calibration skipped: {exc}")
         return costs
-    scales = calibrate(plans, profile, cluster, runs=result["runs"], contention=contention)
+    scales = calibrate(plans, profile, cluster, runs=result["runs"], contention=contention, layers=layer_factors)
     to_ms = profile.seconds_per_unit * 1e3
     log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items()
-                                           if k not in ("overhead", "transfer", "contention"))
+                                           if k not in ("overhead", "transfer", "contention") and "#" not in k)
+        + "".join(f"; per layer, {op} {min(v):.2f}-{max(v):.2f}" for op, v in _layer_ranges(scales).items())
         + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms"
         + f", per transfer end {scales.get('transfer', 0.0) * to_ms:.3f} ms"
         + (f", compute contention {scales['contention']:.3f}" if "contention" in scales else ""))
     return replace(costs, scales=scales)
+
+
+def _layer_ranges(scales: dict[str, float]) -> dict[str, list[float]]:
+    """The layers' own factors (keys ``"F#3"``) grouped by operation."""
+    out: dict[str, list[float]] = {}
+    for key, v in scales.items():
+        if "#" in key:
+            out.setdefault(key.split("#")[0], []).append(v)
+    return out
 
 
 def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: str | None,
@@ -221,7 +233,7 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
 
 def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,
            threads: int, timeout: float, granularity: str = "layer", head_shards: int = 1,
-           calibration: Sequence[tuple[str, Plan]] = (), contention: bool = False,
+           calibration: Sequence[tuple[str, Plan]] = (), contention: bool = False, layer_factors: bool = False,
            log: Log = print) -> tuple[dict[str, Measurement], str | None]:
     """Run the plans of ``outcomes`` in one ``torchrun`` job and measure them.
 
@@ -253,7 +265,8 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
                           scales=costs.scales)
     same_job = [None] * len(comps)
     if calibration:
-        refit = calibrate(calibration, profile, costs.cluster, runs=calibration_runs, contention=contention)
+        refit = calibrate(calibration, profile, costs.cluster, runs=calibration_runs, contention=contention,
+                          layers=layer_factors)
         same_job = [c.predicted * to_ms for c in compare_plans([(o.method, o.plan) for o in outcomes], profile,
                                                                costs.cluster, runs=runs, scales=refit)]
     measured: dict[str, Measurement] = {}

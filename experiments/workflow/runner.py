@@ -219,7 +219,8 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         costs = calibrate_here(costs, model=cfg.model, scale=cfg.scale, microbatches=microbatches,
                                count=cfg.calibration_plans, seed=cfg.seed, steps=cfg.steps, warmup=cfg.warmup,
                                threads=cfg.threads, timeout=cfg.timeout, granularity=cfg.granularity,
-                               head_shards=cfg.head_shards, contention=cfg.contention, log=log)
+                               head_shards=cfg.head_shards, contention=cfg.contention,
+                               layer_factors=cfg.layer_factors, log=log)
     seconds["costs"] = time.perf_counter() - t0
     cluster = costs.cluster
     profile = costs.search_profile
@@ -287,12 +288,12 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     else:
         t0 = time.perf_counter()
         to_replay = _replay_candidates(cfg, feasible, best=best, mega=mega, profile=profile)
-        again = calibration_plans(costs.profile, cluster, microbatches, count=cfg.calibration_plans,
-                                  seed=cfg.seed) if costs.scales else []  # the plans the costs were fitted on
+        again = calibration_plans(costs.profile, cluster, microbatches, count=cfg.calibration_plans,  # the plans the
+                                  seed=cfg.seed, units=cfg.layer_factors) if costs.scales else []  # costs fit on
         measured, failed = replay(to_replay, costs, model=cfg.model or "", scale=cfg.scale, steps=cfg.steps,
                                   warmup=cfg.warmup, threads=cfg.threads, timeout=cfg.timeout,
                                   granularity=cfg.granularity, head_shards=cfg.head_shards, calibration=again,
-                                  contention=cfg.contention, log=log)
+                                  contention=cfg.contention, layer_factors=cfg.layer_factors, log=log)
         if failed:
             notes.append(failed)
         if measured and cfg.choose == "measured":
