@@ -294,6 +294,7 @@ class PipelineEnv(gym.Env):
         self._calls_cap = 1
         self._calls_at_start = 0
         self._obs_cache: tuple | None = None
+        self._scored: tuple[Result, float, float] | None = None
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -321,6 +322,7 @@ class PipelineEnv(gym.Env):
         prep = self._prep if self._prep is not None and self._prep.problem is problem else _Prep(problem)
         self._prep = prep
         self.reference = prep.reference(options.get("reference", "bound"))
+        self._scored = None
         if evaluator is None:
             evaluator = SharedEvaluator(problem, share=prep.evaluator, results=self.share_results)
         max_calls = options.get("max_calls", self.max_calls)
@@ -363,15 +365,23 @@ class PipelineEnv(gym.Env):
             self.steps += 1
             self._last_kept = False
             return -self.step_cost, False, bool(self.steps >= self.max_steps), False, "masked"
-        before = score(ed.result, self.reference)
+        before = self._score(ed.result)
         kept, _ = ed.apply(a)
         self.steps += 1
         self._last_kept = kept
-        reward = float(score(ed.result, self.reference) - before - self.step_cost)
+        reward = float(self._score(ed.result) - before - self.step_cost)
         mask = ed.mask()
         terminated = not mask[1:].any() and ed.budget_left()
         truncated = (self.steps >= self.max_steps or not ed.budget_left()) and not terminated
         return reward, bool(terminated), bool(truncated), bool(kept), str(ACTIONS[a])
+
+    def _score(self, result: Result) -> float:
+        """:func:`env.editor.score` of ``result`` against the reference (the last one kept: a step
+        that keeps no edit scores the same result before and after)."""
+        hit = self._scored
+        if hit is None or hit[0] is not result or hit[1] != self.reference:
+            hit = self._scored = (result, self.reference, score(result, self.reference))
+        return hit[2]
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions as a boolean array (what sb3-contrib's MaskablePPO reads)."""

@@ -108,6 +108,7 @@ class PipelineVectorEnv(VectorEnv):
         self._plain_step = [p and type(e).step is PipelineEnv.step for p, e in zip(plain, self.envs)]
         self._plain_reset = [p and type(e).reset is PipelineEnv.reset for p, e in zip(plain, self.envs)]
         self._plain_info = [type(e)._info is PipelineEnv._info for e in self.envs]
+        self._plain_masks = all(type(e).action_masks is PipelineEnv.action_masks for e in self.envs)
         self._sim_seconds = self._reset_seconds = 0.0
         self.batched_calls = 0
         """Native batches run by :meth:`step` (one per step that simulated something)."""
@@ -210,7 +211,10 @@ class PipelineVectorEnv(VectorEnv):
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions of every environment, ``(num_envs, 344)`` bool (MaskablePPO's masks)."""
-        return np.stack([env.action_masks() for env in self.envs])
+        envs = self.envs
+        if self._plain_masks:  # PipelineEnv.action_masks copies the editor's mask: one copy, the stack
+            return np.stack([env._editor().mask() for env in envs])
+        return np.stack([env.action_masks() for env in envs])
 
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
