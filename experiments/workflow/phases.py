@@ -127,7 +127,9 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
     to_ms = profile.seconds_per_unit * 1e3
     log("  measured / profiled: " + ", ".join(f"{k} {v:.2f}" for k, v in scales.items()
                                            if k not in ("overhead", "transfer", "contention") and "#" not in k)
-        + "".join(f"; per layer, {op} {min(v):.2f}-{max(v):.2f}" for op, v in _layer_ranges(scales).items())
+        + ("; each layer's own: " + ", ".join(f"{op} {min(v):.2f}-{max(v):.2f}"
+                                               for op, v in sorted(_layer_ranges(scales).items()))
+           if _layer_ranges(scales) else "")
         + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms"
         + f", per transfer end {scales.get('transfer', 0.0) * to_ms:.3f} ms"
         + (f", compute contention {scales['contention']:.3f}" if "contention" in scales else ""))
