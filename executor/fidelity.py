@@ -25,7 +25,8 @@ from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, LayerCost, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
-           "runtime_profile", "scale_key", "layer_key", "profiled_time", "fit_layer_scales", "unit_plans",
+           "runtime_profile", "scale_key", "layer_key", "profiled_time", "stage_durations", "fit_layer_scales",
+           "unit_plans",
            "shares_beside", "fit_runtime_scales", "fit_kind_scales", "overlap_shares", "uncontended", "fit_overheads",
            "fit_action_overhead",
            "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
@@ -146,6 +147,16 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
+def stage_durations(run: Mapping[str, Any], *, ms_per_unit: float = 1.0) -> dict[tuple[int, str], list[float]]:
+    """Per stage and operation of a replay's measured timeline, every action's duration (in the
+    profile's unit: ``ms_per_unit`` ms each)."""
+    out: dict[tuple[int, str], list[float]] = {}
+    for event in run["timeline"]["events"]:
+        stage, op, _ = parse_action(event["action"])
+        out.setdefault((stage, op), []).append((event["end"] - event["start"]) / ms_per_unit)
+    return out
+
+
 def fit_layer_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
                      runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per layer and operation F, I, W, B (keys :func:`layer_key`, ``"W#3"``; a first stage's W,
@@ -165,11 +176,7 @@ def fit_layer_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProf
     ratios: dict[str, list[float]] = {}
     for (_, plan), run in zip(named_plans, runs):
         raw = runtime_profile(profile, plan)
-        durations: dict[tuple[int, str], list[float]] = {}
-        for event in run["timeline"]["events"]:
-            stage, op, _ = parse_action(event["action"])
-            durations.setdefault((stage, op), []).append((event["end"] - event["start"]) / ms_per_unit)
-        for (stage, op), times in durations.items():
+        for (stage, op), times in stage_durations(run, ms_per_unit=ms_per_unit).items():
             start, end = plan.partition[stage]
             profiled = profiled_time(raw.layers[start:end], op)
             if end - start == 1 and profiled > 0 and stage != 0:
@@ -215,11 +222,7 @@ def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     rows: dict[str, list[tuple[dict[str, float], float]]] = {}
     for (_, plan), run in zip(named_plans, runs):
         raw = runtime_profile(profile, plan)
-        durations: dict[tuple[int, str], list[float]] = {}
-        for event in run["timeline"]["events"]:
-            stage, op, _ = parse_action(event["action"])
-            durations.setdefault((stage, op), []).append((event["end"] - event["start"]) / ms_per_unit)
-        for (stage, op), times in durations.items():
+        for (stage, op), times in stage_durations(run, ms_per_unit=ms_per_unit).items():
             start, end = plan.partition[stage]
             per_kind: dict[str, float] = {}
             for x in raw.layers[start:end]:

@@ -98,18 +98,13 @@ def stage_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     an action's compute depends on what else runs at the same time."""
     import statistics
 
-    from executor.fidelity import profiled_time, runtime_profile
-    from pipeline.plan import parse_action
+    from executor.fidelity import profiled_time, runtime_profile, stage_durations
 
     out: dict[str, dict[str, float]] = {}
     for (name, plan), run in zip(named_plans, runs):
         base = runtime_profile(profile, plan)
-        durations: dict[tuple[int, str], list[float]] = {}
-        for e in run["timeline"]["events"]:
-            s, op, _ = parse_action(e["action"])
-            durations.setdefault((s, op), []).append(e["end"] - e["start"])
         row = {}
-        for (s, op), times in sorted(durations.items()):
+        for (s, op), times in sorted(stage_durations(run).items()):
             a, b = plan.partition[s]
             profiled = profiled_time(base.layers[a:b], op)
             if profiled > 0:
