@@ -356,3 +356,25 @@ def test_subclass_overriding_reset_is_reset_through_it():
     for _ in range(4):
         vec.step(_actions(vec.action_masks(), rng))
     assert all(e.editor.problem is problem for e in vec.envs)
+
+
+def test_step_pauses_the_collector_and_restores_it():
+    import gc
+
+    seen = []
+    vec = PipelineVectorEnv(2, scenario=SMALL)
+    vec.reset(seed=0)
+    real = vec.envs[0]._step
+    vec.envs[0]._step = lambda a: seen.append(gc.isenabled()) or real(a)
+    assert gc.isenabled()
+    vec.step(_first_allowed(vec))
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        vec.step(_first_allowed(vec))
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+    vec.pause_gc = False
+    vec.step(_first_allowed(vec))
+    assert seen == [False, False, True]
