@@ -7,7 +7,8 @@ Environment rows (random allowed actions from the masks, stop only where nothing
 ``small-fresh``: one small scenario, every new plan simulated), the single environment and 2
 SubprocVecEnv workers (``env_speed.measure``), then :class:`env.vector_env.PipelineVectorEnv`
 with each of ``--sizes`` environments (and ``--two-threads`` sizes again with the native batch on
-two threads). Each figure is the median of ``--repeats`` runs, the runs
+two threads); a vector row also gives its steps per second of the process's CPU time, which other
+work on a shared machine disturbs less than the wall clock. Each figure is the median of ``--repeats`` runs, the runs
 interleaved (every configuration once, then again) so a change of the machine's load hits all
 alike. A vector row also says where its step's time went: the batched simulations (edited
 candidates, stage costs, the one native call) and the autoresets (the scenario draw and its cost
@@ -60,14 +61,15 @@ def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 
     vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads)
     vec.reset(seed=seed)
     rng = np.random.default_rng(seed)
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds or n == 0:
         vec.step(_random_allowed(vec.action_masks(), rng))
         n += n_envs
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tm = vec.timings
     vec.close()
-    return {"steps_per_s": n / wall, "prefetch_share": tm["prefetch"] / wall, "reset_share": tm["resets"] / wall}
+    return {"steps_per_s": n / wall, "cpu_steps_per_s": n / max(cpu, 1e-9), "prefetch_share": tm["prefetch"] / wall,
+            "reset_share": tm["resets"] / wall}
 
 
 class _Clock:
@@ -193,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                 "vector-2t": "vector env, 2 engine threads", "today": "rl.train.train (8 SubprocVecEnv)"}[row["kind"]]
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):
-            extra = f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time)"
+            extra = (f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time; "
+                     f"{row['cpu_steps_per_s']:.0f} steps per CPU second)")
         if row["kind"] == "vector" and row["case"] == "ppo":
             extra = (f"  (n_steps {int(row['n_steps'])}; collecting {row['collect_share']:.0%}; "
                      f"learner alone {row['learner_bound_steps_per_s']:.0f} steps/s)")
