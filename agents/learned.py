@@ -43,7 +43,8 @@ from pipeline.simulator import Result
 from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
 __all__ = ["MOVE_FAMILIES", "FEATURES", "DEFAULT_PRIOR", "FamilyBandit", "MovePrior", "MovePolicy", "move_family",
-           "move_features", "load_prior", "learned_tuner", "collect_moves", "fit_prior", "train_prior"]
+           "move_features", "load_prior", "learned_tuner", "random_prior_tuner", "collect_moves", "fit_prior",
+           "train_prior"]
 
 #: The move families, in the plain tuner's order.
 MOVE_FAMILIES = ("partition", "placement", "budget", "schedule")
@@ -300,6 +301,12 @@ def learned_tuner(*, prior: MovePrior | str | Path | None = "default", bandit: b
     if isinstance(prior, (str, Path)):
         prior = load_prior(None if prior == "default" else prior)
     return AdaptisTuner(name=name, move_policy=MovePolicy(prior=prior, bandit=bandit, chunk=chunk))
+
+
+def random_prior_tuner(*, seed: int = 0, name: str = "learned-random"):
+    """The ablation of ``learned``: the same tuner, bandit and chunks with a prior of random weights
+    (:meth:`MovePrior.random`), so what the trained weights add is ``learned`` against it."""
+    return learned_tuner(prior=MovePrior.random(seed), name=name)
 
 
 # ------------------------------------------------------------------ training

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from agents.base import Budget, SearchResult
-from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, train_prior
+from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, random_prior_tuner, train_prior
 from agents.tuner import AdaptisTuner, _State
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline import zoo
@@ -62,7 +62,7 @@ def _methods(prior: MovePrior) -> dict[str, Callable[[], AdaptisTuner]]:
     return {
         "adaptis": AdaptisTuner,
         "learned": lambda: learned_tuner(prior=prior),
-        "learned-random": lambda: learned_tuner(prior=MovePrior.random(0), name="learned-random"),
+        "learned-random": random_prior_tuner,
         "learned-no-bandit": lambda: learned_tuner(prior=prior, bandit=False, name="learned-no-bandit"),
         "learned-no-prior": lambda: learned_tuner(prior=None, name="learned-no-prior"),
     }

@@ -18,7 +18,8 @@ starts on mixed device speeds: what ordering devices by speed buys the policy) a
 rl+tuner's wins), adaptis-no-named (the tuner without its named-schedule phase, built in Python,
 at the tuner's own wall time like rl+tuner, which skips that phase too: what rl+tuner's policy
 adds beyond the time that saves), learned (the tuner with learned move guidance, --budget calls:
-agents.learned).
+agents.learned) and learned-random-w (the same with a prior of random weights, --budget calls:
+what the trained weights add).
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 With --repeats N every search runs N times per scenario and each method's median run is kept
 (wall-time budgets make rl+tuner's result vary with the machine's load).
@@ -159,6 +160,10 @@ def _searcher(method: str, args: argparse.Namespace):
 
     if _tuner_calls(method) is not None:
         return make_searcher("adaptis")
+    if method == "learned-random-w":  # learned with a prior of random weights: what the trained weights add
+        from agents.learned import random_prior_tuner
+
+        return random_prior_tuner(name="learned-random-w")
     if method == "adaptis-no-named":
         from agents.tuner import AdaptisTuner
 

@@ -24,6 +24,7 @@ from agents.learned import (
     learned_tuner,
     load_prior,
     move_family,
+    random_prior_tuner,
 )
 from agents.registry import SEARCHERS, make_searcher
 from agents.tuner import AdaptisTuner
@@ -98,6 +99,19 @@ def test_the_policy_changes_the_path_but_not_the_start(gemma4: Scenario) -> None
     seeds_end = 50  # the first calls are the named plans and the seeds (the plain tuner's history above)
     assert [h for h in plain.history if h[0] < seeds_end] == [h for h in guided.history if h[0] < seeds_end]
     assert plain.history != guided.history
+
+
+def test_random_prior_ablation_is_the_same_tuner_with_random_weights(gemma4) -> None:
+    """random_prior_tuner: learned's tuner, bandit and chunks, only the prior's weights drawn at random
+    (deterministic by seed); its searches are valid and within budget."""
+    shipped, ablation = learned_tuner().move_policy, random_prior_tuner(seed=0, name="ablation")
+    assert ablation.name == "ablation" and random_prior_tuner().name == "learned-random"
+    policy = ablation.move_policy
+    assert (policy.bandit, policy.chunk) == (shipped.bandit, shipped.chunk)
+    assert policy.prior.weights.tolist() == MovePrior.random(0).weights.tolist() != shipped.prior.weights.tolist()
+    assert random_prior_tuner(seed=1).move_policy.prior.weights.tolist() != policy.prior.weights.tolist()
+    res = ablation.search(gemma4, budget=BUDGET, seed=0)
+    assert res.feasible and res.sim_calls <= BUDGET.sim_calls + 1
 
 
 def test_prior_loads_and_a_corrupt_file_is_one_clear_error(tmp_path) -> None:

@@ -252,3 +252,17 @@ def test_evaluate_agent_yardsticks_for_rl_tuner(tmp_path, capsys, monkeypatch):
     assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--methods", "adaptis,adaptis@x",
                  "--out", str(tmp_path)]) == 2
     assert "adaptis@N" in capsys.readouterr().err
+
+
+def test_evaluate_agent_learned_and_its_random_weights_ablation(tmp_path, capsys):
+    """learned and learned-random-w (the same tuner with a prior of random weights) run with --budget
+    calls against the --budget tuner, one row each, in the summary too."""
+    from experiments.cli import main
+
+    assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--budget", "40",
+                 "--methods", "adaptis,learned,learned-random-w", "--out", str(tmp_path), "--json"]) == 0
+    rows = {r["method"]: r for r in (json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))}
+    assert set(rows) == {"adaptis", "learned", "learned-random-w"}
+    assert all(r["feasible"] and r["sim_calls"] <= 41 and r["quality"] > 0 for r in rows.values())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["learned-random-w"]["feasible"] == 1 and "mean_seconds" in summary["learned-random-w"]
