@@ -6,10 +6,16 @@ them together; the simulator calls of one step (one new plan per environment who
 allowed) are scheduled and simulated in **one** native call
 (:func:`pipeline.space.results_across` -> :func:`pipeline.engine.schedule_and_simulate_many`, on
 ``engine_threads`` threads, default one), before each environment's own step finds its result
-ready. Everything else (masks, the edited candidates, observations, rewards) is each
-environment's own code, so stepping the vector env is stepping N single environments with the
-same seeds and actions: the same observations, rewards, flags, masks, infos and simulator-call
-counts (``tests/env/test_vector_env.py`` checks it against Gymnasium's ``SyncVectorEnv``).
+ready; the starting plans of the environments reset in that step (a reset simulates its
+portfolio, up to 10 plans, and up to 2 memory repairs) join the same batch, the repairs a second
+one (:meth:`env.editor.PlanEditor.starting` yields what a start surely simulates, and checks its
+call budget against the one-by-one count). Everything else (masks, the edited candidates,
+observations, rewards) is each environment's own code, so stepping the vector env is stepping N
+single environments with the same seeds and actions: the same observations, rewards, flags,
+masks, infos and simulator-call counts, in the same order (``tests/env/test_vector_env.py``
+checks it against Gymnasium's ``SyncVectorEnv``). Environments whose ``reset`` / ``step`` are
+``PipelineEnv``'s have their observations and infos stacked column by column; a subclass that
+overrides one of them is reset / stepped through it (one reset after another).
 
 * Spaces: ``single_observation_space`` / ``single_action_space`` are the single environment's
   (a ``Dict`` of ``Box`` es, ``Discrete(344)``); ``observation_space`` / ``action_space`` their
@@ -24,9 +30,8 @@ counts (``tests/env/test_vector_env.py`` checks it against Gymnasium's ``SyncVec
 * Seeds: ``reset(seed=s)`` seeds environment ``i`` with ``s + i`` (a list: one seed each).
 * ``render_mode`` is None (render one environment with ``vec.envs[i]``).
 
-What is not batched: each environment's Python (its edited candidates, observation, the scenario
-draw and cost model at reset) runs one environment after another, and a reset's starting plans
-are simulated one by one, in the reset.
+What is not batched: each environment's Python (its edited candidates and their stage costs, the
+scenario draw, cost model and DP splits at reset) runs one environment after another.
 """
 
 from __future__ import annotations
@@ -120,8 +125,9 @@ class PipelineVectorEnv(VectorEnv):
         self.batched_calls = 0
         """Native batches run by :meth:`step` (one per step that simulated something)."""
         self.timings = {"step": 0.0, "prefetch": 0.0, "resets": 0.0}
-        """Seconds spent in :meth:`step`, in its batched simulations (the edited candidates, their
-        stage costs and the native call) and in its autoresets: where a step's time goes."""
+        """Seconds spent in :meth:`step`, in its batched simulations (the edited candidates' and the
+        starting plans' stage costs and the native calls) and in its autoresets less those
+        simulations (the scenario draw, cost model, DP splits, first masks): where a step's time goes."""
 
     # ------------------------------------------------------------------ gymnasium API
 
