@@ -211,9 +211,10 @@ BATCH_THREADS = max(1, min(2, os.cpu_count() or 1))
 def schedule_and_simulate_many(jobs: Sequence[ScheduleJob], *, threads: int | None = None) -> list[Outcome | str]:
     """:func:`schedule_and_simulate` of each job (on ``threads`` threads with the compiled engine,
     default :data:`BATCH_THREADS`); a job whose placement forms no pipeline comes back as its error
-    message. The results do not depend on ``threads``. The compiled engine starts its threads at
-    every call, so where other work keeps the cores busy one thread can be much faster (a second
-    thread that waits for a core holds up the whole batch)."""
+    message. The results do not depend on ``threads``. The compiled engine keeps its helper threads
+    from batch to batch and never waits for one that has not started (where other work keeps the
+    cores busy, the calling thread runs the jobs a helper did not take); a batch of under 2,000
+    actions in all runs on the calling thread alone."""
     if _native is None or len(jobs) < 2:
         out: list[Outcome | str] = []
         for j in jobs:

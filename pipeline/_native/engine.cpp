@@ -13,14 +13,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -33,6 +40,8 @@ namespace {
 
 constexpr int OP_F = 0, OP_I = 1, OP_W = 2, OP_B = 3;
 constexpr double INF = std::numeric_limits<double>::infinity();
+// A batch with fewer actions than this runs on the calling thread alone (see schedule_and_simulate_batch).
+constexpr long long SMALL_BATCH_ACTIONS = 2000;
 
 using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
@@ -432,6 +441,96 @@ std::pair<std::string, std::vector<int64_t>> check_schedule(int devices, int M, 
   return {"", {}};
 }
 
+// ------------------------------------------------------------------ batch threads
+
+// Helper threads for schedule_and_simulate_batch, started once and kept (starting std::threads at
+// every batch cost ~15-20 us, as much as a small job). run(helpers, work) runs `work` on the calling
+// thread and on up to `helpers` pool threads, and returns once every one of them is out of it. One
+// batch at a time: a second caller (another Python thread; the GIL is released) runs inline, and so
+// does a child after fork() (its pool threads do not exist there; it makes a pool of its own).
+class BatchPool {
+ public:
+  static BatchPool& get() {
+    static BatchPool* pool = nullptr;  // never destroyed: idle threads die with the process
+    static pid_t owner = 0;
+    static std::mutex guard;
+    std::lock_guard<std::mutex> lk(guard);
+    if (pool == nullptr || owner != getpid()) {
+      pool = new BatchPool();  // after fork() the parent's pool (and its locks) are left alone
+      owner = getpid();
+    }
+    return *pool;
+  }
+
+  void run(int helpers, const std::function<void()>& work) {
+    std::unique_lock<std::mutex> batch(batch_mu_, std::try_to_lock);
+    if (!batch.owns_lock() || helpers <= 0) {
+      work();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      try {
+        while (static_cast<int>(threads_.size()) < helpers)
+          threads_.emplace_back([this, g = generation_] { loop(g); });
+      } catch (const std::system_error&) {  // no more threads: fewer helpers
+      }
+      work_ = &work;
+      wanted_ = std::min<int>(helpers, static_cast<int>(threads_.size()));
+      ++generation_;
+    }
+    wake_.notify_all();
+    std::exception_ptr failed;
+    try {
+      work();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      wanted_ = 0;  // a helper that wakes late stays out
+      idle_.wait(lk, [this] { return running_ == 0; });
+      work_ = nullptr;
+      if (!failed) failed = failed_;
+      failed_ = nullptr;
+    }
+    if (failed) std::rethrow_exception(failed);
+  }
+
+ private:
+  void loop(unsigned long long seen) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      wake_.wait(lk, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (wanted_ <= 0) continue;
+      --wanted_;
+      ++running_;
+      const std::function<void()>* work = work_;
+      lk.unlock();
+      std::exception_ptr failed;
+      try {
+        (*work)();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lk.lock();
+      if (failed && !failed_) failed_ = failed;
+      if (--running_ == 0) idle_.notify_all();
+    }
+  }
+
+  std::mutex batch_mu_;  // held for a whole batch
+  std::mutex mu_;        // guards the fields below
+  std::condition_variable wake_, idle_;
+  std::vector<std::thread> threads_;
+  const std::function<void()>* work_ = nullptr;
+  unsigned long long generation_ = 0;
+  int wanted_ = 0;   // helpers still to join the current batch
+  int running_ = 0;  // helpers inside it
+  std::exception_ptr failed_;  // what a helper threw (the caller rethrows it)
+};
+
 // ------------------------------------------------------------------ Python bindings
 
 StageCosts costs_from(const std::vector<double>& f, const std::vector<double>& i, const std::vector<double>& w,
@@ -573,11 +672,14 @@ PYBIND11_MODULE(_engine, mod) {
                                  false);
             }
           };
-          const int n = std::max(1, std::min<int>(threads, static_cast<int>(work.size())));
-          std::vector<std::thread> pool;
-          for (int t = 1; t < n; ++t) pool.emplace_back(worker);
-          worker();
-          for (auto& th : pool) th.join();
+          // Below ~2,000 actions in all (tens of microseconds) a helper's wake-up costs more than it saves.
+          long long actions = 0;
+          for (const Job& j : work)
+            actions += static_cast<long long>(j.placement.size()) * j.microbatches * (j.cfg.split ? 3 : 2);
+          int n = std::max(1, std::min<int>(threads, static_cast<int>(work.size())));
+          if (actions < SMALL_BATCH_ACTIONS) n = 1;
+          const std::function<void()> task = worker;
+          BatchPool::get().run(n - 1, task);
         }
         py::list out;
         for (auto& j : work) {
