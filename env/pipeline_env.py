@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,6 +146,20 @@ class _Prep:
                 self._placements.clear()
             self._placements[placement] = hit
         return hit
+
+
+#: The preparation of each scenario object some environment holds (``id(problem)`` -> its
+#: ``_Prep``, kept while an environment keeps it): environments handed one scenario object (a
+#: vector env of a fixed scenario) share its pure caches (stage costs, DP splits, observations
+#: and, with ``share_results``, simulated results, each still counting as a call of the episode).
+_PREPS: weakref.WeakValueDictionary[int, _Prep] = weakref.WeakValueDictionary()
+
+
+def _prep_of(problem: Scenario) -> _Prep:
+    hit = _PREPS.get(id(problem))
+    if hit is None or hit.problem is not problem:  # (a prep holds its problem: its id is not reused meanwhile)
+        hit = _PREPS[id(problem)] = _Prep(problem)
+    return hit
 
 
 class PipelineEnv(gym.Env):
@@ -319,7 +334,7 @@ class PipelineEnv(gym.Env):
         evaluator = options.get("evaluator")
         if evaluator is not None and evaluator.problem is not problem:
             problem = evaluator.problem
-        prep = self._prep if self._prep is not None and self._prep.problem is problem else _Prep(problem)
+        prep = self._prep if self._prep is not None and self._prep.problem is problem else _prep_of(problem)
         self._prep = prep
         self.reference = prep.reference(options.get("reference", "bound"))
         self._scored = None

@@ -378,3 +378,35 @@ def test_step_pauses_the_collector_and_restores_it():
     vec.pause_gc = False
     vec.step(_first_allowed(vec))
     assert seen == [False, False, True]
+
+
+@pytest.mark.parametrize("share_results", [True, False])
+def test_environments_of_one_scenario_object_share_its_caches_and_nothing_else(share_results):
+    """Environments handed one scenario object share its preparation (stage costs, splits, results
+    memo): they step as environments each holding a copy of the scenario (nothing shared)."""
+    from dataclasses import replace
+
+    from env.scenarios import sample_scenario
+
+    problem = sample_scenario(np.random.default_rng(4), SMALL)
+
+    def fixed(p):
+        class Fixed(PipelineEnv):
+            def reset(self, *, seed=None, options=None):
+                return super().reset(seed=seed, options={"problem": p, **(options or {})})
+
+        return Fixed(max_steps=4, share_results=share_results)
+
+    vec = PipelineVectorEnv(4, env_factory=lambda: fixed(problem))
+    ref = SyncVectorEnv([lambda: fixed(replace(problem)) for _ in range(4)])
+    (o1, _), (o2, _) = vec.reset(seed=1), ref.reset(seed=1)
+    assert len({id(e._prep) for e in vec.envs}) == 1 and len({id(e._prep) for e in ref.envs}) == 4
+    rng = np.random.default_rng(1)
+    for _ in range(12):
+        assert all(np.array_equal(o1[k], o2[k]) for k in o1)
+        acts = _actions(vec.action_masks(), rng)
+        o1, r1, t1, u1, i1 = vec.step(acts)
+        o2, r2, t2, u2, i2 = ref.step(acts)
+        assert np.array_equal(r1, r2) and np.array_equal(t1, t2) and np.array_equal(u1, u2)
+        assert np.array_equal(i1["sim_calls"], i2["sim_calls"])
+        assert np.array_equal(i1["action_mask"], i2["action_mask"])
