@@ -2,11 +2,12 @@
 against another checkout (``--against``, e.g. a git worktree of an older commit), side by side.
 
 One worker process per tree (its own ``pipeline`` and compiled engine) waits for requests; the
-driver sends each (scenario, method, seed) to both in turn, alternating which goes first, so the
-two trees share the machine's load. A worker times ``search()`` alone (not its imports) and
-reports the result, which must be the same in both trees (plan time, calls, history: a speed-up
-may not change a search). Per scenario and method: the median seconds per call over the seeds
-and ``--reps`` repeats; then ``learned``'s seconds per call over ``adaptis``'s, per tree.
+driver sends each (scenario, method, seed) to both in turn, alternating which goes first, and runs
+the four (method, tree) searches of a repeat back to back, so they share the machine's load. A
+worker times ``search()`` alone (not its imports) and reports the result, which must be the same
+in both trees (plan time, calls, history: a speed-up may not change a search). Per scenario and
+method: the median seconds per call (wall and CPU time) over the seeds and ``--reps`` repeats;
+then ``learned``'s seconds per call over ``adaptis``'s, per tree.
 
   git worktree add /tmp/old_tree HEAD && ln -s "$PWD/.venv" /tmp/old_tree/.venv
   (cd /tmp/old_tree && .venv/bin/python -m pipeline._native.build)
@@ -203,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         k = 0
         for name in names:
-            for method in ("adaptis", "learned"):
-                for seed in range(args.seeds):
-                    seen = None
-                    for _ in range(args.reps):
+            for seed in range(args.seeds):
+                seen: dict[str, dict] = {}
+                for _ in range(args.reps):  # the four runs of a repeat back to back: they share the load
+                    for method in ("adaptis", "learned"):
                         order = ("other", "this") if k % 2 == 0 else ("this", "other")
                         k += 1
                         for tree in order:
@@ -214,9 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                             walls.setdefault((name, method, tree), []).append(out["wall"] / out["calls"])
                             cpus.setdefault((name, method, tree), []).append(out["cpu"] / out["calls"])
                             same = {x: out[x] for x in ("calls", "time", "history")}
-                            if seen is not None and same != seen:
+                            if seen.setdefault(method, same) != same:
                                 raise SystemExit(f"{name} {method} seed {seed}: the trees' searches differ")
-                            seen = same
             med = {(m, t): statistics.median(walls[(name, m, t)]) for m in ("adaptis", "learned")
                    for t in ("other", "this")}
             cpu = {(m, t): statistics.median(cpus[(name, m, t)]) for m in ("adaptis", "learned")
