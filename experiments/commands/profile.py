@@ -61,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-contention", dest="contention", action="store_false",
                         help="with --calibrate: leave out the compute contention between the local ranks "
                              "(the profile's compute_contention, fitted by default; docs/fidelity.md)")
-    parser.add_argument("--no-layer-factors", dest="layer_factors", action="store_false",
-                        help="with --calibrate: leave out each layer's own factor (fitted by default from two more "
-                             "replayed plans with every layer a stage of its own; docs/fidelity.md)")
+    parser.add_argument("--layer-factors", action="store_true",
+                        help="with --calibrate: fit each layer's own factor too, from two more replayed plans with "
+                             "every layer a stage of its own (off by default; docs/fidelity.md)")
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
 
 

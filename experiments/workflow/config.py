@@ -96,10 +96,11 @@ class WorkflowConfig:
     """Calibrate the compute contention between the local ranks too (they share this machine's
     cores and memory; docs/fidelity.md), so the search prices plans whose ranks compute together
     (off: one factor per operation and the overheads only)."""
-    layer_factors: bool = True
+    layer_factors: bool = False
     """Calibrate each layer's own factor too, from two more replayed plans with every layer a stage
     of its own (the profile times a layer after its neighbour in the model, which the pipeline does
-    not; docs/fidelity.md)."""
+    not; off by default: on quiet replays it priced the benchmark plans worse than the factors per
+    operation with the contention; docs/fidelity.md)."""
     threads: int = 1
     """Torch threads per rank."""
     timeout: float = 900.0

@@ -36,12 +36,12 @@ def test_the_existing_run_flags_keep_their_names_and_defaults() -> None:
            "--wandb-project": "adaptis", "--json": False}
     # new since (issue 24): the plan chosen by measurement, the ranks' compute contention
     added = {"--choose": "measured", "--candidates": 4}
-    assert set(actions) == {"-h", "--help", "--no-replay", "--no-contention", "--no-layer-factors", *old, *added}
+    assert set(actions) == {"-h", "--help", "--no-replay", "--no-contention", "--layer-factors", *old, *added}
     assert {flag: actions[flag].default for flag in added} == added
     assert {flag: actions[flag].default for flag in old} == old
     assert actions["--no-replay"].dest == "replay" and actions["--no-replay"].default is True
     assert actions["--no-contention"].dest == "contention" and actions["--no-contention"].default is True
-    assert actions["--no-layer-factors"].dest == "layer_factors" and actions["--no-layer-factors"].default is True
+    assert actions["--layer-factors"].dest == "layer_factors" and actions["--layer-factors"].default is False
     # --model and --hf-config: one of them
     with pytest.raises(SystemExit):
         _run_parser().parse_args(["--model", "gemma-small", "--hf-config", "c.json"])
