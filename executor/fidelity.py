@@ -26,11 +26,10 @@ from pipeline.spec import Cluster, LayerCost, ModelProfile
 
 __all__ = ["SCALE_KEYS", "BLOCKS", "KIND_SHRINKAGE", "PlanComparison", "block_medians", "measured_cluster",
            "runtime_profile", "scale_key", "layer_key", "profiled_time", "stage_durations", "fit_layer_scales",
-           "unit_plans",
-           "shares_beside", "fit_runtime_scales", "fit_kind_scales", "overlap_shares", "uncontended", "fit_overheads",
-           "fit_action_overhead",
-           "calibrate", "calibration_plans", "calibrated_profile", "compare_plans", "cross_validated",
-           "plan_identity", "copy_gap", "rank_agreement", "fidelity_summary"]
+           "fit_w_depth", "unit_plans", "shares_beside", "fit_runtime_scales", "fit_kind_scales", "overlap_shares",
+           "uncontended", "fit_overheads", "fit_action_overhead", "calibrate", "calibration_plans",
+           "calibrated_profile", "compare_plans", "cross_validated", "plan_identity", "copy_gap", "rank_agreement",
+           "fidelity_summary"]
 
 
 #: Operation kinds the runtime scales cover: forward, input-gradient, weight-gradient, the first
@@ -63,6 +62,8 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
         profile = replace(profile, transfer_overhead=float(k["transfer"]))
     if "contention" in k:
         profile = replace(profile, compute_contention=float(k["contention"]))
+    if "w_depth" in k:
+        profile = replace(profile, w_depth=float(k["w_depth"]))
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
     own_b = [v for key, v in k.items() if key.startswith("B#")]
@@ -145,6 +146,36 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
             measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
             predicted[key] = predicted.get(key, 0.0) + profiled_time(base_profile.layers[start:end], op)
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
+
+
+def fit_w_depth(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, runs: Sequence[dict[str, Any]], *,
+                base: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The W factor and the profile's ``w_depth`` together (keys ``"W"``, ``"w_depth"``): each
+    replayed stage's measured W time (not the first stage's) against ``W x (1 + w_depth x (n - 1))``
+    its ``n`` layers' profiled W, by least squares weighted as a ratio of sums (the variance of a
+    stage's total taken as its size). ``base``: per-layer factors the profile carries. Without
+    stages of more than one layer, or where the fit would make deeper stages cheaper, ``w_depth``
+    is 0 and W the plain ratio of sums."""
+    ms_per_unit = profile.seconds_per_unit * 1e3
+    rows = []  # (profiled total, layers past the first, measured total)
+    for (_, plan), run in zip(named_plans, runs):
+        priced = runtime_profile(profile, plan, base)
+        for (stage, op), times in stage_durations(run, ms_per_unit=ms_per_unit).items():
+            start, end = plan.partition[stage]
+            profiled = profiled_time(priced.layers[start:end], op) * len(times)
+            if op == "W" and stage > 0 and profiled > 0:
+                rows.append((profiled, end - start - 1, sum(times)))
+    if not rows:
+        return {}
+    x, m, y = (np.array(col, dtype=float) for col in zip(*rows))
+    ratio = float(y.sum() / x.sum())
+    lhs = np.array([[x.sum(), (x * m).sum()], [(x * m).sum(), (x * m * m).sum()]])
+    if not (m > 0).any() or abs(np.linalg.det(lhs)) < 1e-12 * lhs[0, 0] * lhs[1, 1]:
+        return {"W": ratio, "w_depth": 0.0}
+    a, b = np.linalg.solve(lhs, np.array([y.sum(), (y * m).sum()]))
+    if a <= 0 or b <= 0:
+        return {"W": ratio, "w_depth": 0.0}
+    return {"W": float(a), "w_depth": float(b / a)}
 
 
 def stage_durations(run: Mapping[str, Any], *, ms_per_unit: float = 1.0) -> dict[tuple[int, str], list[float]]:
@@ -326,7 +357,7 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
               runs: Sequence[dict[str, Any]], kinds: bool = False, contention: bool = False,
-              layers: bool = False) -> dict[str, float]:
+              layers: bool = False, depth: bool = True) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
@@ -334,9 +365,12 @@ def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cl
     compute contention between devices too (``"contention"``, fitted with the overheads; the
     per-operation factors then are :func:`uncontended`). ``layers``: each layer's own factor first
     (:func:`fit_layer_scales`, from the stages of one layer; :func:`unit_plans` gives every layer
-    one), the per-operation factors then fitted on top of them."""
+    one), the per-operation factors then fitted on top of them. ``depth`` (default): the W factor
+    together with the profile's ``w_depth``, how much a stage's W grows per layer (:func:`fit_w_depth`)."""
     own = fit_layer_scales(named_plans, profile, runs) if layers else {}
     scales = fit_runtime_scales(named_plans, profile, runs, base=own) | own
+    if depth:  # W and the depth of the stage it runs on together (fit_w_depth)
+        scales |= fit_w_depth(named_plans, profile, runs, base=own)
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
@@ -399,6 +433,7 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
     return replace(profile, layers=tuple(layers), action_overhead=float(k.get("overhead", profile.action_overhead)),
                    transfer_overhead=float(k.get("transfer", profile.transfer_overhead)),
                    compute_contention=float(k.get("contention", profile.compute_contention)),
+                   w_depth=float(k.get("w_depth", profile.w_depth)),
                    extra={**profile.extra, "runtime_scales": {key: round(v, 6) for key, v in k.items()}})
 
 

@@ -176,11 +176,14 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     tokens = profile.tokens_per_microbatch
     defers, keeps_graph, param_bytes = training.first_stage_defers_backward, training.input_backward_keeps_graph, \
         training.param_bytes
+    depth = profile.w_depth
 
     def one(a: int, b: int, sp: float, redo: bool, first: bool) -> tuple:
         """(f, i, w, fused, act, keep, static bytes, full activations) of one stage."""
         sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params = col.span(a, b)
         fwd, bwd_w = sum_f / sp, sum_w / sp
+        if depth and not redo and not (first and defers):  # PyTorch's W walks the stage's graph per group
+            bwd_w *= 1.0 + depth * (b - a - 1)
         if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
             i_s, w_s = fwd + sum_b / sp + bwd_w + over, over
         else:

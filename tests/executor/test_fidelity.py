@@ -131,6 +131,26 @@ def test_each_layers_own_factor_comes_from_the_stages_of_that_layer_alone() -> N
     assert baked.layers[3].f == pytest.approx(profile.layers[3].f * 0.9 * 1.5, rel=0.01)
 
 
+def test_calibrate_recovers_how_a_stages_w_grows_with_its_depth() -> None:
+    from executor.fidelity import fit_w_depth
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    truth = TRUE_SCALES | {"w_depth": 0.2}
+    calib = calibration_plans(profile, cluster, 4, count=8, seed=3)
+    runs = _runs_with(truth, calib, profile, cluster)
+    assert fit_w_depth(calib, profile, runs) == pytest.approx({"W": 1.4, "w_depth": 0.2}, rel=1e-6)
+    fitted = calibrate(calib, profile, cluster, runs=runs)
+    assert fitted["w_depth"] == pytest.approx(0.2, rel=1e-6) and fitted["W"] == pytest.approx(1.4, rel=1e-6)
+    assert calibrated_profile(profile, fitted).w_depth == fitted["w_depth"]
+    assert "w_depth" not in calibrate(calib, profile, cluster, runs=runs, depth=False)
+    flat = _runs_with(TRUE_SCALES, calib, profile, cluster)  # no depth in the runtime: none fitted
+    assert fit_w_depth(calib, profile, flat) == pytest.approx({"W": 1.4, "w_depth": 0.0}, abs=1e-9)
+    plans = named_plans(4)
+    unseen = _runs_with(truth, plans, profile, cluster)
+    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs)))
+    assert held_out["max_abs_error_pct"] < 0.5
+
+
 def test_calibrate_recovers_the_transfer_overhead_too() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
     truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2}
