@@ -163,7 +163,7 @@ def replay_set(args: argparse.Namespace) -> tuple[list[tuple[str, Plan]], list[t
     return plans, calib, run_job([plan for _, plan in plans + calib], options, measure=True)
 
 
-def save_replay_set(path: Path, plans: Sequence[tuple[str, Plan]], calib: Sequence[tuple[str, Plan]],
+def save_replay_set(path: Path, plans: Sequence[tuple[str, Plan]], calib: Sequence[tuple[str, Plan]], *,
                     result: dict) -> None:
     """Write a replay set: the named benchmark and calibration plans and the job's result."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         plans, calib, result = replay_set(args)
         if args.save is not None:
-            save_replay_set(args.save, plans, calib, {**result, "job": {"model": args.model,
+            save_replay_set(args.save, plans, calib, result={**result, "job": {"model": args.model,
                                                                         "lowering": args.lowering}})
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])

@@ -264,7 +264,7 @@ def test_the_fidelity_benchmark_analyses_a_saved_replay_set_again(tmp_path, caps
     result = {"profile": profile.to_dict(), "p2p": {"latency_us": 60.0, "p2p_gbps": 4.0, "backend": "gloo"},
               "runs": runs, "backend": "gloo", "threads": 1, "job": {"model": "tiny-hybrid", "lowering": "early"}}
     path = tmp_path / "set.json"
-    save_replay_set(path, plans, calib, result)
+    save_replay_set(path, plans, calib, result=result)
     back_plans, back_calib, back = load_replay_set(path)
     assert [n for n, _ in back_plans] == [n for n, _ in plans] and len(back_calib) == 3
     assert [p.schedule for _, p in back_plans] == [p.schedule for _, p in plans]
