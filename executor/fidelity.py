@@ -139,12 +139,11 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     predicted: dict[str, float] = {}
     for (_, plan), run in zip(named_plans, runs):
         base_profile = runtime_profile(profile, plan, base)
-        for event in run["timeline"]["events"]:
-            stage, op, _ = parse_action(event["action"])
+        for (stage, op), times in stage_durations(run, ms_per_unit=ms_per_unit).items():
             key = scale_key(stage, op)
             start, end = plan.partition[stage]
-            measured[key] = measured.get(key, 0.0) + (event["end"] - event["start"]) / ms_per_unit
-            predicted[key] = predicted.get(key, 0.0) + profiled_time(base_profile.layers[start:end], op)
+            measured[key] = measured.get(key, 0.0) + sum(times)
+            predicted[key] = predicted.get(key, 0.0) + profiled_time(base_profile.layers[start:end], op) * len(times)
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
@@ -541,9 +540,10 @@ def copy_gap(comparisons: Sequence[PlanComparison]) -> float | None:
     """The largest relative gap between the measured times of two replays of the same plan in one job
     (:func:`plan_identity`; e.g. the tuner's and the RL policy's plan, or a copy the benchmark adds):
     what this job's measurement cannot tell apart. None without copies."""
+    ids = [plan_identity(c) for c in comparisons]
     gaps = [abs(a.measured - b.measured) / min(a.measured, b.measured)
-            for i, a in enumerate(comparisons) for b in comparisons[i + 1:]
-            if plan_identity(a) is not None and plan_identity(a) == plan_identity(b)]
+            for i, a in enumerate(comparisons) for j, b in enumerate(comparisons[i + 1:], i + 1)
+            if ids[i] is not None and ids[i] == ids[j]]
     return max(gaps) if gaps else None
 
 
@@ -565,9 +565,10 @@ def rank_agreement(comparisons: Sequence[PlanComparison], *, tie: float = 0.02) 
     gap = copy_gap(comparisons)
     floor = max(tie, gap or 0.0)
     pairs = agree = resolved = agree_resolved = beyond = agree_beyond = 0
+    ids = [plan_identity(c) for c in comparisons]
     for i, a in enumerate(comparisons):
-        for b in comparisons[i + 1:]:
-            if plan_identity(a) is not None and plan_identity(a) == plan_identity(b):
+        for j, b in enumerate(comparisons[i + 1:], i + 1):
+            if ids[i] is not None and ids[i] == ids[j]:
                 continue
             if abs(a.measured - b.measured) <= tie * min(a.measured, b.measured):
                 continue
