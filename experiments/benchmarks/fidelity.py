@@ -34,16 +34,14 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor.fidelity import (  # noqa: E402
+from executor.agreement import (  # noqa: E402
     PlanComparison,
     block_medians,
-    calibrate,
-    calibration_plans,
     compare_plans,
     cross_validated,
     fidelity_summary,
-    measured_cluster,
 )
+from executor.fidelity import calibrate, calibration_plans, measured_cluster  # noqa: E402
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
 from pipeline.engine import list_schedule  # noqa: E402

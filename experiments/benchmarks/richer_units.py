@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor.fidelity import calibration_plans, compare_plans, cross_validated, measured_cluster  # noqa: E402
+from executor.agreement import compare_plans, cross_validated  # noqa: E402
+from executor.fidelity import calibration_plans, measured_cluster  # noqa: E402
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402

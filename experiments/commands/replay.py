@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.fidelity import calibrate, calibrated_profile, compare_plans, measured_cluster
+    from executor.agreement import compare_plans
+    from executor.fidelity import calibrate, calibrated_profile, measured_cluster
     from executor.model import default_seq_len, resolve_architecture
     from executor.replay import ReplayOptions, check_plan, run_job
     from pipeline.plan import Plan

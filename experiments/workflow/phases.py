@@ -246,7 +246,8 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
     the first misses). Returns (method -> its :class:`Measurement`, ``None``) on success, else
     (``{}``, a note saying why nothing was measured: the job failed).
     """
-    from executor.fidelity import calibrate, compare_plans
+    from executor.agreement import compare_plans
+    from executor.fidelity import calibrate
     from executor.replay import LaunchError, ReplayOptions, run_job
 
     plans = [o.plan for o in outcomes if o.plan is not None]

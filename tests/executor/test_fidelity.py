@@ -6,18 +6,20 @@ from dataclasses import replace
 
 import pytest
 
-from executor.fidelity import (
-    SCALE_KEYS,
+from executor.agreement import (
     PlanComparison,
     block_medians,
-    calibrate,
-    calibrated_profile,
-    calibration_plans,
     compare_plans,
     cross_validated,
     fidelity_summary,
-    fit_runtime_scales,
     rank_agreement,
+)
+from executor.fidelity import (
+    SCALE_KEYS,
+    calibrate,
+    calibrated_profile,
+    calibration_plans,
+    fit_runtime_scales,
     runtime_profile,
 )
 from executor.host_memory import pin_malloc_thresholds
@@ -231,7 +233,7 @@ def test_only_pairs_every_third_of_the_steps_orders_alike_count_as_resolved() ->
 
 
 def test_two_replays_of_one_plan_are_no_pair_and_set_the_jobs_noise_floor() -> None:
-    from executor.fidelity import copy_gap, plan_identity
+    from executor.agreement import copy_gap, plan_identity
 
     plans = dict(named_plans(4))
     one, other = plans["1f1b"].to_dict(), plans["zb-h1"].to_dict()
