@@ -62,6 +62,7 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
         profile = replace(profile, compute_contention=float(k["contention"]))
     if "w_depth" in k:
         profile = replace(profile, w_depth=float(k["w_depth"]))
+    add = {op: float(k.get(layer_overhead_key(op), 0.0)) for op in SCALE_KEYS}  # per layer (fit_operation_terms)
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
     own_b = [v for key, v in k.items() if key.startswith("B#")]
@@ -76,15 +77,16 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
                   for op in SCALE_KEYS}
             measured = "b_full" in layer.extra
             full = float(layer.extra["b_full"]) if measured else layer.b + layer.w
-            extra = {**layer.extra, "b_full": full * kk["B"]} if measured else layer.extra
-            f = layer.f * kk["F"]
+            extra = {**layer.extra, "b_full": full * kk["B"] + add["B"]} if measured else layer.extra
+            f = layer.f * kk["F"] + add["F"]
             if s in fused:
                 layer = (replace(layer, f=f, extra=extra) if measured
-                         else replace(layer, f=f, b=layer.b * kk["B"], w=layer.w * kk["B"]))
+                         else replace(layer, f=f, b=layer.b * kk["B"] + add["B"], w=layer.w * kk["B"]))
             elif s == 0:
-                layer = replace(layer, f=f, b=0.0, w=full * kk["W0"], extra=extra)
+                layer = replace(layer, f=f, b=0.0, w=full * kk["W0"] + add["W0"], extra=extra)
             else:
-                layer = replace(layer, f=f, b=layer.b * kk["I"], w=layer.w * kk["W"], extra=extra)
+                layer = replace(layer, f=f, b=layer.b * kk["I"] + add["I"], w=layer.w * kk["W"] + add["W"],
+                                extra=extra)
             layers[i] = layer
     return replace(profile, layers=tuple(layers))
 
@@ -145,34 +147,95 @@ def fit_runtime_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelPr
     return {key: measured[key] / predicted[key] for key in SCALE_KEYS if predicted.get(key, 0.0) > 0}
 
 
-def fit_w_depth(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, runs: Sequence[dict[str, Any]], *,
-                base: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The W factor and the profile's ``w_depth`` together (keys ``"W"``, ``"w_depth"``): each
-    replayed stage's measured W time (not the first stage's) against ``W x (1 + w_depth x (n - 1))``
-    its ``n`` layers' profiled W, by least squares weighted as a ratio of sums (the variance of a
-    stage's total taken as its size). ``base``: per-layer factors the profile carries. Without
-    stages of more than one layer, or where the fit would make deeper stages cheaper, ``w_depth``
-    is 0 and W the plain ratio of sums."""
+def layer_overhead_key(op: str) -> str:
+    """The key of the time each layer of a stage adds to ``op`` (a :data:`SCALE_KEYS` key): ``"W+"``."""
+    return f"{op}+"
+
+
+def _weighted_fit(x: np.ndarray, n: np.ndarray, y: np.ndarray, *, per_layer: bool) -> tuple[float, float, float]:
+    """``y ~ a x + b n`` by least squares weighted as a ratio of sums (a stage total's variance taken as
+    its size ``x``), with ``a > 0`` and ``b >= 0`` (else ``b = 0`` and ``a`` the ratio of sums); returns
+    ``(a, b, weighted squared error)``."""
+    w = 1.0 / x
+    if per_layer and (n > 0).any():
+        lhs = np.array([[(w * x * x).sum(), (w * x * n).sum()], [(w * x * n).sum(), (w * n * n).sum()]])
+        if abs(np.linalg.det(lhs)) > 1e-12 * lhs[0, 0] * lhs[1, 1]:
+            a, b = np.linalg.solve(lhs, np.array([(w * x * y).sum(), (w * n * y).sum()]))
+            if a > 0 and b >= 0:
+                return float(a), float(b), float((w * (y - a * x - b * n) ** 2).sum())
+    a = float(y.sum() / x.sum())
+    return a, 0.0, float((w * (y - a * x) ** 2).sum())
+
+
+def _fit_with_depth(x: np.ndarray, n: np.ndarray, m: np.ndarray, y: np.ndarray, *,
+                    per_layer: bool) -> tuple[float, float, float]:
+    """:func:`_weighted_fit` of ``y ~ (a x + b n)(1 + d m)`` over ``d >= 0`` as well (a grid, then a
+    golden-section search around its best point); returns ``(a, b, d)``."""
+    def error(d: float) -> float:
+        g = 1 + d * m
+        return _weighted_fit(x * g, n * g, y, per_layer=per_layer)[2]
+
+    grid = np.linspace(0.0, 1.0, 101)
+    k = int(np.argmin([error(d) for d in grid]))
+    lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
+    ratio = (np.sqrt(5) - 1) / 2
+    for _ in range(60):
+        d1, d2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        lo, hi = (lo, d2) if error(d1) <= error(d2) else (d1, hi)
+    d = float((lo + hi) / 2) if error((lo + hi) / 2) < error(0.0) else 0.0
+    a, b, _ = _weighted_fit(x * (1 + d * m), n * (1 + d * m), y, per_layer=per_layer)
+    return a, b, d
+
+
+def fit_operation_terms(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile,
+                        runs: Sequence[dict[str, Any]], *, base: Mapping[str, float] | None = None,
+                        per_layer: bool = True, depth: bool = True) -> dict[str, float]:
+    """Per kind of operation (:data:`SCALE_KEYS`), the factor on its profiled time and, with
+    ``per_layer``, a time each layer of a stage adds to it (:func:`layer_overhead_key`, the profile's
+    unit); with ``depth``, W's growth with its stage's depth as well (``"w_depth"``: W costs
+    ``(W + n W+) x (1 + w_depth x (n - 1))`` on a stage of ``n`` layers past the first, as the
+    simulator prices it). Every replayed stage's summed measured durations of the operation against
+    its layers' profiled time and count, by least squares weighted as a ratio of sums. Why per layer:
+    PyTorch's runtime runs a stage's backward through autograd with per-module work that does not
+    scale with the layer's FLOPs; on two CPU ranks each layer of a stage added 0.3-0.6 ms to I and W
+    and about 1 ms to a fused B, which a factor alone spreads over the layers by their size (a head
+    at 1.05x its W profile beside blocks at 1.35x). Without such data a term is 0 (``b``) or the
+    plain ratio of sums (the factor). ``base``: per-layer factors the profile carries."""
     ms_per_unit = profile.seconds_per_unit * 1e3
-    rows = []  # (profiled total, layers past the first, measured total)
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}  # key -> (profiled, layers, past first, measured)
     for (_, plan), run in zip(named_plans, runs):
         priced = runtime_profile(profile, plan, base)
         for (stage, op), times in stage_durations(run, ms_per_unit=ms_per_unit).items():
             start, end = plan.partition[stage]
             profiled = profiled_time(priced.layers[start:end], op) * len(times)
-            if op == "W" and stage > 0 and profiled > 0:
-                rows.append((profiled, end - start - 1, sum(times)))
-    if not rows:
-        return {}
-    x, m, y = (np.array(col, dtype=float) for col in zip(*rows))
-    ratio = float(y.sum() / x.sum())
-    lhs = np.array([[x.sum(), (x * m).sum()], [(x * m).sum(), (x * m * m).sum()]])
-    if not (m > 0).any() or abs(np.linalg.det(lhs)) < 1e-12 * lhs[0, 0] * lhs[1, 1]:
-        return {"W": ratio, "w_depth": 0.0}
-    a, b = np.linalg.solve(lhs, np.array([y.sum(), (y * m).sum()]))
-    if a <= 0 or b <= 0:
-        return {"W": ratio, "w_depth": 0.0}
-    return {"W": float(a), "w_depth": float(b / a)}
+            if profiled > 0:
+                key = scale_key(stage, op)
+                rows.setdefault(key, []).append((profiled, (end - start) * len(times),
+                                                 end - start - 1 if key == "W" else 0, sum(times)))
+    out: dict[str, float] = {}
+    for key in SCALE_KEYS:
+        if key not in rows:
+            continue
+        x, n, m, y = (np.array(col, dtype=float) for col in zip(*rows[key]))
+        if key == "W" and depth:
+            a, b, out["w_depth"] = _fit_with_depth(x, n, m, y, per_layer=per_layer)
+        else:
+            a, b, _ = _weighted_fit(x, n, y, per_layer=per_layer)
+        out[key] = a
+        if per_layer:
+            out[layer_overhead_key(key)] = b
+    return out
+
+
+def fit_w_depth(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, runs: Sequence[dict[str, Any]], *,
+                base: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The W factor and the profile's ``w_depth`` together (keys ``"W"``, ``"w_depth"``): each
+    replayed stage's measured W time (not the first stage's) against ``W x (1 + w_depth x (n - 1))``
+    its ``n`` layers' profiled W (:func:`fit_operation_terms` without per-layer times). Without
+    stages of more than one layer, or where deeper stages would come out cheaper, ``w_depth`` is 0
+    and W the plain ratio of sums."""
+    fitted = fit_operation_terms(named_plans, profile, runs, base=base, per_layer=False)
+    return {key: fitted[key] for key in ("W", "w_depth") if key in fitted}
 
 
 def stage_durations(run: Mapping[str, Any], *, ms_per_unit: float = 1.0) -> dict[tuple[int, str], list[float]]:
@@ -255,8 +318,10 @@ def fit_kind_scales(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
             per_kind: dict[str, float] = {}
             for x in raw.layers[start:end]:
                 per_kind[x.kind] = per_kind.get(x.kind, 0.0) + profiled_time((x,), op)
-            if sum(per_kind.values()) > 0:
-                rows.setdefault(scale_key(stage, op), []).append((per_kind, statistics.median(times)))
+            key = scale_key(stage, op)
+            if sum(per_kind.values()) > 0:  # what the per-layer times (fit_operation_terms) leave to the factors
+                added = float(base.get(layer_overhead_key(key), 0.0)) * (end - start)
+                rows.setdefault(key, []).append((per_kind, statistics.median(times) - added))
     out: dict[str, float] = {}
     for key, data in rows.items():
         seen = [kd for kd in kinds if any(pk.get(kd, 0.0) > 0 for pk, _ in data)]
@@ -296,7 +361,7 @@ def uncontended(scales: Mapping[str, float], shares: Mapping[str, float], conten
     once (:func:`pipeline.event_sim.iteration_time`)."""
     out = dict(scales)
     for key, v in scales.items():
-        op = key.split("@")[0]
+        op = key.split("@")[0].removesuffix("+")  # a factor, or a per-layer time (fit_operation_terms)
         if op in SCALE_KEYS:
             out[key] = v / (1 + contention * shares.get(op, 0.0))
     return out
@@ -354,7 +419,7 @@ def fit_action_overhead(named_plans: Sequence[tuple[str, Plan]], profile: ModelP
 
 def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cluster: Cluster, *,
               runs: Sequence[dict[str, Any]], kinds: bool = False, contention: bool = False,
-              layers: bool = False, depth: bool = True) -> dict[str, float]:
+              layers: bool = False, depth: bool = True, layer_times: bool = True) -> dict[str, float]:
     """Everything replays teach the model: :func:`fit_runtime_scales` plus ``"overhead"`` and
     ``"transfer"`` from :func:`fit_overheads`. One replayed plan cannot tell the two overheads
     apart (one equation, two unknowns): then ``"transfer"`` is 0 and the per-action overhead takes
@@ -363,11 +428,13 @@ def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cl
     per-operation factors then are :func:`uncontended`). ``layers``: each layer's own factor first
     (:func:`fit_layer_scales`, from the stages of one layer; :func:`unit_plans` gives every layer
     one), the per-operation factors then fitted on top of them. ``depth`` (default): the W factor
-    together with the profile's ``w_depth``, how much a stage's W grows per layer (:func:`fit_w_depth`)."""
+    together with the profile's ``w_depth``, how much a stage's W grows per layer (:func:`fit_w_depth`).
+    ``layer_times`` (default): each operation's factor together with a time every layer of a stage
+    adds to it (keys ``"W+"``, :func:`fit_operation_terms`)."""
     own = fit_layer_scales(named_plans, profile, runs) if layers else {}
     scales = fit_runtime_scales(named_plans, profile, runs, base=own) | own
-    if depth:  # W and the depth of the stage it runs on together (fit_w_depth)
-        scales |= fit_w_depth(named_plans, profile, runs, base=own)
+    if depth or layer_times:  # per-layer times, and W with the depth of its stage (fit_operation_terms)
+        scales |= fit_operation_terms(named_plans, profile, runs, base=own, per_layer=layer_times, depth=depth)
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
@@ -420,13 +487,15 @@ def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> Mo
     from dataclasses import replace
 
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales)
+    add = {op: float(k.get(layer_overhead_key(op), 0.0)) for op in SCALE_KEYS}
     layers = []
     for i, layer in enumerate(profile.layers):
         kk = {op: k.get(f"{op}@{layer.kind}", k[op]) * k.get(layer_key(op, i), 1.0) for op in SCALE_KEYS}
         extra = dict(layer.extra)
         if "b_full" in extra:
-            extra["b_full"] = float(extra["b_full"]) * kk["B"]
-        layers.append(replace(layer, f=layer.f * kk["F"], b=layer.b * kk["I"], w=layer.w * kk["W"], extra=extra))
+            extra["b_full"] = float(extra["b_full"]) * kk["B"] + add["B"]
+        layers.append(replace(layer, f=layer.f * kk["F"] + add["F"], b=layer.b * kk["I"] + add["I"],
+                              w=layer.w * kk["W"] + add["W"], extra=extra))
     return replace(profile, layers=tuple(layers), action_overhead=float(k.get("overhead", profile.action_overhead)),
                    transfer_overhead=float(k.get("transfer", profile.transfer_overhead)),
                    compute_contention=float(k.get("contention", profile.compute_contention)),

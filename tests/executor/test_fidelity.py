@@ -153,6 +153,33 @@ def test_calibrate_recovers_how_a_stages_w_grows_with_its_depth() -> None:
     assert held_out["max_abs_error_pct"] < 0.5
 
 
+def test_calibrate_recovers_the_time_each_layer_adds_to_an_operation() -> None:
+    from executor.fidelity import fit_operation_terms, layer_overhead_key, uncontended
+
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    per_layer = {"I+": 0.05, "W+": 0.03, "B+": 0.08}
+    truth = TRUE_SCALES | per_layer | {"w_depth": 0.1}
+    calib = calibration_plans(profile, cluster, 4, count=8, seed=3)
+    runs = _runs_with(truth, calib, profile, cluster)
+    fitted = fit_operation_terms(calib, profile, runs)
+    assert fitted["F+"] == pytest.approx(0.0, abs=1e-9) and fitted["W0+"] == pytest.approx(0.0, abs=1e-9)
+    assert {key: fitted[key] for key in [*per_layer, "w_depth"]} == pytest.approx(per_layer | {"w_depth": 0.1},
+                                                                                   rel=1e-6)
+    assert {key: fitted[key] for key in TRUE_SCALES} == pytest.approx(TRUE_SCALES, rel=1e-6)
+    # a factor alone (per_layer=False) cannot: it spreads the layers' time by their size
+    assert fit_operation_terms(calib, profile, runs, per_layer=False)["I"] != pytest.approx(1.2, rel=1e-3)
+    fitted = calibrate(calib, profile, cluster, runs=runs)
+    assert fitted["W+"] == pytest.approx(0.03, rel=1e-6)
+    baked = calibrated_profile(profile, fitted)
+    assert baked.layers[3].b == pytest.approx(profile.layers[3].b * fitted["I"] + 0.05, rel=1e-6)
+    assert uncontended({"W+": 0.3, "W": 1.0}, {"W": 0.5}, 1.0) == pytest.approx({"W+": 0.2, "W": 1.0 / 1.5})
+    assert layer_overhead_key("B") == "B+"
+    plans = named_plans(4)
+    unseen = _runs_with(truth, plans, profile, cluster)
+    held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs)))
+    assert held_out["max_abs_error_pct"] < 0.5
+
+
 def test_calibrate_recovers_the_transfer_overhead_too() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
     truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2}

@@ -90,7 +90,8 @@ def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert set(measured) >= {"time_unit", "devices", "events"} and measured["events"][0]["action"]
     calibrated = ModelProfile.load(tmp_path / "r" / "calibrated_profile.json")  # the measurements fed back
     assert calibrated.extra["runtime_scales"]["F"] == pytest.approx(row["runtime_scales"]["F"], rel=1e-3)
-    assert set(row["runtime_scales"]) == {"F", "I", "W", "W0", "w_depth", "overhead", "transfer"}  # zbv: split backward
+    assert set(row["runtime_scales"]) == {"F", "I", "W", "W0", "F+", "I+", "W+", "W0+", "w_depth", "overhead",
+                                          "transfer"}  # zbv: split backward; each with the time a layer adds
     assert calibrated.action_overhead == pytest.approx(row["runtime_scales"]["overhead"], abs=1e-4)
     # --trace: measured (pid 1) and predicted (pid 2) in one Chrome trace, one slice per action each
     trace = json.loads((tmp_path / "trace.json").read_text())
