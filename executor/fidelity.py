@@ -23,7 +23,8 @@ import numpy as np
 from pipeline.plan import Plan, parse_action
 from pipeline.spec import Cluster, LayerCost, ModelProfile
 
-__all__ = ["SCALE_KEYS", "KIND_SHRINKAGE", "measured_cluster",
+__all__ = ["SCALE_KEYS", "KIND_SHRINKAGE", "MIN_STAGES_PER_LAYER", "layer_overhead_key", "fit_operation_terms",
+           "measured_cluster",
            "runtime_profile", "scale_key", "layer_key", "profiled_time", "stage_durations", "fit_layer_scales",
            "fit_w_depth", "unit_plans", "shares_beside", "fit_runtime_scales", "fit_kind_scales", "overlap_shares",
            "uncontended", "fit_overheads", "fit_action_overhead", "calibrate", "calibration_plans",
@@ -152,12 +153,17 @@ def layer_overhead_key(op: str) -> str:
     return f"{op}+"
 
 
+#: Replayed stages an operation needs before :func:`fit_operation_terms` fits a time per layer
+#: beside its factor (two unknowns; fewer stages than this would fit their noise).
+MIN_STAGES_PER_LAYER = 4
+
+
 def _weighted_fit(x: np.ndarray, n: np.ndarray, y: np.ndarray, *, per_layer: bool) -> tuple[float, float, float]:
     """``y ~ a x + b n`` by least squares weighted as a ratio of sums (a stage total's variance taken as
     its size ``x``), with ``a > 0`` and ``b >= 0`` (else ``b = 0`` and ``a`` the ratio of sums); returns
-    ``(a, b, weighted squared error)``."""
+    ``(a, b, weighted squared error)``. Under :data:`MIN_STAGES_PER_LAYER` rows, ``b = 0``."""
     w = 1.0 / x
-    if per_layer and (n > 0).any():
+    if per_layer and len(x) >= MIN_STAGES_PER_LAYER and (n > 0).any():
         lhs = np.array([[(w * x * x).sum(), (w * x * n).sum()], [(w * x * n).sum(), (w * n * n).sum()]])
         if abs(np.linalg.det(lhs)) > 1e-12 * lhs[0, 0] * lhs[1, 1]:
             a, b = np.linalg.solve(lhs, np.array([(w * x * y).sum(), (w * n * y).sum()]))

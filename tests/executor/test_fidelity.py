@@ -174,6 +174,9 @@ def test_calibrate_recovers_the_time_each_layer_adds_to_an_operation() -> None:
     assert baked.layers[3].b == pytest.approx(profile.layers[3].b * fitted["I"] + 0.05, rel=1e-6)
     assert uncontended({"W+": 0.3, "W": 1.0}, {"W": 0.5}, 1.0) == pytest.approx({"W+": 0.2, "W": 1.0 / 1.5})
     assert layer_overhead_key("B") == "B+"
+    two_stages = [(name, plan) for name, plan in named_plans(4) if plan.num_stages == 2][:1]
+    few = fit_operation_terms(two_stages, profile, _runs_with(truth, two_stages, profile, cluster))
+    assert few and all(few[key] == 0.0 for key in few if key.endswith("+"))  # too few stages: a factor alone
     plans = named_plans(4)
     unseen = _runs_with(truth, plans, profile, cluster)
     held_out = fidelity_summary(cross_validated(plans, profile, cluster, runs=unseen, calibration=(calib, runs)))
