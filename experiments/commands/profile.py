@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=positive_int, default=2, help="devices of the written cluster")
     parser.add_argument("--calibrate", type=non_negative_int, default=0, metavar="N",
                         help="then replay N random plans on --devices local ranks and fit the runtime's terms "
-                             "(per-operation factors, per-action and per-transfer overheads) into the written "
-                             "profile, as run does (0: the per-layer profile alone)")
+                             "(per-operation factors and per-layer times, per-action and per-transfer overheads) "
+                             "into the written profile, as run does (0: the per-layer profile alone)")
     parser.add_argument("--calibration-microbatches", type=positive_int, default=8,
                         help="micro-batches of the calibration plans")
     parser.add_argument("--no-contention", dest="contention", action="store_false",

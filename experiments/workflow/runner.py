@@ -7,7 +7,7 @@ Reads top to bottom in :func:`run_workflow`:
 
 1. **costs** — on this machine (no ``gpu``/``cluster_path``) the executor profiles the model and
    the link on ``devices`` local ranks, then replays ``calibration_plans`` random plans and fits
-   how the runtime spends the profile (per-operation factors, per-action overhead), which the
+   how the runtime spends the profile (per-operation factors and per-layer times, overheads), which the
    search then prices plans with; for a named GPU the analytic costs are used instead;
 2. **train** (optional) — a short RL training run whose policy the ``rl`` method then uses;
 3. **search** — the Megatron baseline, named schedules, the AdaPtis tuner and the RL policy;
