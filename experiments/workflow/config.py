@@ -90,8 +90,10 @@ class WorkflowConfig:
     """Untimed steps before the timed ones."""
     profile_repeats: int = 5
     """Timed repeats per layer when profiling."""
-    calibration_plans: int = 6
-    """Random plans replayed on this machine to calibrate the profile before the search (0: none)."""
+    calibration_plans: int = 8
+    """Random plans replayed on this machine to calibrate the profile before the search (0: none).
+    Each operation's factor and per-layer time are fitted from them: 4 were too few on the replay
+    sets of docs/fidelity.md, 6 and 8 ranked plans better than a factor alone."""
     contention: bool = True
     """Calibrate the compute contention between the local ranks too (they share this machine's
     cores and memory; docs/fidelity.md), so the search prices plans whose ranks compute together
