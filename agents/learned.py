@@ -9,7 +9,8 @@ simulates every neighbour of each. ``learned`` (``search --method learned``) is 
   scheduler's per-device activation budgets) and ``schedule`` (W deferral, fused B, forward
   priority, recomputation, deferred-W limit);
 * an online **bandit** (:class:`FamilyBandit`, UCB1 on improvements per simulator call, adapted
-  within one search) picks the family to try next;
+  within one search; a move back to a plan already simulated counts as none) picks the family to
+  try next;
 * an offline **prior** (:class:`MovePrior`, a logistic regression on 30 cheap features of a move:
   its family and size, the change of the heaviest device's load it makes, the bottleneck device's
   bubble and memory share, stages per device...) ranks the family's neighbours, and only the next
@@ -242,11 +243,6 @@ class MovePolicy:
     chunk: int | None = 4
     ucb_c: float = 1.0
     """UCB1's exploration constant (1.0: chosen on draws of the training distribution, 0.3 and 2 tried)."""
-    reward: str = "current"
-    """What counts as a bandit win: ``current`` (a batch improved the plan it started from), ``best`` (it
-    improved the best plan of the search), ``both`` (one for the first, another for the second)."""
-    widen: int = 1
-    """Each batch of a family that fails in a round is followed by one ``widen`` times larger (1: fixed)."""
     record: Callable[[list[float], bool], None] | None = None
     """Called with (features, improved) for every simulated move (training data)."""
     _ev: Evaluator | None = field(default=None, repr=False)
@@ -263,19 +259,19 @@ class MovePolicy:
         made: dict[int, list[Candidate]] = {}
         queues: dict[str, list[Candidate]] = {}
         open_families = list(MOVE_FAMILIES)
-        fails: dict[str, int] = {}
         while open_families and not clock.spent():
             family = self._bandit.pick(open_families) if self.bandit else open_families[0]
             if family not in queues:
                 queues[family] = self._ranked(family, phases, made, current, result, problem, rng, ev, ctx)
             queue = queues[family]
-            take = len(queue) if self.chunk is None else self.chunk * self.widen ** fails.get(family, 0)
+            take = len(queue) if self.chunk is None else self.chunk
             batch, new = [], 0
             while queue and new < take:  # known candidates cost no call: they come along for free
                 item = queue.pop()
                 batch.append(item)
                 new += not ev.known(item[0])
-            calls0, best0 = ev.calls, state.best_key
+            revisits = {n for n, _ in batch if ev.known(n)}
+            calls0 = ev.calls
             best_n, best_k = None, current_key
             for n, k in state.offer_all([n for n, _ in batch], clock):
                 if k < best_k:
@@ -284,14 +280,12 @@ class MovePolicy:
                 for n, feats in batch:
                     if ev.known(n):
                         self.record(feats, _improves(objective_key(ev.result(n)), current_key))
-            record = float(best0 is not None and state.best_key < best0)
-            won = record if self.reward == "best" else float(best_n is not None)
-            self._bandit.update(family, calls=ev.calls - calls0, gain=won)
-            if self.reward == "both":
-                self._bandit.wins[family] += record
+            # a move back to a plan simulated before is no win of the family's: it costs no call and
+            # mostly undoes a perturbation (counted, it drew the bandit to such families)
+            won = best_n is not None and best_n not in revisits
+            self._bandit.update(family, calls=ev.calls - calls0, gain=float(won))
             if best_n is not None:
                 return best_n, best_k, True
-            fails[family] = fails.get(family, 0) + 1
             if not queue:
                 open_families.remove(family)
         return current, current_key, False
