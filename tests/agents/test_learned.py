@@ -180,3 +180,25 @@ def test_collect_moves_labels_the_tuners_moves(gemma4: Scenario) -> None:
     assert 0 < y.sum() < len(y) and np.isfinite(X).all()
     fam = X[:, :len(MOVE_FAMILIES)]
     assert (fam.sum(axis=1) == 1).all() and math.isclose(float(fam.max()), 1.0)
+
+
+
+def test_a_move_back_to_a_plan_simulated_before_is_no_bandit_win(gemma4: Scenario, monkeypatch) -> None:
+    """The bandit's wins are the rounds that improved the plan with a move simulated in that round: a
+    move back to a plan simulated before (mostly a perturbation undone) is taken, but credits no family."""
+    rounds: list[bool] = []  # per improving round: was the move new?
+    original = MovePolicy.round
+
+    def round_(self, phases, current, current_key, **kw):
+        ev = kw["ev"]
+        calls0 = ev.calls
+        out = original(self, phases, current, current_key, **kw)
+        if out[2]:
+            rounds.append(ev.call_number(out[0]) > calls0)
+        return out
+
+    monkeypatch.setattr(MovePolicy, "round", round_)
+    tuner = learned_tuner()
+    tuner.search(gemma4, budget=Budget(sim_calls=1500), seed=0)
+    assert not all(rounds)  # the scenario has such moves
+    assert sum(tuner.move_policy._bandit.wins.values()) == sum(rounds)
