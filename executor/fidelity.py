@@ -66,16 +66,11 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
     add = {op: float(k.get(layer_overhead_key(op), 0.0)) for op in SCALE_KEYS}  # per layer (fit_operation_terms)
     layers = list(profile.layers)
     fused = {a.stage for acts in plan.schedule for a in acts if a.op == "B"}
-    own_b = [v for key, v in k.items() if key.startswith("B#")]
-    typical_b = statistics.median(own_b) if own_b else 1.0
+    typical_b = _typical_b(k)
     for s, (start, end) in enumerate(plan.partition):
         for i in range(start, end):
             layer = layers[i]
-            # a kind's own factor, else the op's; times the layer's own (fit_layer_scales; the first
-            # stage's W is the layer's whole backward: its fused B's factor over a typical layer's)
-            kk = {op: k.get(f"{op}@{layer.kind}", k[op]) * (k.get(layer_key(op, i), 1.0) if op != "W0"
-                                                            else k.get(layer_key("B", i), typical_b) / typical_b)
-                  for op in SCALE_KEYS}
+            kk = _layer_factors(k, layer, i, typical_b)
             measured = "b_full" in layer.extra
             full = float(layer.extra["b_full"]) if measured else layer.b + layer.w
             extra = {**layer.extra, "b_full": full * kk["B"] + add["B"]} if measured else layer.extra
@@ -90,6 +85,21 @@ def runtime_profile(profile: ModelProfile, plan: Plan, scales: Mapping[str, floa
                                 extra=extra)
             layers[i] = layer
     return replace(profile, layers=tuple(layers))
+
+
+def _typical_b(k: Mapping[str, float]) -> float:
+    """The median of the layers' own fused-B factors (``"B#3"``), 1 without them."""
+    own_b = [v for key, v in k.items() if key.startswith("B#")]
+    return statistics.median(own_b) if own_b else 1.0
+
+
+def _layer_factors(k: Mapping[str, float], layer: LayerCost, index: int, typical_b: float) -> dict[str, float]:
+    """Layer ``index``'s factor per operation: its kind's own (``"B@head"``), else the operation's,
+    times the layer's own (:func:`fit_layer_scales`); the first stage's W is the layer's whole
+    backward, so its own factor there is its fused B's over a typical layer's."""
+    return {op: k.get(f"{op}@{layer.kind}", k[op]) * (k.get(layer_key(op, index), 1.0) if op != "W0"
+                                                     else k.get(layer_key("B", index), typical_b) / typical_b)
+            for op in SCALE_KEYS}
 
 
 def scale_key(stage: int, op: str) -> str:
@@ -488,16 +498,23 @@ def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int
 
 def calibrated_profile(profile: ModelProfile, scales: Mapping[str, float]) -> ModelProfile:
     """``profile`` with ``f``, ``b``, ``w`` (and ``b_full``) multiplied by the F, I, W (and B)
-    scales and the per-action overhead set (key ``"overhead"``), for searches that should price
-    plans as replays measured them; the scales are kept in ``extra["runtime_scales"]``."""
+    scales, plus each operation's per-layer time, and the per-action overhead set (key
+    ``"overhead"``), for searches that should price plans as replays measured them; with a fitted
+    ``"W0"``, each layer's ``extra["b_first"]``: its whole backward as the first stage's W (which
+    :func:`pipeline.simulator.stage_costs` then prices as :func:`runtime_profile` does). The scales
+    are kept in ``extra["runtime_scales"]``."""
     from dataclasses import replace
 
     k = {key: 1.0 for key in SCALE_KEYS} | dict(scales)
     add = {op: float(k.get(layer_overhead_key(op), 0.0)) for op in SCALE_KEYS}
+    typical_b = _typical_b(k)
     layers = []
     for i, layer in enumerate(profile.layers):
-        kk = {op: k.get(f"{op}@{layer.kind}", k[op]) * k.get(layer_key(op, i), 1.0) for op in SCALE_KEYS}
+        kk = _layer_factors(k, layer, i, typical_b)
         extra = dict(layer.extra)
+        full = float(extra.get("b_full", layer.b + layer.w))
+        if "W0" in scales:  # the first stage's whole backward, run as its W (runtime_profile; stage_costs)
+            extra["b_first"] = full * kk["W0"] + add["W0"]
         if "b_full" in extra:
             extra["b_full"] = float(extra["b_full"]) * kk["B"] + add["B"]
         layers.append(replace(layer, f=layer.f * kk["F"] + add["F"], b=layer.b * kk["I"] + add["I"],

@@ -74,13 +74,18 @@ class LowerBound:
 
 def _backward_costs(profile: ModelProfile) -> tuple[list[float], list[float]]:
     """Per layer: the least backward the simulator can charge (``back``) and the least
-    input-gradient step (``grad``), reading ``b_full`` exactly when :func:`stage_costs` does."""
+    input-gradient step (``grad``), reading ``b_full`` and ``b_first`` exactly when :func:`stage_costs`
+    does (stage 0's whole backward runs as W where the profile carries ``b_first``)."""
     layers = profile.layers
     if layers and all("b_full" in x.extra for x in layers):
         full = [float(x.extra["b_full"]) for x in layers]
-        return ([min(x.b + x.w, bf) for x, bf in zip(layers, full)],
-                [min(x.b, bf) for x, bf in zip(layers, full)])
-    return [x.b + x.w for x in layers], [x.b for x in layers]
+        back, grad = [min(x.b + x.w, bf) for x, bf in zip(layers, full)], [min(x.b, bf) for x, bf in zip(layers, full)]
+    else:
+        back, grad = [x.b + x.w for x in layers], [x.b for x in layers]
+    if layers and all("b_first" in x.extra for x in layers):  # the first stage's whole backward, as W
+        first = [float(x.extra["b_first"]) for x in layers]
+        back, grad = [min(x, y) for x, y in zip(back, first)], [min(x, y) for x, y in zip(grad, first)]
+    return back, grad
 
 
 def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, packing: bool = True,

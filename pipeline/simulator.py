@@ -76,6 +76,9 @@ class _Columns:
     out: list[int]
     groups: list[tuple[str, float] | None] | None = None
     """Per layer ``(shared_group, grad_sync_bytes)`` or None; ``None`` when no layer shares weights."""
+    b_first: list[float] | None = None
+    """Per layer the first stage's whole backward (``LayerCost.extra["b_first"]``, a calibrated
+    profile's), or ``None`` where a layer lacks it."""
     spans: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
     """``(a, b)`` -> the sums of the columns over layers ``[a, b)`` (:meth:`span`), one stage's."""
     stages: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
@@ -96,9 +99,9 @@ class _Columns:
         return memo
 
     def span(self, a: int, b: int) -> tuple:
-        """``(f, b, w, b_full, act, graph, keep, params)`` summed over layers ``[a, b)`` (``b_full``
-        0 without it), each ``sum`` of its slice as a stage sums it, computed once per range:
-        the candidates of a search share most of their stages."""
+        """``(f, b, w, b_full, act, graph, keep, params, b_first)`` summed over layers ``[a, b)``
+        (``b_full``, ``b_first`` 0 without them), each ``sum`` of its slice as a stage sums it,
+        computed once per range: the candidates of a search share most of their stages."""
         hit = self.spans.get((a, b))
         if hit is None:
             if len(self.spans) >= 65536:
@@ -106,7 +109,8 @@ class _Columns:
             hit = self.spans[(a, b)] = (
                 sum(self.f[a:b]), sum(self.b[a:b]), sum(self.w[a:b]),
                 sum(self.b_full[a:b]) if self.b_full is not None else 0.0, sum(self.act[a:b]),
-                sum(self.graph[a:b]), sum(self.keep[a:b]), sum(self.params[a:b]))
+                sum(self.graph[a:b]), sum(self.keep[a:b]), sum(self.params[a:b]),
+                sum(self.b_first[a:b]) if self.b_first is not None else 0.0)
         return hit
 
 
@@ -119,7 +123,9 @@ def _columns(profile: ModelProfile) -> _Columns:
                           [float(x.extra["b_full"]) for x in layers] if measured_b else None,
                           [x.act_bytes for x in layers], [x.w_retained for x in layers],
                           [x.w_graph for x in layers], [x.params for x in layers], [x.out_bytes for x in layers],
-                          _shared_groups(layers))
+                          _shared_groups(layers),
+                          [float(x.extra["b_first"]) for x in layers] if all("b_first" in x.extra for x in layers)
+                          else None)
         object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
     return cached
 
@@ -140,7 +146,10 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
 
     With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
     (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
-    them (``executor.fidelity.runtime_profile`` moves stage 0's ``I`` time into ``W`` for replays).
+    them, unless every layer carries the first stage's whole-backward time (``b_first``: a profile
+    calibrated on replays, ``executor.fidelity.calibrated_profile``): then stage 0's ``I`` costs
+    its overhead alone and its ``W`` their ``b_first``, as ``executor.fidelity.runtime_profile``
+    prices a replayed plan, so a search prices stage 0 as the replay does.
     Every other stage keeps from ``I`` until ``W`` its layers' ``w_graph`` under
     ``training.input_backward_keeps_graph`` (PyTorch), else their ``w_retained``.
 
@@ -180,12 +189,14 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
 
     def one(a: int, b: int, sp: float, redo: bool, first: bool) -> tuple:
         """(f, i, w, fused, act, keep, static bytes, full activations) of one stage."""
-        sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params = col.span(a, b)
+        sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params, sum_first = col.span(a, b)
         fwd, bwd_w = sum_f / sp, sum_w / sp
         if depth and not redo and not (first and defers):  # PyTorch's W walks the stage's graph per group
             bwd_w *= 1.0 + depth * (b - a - 1)
         if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
             i_s, w_s = fwd + sum_b / sp + bwd_w + over, over
+        elif first and defers and col.b_first is not None:  # I a no-op, W the whole backward (calibrated)
+            i_s, w_s = over, sum_first / sp + over
         else:
             i_s, w_s = sum_b / sp + over, bwd_w + over
         fused_s = sum_fused / sp + 2 * over + (fwd if redo else 0.0) if measured_b else None

@@ -183,6 +183,24 @@ def test_calibrate_recovers_the_time_each_layer_adds_to_an_operation() -> None:
     assert held_out["max_abs_error_pct"] < 0.5
 
 
+def test_a_search_on_the_calibrated_profile_prices_each_plan_as_its_replay_is_predicted() -> None:
+    """The search simulates calibrated_profile; replays are predicted with runtime_profile, which
+    prices the first stage's split backward as PyTorch runs it (I a no-op, W the whole backward):
+    the two must agree, or the search optimises another model than the one its plans are judged by."""
+    profile, cluster = _measured_profile(), Cluster(devices=2)
+    scales = TRUE_SCALES | {"I+": 0.05, "W+": 0.03, "B+": 0.08, "W0+": 0.02, "w_depth": 0.1, "overhead": 0.01,
+                            "transfer": 0.02}
+    baked = calibrated_profile(profile, scales)
+    plans = named_plans(4)
+    assert any(plan.num_stages > 1 and any(a.op == "W" and a.stage == 0 for acts in plan.schedule for a in acts)
+               for _, plan in plans)  # a plan whose first stage runs a split backward is among them
+    for name, plan in plans:
+        searched = simulate(plan, baked, cluster).iteration_time
+        replayed = simulate(plan, runtime_profile(profile, plan, scales), cluster).iteration_time
+        assert searched == pytest.approx(replayed, rel=1e-9), name
+    assert "b_first" not in calibrated_profile(profile, {"F": 1.1}).layers[0].extra  # no W0 fitted: as profiled
+
+
 def test_calibrate_recovers_the_transfer_overhead_too() -> None:
     profile, cluster = _measured_profile(), Cluster(devices=2)
     truth = TRUE_SCALES | {"overhead": 0.05, "transfer": 0.2}
