@@ -31,13 +31,14 @@ def test_the_existing_run_flags_keep_their_names_and_defaults() -> None:
            "--cluster": None, "--devices": 2, "--gpus-per-node": 8, "--memory-gb": None,
            "--memory-reserve-gb": None, "--microbatches": None, "--method": DEFAULT_METHODS, "--budget": "3000",
            "--max-seconds": 60.0, "--seed": 0, "--perturb-moves": None, "--policy": None, "--train-policy": 0,
-           "--steps": 10, "--warmup": 2, "--profile-repeats": 5, "--threads": 1,
+           "--warmup": 2, "--profile-repeats": 5, "--threads": 1,
            "--timeout": 900.0, "--target": "executor", "--trace": None, "--out": None, "--group": None,
            "--wandb-project": "adaptis", "--json": False}
     # new since (issue 24): the plan chosen by measurement, the ranks' compute contention
     added = {"--choose": "measured", "--candidates": 4}
     # changed (issue 24): 8 calibration plans, not 6, since each operation's per-layer time is fitted too
-    changed = {"--calibration-plans": 8}
+    # and 20 timed steps, not 10, so each half of them (one chooses, one is reported) has ten
+    changed = {"--calibration-plans": 8, "--steps": 20}
     assert set(actions) == {"-h", "--help", "--no-replay", "--no-contention", "--layer-factors", *old, *added,
                             *changed}
     assert {flag: actions[flag].default for flag in added} == added
