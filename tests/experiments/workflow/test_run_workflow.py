@@ -25,8 +25,9 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     code = main(["run", "--model", "tiny-hybrid", "--devices", "2", "--seq-len", "64", "--microbatches", "6",
-                 "--budget", "100", "--profile-repeats", "2", "--steps", "2", "--warmup", "1", "--out", str(out),
-                 "--group", "wf-test", "--timeout", "240", "--trace", str(tmp_path / "trace.json")])
+                 "--budget", "100", "--profile-repeats", "2", "--steps", "2", "--warmup", "1",
+                 "--calibration-plans", "6", "--out", str(out), "--group", "wf-test", "--timeout", "240",
+                 "--trace", str(tmp_path / "trace.json")])
     text = capsys.readouterr().out
     assert code == 0
     assert "where the time went" in text and "best:" in text and "measured" in text
