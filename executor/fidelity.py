@@ -448,9 +448,10 @@ def calibrate(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile, cl
     ``layer_times`` (default): each operation's factor together with a time every layer of a stage
     adds to it (keys ``"W+"``, :func:`fit_operation_terms`)."""
     own = fit_layer_scales(named_plans, profile, runs) if layers else {}
-    scales = fit_runtime_scales(named_plans, profile, runs, base=own) | own
-    if depth or layer_times:  # per-layer times, and W with the depth of its stage (fit_operation_terms)
-        scales |= fit_operation_terms(named_plans, profile, runs, base=own, per_layer=layer_times, depth=depth)
+    if depth or layer_times:  # per-layer times, and W with the depth of its stage
+        scales = fit_operation_terms(named_plans, profile, runs, base=own, per_layer=layer_times, depth=depth) | own
+    else:
+        scales = fit_runtime_scales(named_plans, profile, runs, base=own) | own
     if kinds:  # and per layer kind (:func:`fit_kind_scales`; off by default: see docs/fidelity.md)
         scales |= fit_kind_scales(named_plans, profile, runs, base=scales)
     both = len(named_plans) >= 2
