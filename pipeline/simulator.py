@@ -99,9 +99,9 @@ class _Columns:
         return memo
 
     def span(self, a: int, b: int) -> tuple:
-        """``(f, b, w, b_full, act, graph, keep, params, b_first)`` summed over layers ``[a, b)``
-        (``b_full``, ``b_first`` 0 without them), each ``sum`` of its slice as a stage sums it,
-        computed once per range: the candidates of a search share most of their stages."""
+        """``(f, b, w, b_full, act, graph, keep, params)`` summed over layers ``[a, b)`` (``b_full``
+        0 without it), each ``sum`` of its slice as a stage sums it, computed once per range:
+        the candidates of a search share most of their stages."""
         hit = self.spans.get((a, b))
         if hit is None:
             if len(self.spans) >= 65536:
@@ -109,8 +109,7 @@ class _Columns:
             hit = self.spans[(a, b)] = (
                 sum(self.f[a:b]), sum(self.b[a:b]), sum(self.w[a:b]),
                 sum(self.b_full[a:b]) if self.b_full is not None else 0.0, sum(self.act[a:b]),
-                sum(self.graph[a:b]), sum(self.keep[a:b]), sum(self.params[a:b]),
-                sum(self.b_first[a:b]) if self.b_first is not None else 0.0)
+                sum(self.graph[a:b]), sum(self.keep[a:b]), sum(self.params[a:b]))
         return hit
 
 
@@ -189,14 +188,14 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
 
     def one(a: int, b: int, sp: float, redo: bool, first: bool) -> tuple:
         """(f, i, w, fused, act, keep, static bytes, full activations) of one stage."""
-        sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params, sum_first = col.span(a, b)
+        sum_f, sum_b, sum_w, sum_fused, sum_act, sum_graph, sum_keep, sum_params = col.span(a, b)
         fwd, bwd_w = sum_f / sp, sum_w / sp
         if depth and not redo and not (first and defers):  # PyTorch's W walks the stage's graph per group
             bwd_w *= 1.0 + depth * (b - a - 1)
         if redo:  # I re-runs F, then the whole backward (weights too); W is left empty
             i_s, w_s = fwd + sum_b / sp + bwd_w + over, over
         elif first and defers and col.b_first is not None:  # I a no-op, W the whole backward (calibrated)
-            i_s, w_s = over, sum_first / sp + over
+            i_s, w_s = over, sum(col.b_first[a:b]) / sp + over  # stage 0 only: once per stage memo
         else:
             i_s, w_s = sum_b / sp + over, bwd_w + over
         fused_s = sum_fused / sp + 2 * over + (fwd if redo else 0.0) if measured_b else None
