@@ -56,6 +56,8 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments\.benchmarks\.engine_speed(?=\s|$)", "--repeats 1 --no-tuner"),
     (r"-m experiments\.benchmarks\.search_speed(?=\s|$)", "--cases small --budgets 20"),
     (r"-m experiments\.benchmarks\.env_speed(?=\s|$)", "--seconds 1"),
+    (r"-m experiments\.benchmarks\.lowering(?=\s|$)", "--rounds 1 --steps 2 --tuner-calls 20"),
+    (r"-m experiments\.benchmarks\.mixed_speeds(?=\s|$)", "--scenarios 4"),
 ]
 #: Commands that start a torchrun job (retried once: see the test).
 DISTRIBUTED = r"torchrun|-m experiments (replay|profile|run)(?=\s|$)"
