@@ -2,7 +2,9 @@
 
 For each layer, on one micro-batch: ``f`` the forward time, ``b`` the backward-for-inputs time
 (I) and ``w`` the backward-for-weights time (W), each the median of ``repeats`` runs after
-``warmup`` runs. I and W are timed with the very functions the pipeline runtime calls
+``warmup`` runs (at least one: the first run meters bytes through saved-tensor hooks and is never
+timed; the timed runs run without hooks, as the runtime does). I and W are timed with the very
+functions the pipeline runtime calls
 (``torch.distributed.pipelining._backward.stage_backward_input`` / ``stage_backward_weight``):
 I computes gradients with respect to the layer's input only and keeps the intermediate gradients
 that W then turns into parameter gradients. The first layer (token embedding: integer input)
@@ -120,10 +122,6 @@ class _CudaMemory:
         return torch.cuda.max_memory_allocated(self.device) - self.base if self.on else 0
 
 
-def _unpack(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
 def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -185,19 +183,25 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
         if rep == 0:
             peak[i] = max(peak[i], mem.peak())
 
-    for rep in range(config.warmup + config.repeats):
-        keep = rep >= config.warmup
+    # Rep 0 meters bytes through saved-tensor hooks, whose Python calls (pack in F, unpack in I/W) the
+    # runtime does not make: it is never timed, and the timed reps run without hooks.
+    untimed = max(1, config.warmup)
+    for rep in range(untimed + config.repeats):
+        keep = rep >= untimed
         # forward
         ins, outs = [], []
         x = tokens
         for i, layer in enumerate(layers):
             inp = [x] if i == 0 else [t.detach().requires_grad_(True) for t in _tensors(x)]
-            counter = _SavedBytes({p.data_ptr() for p in params[i]})
             mem.begin()
-            pack, unpack = counter.pack, _unpack
-            if rep == 0:  # also meter what stays saved after I
-                pack, unpack = (lambda t, c=counter: meter._pack(c.pack(t))), meter._unpack
-            with torch.autograd.graph.saved_tensors_hooks(pack, unpack), meter.attribute(i):
+            if rep == 0:  # meter what is saved, and what stays saved after I
+                counter = _SavedBytes({p.data_ptr() for p in params[i]})
+                pack = lambda t, c=counter: meter._pack(c.pack(t))  # noqa: E731
+                with torch.autograd.graph.saved_tensors_hooks(pack, meter._unpack), meter.attribute(i):
+                    t0 = _tic(device)
+                    out = layer(*inp, labels=labels)
+                    dt = _toc(device, t0)
+            else:
                 t0 = _tic(device)
                 out = layer(*inp, labels=labels)
                 dt = _toc(device, t0)

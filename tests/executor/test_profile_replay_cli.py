@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from executor.fidelity import runtime_profile
 from executor.model import resolve_architecture, scale_architecture
@@ -26,6 +27,23 @@ def test_profiler_measures_every_layer() -> None:
         assert layer.act_bytes > 0 and layer.out_bytes > 0
     assert prof.layers[1].out_bytes == 16 * arch.hidden_size * 4  # one micro-batch of fp32 hidden states
     assert ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+
+
+def test_only_the_untimed_metering_run_has_saved_tensor_hooks(monkeypatch) -> None:
+    """The hooks' Python pack/unpack calls are not the runtime's: no timed run may carry them."""
+    import executor.profiler as profiler
+
+    real, entered = torch.autograd.graph.saved_tensors_hooks, []
+
+    def counting(pack, unpack):  # noqa: ANN001, ANN202
+        entered.append(1)
+        return real(pack, unpack)
+
+    monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks", counting)
+    arch = scale_architecture(resolve_architecture("tiny-hybrid"), 0.5)
+    prof = profiler.profile_architecture(arch, config=ProfileConfig(seq_len=16, warmup=0, repeats=3))
+    assert len(entered) == len(arch.layers)  # one forward per layer, in the metering run only
+    assert all(layer.f > 0 and layer.act_bytes > 0 for layer in prof.layers)
 
 
 def test_runtime_profile_follows_pytorch_runtime() -> None:
