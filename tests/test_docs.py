@@ -47,7 +47,8 @@ SHRINK: list[tuple[str, str]] = [
 #: (command regex, flags appended when the flag is not already there): small budgets.
 APPEND: list[tuple[str, str]] = [
     (r"-m experiments (search|run)(?=\s|$)", "--budget 20"),
-    (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 2 --max-seconds 10"),
+    (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 2 --max-seconds 10 "
+                                     "--calibration-plans 4 --candidates 2"),
     (r"-m (experiments replay|executor\.launch)(?=\s|$)", "--steps 2 --warmup 1"),
     (r"-m experiments profile(?=\s|$)", "--repeats 1 --warmup 0"),
     (r"-m experiments sweep(?=\s|$)", "--budget 20 --max-trials 4"),
