@@ -31,9 +31,10 @@ these two fields are absent and times come from ``perf_counter``.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,14 @@ class _SavedBytes:
         return sum(self.sizes.values())
 
 
+@contextlib.contextmanager
+def _metering(counter: _SavedBytes, meter: SavedTensorMeter, layer: int) -> Iterator[None]:
+    """Count the bytes a forward saves (``counter``) and what stays saved after I (``meter``)."""
+    pack = lambda t: meter._pack(counter.pack(t))  # noqa: E731
+    with torch.autograd.graph.saved_tensors_hooks(pack, meter._unpack), meter.attribute(layer):
+        yield
+
+
 def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: torch.Tensor, *,
                    config: ProfileConfig) -> list[dict[str, float]]:
     """Per layer: ``f``, ``b``, ``w``, ``b_full`` (seconds, medians), ``act_bytes``, ``out_bytes``,
@@ -193,15 +202,9 @@ def measure_layers(layers: Sequence[StageModule], tokens: torch.Tensor, labels: 
         x = tokens
         for i, layer in enumerate(layers):
             inp = [x] if i == 0 else [t.detach().requires_grad_(True) for t in _tensors(x)]
+            counter = _SavedBytes({p.data_ptr() for p in params[i]})
             mem.begin()
-            if rep == 0:  # meter what is saved, and what stays saved after I
-                counter = _SavedBytes({p.data_ptr() for p in params[i]})
-                pack = lambda t, c=counter: meter._pack(c.pack(t))  # noqa: E731
-                with torch.autograd.graph.saved_tensors_hooks(pack, meter._unpack), meter.attribute(i):
-                    t0 = _tic(device)
-                    out = layer(*inp, labels=labels)
-                    dt = _toc(device, t0)
-            else:
+            with _metering(counter, meter, i) if rep == 0 else contextlib.nullcontext():
                 t0 = _tic(device)
                 out = layer(*inp, labels=labels)
                 dt = _toc(device, t0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -199,8 +200,6 @@ def test_a_search_on_the_calibrated_profile_prices_each_plan_as_its_replay_is_pr
         replayed = simulate(plan, runtime_profile(profile, plan, scales), cluster).iteration_time
         assert searched == pytest.approx(replayed, rel=1e-9), name
     assert "b_first" not in calibrated_profile(profile, {"F": 1.1}).layers[0].extra  # no W0 fitted: as profiled
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a known layer field: read back without a ProfileWarning
         assert ModelProfile.from_dict(baked.to_dict()).layers[0].extra["b_first"] == baked.layers[0].extra["b_first"]
