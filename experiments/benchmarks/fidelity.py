@@ -7,6 +7,8 @@ stands in for a searched plan) and the plans the AdaPtis tuner and the RL policy
 (``--tuner-calls``). The plans are built from a first quick profile of this machine.
 The same job also replays --calibration-plans random plans (random partitions and placements) and two
 with every layer a stage of its own (executor.fidelity.unit_plans: each layer timed alone in the pipeline).
+Each plan's time is the median of its timed steps, each over how slow its round of the round-robin
+ran (executor.drift; --raw-times: the steps as measured).
 Prints per plan the prediction error, then the median error and whether the model ranks the
 plans in the measured order (every pair, and the pairs the measurement itself resolves: ordered alike
 by each third of the timed steps), twice: from the per-layer profile alone ("profile"), and calibrated
@@ -18,7 +20,8 @@ each layer's own factor from the stages of one layer, fit_layer_scales; the benc
 their own predictions).
 
   python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
-      [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--json] [--save FILE | --from FILE]
+      [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--raw-times] [--json]
+      [--save FILE | --from FILE]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from executor.agreement import (  # noqa: E402
     cross_validated,
     fidelity_summary,
 )
+from executor.drift import adjust_runs, restore_raw  # noqa: E402
 from executor.fidelity import calibrate, calibration_plans, measured_cluster  # noqa: E402
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
@@ -201,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--copy", default="1f1b", metavar="PLAN",
                    help="replay this benchmark plan twice (PLAN-copy): the gap between the two is the job's "
                         "noise floor, and pairs within it are not counted as resolved ('' for no copy)")
+    p.add_argument("--raw-times", action="store_true",
+                   help="time each plan by the median of its steps as measured, without taking out the rounds' "
+                        "drift (executor.drift: by default each step is divided by how slow its round ran)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", type=Path, default=None, metavar="FILE",
                    help="also write the replay set (plans, profile, link, every run's timeline) to FILE, "
@@ -223,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.save is not None:
             save_replay_set(args.save, plans, calib, result={**result, "job": {"model": args.model,
                                                                         "lowering": args.lowering}})
+    if args.raw_times:
+        restore_raw(result["runs"])
+        result["round_factors"] = None
+    elif args.from_file is not None and result.get("round_factors") is None:
+        result["round_factors"] = adjust_runs(result["runs"])  # a set saved before the adjustment
     profile = ModelProfile.from_dict(result["profile"])
     cluster = measured_cluster(2, result["p2p"])
     runs, calib_runs = result["runs"][:len(plans)], result["runs"][len(plans):]
@@ -248,13 +260,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "calibrated_contention": {"plans": [c.row() for c in contended], **contended_summary,
                                                     "contention": fitted.get("contention")},
                           "calibrated_layers": {"plans": [c.row() for c in per_layer], **per_layer_summary},
-                          "p2p": result["p2p"]}))
+                          "p2p": result["p2p"], "round_factors": result.get("round_factors")}))
         return 0
     job = result.get("job", {"model": args.model, "lowering": args.lowering})
     print(f"{job['model']}: 2 ranks ({result['backend']}, {result['threads']} thread each, "
           f"{job['lowering']} receives), {plans[0][1].microbatches} "
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
+    rounds = result.get("round_factors")
+    print(f"each step over how slow its round ran (executor.drift: {min(rounds):.2f}-{max(rounds):.2f} of the median "
+          "round)" if rounds else "every step as measured (no rounds' drift taken out)")
     rows = [{**a.row(), "spread_pct": _spread_pct(a), "calibrated_ms": b.predicted,
              "calibrated_error_pct": 100 * b.error, "contention_ms": c.predicted, "contention_error_pct": 100 * c.error,
              "layers_ms": d.predicted, "layers_error_pct": 100 * d.error}

@@ -48,6 +48,20 @@ def test_pytorchs_own_lowering_matches_one_process_too() -> None:
         assert run["max_grad_error"] <= TOL and run["loss_error"] <= TOL and run["max_weight_error"] <= TOL
 
 
+def test_a_job_of_four_plans_takes_the_rounds_drift_out_and_keeps_the_raw_steps() -> None:
+    import statistics
+
+    plans = [p for name, p in named_plans(microbatches=4) if name in ("gpipe", "1f1b", "zb-h1", "zbv")]
+    result = run_job(plans, replace(OPTIONS, check=False, steps=4), timeout=240)
+    factors = result["round_factors"]
+    assert len(factors) == 4 and all(f > 0 for f in factors)
+    for run in result["runs"]:
+        raw, adjusted = run["raw_iteration_times"], run["measured_iteration_times"]
+        assert [a * f for a, f in zip(adjusted, factors)] == pytest.approx(raw)
+        assert run["measured_iteration_time"] == statistics.median(adjusted)
+        assert run["raw_iteration_time"] == pytest.approx(statistics.median(raw))
+
+
 def test_plan_kinds_are_what_they_claim() -> None:
     plans = dict(named_plans(microbatches=4))
     assert plans["zbv"].placement == (0, 1, 1, 0)
