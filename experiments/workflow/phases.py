@@ -281,7 +281,8 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
         m = measured[o.method] = Measurement(
             measured_ms=comp.measured, predicted_runtime_ms=comp.predicted * to_ms,
             measured_timeline=comp.measured_timeline, predicted_timeline=tl, loss=comp.run.get("loss"),
-            measured_iteration_times=comp.run.get("measured_iteration_times"), predicted_same_job_ms=again_ms)
+            measured_iteration_times=comp.run.get("measured_iteration_times"), predicted_same_job_ms=again_ms,
+            raw_iteration_times=comp.run.get("raw_iteration_times"))
         refitted = "" if again_ms is None else f" ({again_ms:.4g} ms calibrated in this job)"
         log(f"  {o.method:<10} measured {comp.measured:.4g} ms (all timed steps), "
             f"predicted {m.predicted_runtime_ms:.4g} ms{refitted}")

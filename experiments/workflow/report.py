@@ -49,6 +49,16 @@ class Measurement:
     chosen_on_ms: float | None = None
     """With a choice by measurement, the median of the even timed steps, which chose the plan;
     ``measured_ms`` is then the median of the odd ones."""
+    raw_iteration_times: list[float] | None = None
+    """The timed iterations as measured, where ``measured_iteration_times`` have the rounds' drift
+    taken out (:mod:`executor.drift`); None where they are the raw ones."""
+
+    def steps_dict(self) -> dict[str, Any]:
+        """The figures of this replay without its timelines (``summary.json``'s ``replays``)."""
+        return {"measured_ms": self.measured_ms, "chosen_on_ms": self.chosen_on_ms,
+                "predicted_runtime_ms": self.predicted_runtime_ms, "predicted_same_job_ms": self.predicted_same_job_ms,
+                "measured_iteration_times": self.measured_iteration_times,
+                "raw_iteration_times": self.raw_iteration_times}
 
 
 def timeline_busy(timeline: Mapping[str, Any]) -> tuple[list[float], float]:

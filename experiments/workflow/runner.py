@@ -87,7 +87,8 @@ class WorkflowReport:
                 "calibration": self.costs.scales,
                 "rows": self.rows, "devices": self.devices, "kinds": self.kinds, "op_share": self.op_share,
                 "notes": self.notes, "files": self.files, "group": self.group, "run_dirs": self.run_dirs,
-                "seconds": self.seconds, "summary": self.summary}
+                "seconds": self.seconds, "summary": self.summary,
+                "replays": {method: m.steps_dict() for method, m in self.measured.items()}}
 
 
 def _stderr(msg: str) -> None:

@@ -43,6 +43,10 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     assert len(replayed) >= 2 and "megatron" in {r["method"] for r in replayed}
     assert min(replayed, key=lambda r: r["chosen_on_ms"])["method"] == s["best_method"]
     assert any(n.startswith("chosen by measurement: ") for n in summary["notes"])
+    replays = summary["replays"]  # every replayed plan's steps; 2 rounds: too few to take the drift out
+    assert set(replays) == {r["method"] for r in replayed}
+    assert all(len(r["measured_iteration_times"]) == 2 and r["raw_iteration_times"] is None for r in replays.values())
+    assert replays[s["best_method"]]["measured_ms"] == pytest.approx(s["measured_ms"])
     plan = Plan.load(out / "plan.json")
     validate_plan(plan, num_layers=8, devices=2)
     assert plan.method == s["best_method"]
