@@ -46,9 +46,13 @@ from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_a
 from experiments.deploy import print_targets
 from experiments.workflow import SEARCH_ROWS, WorkflowConfig, WorkflowReport, run_workflow
 
-__all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report", "method_list", "GROUPS"]
+__all__ = ["NAME", "HELP", "add_arguments", "run", "config_from_args", "print_report", "method_list", "GROUPS",
+           "drift_note"]
 
 NAME = "run"
+#: How far apart (relative) the calibration plans may measure in the calibration job and the final
+#: replay before ``run`` says the machine changed speed between the two.
+DRIFT_NOTE = 0.10
 HELP = "the whole workflow: profile or analytic costs, search (tuner + RL), replay, compare, one W&B group"
 
 
@@ -100,6 +104,16 @@ def config_from_args(args: argparse.Namespace) -> WorkflowConfig:
     return dataclass_from_args(WorkflowConfig, args)
 
 
+def drift_note(ratio: float | None) -> str | None:
+    """What to tell the user when the calibration plans measured more than :data:`DRIFT_NOTE` apart
+    between the calibration job and the final replay (``ratio``: final over calibration), else None."""
+    if not ratio or abs(ratio - 1) <= DRIFT_NOTE:
+        return None
+    return (f"the machine ran {abs(ratio - 1):.0%} {'slower' if ratio > 1 else 'faster'} in this replay than in the "
+            "calibration job: the same calibration plans measured that much apart, so a prediction made before this "
+            "job is off by about as much; the one calibrated in the same job is the check")
+
+
 def print_report(report: WorkflowReport) -> None:
     """The summary on stdout: comparison, where the time went, files, W&B group."""
     cfg, costs = report.config, report.costs
@@ -138,6 +152,9 @@ def print_report(report: WorkflowReport) -> None:
             line += f" ({s['same_job_error_pct']:+.1f}% calibrated on the random plans replayed in the same job)"
     if s.get("chosen_by") == "measured":
         line += "\n  (chosen by measurement on the even timed steps; the measured times are the odd steps')"
+    note = drift_note(s.get("calibration_plans_ratio"))
+    if note:
+        line += f"\n  ({note})"
     print(line)
     print()
     print_table(report.devices, list(report.devices[0]),

@@ -15,6 +15,7 @@ No module here prints to stdout: progress goes to the ``log`` callable (stderr i
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,8 @@ class Costs:
     device: str | None = None
     scales: dict[str, float] | None = None
     """Runtime scales and per-action overhead fitted on replays (:func:`calibrate_here`), or None."""
+    calibration_ms: list[float] | None = None
+    """The calibration plans' measured times (ms) in the job that fitted ``scales``, in their order."""
 
     @property
     def search_profile(self) -> ModelProfile:
@@ -133,7 +136,7 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
         + f"; per-action overhead {scales['overhead'] * to_ms:.3f} ms"
         + f", per transfer end {scales.get('transfer', 0.0) * to_ms:.3f} ms"
         + (f", compute contention {scales['contention']:.3f}" if "contention" in scales else ""))
-    return replace(costs, scales=scales)
+    return replace(costs, scales=scales, calibration_ms=[r["measured_iteration_time"] for r in result["runs"]])
 
 
 def _layer_ranges(scales: dict[str, float]) -> dict[str, list[float]]:
@@ -267,6 +270,12 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
     comps = compare_plans([(o.method, o.plan) for o in outcomes], profile, costs.cluster, runs=runs,
                           scales=costs.scales)
     same_job = [None] * len(comps)
+    speed = None
+    if calibration and costs.calibration_ms and len(costs.calibration_ms) == len(calibration_runs):
+        speed = statistics.median(r["measured_iteration_time"] / before
+                                  for r, before in zip(calibration_runs, costs.calibration_ms))
+        log(f"  the calibration plans ran {abs(speed - 1):.1%} {'slower' if speed >= 1 else 'faster'} in this job "
+            "than in the calibration job (the machine's speed between the two jobs; median over the plans)")
     if calibration:
         refit = calibrate(calibration, profile, costs.cluster, runs=calibration_runs, contention=contention,
                           layers=layer_factors)
@@ -282,7 +291,7 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
             measured_ms=comp.measured, predicted_runtime_ms=comp.predicted * to_ms,
             measured_timeline=comp.measured_timeline, predicted_timeline=tl, loss=comp.run.get("loss"),
             measured_iteration_times=comp.run.get("measured_iteration_times"), predicted_same_job_ms=again_ms,
-            raw_iteration_times=comp.run.get("raw_iteration_times"))
+            raw_iteration_times=comp.run.get("raw_iteration_times"), calibration_plans_ratio=speed)
         refitted = "" if again_ms is None else f" ({again_ms:.4g} ms calibrated in this job)"
         log(f"  {o.method:<10} measured {comp.measured:.4g} ms (all timed steps), "
             f"predicted {m.predicted_runtime_ms:.4g} ms{refitted}")

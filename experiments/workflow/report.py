@@ -52,6 +52,10 @@ class Measurement:
     raw_iteration_times: list[float] | None = None
     """The timed iterations as measured, where ``measured_iteration_times`` have the rounds' drift
     taken out (:mod:`executor.drift`); None where they are the raw ones."""
+    calibration_plans_ratio: float | None = None
+    """The calibration plans' times in this replay's job over their times in the calibration job
+    (median over the plans): how much slower (> 1) the machine ran than when the predictions'
+    overheads were fitted. None without calibration plans in the job."""
 
     def steps_dict(self) -> dict[str, Any]:
         """The figures of this replay without its timelines (``summary.json``'s ``replays``)."""

@@ -431,6 +431,8 @@ def _summary(best: SearchResult, mega: SearchResult | None, measured: dict[str, 
     if m is not None:
         out.update({"measured_ms": m.measured_ms, "predicted_runtime_ms": m.predicted_runtime_ms,
                     "prediction_error_pct": 100 * (m.predicted_runtime_ms - m.measured_ms) / m.measured_ms})
+        if m.calibration_plans_ratio:
+            out["calibration_plans_ratio"] = m.calibration_plans_ratio
         if m.predicted_same_job_ms:
             out.update({"predicted_same_job_ms": m.predicted_same_job_ms,
                         "same_job_error_pct": 100 * (m.predicted_same_job_ms - m.measured_ms) / m.measured_ms})

@@ -47,6 +47,7 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
     assert set(replays) == {r["method"] for r in replayed}
     assert all(len(r["measured_iteration_times"]) == 2 and r["raw_iteration_times"] is None for r in replays.values())
     assert replays[s["best_method"]]["measured_ms"] == pytest.approx(s["measured_ms"])
+    assert s["calibration_plans_ratio"] > 0  # the calibration plans' times, final job over calibration job
     plan = Plan.load(out / "plan.json")
     validate_plan(plan, num_layers=8, devices=2)
     assert plan.method == s["best_method"]
@@ -126,3 +127,14 @@ def test_rl_unavailable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch, cap
     rl = next(r for r in report["rows"] if r["method"] == "rl")
     assert rl["predicted"] is None and "not available" in rl["note"]
     assert any(n.startswith("rl: skipped") for n in report["notes"])
+
+
+def test_a_machine_that_changed_speed_between_the_jobs_is_named_beyond_ten_percent() -> None:
+    from experiments.commands.run import drift_note
+
+    assert drift_note(None) is None and drift_note(1.0) is None and drift_note(1.09) is None
+    assert drift_note(0.91) is None
+    slower = drift_note(1.26)
+    assert slower is not None and slower.startswith("the machine ran 26% slower in this replay")
+    faster = drift_note(0.85)
+    assert faster is not None and faster.startswith("the machine ran 15% faster")
