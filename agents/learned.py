@@ -19,6 +19,10 @@ simulates every neighbour of each. ``learned`` (``search --method learned``) is 
   a round ends (and the tuner perturbs, as it does) only when all four are closed, so the local
   optimum it stops at is one the plain tuner would stop at too.
 
+Before the local search, ``learned`` also simulates the tuner's starting plans (named schedules and
+seeds) in a learned order (:mod:`agents.start_prior`): the same starts and the same local search
+under a budget in calls, the best start sooner.
+
 The prior is trained on the plain tuner's own accepted and rejected moves on draws of
 :data:`env.scenarios.TRAIN_SCENARIO` (never the held-out family or sizes):
 ``python -m experiments.benchmarks.learned_tuner --train`` writes ``agents/policies/learned_prior.json``
@@ -39,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from agents.start_prior import StartPrior, load_start_prior
 from pipeline.balance import device_loads
 from pipeline.errors import ConfigError
 from pipeline.simulator import Result
@@ -322,20 +327,25 @@ def _improves(key: tuple, current_key: tuple) -> bool:
 
 
 def learned_tuner(*, prior: MovePrior | str | Path | None = "default", bandit: bool = True, chunk: int | None = 4,
-                  name: str = "learned"):
+                  starts: StartPrior | str | Path | None = "default", name: str = "learned"):
     """The tuner with :class:`MovePolicy` (``prior``: a :class:`MovePrior`, a JSON path, ``"default"``
-    for the shipped one, ``None`` for the tuner's own order)."""
+    for the shipped one, ``None`` for the tuner's own order) and a learned order of its starting plans
+    (``starts``: a :class:`agents.start_prior.StartPrior`, a JSON path, ``"default"``, ``None`` for the
+    tuner's own order)."""
     from agents.tuner import AdaptisTuner
 
     if isinstance(prior, (str, Path)):
         prior = load_prior(None if prior == "default" else prior)
-    return AdaptisTuner(name=name, move_policy=MovePolicy(prior=prior, bandit=bandit, chunk=chunk))
+    if isinstance(starts, (str, Path)):
+        starts = load_start_prior(None if starts == "default" else starts)
+    return AdaptisTuner(name=name, move_policy=MovePolicy(prior=prior, bandit=bandit, chunk=chunk), start_prior=starts)
 
 
 def random_prior_tuner(*, seed: int = 0, name: str = "learned-random"):
-    """The ablation of ``learned``: the same tuner, bandit and chunks with a prior of random weights
-    (:meth:`MovePrior.random`), so what the trained weights add is ``learned`` against it."""
-    return learned_tuner(prior=MovePrior.random(seed), name=name)
+    """The ablation of ``learned``: the same tuner, bandit and chunks with priors of random weights
+    (:meth:`MovePrior.random`, :meth:`agents.start_prior.StartPrior.random`), so what the trained
+    weights add is ``learned`` against it."""
+    return learned_tuner(prior=MovePrior.random(seed), starts=StartPrior.random(seed), name=name)
 
 
 # ------------------------------------------------------------------ training

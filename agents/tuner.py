@@ -28,12 +28,11 @@ from typing import Any
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
+from agents.start_prior import NamedStart, named_plan, named_starts, ordered_starts
 from agents.tuner_budget import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from pipeline.balance import device_loads
-from pipeline.errors import PlanError
 from pipeline.megatron import megatron_partition
-from pipeline.plan import Plan, partition_from_sizes
-from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
+from pipeline.plan import Plan
 from pipeline.simulator import Result
 from pipeline.space import (
     Candidate,
@@ -227,6 +226,9 @@ class AdaptisTuner:
     move_policy: Any = field(default=None, repr=False)
     """Learned guidance of the local search (:class:`agents.learned.MovePolicy`: which phase next, which
     neighbours first, how many); None: every phase in order, every neighbour (the plain tuner)."""
+    start_prior: Any = field(default=None, repr=False)
+    """A learned order of the named plans and seeds (:class:`agents.start_prior.StartPrior`), under a
+    budget in calls; None: the tuner's own order. The same starts either way."""
 
     def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -246,49 +248,20 @@ class AdaptisTuner:
         history: list[tuple[int, float]] = []
         state = _State(ev, on_improve, history, self.allowed)
 
-        # 1. The named schedules, at Megatron's split and at the cost-balanced split: the tuner
-        #    can only improve on the best of them.
+        # 1. The named schedules, at Megatron's split and at the cost-balanced split (the tuner can only
+        #    improve on the best of them), and 2. the candidates the local search can edit, seeded by the
+        #    caller (e.g. an RL policy) and by us; the best of those is where the local search starts.
         named_plans = self.named_plans if named_plans is None else named_plans
         named_plans = own_seeds if named_plans is None else named_plans
-        named = [(m, b) for b in (False, True) for m in NAMED_METHODS] if named_plans else []
-        timed = NamedTimer(clock)
-        for method, balanced in named:
-            if balanced and method == "megatron":
-                continue
-            for chunks in timed.megatron_chunks(problem) if method == "megatron" else (None,):
-                if not timed.room():  # a budget in seconds: leave most of it to the local search
-                    break
-                t0 = clock.now()
-                try:
-                    partition = None
-                    if balanced:
-                        placement = method_placement(method, problem.devices)
-                        partition = partition_from_sizes(ev.balanced_sizes(placement))
-                    if chunks is not None:  # megatron one chunk count at a time (see _NamedTimer)
-                        name = "1f1b" if chunks == 1 else f"i1f1b-v{chunks}"
-                        plan = build_plan(name, problem.profile, problem.cluster, microbatches=problem.microbatches,
-                                          partition=megatron_partition(problem.profile, problem.devices * chunks),
-                                          training=problem.training)
-                        plan = replace(plan, meta={"method": "megatron", "chunks": chunks})
-                    else:
-                        plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
-                                          partition=partition, training=problem.training)
-                except PlanError:
-                    continue
-                if self.allowed is not None and not self.allowed(Candidate(plan.stage_sizes, plan.placement)):
-                    continue
-                result = ev.simulate_plan(plan)
-                state.offer_plan(plan, result, note=f"{method}+dp" if balanced else method)
-                timed.took(clock.now() - t0)
-        clock.keep_back(timed.first)  # the winner's plan and its validated simulation at the end
-        # 2. Candidates the local search can edit, seeded by the caller (e.g. an RL policy) and by us.
+        named = named_starts(problem) if named_plans else []
         seeds = chain(start, iter_seed_candidates(problem, ev, speed_order=self.speed_order,
                                                   fits_first=budget.seconds is not None) if own_seeds else ())
-        current: Candidate | None = None
-        current_key: Key | None = None
-        for c, key in state.offer_all(seeds, clock, at_least_one=True):
-            if current_key is None or key < current_key:
-                current, current_key = c, key
+        if self.start_prior is not None and budget.seconds is None:  # learned: the likeliest starts first
+            current, current_key = ordered_starts(
+                self.start_prior, named, list(seeds), problem=problem, ev=ev, state=state, clock=clock,
+                build=lambda s: named_plan(problem, ev, s, allowed=self.allowed))
+        else:
+            current, current_key = self._plain_starts(named, seeds, problem=problem, ev=ev, state=state, clock=clock)
         if current is None:
             return finish(self.name, problem, state.best_plan, evaluator=ev, history=history)
         # 3. Phases until the budget is spent; perturb when a round finds nothing.
@@ -329,6 +302,29 @@ class AdaptisTuner:
         note = state.best_note
         self.best_candidate = state.best_candidate if state.best_is_candidate else None
         return finish(self.name, problem, state.best_plan, evaluator=ev, history=history, note=note)
+
+    def _plain_starts(self, named: list[NamedStart], seeds: Iterable[Candidate], *, problem: Scenario,
+                      ev: Evaluator, state: _State, clock: TunerClock) -> tuple[Candidate | None, Key | None]:
+        """The named schedules, then the seeds, in the tuner's own order; the best seed and its key.
+        Under a budget in seconds the named ones stop at their share of it (:class:`NamedTimer`)."""
+        timed = NamedTimer(clock)
+        for s in named:
+            for chunks in timed.megatron_chunks(problem) if s.method == "megatron" else (None,):
+                if not timed.room():  # a budget in seconds: leave most of it to the local search
+                    break
+                t0 = clock.now()
+                plan = named_plan(problem, ev, s, chunks=chunks, allowed=self.allowed)
+                if plan is None:
+                    continue
+                state.offer_plan(plan, ev.simulate_plan(plan), note=s.describe())
+                timed.took(clock.now() - t0)
+        clock.keep_back(timed.first)  # the winner's plan and its validated simulation at the end
+        current: Candidate | None = None
+        current_key: Key | None = None
+        for c, key in state.offer_all(seeds, clock, at_least_one=True):
+            if current_key is None or key < current_key:
+                current, current_key = c, key
+        return current, current_key
 
     # ------------------------------------------------------------------ phases
 
@@ -510,6 +506,12 @@ class _State:
             self._best_is_candidate = False
             self._improved(plan, result)
         return key
+
+    def set_best(self, key: Key, *, note: str, plan: Plan | None = None, candidate: Candidate | None = None) -> None:
+        """Make the best so far ``candidate`` (else ``plan``), reporting nothing: how a reordered start
+        phase (:func:`agents.start_prior.ordered_starts`) leaves the state as the tuner's own order would."""
+        self.best_key, self.best_note, self._best_plan = key, note, plan
+        self.best_candidate, self._best_is_candidate = candidate, candidate is not None
 
     def offer(self, c: Candidate) -> Key:
         if self.allowed is not None and not self.allowed(c):

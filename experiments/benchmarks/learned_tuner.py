@@ -19,13 +19,15 @@ and sub-layer units), every method runs ``--seeds`` times with ``--calls`` simul
 * equal wall time: ``adaptis`` and ``learned`` with ``--walls`` budgets in seconds (0.25 s, 1 s),
   median over seeds, ``learned``'s time over ``adaptis``'s.
 
-Ablations: ``learned-random`` (the same policy with a prior of random weights),
-``learned-no-bandit`` (families in the tuner's order), ``learned-no-prior`` (the tuner's own
-order of neighbours). ``--train`` re-trains the shipped prior (agents/policies/learned_prior.json)
-instead.
+Ablations: ``learned-random`` (the same policy with priors of random weights, for the moves and
+the starts), ``learned-no-bandit`` (families in the tuner's order), ``learned-no-prior`` (the
+tuner's own order of neighbours), ``learned-no-starts`` (the starts in the tuner's own order).
+``--train`` re-trains the shipped move prior (agents/policies/learned_prior.json) instead,
+``--train-starts`` the start prior (agents/policies/learned_starts.json, :mod:`agents.start_prior`).
 
   python -m experiments.benchmarks.learned_tuner [--draws 3] [--large 1] [--seeds 3] [--json]
   python -m experiments.benchmarks.learned_tuner --train [--train-scenarios 40] [--train-calls 1000] [--seed 0]
+  python -m experiments.benchmarks.learned_tuner --train-starts [--train-scenarios 300] [--seed 0]
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import numpy as np
+from tqdm import tqdm
 
 from agents.base import Budget, SearchResult
 from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, random_prior_tuner, train_prior
+from agents.start_prior import DEFAULT_START_PRIOR
+from agents.start_training import train_start_prior
 from agents.tuner import AdaptisTuner, _State
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline import zoo
@@ -65,10 +70,11 @@ def _methods(prior: MovePrior) -> dict[str, Callable[[], AdaptisTuner]]:
         "learned-random": random_prior_tuner,
         "learned-no-bandit": lambda: learned_tuner(prior=prior, bandit=False, name="learned-no-bandit"),
         "learned-no-prior": lambda: learned_tuner(prior=None, name="learned-no-prior"),
+        "learned-no-starts": lambda: learned_tuner(prior=prior, starts=None, name="learned-no-starts"),
     }
 
 
-METHODS = ("adaptis", "learned", "learned-random", "learned-no-bandit", "learned-no-prior")
+METHODS = ("adaptis", "learned", "learned-random", "learned-no-bandit", "learned-no-prior", "learned-no-starts")
 
 
 def scenarios(*, draws: int, large: int, draw_seed: int = 20_000) -> list[tuple[str, Scenario]]:
@@ -191,7 +197,7 @@ def summarise(rows: list[dict], methods: list[str], walls: list[float]) -> dict:
 
 def _print(rows: list[dict], summary: dict, methods: list[str], walls: list[float], calls: int) -> None:
     short = {"adaptis": "adaptis", "learned": "learned", "learned-random": "random-w", "learned-no-bandit": "no-bandit",
-             "learned-no-prior": "no-prior"}
+             "learned-no-prior": "no-prior", "learned-no-starts": "no-starts"}
     head = ["scenario"] + [f"{short.get(m, m)} calls" for m in methods] + \
         [f"{short.get(m, m)} final" for m in methods if m != "adaptis"] + [f"at {w:g}s" for w in walls]
     print(" | ".join(head))
@@ -234,12 +240,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--prior", default=None, help="prior JSON (default: the shipped one)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--train", action="store_true", help="re-train the shipped prior instead")
-    parser.add_argument("--train-scenarios", type=int, default=40)
+    parser.add_argument("--train", action="store_true", help="re-train the shipped move prior instead")
+    parser.add_argument("--train-starts", action="store_true", help="re-train the shipped start prior instead")
+    parser.add_argument("--train-scenarios", type=int, default=None,
+                        help="training draws (default: 40 for --train, 300 for --train-starts)")
     parser.add_argument("--train-calls", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(DEFAULT_PRIOR), help="where --train writes the prior")
+    parser.add_argument("--out", default=None, help="where --train / --train-starts write the prior (default: the "
+                        "shipped one's file)")
     args = parser.parse_args(argv)
+    if args.train_starts:
+        n = 300 if args.train_scenarios is None else args.train_scenarios
+        command = ("python -m experiments.benchmarks.learned_tuner --train-starts "
+                   f"--train-scenarios {n} --seed {args.seed}")
+        out = args.out or str(DEFAULT_START_PRIOR)
+        t0 = time.perf_counter()
+        with tqdm(total=n, desc="start phases", unit="scenario", file=sys.stderr) as bar:
+            sprior = train_start_prior(scenarios=n, seed=args.seed, out=out, command=command,
+                                       progress=lambda k: bar.update(k - bar.n))
+        print(json.dumps({**sprior.meta, "seconds": round(time.perf_counter() - t0, 1), "out": out}))
+        return 0
+    if args.train_scenarios is None:
+        args.train_scenarios = 40
+    if args.out is None:
+        args.out = str(DEFAULT_PRIOR)
     if args.train:
         command = (f"python -m experiments.benchmarks.learned_tuner --train --train-scenarios {args.train_scenarios} "
                    f"--train-calls {args.train_calls} --seed {args.seed}")

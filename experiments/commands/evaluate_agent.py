@@ -17,9 +17,9 @@ starts on mixed device speeds: what ordering devices by speed buys the policy) a
 (the tuner with N calls: what more search time buys the tuner itself, the yardstick for
 rl+tuner's wins), adaptis-no-named (the tuner without its named-schedule phase, built in Python,
 at the tuner's own wall time like rl+tuner, which skips that phase too: what rl+tuner's policy
-adds beyond the time that saves), learned (the tuner with learned move guidance, --budget calls:
-agents.learned) and learned-random-w (the same with a prior of random weights, --budget calls:
-what the trained weights add).
+adds beyond the time that saves), learned (the tuner with learned guidance of its start order and
+its moves, --budget calls: agents.learned, agents.start_prior) and learned-random-w (the same with
+priors of random weights, --budget calls: what the trained weights add).
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 With --repeats N every search runs N times per scenario and each method's median run is kept
 (wall-time budgets make rl+tuner's result vary with the machine's load).

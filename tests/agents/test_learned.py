@@ -93,12 +93,15 @@ def test_without_the_hook_the_tuner_is_unchanged(gemma4: Scenario) -> None:
 
 
 def test_the_policy_changes_the_path_but_not_the_start(gemma4: Scenario) -> None:
-    """The named plans and the seeds come first in both; only the local search differs."""
+    """The named plans and the seeds come first in both; only the local search differs (the starts in
+    the tuner's order: ``learned`` also orders them, agents.start_prior)."""
     plain = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
-    guided = learned_tuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    guided = learned_tuner(starts=None).search(gemma4, budget=Budget(sim_calls=400), seed=5)
     seeds_end = 50  # the first calls are the named plans and the seeds (the plain tuner's history above)
     assert [h for h in plain.history if h[0] < seeds_end] == [h for h in guided.history if h[0] < seeds_end]
     assert plain.history != guided.history
+    ordered = learned_tuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    assert ordered.history[0][0] == 1 and ordered.history[0][1] < 0.75 * plain.history[0][1]  # not GPipe first
 
 
 def test_random_prior_ablation_is_the_same_tuner_with_random_weights(gemma4) -> None:

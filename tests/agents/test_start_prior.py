@@ -1,0 +1,96 @@
+"""agents.start_prior: the learned order of the tuner's starting plans (part of ``learned``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from agents.base import Budget
+from agents.learned import learned_tuner, random_prior_tuner
+from agents.start_prior import (
+    DEFAULT_START_PRIOR,
+    START_FEATURES,
+    NamedStart,
+    StartPrior,
+    load_start_prior,
+    named_starts,
+    start_features,
+)
+from agents.tuner import AdaptisTuner, iter_seed_candidates
+from pipeline.errors import ConfigError
+from pipeline.space import Evaluator, Scenario
+from pipeline.spec import Cluster
+from pipeline.zoo import zoo_profile
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Scenario:
+    return Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+
+
+def _start_calls(problem: Scenario) -> int:
+    ev = Evaluator(problem)
+    return len(named_starts(problem)) + len(set(iter_seed_candidates(problem, ev)))
+
+
+@pytest.mark.parametrize("prior", ["shipped", "random"])
+def test_same_starts_same_local_search_only_the_first_calls_reordered(gemma4: Scenario, prior: str) -> None:
+    """Under a budget in calls the ordered start phase simulates the same starts and hands the local
+    search the same plan: every improvement after the start phase is the plain tuner's, call for call."""
+    starts = load_start_prior() if prior == "shipped" else StartPrior.random(7)
+    plain = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    ordered = AdaptisTuner(start_prior=starts).search(gemma4, budget=Budget(sim_calls=400), seed=5)
+    n = _start_calls(gemma4)
+    assert [h for h in plain.history if h[0] > n] == [h for h in ordered.history if h[0] > n]
+    assert ordered.iteration_time == plain.iteration_time and ordered.sim_calls == plain.sim_calls
+    assert ordered.plan.to_json() == plain.plan.to_json()
+    best_start = min(t for c, t in plain.history if c <= n)
+    assert min(t for c, t in ordered.history if c <= n) == pytest.approx(best_start, rel=1e-12)
+
+
+def test_features_need_no_simulation(gemma4: Scenario) -> None:
+    ev = Evaluator(gemma4)
+    seeds = list(iter_seed_candidates(gemma4, ev))
+    X = start_features(gemma4, ev, [*named_starts(gemma4), *seeds])
+    assert ev.calls == 0 and X.shape == (len(named_starts(gemma4)) + len(seeds), len(START_FEATURES))
+    assert np.isfinite(X).all()
+    named = X[:, START_FEATURES.index("is_named")]
+    assert named.sum() == len(named_starts(gemma4)) and named[: len(named_starts(gemma4))].all()
+
+
+def test_named_starts_are_the_tuners() -> None:
+    problem = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+    starts = named_starts(problem)
+    assert starts[0] == NamedStart("gpipe", False) and NamedStart("megatron", True) not in starts
+    assert NamedStart("zb-h1", True).describe() == "zb-h1+dp"
+
+
+def test_learned_uses_the_shipped_prior_and_the_ablations_swap_it() -> None:
+    assert isinstance(learned_tuner().start_prior, StartPrior)
+    assert learned_tuner(starts=None).start_prior is None
+    rand = random_prior_tuner(seed=2).start_prior
+    assert rand.weights.tolist() == StartPrior.random(2).weights.tolist()
+    assert AdaptisTuner().start_prior is None
+
+
+def test_small_budget_still_ends_with_a_plan_that_fits(gemma4: Scenario) -> None:
+    res = AdaptisTuner(start_prior=load_start_prior()).search(gemma4, budget=Budget(sim_calls=5), seed=0)
+    assert res.feasible and res.sim_calls <= 6
+
+
+def test_a_corrupt_prior_is_one_clear_error(tmp_path) -> None:
+    prior = load_start_prior()
+    assert prior.weights.shape == (len(START_FEATURES),) and "command" in prior.meta
+    good = json.loads(DEFAULT_START_PRIOR.read_text())
+    for name, text in {"not-json": "{", "list": "[1]", "version": json.dumps({**good, "version": 0}),
+                       "features": json.dumps({**good, "features": good["features"][1:]}),
+                       "nan": json.dumps({**good, "weights": [float("nan")] * len(START_FEATURES)}),
+                       "zero-std": json.dumps({**good, "std": [0.0] * len(START_FEATURES)})}.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="field 'starts'.*start prior .* cannot be read"):
+            load_start_prior(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_start_prior(tmp_path / "missing.json")
