@@ -14,8 +14,10 @@ memory is, micro-batches per device, mixed speeds, how heavy the head is) and th
 (``AdaptisTuner(start_prior=...)``, part of ``learned``), simulates its starts best-scored first.
 It simulates the same starts, and starts its local search from the same one (the best, ties to the
 tuner's own order), so under a budget in calls the search after the starts is the plain path call
-for call: only the order of the first calls changes. Under a budget in seconds the plain order
-stays (listing every seed before the first call would spend a short budget's time on splits).
+for call: only the order of the first calls changes. Under a budget in seconds only the named
+plans are reordered (built in Python, they are the dear starts, and they stop at a quarter of the
+budget); the seeds keep the tuner's order (listing every seed before the first call would spend a
+short budget's time on their splits).
 
 The prior is a linear score fitted by a listwise cross-entropy (softmax over the scenario's starts
 against ``softmax(log(best / time) / TAU)`` over the starts that fit) on draws of

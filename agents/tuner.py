@@ -28,7 +28,7 @@ from typing import Any
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
-from agents.start_prior import NamedStart, named_plan, named_starts, ordered_starts
+from agents.start_prior import NamedStart, named_plan, named_starts, ordered_starts, start_features
 from agents.tuner_budget import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from pipeline.balance import device_loads
 from pipeline.megatron import megatron_partition
@@ -227,8 +227,8 @@ class AdaptisTuner:
     """Learned guidance of the local search (:class:`agents.learned.MovePolicy`: which phase next, which
     neighbours first, how many); None: every phase in order, every neighbour (the plain tuner)."""
     start_prior: Any = field(default=None, repr=False)
-    """A learned order of the named plans and seeds (:class:`agents.start_prior.StartPrior`), under a
-    budget in calls; None: the tuner's own order. The same starts either way."""
+    """A learned order of the named plans and seeds (:class:`agents.start_prior.StartPrior`; under a
+    budget in seconds of the named plans alone); None: the tuner's own order."""
 
     def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -261,6 +261,8 @@ class AdaptisTuner:
                 self.start_prior, named, list(seeds), problem=problem, ev=ev, state=state, clock=clock,
                 build=lambda s: named_plan(problem, ev, s, allowed=self.allowed))
         else:
+            if self.start_prior is not None and named:  # in seconds: the named plans (the dear ones) best-scored first
+                named = [named[i] for i in self.start_prior.order(start_features(problem, ev, named))]
             current, current_key = self._plain_starts(named, seeds, problem=problem, ev=ev, state=state, clock=clock)
         if current is None:
             return finish(self.name, problem, state.best_plan, evaluator=ev, history=history)

@@ -94,3 +94,13 @@ def test_a_corrupt_prior_is_one_clear_error(tmp_path) -> None:
             load_start_prior(path)
     with pytest.raises(ConfigError, match="cannot be read"):
         load_start_prior(tmp_path / "missing.json")
+
+
+def test_under_a_budget_in_seconds_the_named_plans_come_best_scored_first(gemma4: Scenario) -> None:
+    """In seconds the seeds keep the tuner's order (listing them all first would spend the time on their
+    splits); the named plans, the dear starts, are reordered."""
+    budget = Budget(sim_calls=None, seconds=2.0)
+    plain = AdaptisTuner().search(gemma4, budget=budget, seed=0)
+    ordered = AdaptisTuner(start_prior=load_start_prior()).search(gemma4, budget=budget, seed=0)
+    assert plain.history[0][0] == ordered.history[0][0] == 1
+    assert ordered.history[0][1] < 0.75 * plain.history[0][1] and ordered.feasible
