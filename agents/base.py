@@ -12,7 +12,8 @@ from pipeline.plan import Plan
 from pipeline.simulator import Result, simulate
 from pipeline.space import Evaluator, Scenario
 
-__all__ = ["DEFAULT_CALLS", "Budget", "SearchResult", "Searcher", "ImproveCallback", "BudgetClock", "finish"]
+__all__ = ["DEFAULT_CALLS", "Budget", "SearchResult", "Searcher", "ImproveCallback", "BudgetClock", "finish",
+           "history_marks"]
 
 #: Called with (plan, result) whenever a search finds a better plan (e.g. to save it as it goes).
 ImproveCallback = Callable[[Plan, Result], None]
@@ -81,6 +82,20 @@ class SearchResult:
     """(simulator calls so far, best iteration time) at each improvement."""
     note: str = ""
     """Why there is no plan, or what the method wants to say about it."""
+    history_seconds: list[float] = field(default_factory=list)
+    """Seconds since the search began at each entry of :attr:`history` (empty where not recorded)."""
+    history_fits: list[bool | None] = field(default_factory=list)
+    """Whether each entry of :attr:`history` is a plan that fits in memory (empty where not recorded)."""
+
+    def anytime(self) -> list[list[float | None]]:
+        """``[[calls, seconds, best_time], ...]`` at each improvement to a plan that fits in memory (the
+        first entries of a search under tight memory may be plans that do not, which any plan that fits
+        beats): the search's anytime curve, as JSON rows carry it. Seconds are None where not recorded."""
+        n = len(self.history)
+        secs = self.history_seconds if len(self.history_seconds) == n else [None] * n
+        fits = self.history_fits if len(self.history_fits) == n else [None] * n
+        return [[c, None if s is None else round(s, 4), t] for (c, t), s, f in zip(self.history, secs, fits)
+                if f is not False]
 
     @property
     def ok(self) -> bool:
@@ -115,4 +130,10 @@ def finish(method: str, problem: Scenario, plan: Plan | None, *, evaluator: Eval
         plan = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                     {**plan.meta, "method": method}, recompute=plan.recompute)
         result = simulate(plan, problem.profile, problem.cluster, training=problem.training)
-    return SearchResult(method, plan, result, evaluator.calls, evaluator.seconds, history, note)
+    return SearchResult(method, plan, result, evaluator.calls, evaluator.seconds, history, note,
+                        *history_marks(evaluator, history))
+
+
+def history_marks(evaluator: Evaluator, history: list[tuple[int, float]]) -> tuple[list[float], list[bool | None]]:
+    """(seconds, fits) of each history entry, from the evaluator whose calls it counts."""
+    return [evaluator.seconds_at(c) for c, _ in history], [evaluator.fits_at(c) for c, _ in history]

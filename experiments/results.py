@@ -12,8 +12,10 @@ __all__ = ["result_row", "sort_rows", "method_rows"]
 
 def result_row(res: SearchResult, reference: float | None, bound: float) -> dict[str, Any]:
     """One JSON-able row: the result's figures, its speedup over ``reference`` (the Megatron
-    baseline's iteration time) and its distance to the lower bound ``bound``."""
-    row: dict[str, Any] = {"method": res.method, "sim_calls": res.sim_calls, "seconds": round(res.seconds, 3)}
+    baseline's iteration time), its distance to the lower bound ``bound`` and its anytime ``history``
+    (:meth:`agents.base.SearchResult.anytime`)."""
+    row: dict[str, Any] = {"method": res.method, "sim_calls": res.sim_calls, "seconds": round(res.seconds, 3),
+                           "history": res.anytime()}
     if res.result is not None and res.result.valid:
         row.update(res.result.summary())
         row["speedup"] = reference / res.iteration_time if reference else None

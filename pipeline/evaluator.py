@@ -40,6 +40,10 @@ class Evaluator:
         """Placement, or ``("speeds", the stages' speeds)``, -> the DP-balanced split."""
         self._device_balanced: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
         self._call_numbers: dict[Candidate, int] = {}
+        self._call_times: list[float] = []
+        """Seconds since :attr:`started` at which each call ended (call n at index n - 1)."""
+        self._call_fits: list[bool] = []
+        """Whether each call's plan was valid and fit in memory (call n at index n - 1)."""
         # Overlapped iterations are timed on the order itself (simulator.steady_period): plans are built.
         self._overlap = runtime_named(problem.training.runtime).overlap_iterations
 
@@ -59,12 +63,15 @@ class Evaluator:
         :func:`pipeline.schedules.build_plan`), counting one simulator call; not cached."""
         p = self.problem
         self.calls += 1
-        return simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
+        result = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
+        self._record(result)
+        return result
 
     def adopt(self, c: Candidate, result: Result) -> Result:
         """Take ``result`` of ``c``, found elsewhere (a memo shared across evaluators of the same
         problem), as this evaluator's own: it counts one call, as evaluating it here would."""
         self.calls += 1
+        self._record(result)
         self._cache[c] = result
         self._call_numbers[c] = self.calls
         return result
@@ -72,6 +79,21 @@ class Evaluator:
     def cached(self, c: Candidate) -> Result | None:
         """The result of ``c`` if this evaluator has it (free), else None."""
         return self._cache.get(c)
+
+    def _record(self, result: Result) -> None:
+        """When the call just counted ended, and whether its plan fits (for :meth:`seconds_at`, :meth:`fits_at`)."""
+        self._call_times.append(time.perf_counter() - self.started)
+        self._call_fits.append(bool(result.valid and result.feasible))
+
+    def seconds_at(self, calls: int) -> float:
+        """Seconds since this evaluator started at which its ``calls``-th call ended (0 before the first)."""
+        if calls <= 0 or not self._call_times:
+            return 0.0
+        return self._call_times[min(calls, len(self._call_times)) - 1]
+
+    def fits_at(self, calls: int) -> bool | None:
+        """Whether the plan of the ``calls``-th call was valid and fit in memory (None: not recorded)."""
+        return self._call_fits[calls - 1] if 0 < calls <= len(self._call_fits) else None
 
     def known(self, c: Candidate) -> bool:
         """Whether ``c`` was evaluated already (its result is free)."""
@@ -219,6 +241,8 @@ class Evaluator:
                          tuple(static[d] + peak[d] for d in range(p.devices)),
                          costs.memory_limit, p.microbatches * p.profile.tokens_per_microbatch,
                          p.profile.seconds_per_unit, p.profile.time_unit, [], devices=p.devices)
+        if job.error is None:
+            self._record(res)
         self._cache[c] = res
         self._call_numbers[c] = self.calls
         return res

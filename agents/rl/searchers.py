@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.base import Budget, ImproveCallback, SearchResult, finish
+from agents.base import Budget, ImproveCallback, SearchResult, finish, history_marks
 from pipeline.plan import Plan
 from pipeline.simulator import Result
 from pipeline.space import Candidate, Evaluator, Scenario, objective_key
@@ -261,7 +261,8 @@ class RLSearcher:
         note = found[0][2].meta.get("method", "") if found and found[0][1] is None else (
             seen[0].describe() if seen else "")
         if self.lazy:
-            return SearchResult(self.name, None, None, ev.calls, ev.seconds, history, note)
+            return SearchResult(self.name, None, None, ev.calls, ev.seconds, history, note,
+                                *history_marks(ev, history))
         return finish(self.name, problem, self.best_plan(), evaluator=ev, history=history, note=note)
 
     def best_plan(self) -> Plan | None:
@@ -369,9 +370,9 @@ class RLTunerSearcher:
         parts = [first, tuned]
         ok = [p for p in parts if p.result is not None and p.result.valid]
         best = min(ok, key=lambda p: objective_key(p.result)) if ok else tuned
-        history = first.history + [(first.sim_calls + n, t) for n, t in tuned.history]
+        history, seconds, fits = _stitched(first, tuned, used)
         return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
-                            time.perf_counter() - t0, history, note=best.note)
+                            time.perf_counter() - t0, history, best.note, seconds, fits)
 
     def _tuner_first(self, rl: RLSearcher, problem: Scenario, *, budget: Budget, seed: int,
                      on_improve: ImproveCallback | None) -> SearchResult:
@@ -392,7 +393,7 @@ class RLTunerSearcher:
         rl.lazy = True  # the tuner's plan is built already; the policy's only if it is better
         rl.named_arms = False  # the tuner simulated the named schedules already
         polished = rl.search(problem, budget=rest, seed=seed, on_improve=on_improve)
-        history = tuned.history + [(tuned.sim_calls + n, t) for n, t in polished.history]
+        history, seconds, fits = _stitched(tuned, polished, used)
         calls = tuned.sim_calls + polished.sim_calls
         better = rl.best is not None and rl.best[3].valid and (
             tuned.result is None or not tuned.result.valid or rl.best[0] < objective_key(tuned.result))
@@ -400,9 +401,22 @@ class RLTunerSearcher:
             out = finish(self.name, problem, rl.best_plan(), evaluator=rl.evaluator, history=history,
                          note=polished.note)
             return SearchResult(self.name, out.plan, out.result, calls, time.perf_counter() - t0, history,
-                                note=polished.note)
+                                polished.note, seconds, fits)
         return SearchResult(self.name, _renamed(tuned.plan, self.name), tuned.result, calls,
-                            time.perf_counter() - t0, history, note=tuned.note)
+                            time.perf_counter() - t0, history, tuned.note, seconds, fits)
+
+
+def _stitched(first: SearchResult, then: SearchResult, offset: float) -> tuple[list, list[float], list]:
+    """(history, seconds, fits) of two searches run one after the other (``then`` began ``offset``
+    seconds after ``first``): calls and seconds continue from ``first``'s."""
+    def marks(r: SearchResult) -> tuple[list[float], list]:
+        n = len(r.history)
+        return (r.history_seconds if len(r.history_seconds) == n else [0.0] * n,
+                r.history_fits if len(r.history_fits) == n else [None] * n)
+
+    (s1, f1), (s2, f2) = marks(first), marks(then)
+    history = first.history + [(first.sim_calls + n, t) for n, t in then.history]
+    return history, list(s1) + [offset + s for s in s2], list(f1) + list(f2)
 
 
 def _renamed(plan: Plan | None, method: str) -> Plan | None:

@@ -23,7 +23,10 @@ priors of random weights, --budget calls: what the trained weights add).
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 With --repeats N every search runs N times per scenario and each method's median run is kept
 (wall-time budgets make rl+tuner's result vary with the machine's load).
-Writes OUT/results.jsonl, OUT/summary.json, OUT/quality.png and, given --train-dir,
+--budget may list several budgets ('300,1000,3000', '0.25s,1s'): every method runs at each, and
+OUT/anytime.png plots quality against wall time (each run's best plan so far, from the
+[calls, seconds, best_time] history every row carries, and each budget's final plans).
+Writes OUT/results.jsonl, OUT/summary.json, OUT/quality.png, OUT/anytime.png and, given --train-dir,
 OUT/learning_curve.png from that run's eval.jsonl. Logs the table and figures to W&B (offline by
 default).
 
@@ -82,7 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw every synthetic held-out scenario on devices of mixed speeds (default: a quarter)")
     parser.add_argument("--gpu", default="h100")
     add_runtime_arg(parser)
-    parser.add_argument("--budget", type=positive_int, default=400, help="simulator calls of the tuner and random")
+    parser.add_argument("--budget", default="400",
+                        help="simulator calls of the tuner, random and learned ('400'), or seconds ('1s'); several, "
+                             "comma-separated ('300,1000,3000' or '0.25s,1s'), run every method at each and plot "
+                             "quality against wall time (OUT/anytime.png)")
     parser.add_argument("--max-seconds", type=float, default=60.0,
                         help="cap in seconds per search, besides its simulator-call budget")
     parser.add_argument("--methods", default="rl,rl-random,no-learning,rl-zero,adaptis,rl+tuner")
@@ -190,7 +196,7 @@ def _searcher(method: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.base import Budget
+    from experiments.anytime import anytime_figure, parse_budgets
     from experiments.tracking.hooks import tracked_run
 
     out = output_folder(args.out)
@@ -200,39 +206,45 @@ def run(args: argparse.Namespace) -> int:
     # The tuner runs before rl+tuner (and adaptis-no-named), which then get the tuner's own wall time.
     timed = ("rl+tuner", "adaptis-no-named")
     methods.sort(key=lambda m: m in timed)
-    budget = Budget(args.budget, args.max_seconds)
+    budgets = parse_budgets(args.budget, max_seconds=args.max_seconds)
     rows: list[dict[str, Any]] = []
     scenarios = _scenarios(args)
     try:
-        _evaluate(scenarios, methods, timed, budget, args, rows, out / "results.jsonl")
+        for label, budget in budgets:
+            _evaluate(scenarios, methods, timed, budget, args, rows, out / "results.jsonl", label=label)
     except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
         return interrupted(stop, _keep_finished(out, rows, methods, len(scenarios)))
-    summary = _summarise(rows, methods)
+    summary = _summary_of(rows, methods, [label for label, _ in budgets])
     with open(out / "results.jsonl", "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    figures = {"quality": _quality_figure(rows, methods, out / "quality.png")}
+    last = budgets[-1][0]
+    figures = {"quality": _quality_figure([r for r in rows if r["budget"] == last], methods, out / "quality.png"),
+               "anytime": anytime_figure(rows, methods, out / "anytime.png")}
     if args.train_dir:
         from experiments.commands.train import learning_curve
 
         figures["learning_curve"] = learning_curve(Path(args.train_dir) / "eval.jsonl", out / "learning_curve.png")
     config = {"methods": methods, "budget": args.budget, "policy": args.policy or "default", "repeats": args.repeats}
+    flat = summary if len(budgets) == 1 else {f"{b}/{m}": s for b, per in summary.items() for m, s in per.items()}
     with tracked_run(args, command=NAME, config=config) as tracker:
-        tracker.log_table("evaluate_agent", rows)
-        tracker.summary({f"{m}/{k}": v for m, s in summary.items() for k, v in s.items() if v is not None})
+        tracker.log_table("evaluate_agent", [{k: v for k, v in r.items() if k != "history"} for r in rows])
+        tracker.summary({f"{m}/{k}": v for m, s in flat.items() for k, v in s.items() if v is not None})
         for key, png in figures.items():
             if png is not None:
                 tracker.log_image(key, png)
     if args.json:
         print_json_lines(rows)
     else:
-        print_table(rows, COLUMNS, title=f"quality = tuner's iteration time / method's (feasible plans; "
-                    f"tuner budget {args.budget} calls; rl+tuner and adaptis-no-named get the tuner's wall time)")
-        print()
-        print_table([{"method": m, **s} for m, s in summary.items()],
-                    ("method", "geomean_quality", "min_quality", "feasible", "wins", "ties", "losses",
-                     "wins_where_tuner_gap_over_1pct", "mean_calls", "mean_seconds"))
+        print_table(rows, COLUMNS, title=f"quality = tuner's iteration time / method's at the same budget (feasible "
+                    f"plans; budget {args.budget}; rl+tuner and adaptis-no-named get the tuner's wall time)")
+        for label, _ in budgets:
+            print()
+            per = summary if len(budgets) == 1 else summary[label]
+            print_table([{"budget": label, "method": m, **s} for m, s in per.items()],
+                        ("budget", "method", "geomean_quality", "min_quality", "feasible", "wins", "ties", "losses",
+                         "wins_where_tuner_gap_over_1pct", "mean_calls", "mean_seconds"))
     return 0
 
 
@@ -244,27 +256,29 @@ def _keep_finished(out: Path, rows: list[dict[str, Any]], methods: list[str], to
     with open(out / "results.jsonl", "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
-    (out / "summary.json").write_text(json.dumps(_summarise(rows, methods), indent=1) + "\n")
+    labels = list(dict.fromkeys(r["budget"] for r in rows))
+    (out / "summary.json").write_text(json.dumps(_summary_of(rows, methods, labels), indent=1) + "\n")
     done = len(dict.fromkeys((r["scenario"], r["devices"]) for r in rows))
     return (f"kept the rows of {done} finished scenario{'s' if done > 1 else ''} of {total} in {out / 'results.jsonl'} "
             f"and their summary in {out / 'summary.json'}")
 
 
 def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple[str, ...], budget: Any,
-              args: argparse.Namespace, rows: list[dict[str, Any]], log: Path) -> None:
-    """Search every scenario with every method, appending each finished scenario's rows to ``rows``
-    and to the file ``log`` (so a killed evaluation keeps them too)."""
+              args: argparse.Namespace, rows: list[dict[str, Any]], log: Path, *, label: str) -> None:
+    """Search every scenario with every method at ``budget`` (named ``label`` in the rows), appending each
+    finished scenario's rows to ``rows`` and to the file ``log`` (so a killed evaluation keeps them too)."""
     from tqdm import tqdm
 
     from agents.base import Budget
     from pipeline.bounds import lower_bound
 
-    for name, problem in tqdm(scenarios, desc="evaluate-agent", unit="scenario", file=sys.stderr, disable=None):
+    for name, problem in tqdm(scenarios, desc=f"evaluate-agent {label}", unit="scenario", file=sys.stderr,
+                              disable=None):
         runs: dict[str, list] = {m: [] for m in methods}
         for _ in range(args.repeats):
             for m in methods:
                 calls = _tuner_calls(m)
-                b = budget if calls is None else Budget(calls, args.max_seconds)
+                b = budget if calls is None else Budget(calls, args.max_seconds)  # adaptis@N: N calls at every budget
                 if m in timed and runs.get("adaptis"):  # the tuner's wall time in this repeat
                     b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
                 runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))
@@ -274,8 +288,8 @@ def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple
         scenario_rows = []
         for m, r in results.items():
             row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "method": m,
-                   "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
-                   "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3)}
+                   "budget": label, "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
+                   "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3), "history": r.anytime()}
             if ref is not None and ref.feasible:
                 row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
                 row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0
@@ -289,6 +303,13 @@ def _median_run(runs: list) -> Any:
     """The median of a method's runs on one scenario by iteration time (infeasible last; the
     slower of the middle two for an even count)."""
     return sorted(runs, key=lambda r: r.iteration_time if r.feasible else math.inf)[len(runs) // 2]
+
+
+def _summary_of(rows: list[dict[str, Any]], methods: list[str], labels: list[str]) -> dict[str, Any]:
+    """:func:`_summarise` of the rows; with several budgets, one per budget label."""
+    if len(labels) == 1:
+        return _summarise(rows, methods)
+    return {b: _summarise([r for r in rows if r["budget"] == b], methods) for b in labels}
 
 
 def _summarise(rows: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[str, Any]]:

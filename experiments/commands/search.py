@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
               "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
               "budget": args.budget, "seed": args.seed}
     with tracked_run(args, command=NAME, config=config) as tracker:
-        tracker.log_table("search", rows)
+        tracker.log_table("search", [{k: v for k, v in r.items() if k != "history"} for r in rows])
         if best is not None:
             best.plan = replace(best.plan, meta={**best.plan.meta, "method": best.method,
                                                  "predicted": predicted(best.result)})

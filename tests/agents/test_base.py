@@ -23,3 +23,25 @@ def test_nothing_to_spend_is_refused(text: str) -> None:
 def test_not_a_budget_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="bad budget"):
         Budget.parse(text)
+
+
+def test_anytime_history_has_seconds_and_leaves_out_plans_that_do_not_fit() -> None:
+    from agents.base import SearchResult
+
+    r = SearchResult("m", None, None, 9, 1.0, history=[(1, 50.0), (4, 80.0), (9, 70.0)],
+                     history_seconds=[0.01, 0.2, 0.9], history_fits=[False, True, True])
+    assert r.anytime() == [[4, 0.2, 80.0], [9, 0.9, 70.0]]
+    assert SearchResult("m", None, None, history=[(2, 5.0)]).anytime() == [[2, None, 5.0]]
+
+
+def test_a_tuner_search_records_when_each_improvement_came_and_whether_it_fits() -> None:
+    from agents.tuner import AdaptisTuner
+    from pipeline.space import Scenario
+    from pipeline.spec import Cluster
+    from pipeline.zoo import zoo_profile
+
+    problem = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+    res = AdaptisTuner().search(problem, budget=Budget(sim_calls=80), seed=0)
+    assert len(res.history_seconds) == len(res.history) == len(res.history_fits)
+    assert res.history_seconds == sorted(res.history_seconds) and res.history_seconds[-1] <= res.seconds
+    assert all(f is not None for f in res.history_fits) and res.history_fits[-1] is True

@@ -266,3 +266,25 @@ def test_evaluate_agent_learned_and_its_random_weights_ablation(tmp_path, capsys
     assert all(r["feasible"] and r["sim_calls"] <= 41 and r["quality"] > 0 for r in rows.values())
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["learned-random-w"]["feasible"] == 1 and "mean_seconds" in summary["learned-random-w"]
+
+
+def test_evaluate_agent_several_budgets_rows_carry_anytime_histories(tmp_path, capsys):
+    """--budget 20,60: every method runs at each budget (rows say which), each row carries its
+    [calls, seconds, best_time] history (calls and seconds rising, times falling, the last its final),
+    the summary has one table per budget, and OUT/anytime.png is drawn."""
+    from experiments.cli import main
+
+    assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--budget", "20,60",
+                 "--methods", "adaptis,learned,random", "--out", str(tmp_path), "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert sorted((r["budget"], r["method"]) for r in rows) == [
+        (b, m) for b in ("20", "60") for m in ("adaptis", "learned", "random")]
+    for r in rows:
+        h = r["history"]
+        assert h and all(len(e) == 3 for e in h)
+        assert all(a[0] < b[0] and a[1] <= b[1] and a[2] > b[2] for a, b in zip(h, h[1:]))
+        assert h[-1][0] <= r["sim_calls"] and h[-1][1] <= r["seconds"] + 1e-3
+        assert h[-1][2] == pytest.approx(r["iter_time"], rel=1e-9)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) == {"20", "60"} and summary["60"]["adaptis"]["feasible"] == 1
+    assert (tmp_path / "anytime.png").stat().st_size > 0 and (tmp_path / "quality.png").exists()
