@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.start_prior import StartPrior, load_start_prior
+from agents.start_prior import StartPrior, load_start_prior, read_linear_prior
 from pipeline.balance import device_loads
 from pipeline.errors import ConfigError
 from pipeline.simulator import Result
@@ -197,18 +197,12 @@ class MovePrior:
 def load_prior(path: str | Path | None = None) -> MovePrior:
     """The prior saved at ``path`` (default: the shipped one); anything unreadable is one ConfigError."""
     path = Path(path) if path is not None else DEFAULT_PRIOR
+    arrays, data = read_linear_prior(path, version=PRIOR_VERSION, features=FEATURES, what="learned tuner prior",
+                                     field="--prior")
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("version") != PRIOR_VERSION:
-            raise ValueError(f"expected a JSON object with version {PRIOR_VERSION}")
-        if list(data.get("features", ())) != list(FEATURES):
-            raise ValueError("its features are not this version's (retrain it)")
-        arrays = [np.asarray(data[k], dtype=float) for k in ("weights", "mean", "std")]
-        if any(a.shape != (len(FEATURES),) or not np.isfinite(a).all() for a in arrays) or (arrays[2] <= 0).any():
-            raise ValueError(f"weights, mean and std must be {len(FEATURES)} finite numbers (std > 0)")
         bias = float(data.get("bias", 0.0))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"learned tuner prior {path} cannot be read: {exc}", field="--prior") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"learned tuner prior {path} cannot be read: bias: {exc}", field="--prior") from None
     meta = {k: v for k, v in data.items() if k not in ("version", "features", "weights", "mean", "std", "bias")}
     return MovePrior(*arrays, bias=bias, meta=meta)
 

@@ -47,7 +47,7 @@ from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
 from pipeline.space import Candidate, Evaluator, Scenario, make_placement
 
 __all__ = ["NamedStart", "START_FEATURES", "DEFAULT_START_PRIOR", "TAU", "StartPrior", "named_starts",
-           "start_features", "load_start_prior", "named_plan", "ordered_starts"]
+           "start_features", "load_start_prior", "read_linear_prior", "named_plan", "ordered_starts"]
 
 #: The shipped prior.
 DEFAULT_START_PRIOR = Path(__file__).parent / "policies" / "learned_starts.json"
@@ -187,23 +187,32 @@ class StartPrior:
         return cls(rng.normal(size=n), np.zeros(n), np.ones(n), {"random_seed": seed})
 
 
-def load_start_prior(path: str | Path | None = None) -> StartPrior:
-    """The prior saved at ``path`` (default: the shipped one); anything unreadable is one ConfigError."""
-    path = Path(path) if path is not None else DEFAULT_START_PRIOR
-    n = len(START_FEATURES)
+def read_linear_prior(path: Path, *, version: int, features: Sequence[str], what: str, field: str
+                      ) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """(weights, mean, std) and the whole JSON of a saved linear prior; anything unreadable, of another
+    version or other features, or not finite is one ConfigError naming ``field``."""
+    n = len(features)
     try:
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("version") != START_PRIOR_VERSION:
-            raise ValueError(f"expected a JSON object with version {START_PRIOR_VERSION}")
-        if list(data.get("features", ())) != list(START_FEATURES):
-            raise ValueError("its features are not this version's (retrain it: python -m "
-                             "experiments.benchmarks.learned_tuner --train-starts)")
+        if not isinstance(data, dict) or data.get("version") != version:
+            raise ValueError(f"expected a JSON object with version {version}")
+        if list(data.get("features", ())) != list(features):
+            raise ValueError("its features are not this version's (retrain it)")
         arrays = [np.asarray(data[k], dtype=float) for k in ("weights", "mean", "std")]
         if any(a.shape != (n,) or not np.isfinite(a).all() for a in arrays) or (arrays[2] <= 0).any():
             raise ValueError(f"weights, mean and std must be {n} finite numbers (std > 0)")
-        meta = data.get("meta", {})
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"start prior {path} cannot be read: {exc}", field="starts") from None
+        raise ConfigError(f"{what} {path} cannot be read: {exc}", field=field) from None
+    return arrays, data
+
+
+def load_start_prior(path: str | Path | None = None) -> StartPrior:
+    """The prior saved at ``path`` (default: the shipped one); anything unreadable is one ConfigError
+    (retrain with ``python -m experiments.benchmarks.learned_tuner --train-starts``)."""
+    arrays, data = read_linear_prior(Path(path) if path is not None else DEFAULT_START_PRIOR,
+                                     version=START_PRIOR_VERSION, features=START_FEATURES, what="start prior",
+                                     field="starts")
+    meta = data.get("meta", {})
     return StartPrior(*arrays, meta=meta if isinstance(meta, dict) else {})
 
 

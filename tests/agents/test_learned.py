@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from types import SimpleNamespace
 
@@ -28,11 +27,11 @@ from agents.learned import (
 )
 from agents.registry import SEARCHERS, make_searcher
 from agents.tuner import AdaptisTuner
-from pipeline.errors import ConfigError
 from pipeline.plan import validate_plan
 from pipeline.space import Candidate, Scenario
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
+from tests.agents.prior_files import refuses_corrupt_files
 
 BUDGET = Budget(sim_calls=150)
 
@@ -121,23 +120,8 @@ def test_prior_loads_and_a_corrupt_file_is_one_clear_error(tmp_path) -> None:
     prior = load_prior()
     assert prior.weights.shape == (len(FEATURES),) and "command" in prior.meta
     assert load_prior(DEFAULT_PRIOR).weights.tolist() == prior.weights.tolist()
-    good = json.loads(DEFAULT_PRIOR.read_text())
-    bad_cases = {
-        "not-json": "{weights: [",
-        "list": "[1, 2]",
-        "old-version": json.dumps({**good, "version": 0}),
-        "features": json.dumps({**good, "features": good["features"][:-1]}),
-        "short": json.dumps({**good, "weights": good["weights"][:-1]}),
-        "nan": json.dumps({**good, "mean": [float("nan")] * len(FEATURES)}),
-        "zero-std": json.dumps({**good, "std": [0.0] * len(FEATURES)}),
-    }
-    for name, text in bad_cases.items():
-        path = tmp_path / f"{name}.json"
-        path.write_text(text)
-        with pytest.raises(ConfigError, match="learned tuner prior .* cannot be read"):
-            load_prior(path)
-    with pytest.raises(ConfigError, match="cannot be read"):
-        load_prior(tmp_path / "missing.json")
+    refuses_corrupt_files(tmp_path, DEFAULT_PRIOR, load_prior,
+                          match="field '--prior'.*learned tuner prior .* cannot be read")
 
 
 def test_bandit_prefers_a_family_that_keeps_improving() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -19,10 +17,10 @@ from agents.start_prior import (
     start_features,
 )
 from agents.tuner import AdaptisTuner, iter_seed_candidates
-from pipeline.errors import ConfigError
 from pipeline.space import Evaluator, Scenario
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
+from tests.agents.prior_files import refuses_corrupt_files
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +81,8 @@ def test_small_budget_still_ends_with_a_plan_that_fits(gemma4: Scenario) -> None
 def test_a_corrupt_prior_is_one_clear_error(tmp_path) -> None:
     prior = load_start_prior()
     assert prior.weights.shape == (len(START_FEATURES),) and "command" in prior.meta
-    good = json.loads(DEFAULT_START_PRIOR.read_text())
-    for name, text in {"not-json": "{", "list": "[1]", "version": json.dumps({**good, "version": 0}),
-                       "features": json.dumps({**good, "features": good["features"][1:]}),
-                       "nan": json.dumps({**good, "weights": [float("nan")] * len(START_FEATURES)}),
-                       "zero-std": json.dumps({**good, "std": [0.0] * len(START_FEATURES)})}.items():
-        path = tmp_path / f"{name}.json"
-        path.write_text(text)
-        with pytest.raises(ConfigError, match="field 'starts'.*start prior .* cannot be read"):
-            load_start_prior(path)
-    with pytest.raises(ConfigError, match="cannot be read"):
-        load_start_prior(tmp_path / "missing.json")
+    refuses_corrupt_files(tmp_path, DEFAULT_START_PRIOR, load_start_prior,
+                          match="field 'starts'.*start prior .* cannot be read")
 
 
 def test_under_a_budget_in_seconds_the_named_plans_come_best_scored_first(gemma4: Scenario) -> None:
