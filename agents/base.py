@@ -136,4 +136,4 @@ def finish(method: str, problem: Scenario, plan: Plan | None, *, evaluator: Eval
 
 def history_marks(evaluator: Evaluator, history: list[tuple[int, float]]) -> tuple[list[float], list[bool | None]]:
     """(seconds, fits) of each history entry, from the evaluator whose calls it counts."""
-    return [evaluator.seconds_at(c) for c, _ in history], [evaluator.fits_at(c) for c, _ in history]
+    return [evaluator.seconds_at(c) for c, _ in history], [evaluator.fits_of(c, t) for c, t in history]

@@ -44,6 +44,8 @@ class Evaluator:
         """Seconds since :attr:`started` at which each call ended (call n at index n - 1)."""
         self._call_fits: list[bool] = []
         """Whether each call's plan was valid and fit in memory (call n at index n - 1)."""
+        self._call_iteration: list[float] = []
+        """Each call's iteration time (call n at index n - 1)."""
         # Overlapped iterations are timed on the order itself (simulator.steady_period): plans are built.
         self._overlap = runtime_named(problem.training.runtime).overlap_iterations
 
@@ -81,9 +83,10 @@ class Evaluator:
         return self._cache.get(c)
 
     def _record(self, result: Result) -> None:
-        """When the call just counted ended, and whether its plan fits (for :meth:`seconds_at`, :meth:`fits_at`)."""
+        """When the call just counted ended, its time and whether its plan fits (for :meth:`fits_of`)."""
         self._call_times.append(time.perf_counter() - self.started)
         self._call_fits.append(bool(result.valid and result.feasible))
+        self._call_iteration.append(result.iteration_time)
 
     def seconds_at(self, calls: int) -> float:
         """Seconds since this evaluator started at which its ``calls``-th call ended (0 before the first)."""
@@ -91,9 +94,18 @@ class Evaluator:
             return 0.0
         return self._call_times[min(calls, len(self._call_times)) - 1]
 
-    def fits_at(self, calls: int) -> bool | None:
-        """Whether the plan of the ``calls``-th call was valid and fit in memory (None: not recorded)."""
-        return self._call_fits[calls - 1] if 0 < calls <= len(self._call_fits) else None
+    def fits_of(self, calls: int, iteration_time: float) -> bool | None:
+        """Whether a plan of iteration time ``iteration_time`` that was valid and fit in memory had been
+        found by call ``calls`` (a search may report a cached result, or count calls past its plan's own;
+        plans of one time may differ in memory, so any that fits counts); None where no call up to
+        ``calls`` had that time."""
+        seen = None
+        for i in range(min(calls, len(self._call_iteration)) - 1, -1, -1):
+            if self._call_iteration[i] == iteration_time:
+                if self._call_fits[i]:
+                    return True
+                seen = False
+        return seen
 
     def known(self, c: Candidate) -> bool:
         """Whether ``c`` was evaluated already (its result is free)."""

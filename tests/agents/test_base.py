@@ -45,3 +45,23 @@ def test_a_tuner_search_records_when_each_improvement_came_and_whether_it_fits()
     assert len(res.history_seconds) == len(res.history) == len(res.history_fits)
     assert res.history_seconds == sorted(res.history_seconds) and res.history_seconds[-1] <= res.seconds
     assert all(f is not None for f in res.history_fits) and res.history_fits[-1] is True
+
+
+def test_fits_of_counts_any_plan_of_that_time_that_fits() -> None:
+    """Two plans of one iteration time may differ in memory (budgets [2,2] against [2,1]): an entry of
+    that time fits if any of them did by then."""
+    from pipeline.space import Evaluator, Scenario
+    from pipeline.spec import Cluster
+    from pipeline.zoo import zoo_profile
+
+    ev = Evaluator(Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16))
+
+    class R:
+        def __init__(self, t: float, fits: bool) -> None:
+            self.iteration_time, self.valid, self.feasible = t, True, fits
+
+    for t, fits in ((10.0, True), (9.0, False), (10.0, False), (8.0, False)):
+        ev.calls += 1
+        ev._record(R(t, fits))
+    assert ev.fits_of(3, 10.0) is True and ev.fits_of(4, 9.0) is False and ev.fits_of(1, 9.0) is None
+    assert ev.fits_of(4, 8.0) is False and ev.seconds_at(4) >= ev.seconds_at(1) > 0

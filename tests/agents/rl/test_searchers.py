@@ -288,3 +288,16 @@ def test_evaluate_agent_several_budgets_rows_carry_anytime_histories(tmp_path, c
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary) == {"20", "60"} and summary["60"]["adaptis"]["feasible"] == 1
     assert (tmp_path / "anytime.png").stat().st_size > 0 and (tmp_path / "quality.png").exists()
+
+
+def test_rl_history_marks_its_plans_that_fit_though_it_counts_calls_after_them():
+    """rl records an improvement after a whole rollout (its calls so far, not the plan's own call): the
+    fit of each entry is the plan's, found by its time."""
+    from pipeline.space import Scenario
+    from pipeline.spec import Cluster
+    from pipeline.zoo import zoo_profile
+
+    problem = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+    res = RLSearcher().search(problem, budget=Budget(40), seed=0)
+    assert res.feasible and res.history_fits and res.history_fits[-1] is True
+    assert res.anytime()[-1][2] == pytest.approx(res.iteration_time, rel=1e-9)
