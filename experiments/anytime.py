@@ -4,7 +4,8 @@ Every search's row carries its ``history`` (``[[calls, seconds, best_time], ...]
 to a plan that fits, :meth:`agents.base.SearchResult.anytime`). :func:`anytime_figure` plots, per
 method, the geometric mean over scenarios of ``best / best_time_so_far`` against the seconds since
 the search began (``best``: the fastest plan any method found on the scenario at any budget), from
-each method's run at the largest budget, and marks each budget's final plans at their mean seconds.
+each method's run at the largest budget (a line starts once every scenario has a plan that fits), and
+marks each budget's final plans at their mean seconds.
 """
 
 from __future__ import annotations
