@@ -91,11 +91,15 @@ class SearchResult:
         """``[[calls, seconds, best_time], ...]`` at each improvement to a plan that fits in memory (the
         first entries of a search under tight memory may be plans that do not, which any plan that fits
         beats): the search's anytime curve, as JSON rows carry it. Seconds are None where not recorded."""
-        n = len(self.history)
-        secs = self.history_seconds if len(self.history_seconds) == n else [None] * n
-        fits = self.history_fits if len(self.history_fits) == n else [None] * n
+        secs, fits = self.history_marks()
         return [[c, None if s is None else round(s, 4), t] for (c, t), s, f in zip(self.history, secs, fits)
                 if f is not False]
+
+    def history_marks(self) -> tuple[list[float | None], list[bool | None]]:
+        """(seconds, fits) of each :attr:`history` entry, None where not recorded."""
+        n = len(self.history)
+        return (self.history_seconds if len(self.history_seconds) == n else [None] * n,
+                self.history_fits if len(self.history_fits) == n else [None] * n)
 
     @property
     def ok(self) -> bool:

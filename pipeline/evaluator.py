@@ -40,12 +40,9 @@ class Evaluator:
         """Placement, or ``("speeds", the stages' speeds)``, -> the DP-balanced split."""
         self._device_balanced: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
         self._call_numbers: dict[Candidate, int] = {}
-        self._call_times: list[float] = []
-        """Seconds since :attr:`started` at which each call ended (call n at index n - 1)."""
-        self._call_fits: list[bool] = []
-        """Whether each call's plan was valid and fit in memory (call n at index n - 1)."""
-        self._call_iteration: list[float] = []
-        """Each call's iteration time (call n at index n - 1)."""
+        self._call_log: list[tuple[float, float, bool]] = []
+        """Per call (call n at index n - 1): seconds since :attr:`started` at its end, its iteration time,
+        whether its plan was valid and fit in memory."""
         # Overlapped iterations are timed on the order itself (simulator.steady_period): plans are built.
         self._overlap = runtime_named(problem.training.runtime).overlap_iterations
 
@@ -84,28 +81,22 @@ class Evaluator:
 
     def _record(self, result: Result) -> None:
         """When the call just counted ended, its time and whether its plan fits (for :meth:`fits_of`)."""
-        self._call_times.append(time.perf_counter() - self.started)
-        self._call_fits.append(bool(result.valid and result.feasible))
-        self._call_iteration.append(result.iteration_time)
+        self._call_log.append((time.perf_counter() - self.started, result.iteration_time,
+                               bool(result.valid and result.feasible)))
 
     def seconds_at(self, calls: int) -> float:
         """Seconds since this evaluator started at which its ``calls``-th call ended (0 before the first)."""
-        if calls <= 0 or not self._call_times:
+        if calls <= 0 or not self._call_log:
             return 0.0
-        return self._call_times[min(calls, len(self._call_times)) - 1]
+        return self._call_log[min(calls, len(self._call_log)) - 1][0]
 
     def fits_of(self, calls: int, iteration_time: float) -> bool | None:
         """Whether a plan of iteration time ``iteration_time`` that was valid and fit in memory had been
         found by call ``calls`` (a search may report a cached result, or count calls past its plan's own;
         plans of one time may differ in memory, so any that fits counts); None where no call up to
         ``calls`` had that time."""
-        seen = None
-        for i in range(min(calls, len(self._call_iteration)) - 1, -1, -1):
-            if self._call_iteration[i] == iteration_time:
-                if self._call_fits[i]:
-                    return True
-                seen = False
-        return seen
+        same = [fits for _, t, fits in self._call_log[:max(calls, 0)] if t == iteration_time]
+        return any(same) if same else None
 
     def known(self, c: Candidate) -> bool:
         """Whether ``c`` was evaluated already (its result is free)."""

@@ -406,17 +406,12 @@ class RLTunerSearcher:
                             time.perf_counter() - t0, history, tuned.note, seconds, fits)
 
 
-def _stitched(first: SearchResult, then: SearchResult, offset: float) -> tuple[list, list[float], list]:
+def _stitched(first: SearchResult, then: SearchResult, offset: float) -> tuple[list, list, list]:
     """(history, seconds, fits) of two searches run one after the other (``then`` began ``offset``
     seconds after ``first``): calls and seconds continue from ``first``'s."""
-    def marks(r: SearchResult) -> tuple[list[float], list]:
-        n = len(r.history)
-        return (r.history_seconds if len(r.history_seconds) == n else [0.0] * n,
-                r.history_fits if len(r.history_fits) == n else [None] * n)
-
-    (s1, f1), (s2, f2) = marks(first), marks(then)
+    (s1, f1), (s2, f2) = first.history_marks(), then.history_marks()
     history = first.history + [(first.sim_calls + n, t) for n, t in then.history]
-    return history, list(s1) + [offset + s for s in s2], list(f1) + list(f2)
+    return history, s1 + [None if s is None else offset + s for s in s2], f1 + f2
 
 
 def _renamed(plan: Plan | None, method: str) -> Plan | None:
