@@ -189,3 +189,16 @@ def test_a_move_back_to_a_plan_simulated_before_is_no_bandit_win(gemma4: Scenari
     tuner.search(gemma4, budget=Budget(sim_calls=1500), seed=0)
     assert not all(rounds)  # the scenario has such moves
     assert sum(tuner.move_policy._bandit.wins.values()) == sum(rounds)
+
+
+def test_the_benchmarks_reseeded_tuner_is_the_plain_tuner_on_other_seeds(gemma4) -> None:
+    """``adaptis-reseeded`` (the criterion's noise floor in experiments.benchmarks.learned_tuner): the
+    plain tuner's path at seed s + RESEED, under its own name."""
+    from experiments.benchmarks.learned_tuner import RESEED, ReseededTuner
+
+    budget = Budget(sim_calls=300)
+    mine, plain = ReseededTuner().search(gemma4, budget=budget, seed=2), AdaptisTuner().search(
+        gemma4, budget=budget, seed=2 + RESEED)
+    assert mine.method == "adaptis-reseeded" and mine.history == plain.history
+    assert (mine.iteration_time, mine.sim_calls) == (plain.iteration_time, plain.sim_calls)
+    assert mine.history != AdaptisTuner().search(gemma4, budget=budget, seed=2).history
