@@ -26,7 +26,8 @@ told apart from path noise at that many seeds.
 
 Ablations: ``learned-random`` (the same policy with priors of random weights, for the moves and
 the starts), ``learned-no-bandit`` (families in the tuner's order), ``learned-no-prior`` (the
-tuner's own order of neighbours), ``learned-no-starts`` (the starts in the tuner's own order).
+tuner's own order of neighbours), ``learned-no-starts`` (the starts in the tuner's own order),
+``learned-bandit-only`` (every descent's families by the bandit: ``learned`` before 2 Dec afternoon).
 ``--train`` re-trains the shipped move prior (agents/policies/learned_prior.json) instead,
 ``--train-starts`` the start prior (agents/policies/learned_starts.json, :mod:`agents.start_prior`).
 
@@ -92,10 +93,12 @@ def _methods(prior: MovePrior) -> dict[str, Callable[[], AdaptisTuner]]:
         "learned-no-bandit": lambda: learned_tuner(prior=prior, bandit=False, name="learned-no-bandit"),
         "learned-no-prior": lambda: learned_tuner(prior=None, name="learned-no-prior"),
         "learned-no-starts": lambda: learned_tuner(prior=prior, starts=None, name="learned-no-starts"),
+        "learned-bandit-only": lambda: learned_tuner(prior=prior, descents="bandit", name="learned-bandit-only"),
     }
 
 
-METHODS = ("adaptis", "learned", "learned-random", "learned-no-bandit", "learned-no-prior", "learned-no-starts")
+METHODS = ("adaptis", "learned", "learned-random", "learned-no-bandit", "learned-no-prior", "learned-no-starts",
+           "learned-bandit-only")
 
 
 def scenarios(*, draws: int, large: int, draw_seed: int = 20_000) -> list[tuple[str, Scenario]]:
@@ -219,7 +222,7 @@ def summarise(rows: list[dict], methods: list[str], walls: list[float]) -> dict:
 def _print(rows: list[dict], summary: dict, methods: list[str], walls: list[float], calls: int) -> None:
     short = {"adaptis": "adaptis", "adaptis-reseeded": "reseeded", "learned": "learned", "learned-random": "random-w",
              "learned-no-bandit": "no-bandit",
-             "learned-no-prior": "no-prior", "learned-no-starts": "no-starts"}
+             "learned-no-prior": "no-prior", "learned-no-starts": "no-starts", "learned-bandit-only": "bandit-only"}
     head = ["scenario"] + [f"{short.get(m, m)} calls" for m in methods] + \
         [f"{short.get(m, m)} final" for m in methods if m != "adaptis"] + [f"at {w:g}s" for w in walls]
     print(" | ".join(head))

@@ -27,6 +27,7 @@ from agents.learned import (
 )
 from agents.registry import SEARCHERS, make_searcher
 from agents.tuner import AdaptisTuner
+from pipeline.errors import ConfigError
 from pipeline.plan import validate_plan
 from pipeline.space import Candidate, Scenario
 from pipeline.spec import Cluster
@@ -202,3 +203,28 @@ def test_the_benchmarks_reseeded_tuner_is_the_plain_tuner_on_other_seeds(gemma4)
     assert mine.method == "adaptis-reseeded" and mine.history == plain.history
     assert (mine.iteration_time, mine.sim_calls) == (plain.iteration_time, plain.sim_calls)
     assert mine.history != AdaptisTuner().search(gemma4, budget=budget, seed=2).history
+
+
+def test_descents_alternate_between_the_bandit_and_the_tuners_order(gemma4, monkeypatch) -> None:
+    """``descents="alternate"`` (the default): the bandit picks the families until the first round
+    without a gain and in every other descent after it; the rest take the tuner's order. The path
+    up to the first stall is ``descents="bandit"``'s."""
+    import agents.learned as learned
+
+    budget = Budget(sim_calls=600)
+    tuner = learned_tuner()
+    policy = tuner.move_policy
+    assert policy.descents == "alternate"
+    picks: list[int] = []
+    original = learned.FamilyBandit.pick
+    monkeypatch.setattr(learned.FamilyBandit, "pick", lambda self, fams: (picks.append(policy._stalls),
+                                                                          original(self, fams))[1])
+    alternate = tuner.search(gemma4, budget=budget, seed=0)
+    monkeypatch.undo()
+    assert policy._stalls >= 3 and picks
+    assert {s % 2 for s in picks} == {0}  # the bandit only in even descents
+    assert set(picks) >= {0, 2}
+    bandit = learned_tuner(descents="bandit").search(gemma4, budget=budget, seed=0)
+    assert alternate.history[:4] == bandit.history[:4] and alternate.history != bandit.history
+    with pytest.raises(ConfigError, match="descents"):
+        MovePolicy(descents="fixed")
