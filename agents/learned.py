@@ -40,7 +40,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -245,7 +245,7 @@ class MovePolicy:
     chunk: int | None = 4
     ucb_c: float = 1.0
     """UCB1's exploration constant (1.0: chosen on draws of the training distribution, 0.3 and 2 tried)."""
-    descents: str = "alternate"
+    descents: Literal["alternate", "bandit"] = "alternate"
     """How the descents from perturbations (every round after the first one without a gain) pick
     their families: ``"alternate"``, every other one in the tuner's order of families and the rest
     by the bandit (which still counts what the fixed ones spend and win); ``"bandit"``, all by the
@@ -339,7 +339,8 @@ def _improves(key: tuple, current_key: tuple) -> bool:
 
 
 def learned_tuner(*, prior: MovePrior | str | Path | None = "default", bandit: bool = True, chunk: int | None = 4,
-                  starts: StartPrior | str | Path | None = "default", descents: str = "alternate",
+                  starts: StartPrior | str | Path | None = "default",
+                  descents: Literal["alternate", "bandit"] = "alternate",
                   name: str = "learned"):
     """The tuner with :class:`MovePolicy` (``prior``: a :class:`MovePrior`, a JSON path, ``"default"``
     for the shipped one, ``None`` for the tuner's own order; ``descents``: see

@@ -220,11 +220,11 @@ def summarise(rows: list[dict], methods: list[str], walls: list[float]) -> dict:
 
 
 def _print(rows: list[dict], summary: dict, methods: list[str], walls: list[float], calls: int) -> None:
-    short = {"adaptis": "adaptis", "adaptis-reseeded": "reseeded", "learned": "learned", "learned-random": "random-w",
-             "learned-no-bandit": "no-bandit",
-             "learned-no-prior": "no-prior", "learned-no-starts": "no-starts", "learned-bandit-only": "bandit-only"}
-    head = ["scenario"] + [f"{short.get(m, m)} calls" for m in methods] + \
-        [f"{short.get(m, m)} final" for m in methods if m != "adaptis"] + [f"at {w:g}s" for w in walls]
+    def short(m: str) -> str:  # column names: "no-bandit", "reseeded", "random-w"...
+        return {"learned-random": "random-w", "adaptis-reseeded": "reseeded"}.get(m, m.removeprefix("learned-"))
+
+    head = ["scenario"] + [f"{short(m)} calls" for m in methods] + \
+        [f"{short(m)} final" for m in methods if m != "adaptis"] + [f"at {w:g}s" for w in walls]
     print(" | ".join(head))
     for r in rows:
         if "adaptis" not in r:

@@ -215,10 +215,14 @@ def test_descents_alternate_between_the_bandit_and_the_tuners_order(gemma4, monk
     tuner = learned_tuner()
     policy = tuner.move_policy
     assert policy.descents == "alternate"
-    picks: list[int] = []
+    picks: list[int] = []  # the policy's stall count at each bandit pick
     original = learned.FamilyBandit.pick
-    monkeypatch.setattr(learned.FamilyBandit, "pick", lambda self, fams: (picks.append(policy._stalls),
-                                                                          original(self, fams))[1])
+
+    def pick(self, families):
+        picks.append(policy._stalls)
+        return original(self, families)
+
+    monkeypatch.setattr(learned.FamilyBandit, "pick", pick)
     alternate = tuner.search(gemma4, budget=budget, seed=0)
     monkeypatch.undo()
     assert policy._stalls >= 3 and picks
