@@ -23,8 +23,10 @@ of ``(stage, op, micro-batch)`` rows, device after device, and ``devices + 1`` o
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import ModuleType
 from typing import NamedTuple
 
@@ -36,8 +38,9 @@ from pipeline.list_scheduler import ListSchedulerConfig, list_schedule_python
 from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defect
 
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
-           "python_reference", "schedule_arrays", "actions_from_arrays", "simulate_schedule", "list_schedule",
-           "schedule_and_simulate", "schedule_and_simulate_many", "check_schedule"]
+           "python_reference", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
+           "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
+           "check_schedule"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
 _DEFAULT_CONFIG = ListSchedulerConfig()
@@ -81,6 +84,38 @@ def python_reference() -> Iterator[None]:
         yield
     finally:
         _native = saved
+
+
+@dataclass
+class EngineClock:
+    """What :func:`schedule_and_simulate` and :func:`schedule_and_simulate_many` spent inside a
+    :func:`clocked` block: ``seconds`` in their engine calls (the compiled call, or the reference's
+    list schedule and simulation; not the facade's checks and packing) and the ``jobs`` they ran."""
+
+    seconds: float = 0.0
+    jobs: int = 0
+
+
+_clocks: list[EngineClock] = []
+
+
+@contextmanager
+def clocked() -> Iterator[EngineClock]:
+    """Count the schedule-and-simulate work done inside the block (every thread's, nested blocks each
+    their own): where a caller's time goes between the engine and the rest (benchmarks)."""
+    clock = EngineClock()
+    _clocks.append(clock)
+    try:
+        yield clock
+    finally:
+        _clocks.remove(clock)
+
+
+def _charge(started: float, jobs: int) -> None:
+    spent = time.perf_counter() - started
+    for clock in _clocks:
+        clock.seconds += spent
+        clock.jobs += jobs
 
 
 # ------------------------------------------------------------------ flat schedules
@@ -191,16 +226,21 @@ def schedule_and_simulate(costs: StageCosts, placement: Sequence[int], devices: 
     """:func:`list_schedule` then :func:`simulate_schedule` in one call (no order crosses back from
     the compiled engine). Raises PlanError like :func:`list_schedule`."""
     _check_placement(costs, placement, devices)
+    started = time.perf_counter()
     if _native is None:
         order = list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
         ok, makespan, busy, peak, _, _ = run_reference(order, costs, devices=devices, microbatches=microbatches,
                                                       record_timeline=False)
+        _charge(started, 1)
         return Outcome(ok, makespan, tuple(busy), tuple(peak))
+    args = _job_args(ScheduleJob(costs, tuple(placement), devices, microbatches, config))
+    started = time.perf_counter()
     try:
-        ok, makespan, busy, peak = _native.schedule_and_simulate(*_job_args(ScheduleJob(
-            costs, tuple(placement), devices, microbatches, config)))
+        ok, makespan, busy, peak = _native.schedule_and_simulate(*args)
     except RuntimeError as exc:
         raise PlanError(str(exc), field="placement") from None
+    finally:
+        _charge(started, 1)
     return Outcome(ok, makespan, tuple(busy), tuple(peak))
 
 
@@ -235,7 +275,10 @@ def schedule_and_simulate_many(jobs: Sequence[ScheduleJob], *, threads: int | No
         done = iter(schedule_and_simulate_many(good, threads=threads))
         return [bad[k] if k in bad else next(done) for k in range(len(jobs))]
     width = BATCH_THREADS if threads is None else max(1, int(threads))
-    raw = _native.schedule_and_simulate_batch([_job_args(j) for j in jobs], width)
+    packed = [_job_args(j) for j in jobs]
+    started = time.perf_counter()
+    raw = _native.schedule_and_simulate_batch(packed, width)
+    _charge(started, len(jobs))
     return [r if isinstance(r, str) else Outcome(r[0], r[1], tuple(r[2]), tuple(r[3])) for r in raw]
 
 

@@ -12,7 +12,9 @@ work on a shared machine disturbs less than the wall clock. Each figure is the m
 interleaved (every configuration once, then again) so a change of the machine's load hits all
 alike. A vector row also says where its step's time went: the batched simulations (edited
 candidates, stage costs, the one native call) and the autoresets (the scenario draw and its cost
-model, the starting plans).
+model, the starting plans), and what the engine took (:func:`pipeline.engine.clocked`: its share,
+microseconds and jobs per env-step, and the env-steps/s the engine alone would allow, the ceiling
+of every speed-up outside it).
 
 PPO rows: today's path, :func:`agents.rl.train.train` with its defaults (MaskablePPO, the entity
 network, 8 SubprocVecEnv workers, 128 steps per environment per update), against the same
@@ -54,22 +56,28 @@ def _random_allowed(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 0,
                    engine_threads: int = 1) -> dict[str, float]:
-    """Env-steps/s of ``n_envs`` environments of ``case`` in one PipelineVectorEnv, and the shares
-    of its step time in batched simulations and in autoresets."""
+    """Env-steps/s of ``n_envs`` environments of ``case`` in one PipelineVectorEnv, the shares of
+    its step time in batched simulations and in autoresets, and the engine's: its share of the wall
+    time, its microseconds per env-step and the env-steps/s it alone would allow (the ceiling of
+    any speed-up outside the engine, on the engine's threads)."""
     from env.vector_env import PipelineVectorEnv
+    from pipeline import engine
 
     vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads)
     vec.reset(seed=seed)
     rng = np.random.default_rng(seed)
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - t0 < seconds or n == 0:
-        vec.step(_random_allowed(vec.action_masks(), rng))
-        n += n_envs
+    with engine.clocked() as clock:
+        while time.perf_counter() - t0 < seconds or n == 0:
+            vec.step(_random_allowed(vec.action_masks(), rng))
+            n += n_envs
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tm = vec.timings
     vec.close()
     return {"steps_per_s": n / wall, "cpu_steps_per_s": n / max(cpu, 1e-9), "prefetch_share": tm["prefetch"] / wall,
-            "reset_share": tm["resets"] / wall}
+            "reset_share": tm["resets"] / wall, "engine_share": clock.seconds / wall,
+            "engine_us_per_step": 1e6 * clock.seconds / n, "engine_jobs_per_step": clock.jobs / n,
+            "engine_bound_steps_per_s": n / max(clock.seconds, 1e-9)}
 
 
 class _Clock:
@@ -196,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):
             extra = (f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time; "
-                     f"{row['cpu_steps_per_s']:.0f} steps per CPU second)")
+                     f"{row['cpu_steps_per_s']:.0f} steps per CPU second; engine {row['engine_share']:.0%}, "
+                     f"{row['engine_us_per_step']:.1f} us and {row['engine_jobs_per_step']:.2f} jobs a step: "
+                     f"alone {row['engine_bound_steps_per_s']:.0f} steps/s)")
         if row["kind"] == "vector" and row["case"] == "ppo":
             extra = (f"  (n_steps {int(row['n_steps'])}; collecting {row['collect_share']:.0%}; "
                      f"learner alone {row['learner_bound_steps_per_s']:.0f} steps/s)")

@@ -12,6 +12,7 @@ import pytest
 
 from pipeline import engine
 from pipeline.engine import ScheduleJob, python_reference, schedule_and_simulate_many
+from pipeline.errors import PlanError
 from pipeline.hardware import build_cluster
 from pipeline.list_scheduler import ListSchedulerConfig
 from pipeline.plan import partition_from_sizes
@@ -89,3 +90,19 @@ def test_a_forked_child_runs_threaded_batches(reference: list) -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert pickle.loads(b"".join(chunks)) == [reference] * 3
     assert schedule_and_simulate_many(JOBS, threads=2) == reference
+
+
+def test_clocked_counts_the_jobs_and_time_of_its_block_on_either_engine() -> None:
+    job = JOBS[0]
+    schedule_and_simulate_many(JOBS[:2])  # outside any block: counted nowhere
+    with engine.clocked() as outer:
+        schedule_and_simulate_many(JOBS[:3], threads=1)  # one native batch
+        with engine.clocked() as inner:
+            engine.schedule_and_simulate(job.costs, job.placement, job.devices, microbatches=job.microbatches)
+            with python_reference():
+                schedule_and_simulate_many(JOBS[:2])  # the reference: one job at a time
+    assert (outer.jobs, inner.jobs) == (6, 3)
+    assert outer.seconds > inner.seconds > 0
+    with engine.clocked() as bad, pytest.raises(PlanError):
+        engine.schedule_and_simulate(job.costs, (9,) * len(job.placement), job.devices, microbatches=1)
+    assert bad.jobs == 0  # a placement the facade refuses reaches no engine

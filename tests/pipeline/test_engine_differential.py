@@ -132,6 +132,13 @@ def test_list_schedule_and_simulation_agree(devices: int, chunks: int, M: int, k
     r_py, r_native = simulate_both(plan, profile, Cluster(devices=devices), costs=costs, validate=False)
     same_result(r_py, r_native)
     assert r_native.valid
+    # The search's path (one compiled call, one batch; no order crosses back) against the order
+    # simulated above, which matched the reference.
+    ran = engine.simulate_schedule(costs, native, devices=devices, microbatches=M)  # type: ignore[arg-type]
+    two_pass = engine.Outcome(ran.ok, ran.makespan, ran.busy, ran.peak)
+    assert engine.schedule_and_simulate(costs, placement, devices, microbatches=M, config=config) == two_pass
+    job = engine.ScheduleJob(costs, placement, devices, M, config)
+    assert engine.schedule_and_simulate_many([job, job], threads=1) == [two_pass, two_pass]
 
 
 def _break(order: list[list[Action]], rng: random.Random, how: str, S: int, M: int) -> None:
