@@ -86,7 +86,7 @@ def python_reference() -> Iterator[None]:
         _native = saved
 
 
-@dataclass
+@dataclass(eq=False)  # each block its own clock, even where two read alike
 class EngineClock:
     """What :func:`schedule_and_simulate` and :func:`schedule_and_simulate_many` spent inside a
     :func:`clocked` block: ``seconds`` in their engine calls (the compiled call, or the reference's

@@ -106,3 +106,11 @@ def test_clocked_counts_the_jobs_and_time_of_its_block_on_either_engine() -> Non
     with engine.clocked() as bad, pytest.raises(PlanError):
         engine.schedule_and_simulate(job.costs, (9,) * len(job.placement), job.devices, microbatches=1)
     assert bad.jobs == 0  # a placement the facade refuses reaches no engine
+
+
+def test_a_clock_that_counted_nothing_leaves_the_others_running() -> None:
+    with engine.clocked() as outer:
+        with engine.clocked() as inner:
+            pass  # both read 0 seconds and 0 jobs here: the inner one leaves, not the outer one
+        schedule_and_simulate_many(JOBS[:2], threads=1)
+    assert (outer.jobs, inner.jobs) == (2, 0)
