@@ -226,8 +226,8 @@ def schedule_and_simulate(costs: StageCosts, placement: Sequence[int], devices: 
     """:func:`list_schedule` then :func:`simulate_schedule` in one call (no order crosses back from
     the compiled engine). Raises PlanError like :func:`list_schedule`."""
     _check_placement(costs, placement, devices)
-    started = time.perf_counter()
     if _native is None:
+        started = time.perf_counter()
         order = list_schedule_python(costs, placement, devices, microbatches=microbatches, config=config)
         ok, makespan, busy, peak, _, _ = run_reference(order, costs, devices=devices, microbatches=microbatches,
                                                       record_timeline=False)
