@@ -1,33 +1,43 @@
-"""Published GPU measurements beside the runtime model's predictions.
+"""Published GPU measurements beside the runtime model's predictions, every row from the row alone.
 
-Reads a table in the format of ``shared/data/published/*.json`` (each row: model, parallel degrees,
+Reads tables in the format of ``shared/data/published/*.json`` (each row: model, parallel degrees,
 batch, schedule, hardware, what was measured, and for Zero Bubble rows the authors' profiled
-per-stage F/B/W and transfer times). For each pure-pipeline row (tp = dp = cp = 1) whose stage
-times are known, it builds the row's pipeline from those times, schedules it as the row's schedule
-does, simulates it under the runtime that ran it (:mod:`pipeline.runtime`) and predicts the row's
-throughput in the row's unit. Rows without stage times take those of the same model and micro-batch
-size from another row of the file (an input the authors published, not a fit). Rows in TFLOP/s per
-GPU (Megatron-LM's multi-dimensional runs: TP x PP x DP) are rebuilt analytically by the whole-job
-model (:mod:`experiments.benchmarks.published_job`, docs/whole-job.md). Rows without their degrees
-or stage times, or with a schedule we do not know, get ``"predicted": null`` and a reason.
+per-stage F/B/W and transfer times). Each row goes to the model of the codebase that ran it:
+
+* **pipeline rows in samples/s/GPU** (the Zero Bubble paper, tp = dp = cp = 1): the row's
+  pipeline is built from per-stage times (its own, or those of the same model in the same source
+  scaled by layers per stage and micro-batch size: :mod:`experiments.benchmarks.published_stages`),
+  scheduled as the row's schedule does and simulated under the runtime that ran it
+  (:mod:`pipeline.runtime`);
+* **whole-job rows in TFLOP/s per GPU** (Megatron-LM's TP x PP x DP runs): rebuilt analytically
+  by the whole-job model (:mod:`experiments.benchmarks.published_job`, docs/whole-job.md).
+
+A row is refused only for what it leaves out, and the reason names it; a row whose fields
+contradict each other (degrees that do not multiply to its GPUs, a GPU or unit we do not know) is
+refused with the field named.
 
 Schedules: ``1F1B`` and ``1F1B-I`` (every layer its own chunk: ceil(layers / p) chunks per device)
 run Megatron-LM's orders on the ``megatron`` runtime; ``ZB-1p`` / ``ZB-2p`` are the best
 list-scheduled orders within p / 2p micro-batches of activations per device on the ``zb`` runtime
-(their ILP-searched schedules are not public as orders); ``ZB-2p`` with an all-reduce before the
-optimizer step runs on ``zb-sync``.
+(their ILP-searched schedules are not public as orders); ``ZB-V`` is the V placement (two chunks
+per device) under p micro-batches of activations (the hand-built order where m >= 2p - 1, else
+the list scheduler) on ``zb``; ``ZB-2p`` with an all-reduce before the optimizer step runs on
+``zb-sync``.
 
 Printed: measured beside predicted per row; then the summary: median and maximum absolute
-throughput error, the median error of each schedule's ratio to 1F1B in its group (same model and
-micro-batches), and the groups whose schedules are ranked as measured (ties within 1%). ``--json``
-prints one object per row, ``{"id", "unit", "measured", "predicted"}`` (plus ``"reason"`` where
-it cannot predict), then the summary object. ``--fit`` grid-searches the runtime's three shared
-parameters (compute scale, per-action overhead, step time) on the file's rows and prints the best
-(on a file of whole-job rows: the source's compute scale and per-iteration time).
+throughput error, the median error of each schedule's ratio to 1F1B in its group, and the pairs
+of rows in a group (same model, pipeline and global batch) ranked as measured (ties within 1%).
+``--json`` prints one object per row, ``{"id", "unit", "measured", "predicted", "stage_times"}``
+(plus ``"reason"`` where it cannot predict), then the summary object. ``--all DIR`` does this for
+every table in DIR and prints one line per file and a total. ``--fit`` grid-searches the
+runtime's three shared parameters (compute scale, per-action overhead, step time) on every
+pipeline row given, ranking first (the fewest pairs ranked unlike the measurements), then the
+median error (on a file of whole-job rows: the source's compute scale and per-iteration time).
 
   python -m experiments.benchmarks.published ../shared/data/published/zero_bubble_qi2024_dev.json
+  python -m experiments.benchmarks.published --all ../shared/data/published/
   python -m experiments.benchmarks.published FILE --json
-  python -m experiments.benchmarks.published FILE --fit
+  python -m experiments.benchmarks.published --all ../shared/data/published/ --fit
   python -m experiments.benchmarks.published FILE --runtime ideal     # the model without a runtime
 """
 
@@ -45,18 +55,26 @@ from pathlib import Path
 from typing import Any
 
 from experiments.benchmarks.published_job import fit_job_source, infer_job_degrees, is_tflops_unit, predict_job_row
+from experiments.benchmarks.published_stages import StageTimes, gpu_preset_of, stage_times
 from pipeline.engine import list_schedule
+from pipeline.hardware import get_gpu, gpu_names
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Plan, even_partition, interleaved_placement, sequential_placement
 from pipeline.runtime import RUNTIMES, Runtime
+from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
 from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
 
-__all__ = ["main", "predict_rows", "Prediction", "summarize"]
+__all__ = ["main", "predict_rows", "predict_row", "row_problem", "Prediction", "summarize", "UNITS"]
 
 SAMPLES_PER_GPU = "samples/s/GPU"
+TOKENS_PER_GPU = "tokens/s/GPU"
+#: Throughput units a row may carry (any unit naming TFLOP/s per GPU counts as the last one).
+UNITS = (SAMPLES_PER_GPU, TOKENS_PER_GPU, "TFLOP/s per GPU")
 TIE = 0.01
+#: The runtimes a pipeline row runs on (``--runtime`` replaces them all).
+PIPELINE_RUNTIMES = ("megatron", "zb", "zb-sync")
 
 
 @dataclass(frozen=True)
@@ -70,10 +88,12 @@ class Prediction:
     measured: float | None
     predicted: float | None
     reason: str | None = None
+    stage_times: str | None = None
+    """Where the per-stage times came from (:class:`StageTimes.source`); None for analytic rows."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "unit": self.unit, "measured": self.measured,
-                               "predicted": self.predicted}
+                               "predicted": self.predicted, "stage_times": self.stage_times}
         if self.reason is not None:
             out["reason"] = self.reason
         return out
@@ -89,22 +109,50 @@ def _schedule_kind(name: str) -> tuple[str, str] | None:
         return "zb-1p", "zb"
     if name == "ZB-2p":
         return "zb-2p", "zb"
+    if name == "ZB-V":
+        return "zbv", "zb"
     if name.startswith("ZB-2p") and "synchronization before optimizer" in name:
         return "zb-2p", "zb-sync"
     return None
 
 
-def _stage_times(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float] | None, str]:
-    """The row's profiled per-stage times, or those of the same model and micro-batch size (averaged)."""
-    own = row.get("profiled_inputs")
-    if own:
-        return own, "own"
-    key = (row["model"]["name"], row["batch"]["micro_batch_size"])
-    same = [r["profiled_inputs"] for r in rows
-            if r.get("profiled_inputs") and (r["model"]["name"], r["batch"]["micro_batch_size"]) == key]
-    if not same:
-        return None, "no profiled stage times for this model and micro-batch size"
-    return {k: statistics.fmean(s[k] for s in same) for k in ("T_F", "T_B", "T_W", "T_comm")}, "same model"
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why a row cannot be read as it stands (one line naming the field and the fix), or None."""
+    for key in ("model", "parallel", "batch", "measured"):
+        if not isinstance(row.get(key), dict):
+            return f"row field {key!r} is missing or not an object (see shared/data/published/README.md)"
+    par = row["parallel"]
+    for key in ("tp", "pp", "dp", "cp", "ep"):
+        value = par.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"row field 'parallel.{key}' must be a whole number >= 1 or null, got {value!r}"
+    degrees = [par.get(k) for k in ("tp", "pp", "dp")]
+    gpus = row.get("gpus")
+    if gpus is not None and all(isinstance(d, int) for d in degrees):
+        product = math.prod(degrees) * int(par.get("cp") or 1)
+        if product != gpus:
+            return (f"row field 'parallel': tp*pp*dp*cp = {product} but 'gpus' = {gpus}; make the degrees "
+                    "multiply to the GPUs")
+    if row.get("gpu_type") and gpu_preset_of(row) is None:
+        return (f"row field 'gpu_type': unknown GPU {row['gpu_type']!r}; name one of {', '.join(gpu_names())} "
+                "in it")
+    unit = row["measured"].get("throughput_unit")
+    if row["measured"].get("throughput") is not None and unit not in UNITS[:2] and not is_tflops_unit(unit):
+        return f"row field 'measured.throughput_unit': unknown unit {unit!r}; use one of {', '.join(UNITS)}"
+    return None
+
+
+def _group(row: dict[str, Any]) -> str:
+    """Rows comparable to each other: the same model, pipeline and global batch (any schedule or
+    micro-batch size); whole-job rows: the same model on the same GPUs (the choices a planner ranks
+    for one job)."""
+    batch, par = row.get("batch") or {}, row.get("parallel") or {}
+    if is_tflops_unit((row.get("measured") or {}).get("throughput_unit")) or row.get("gpus") != par.get("pp"):
+        return f"{(row.get('model') or {}).get('name')} on {row.get('gpus')} {row.get('gpu_type')}"
+    B = batch.get("global_batch")
+    if B is None and batch.get("micro_batch_size") and batch.get("num_microbatches"):
+        B = int(batch["micro_batch_size"]) * int(batch["num_microbatches"]) * int(par.get("dp") or 1)
+    return f"{(row.get('model') or {}).get('name')} p={par.get('pp')} B={B}"
 
 
 def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches: int, *, budget: float,
@@ -127,44 +175,47 @@ def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches
     return best[1]
 
 
-def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
-                overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False) -> Prediction:
-    """Predict one published row (see the module docstring)."""
-    par, batch, meas = row.get("parallel", {}), row.get("batch", {}), row.get("measured", {})
-    M = batch.get("num_microbatches")
-    group = f"{row['model']['name']} m={M}"
-    unit = meas.get("throughput_unit") or "?"
-    out = Prediction(row["id"], group, row["schedule"] or "-", unit, meas.get("throughput"), None)
-    if meas.get("throughput") is None:
-        return replace(out, reason="no throughput published (the row gives "
-                       + ("its MFU only" if meas.get("mfu") else "no measurement") + ", and no degrees)")
-    if is_tflops_unit(unit):
-        job_row = infer_job_degrees(row, rows) if infer_degrees else None
-        predicted, reason = predict_job_row(job_row or row)
-        out = replace(out, schedule=f"{job_row['schedule']} (inferred)") if job_row else out
-        return replace(out, predicted=predicted, reason=reason)
-    if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
-        return replace(out, reason="needs tensor/data/context parallelism (the whole-job issue), not a pure pipeline")
-    if unit != SAMPLES_PER_GPU:
-        return replace(out, reason=f"unit {unit!r}: only {SAMPLES_PER_GPU} is predicted")
-    kind = _schedule_kind(row["schedule"])
-    if kind is None:
-        return replace(out, reason=f"unknown schedule {row['schedule']!r}")
-    times, source = _stage_times(row, rows)
-    if times is None:
-        return replace(out, reason=source)
-    schedule, runtime_name = kind
-    runtime = (overrides or {}).get(runtime_name, RUNTIMES[runtime_name])
-    P, L = int(par["pp"]), int(row["model"]["layers"])
-    v = math.ceil(L / P) if schedule == "interleaved" else 1
+#: GPUs per node where a row does not say: an HGX A100/H100 node (the Zero Bubble paper's 32 GPUs
+#: "across 4 nodes", Sec 5.1).
+GPUS_PER_NODE = 8
+
+
+def _row_cluster(row: dict[str, Any], times: StageTimes, P: int) -> Cluster:
+    """The row's links: within a node a transfer takes the profiled ``T_comm``; across nodes (a
+    pipeline longer than a node) the activation's bf16 bytes (``2 * mbs * seq * hidden``) go over
+    the GPU preset's NIC (:mod:`pipeline.hardware`) at its latency. Without the dimensions or a
+    known GPU every link takes ``T_comm``."""
+    model, batch = row["model"], row["batch"]
+    gpu = gpu_preset_of(row)
+    per_node = int(row.get("gpus_per_node") or GPUS_PER_NODE)
+    dims = all(model.get(k) for k in ("hidden", "seq_len"))
+    if per_node >= P or gpu is None or not dims or times.T_comm <= 0:
+        return Cluster(devices=P, latency_us=1000 * times.T_comm, p2p_gbps=1e9, memory_gb=1e9)
+    nbytes = 2.0 * int(batch["micro_batch_size"]) * int(model["seq_len"]) * int(model["hidden"])
+    spec = get_gpu(gpu)
+    return Cluster(devices=P, latency_us=0.0, p2p_gbps=nbytes / (times.T_comm * 1e-3) / 1e9, memory_gb=1e9,
+                   gpus_per_node=per_node, inter_node_gbps=spec.inter_node_gbps,
+                   inter_node_latency_us=spec.inter_node_latency_us, extra={"out_bytes": nbytes})
+
+
+def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtime: Runtime,
+                   ) -> tuple[Plan, ModelProfile, Cluster, TrainingConfig]:
+    """The row's pipeline: one profile stage per chunk, each a share of the stage's times."""
+    P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
+    layers = int(row["model"]["layers"])
+    v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule == "zbv" else 1)
     S = P * v
-    layers = tuple(LayerCost(f"stage{k}", "stage", times["T_F"] / v, times["T_B"] / v, times["T_W"] / v, 0, 1, 1)
-                   for k in range(S))
-    profile = ModelProfile(row["id"], layers, time_unit="ms")
-    cluster = Cluster(devices=P, latency_us=1000 * times["T_comm"], p2p_gbps=1e9, memory_gb=1e9)
+    cluster = _row_cluster(row, times, P)
+    out_bytes = int(cluster.extra.get("out_bytes", 1))
+    stage = tuple(LayerCost(f"stage{k}", "stage", times.T_F / v, times.T_B / v, times.T_W / v, 0, 1, out_bytes)
+                  for k in range(S))
+    profile = ModelProfile(str(row.get("id")), stage, time_unit="ms")
     training = TrainingConfig(runtime=runtime)
-    placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
     partition = even_partition(S, S)
+    if schedule == "zbv":
+        return build_plan("zbv", profile, cluster, microbatches=M, partition=partition,
+                          training=training), profile, cluster, training
+    placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
 
     def make(order: Any) -> Plan:
         return Plan(P, M, partition, placement, order)
@@ -177,45 +228,105 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         costs = stage_costs(profile, cluster, partition, placement=placement, training=training)
         plan = _zb_order(costs, placement, P, M, budget=P if schedule == "zb-1p" else 2 * P, make=make,
                          profile=profile, cluster=cluster, training=training)
+    return plan, profile, cluster, training
+
+
+def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
+                overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False) -> Prediction:
+    """Predict one published row (see the module docstring); ``rows`` are its source's rows (donors
+    of stage times, the flags of whole-job rows)."""
+    meas = row.get("measured") if isinstance(row.get("measured"), dict) else {}
+    unit = meas.get("throughput_unit") or "?"
+    out = Prediction(str(row.get("id")), _group(row), str(row.get("schedule") or "-"), unit,
+                     meas.get("throughput"), None)
+    problem = row_problem(row)
+    if problem is not None:
+        return replace(out, reason=problem)
+    par, batch = row["parallel"], row["batch"]
+    if meas.get("throughput") is None:
+        return replace(out, reason="no throughput published (the row gives "
+                       + ("its MFU only" if meas.get("mfu") else "no measurement") + ", and no degrees)")
+    if is_tflops_unit(unit):
+        job_row = infer_job_degrees(row, rows) if infer_degrees else None
+        predicted, reason = predict_job_row(job_row or row)
+        out = replace(out, schedule=f"{job_row['schedule']} (inferred)") if job_row else out
+        return replace(out, predicted=predicted, reason=reason)
+    if unit != SAMPLES_PER_GPU:
+        return replace(out, reason=f"unit {unit!r}: the runtime of this row is not modelled yet")
+    if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
+        return replace(out, reason="a samples/s/GPU row with tp, dp or cp > 1: give its throughput in "
+                       "TFLOP/s per GPU (the whole-job model) or its degrees as a pure pipeline")
+    kind = _schedule_kind(str(row.get("schedule")))
+    if kind is None:
+        return replace(out, reason=f"unknown schedule {row.get('schedule')!r}; known: 1F1B, 1F1B-I, ZB-1p, "
+                       "ZB-2p, ZB-V")
+    for key in ("pp",):
+        if not par.get(key):
+            return replace(out, reason=f"row field 'parallel.{key}' is not published")
+    for key in ("micro_batch_size", "num_microbatches"):
+        if not batch.get(key):
+            return replace(out, reason=f"row field 'batch.{key}' is not published")
+    if not row["model"].get("layers"):
+        return replace(out, reason="row field 'model.layers' is not published")
+    times = stage_times(row, rows)
+    if isinstance(times, str):
+        return replace(out, reason=times)
+    schedule, runtime_name = kind
+    runtime = (overrides or {}).get(runtime_name, RUNTIMES[runtime_name])
+    P, M = int(par["pp"]), int(batch["num_microbatches"])
+    if schedule == "zbv" and int(row["model"]["layers"]) + 2 < 2 * P:
+        return replace(out, reason="ZB-V needs two chunks per device: at least 2 x pp - 2 layers")
+    plan, profile, cluster, training = _pipeline_plan(schedule, times, row, runtime)
     result = simulate(plan, profile, cluster, training=training, record_timeline=False)
     if not result.valid:
-        return replace(out, reason=result.error)
+        return replace(out, reason=result.error, stage_times=times.source)
     seconds = result.iteration_time * profile.seconds_per_unit
-    samples = batch["micro_batch_size"] * M
-    return replace(out, predicted=samples / seconds / P)
+    samples = int(batch["micro_batch_size"]) * M
+    return replace(out, predicted=samples / seconds / P, stage_times=times.source)
 
 
 def predict_rows(rows: Sequence[dict[str, Any]], *, overrides: dict[str, Runtime] | None = None,
-                 infer_degrees: bool = False) -> list[Prediction]:
-    """:func:`predict_row` of every row."""
-    return [predict_row(r, rows, overrides=overrides, infer_degrees=infer_degrees) for r in rows]
+                 infer_degrees: bool = False, donors: Sequence[dict[str, Any]] | None = None) -> list[Prediction]:
+    """:func:`predict_row` of every row (``donors``: the rows stage times may come from, default ``rows``)."""
+    pool = rows if donors is None else donors
+    return [predict_row(r, pool, overrides=overrides, infer_degrees=infer_degrees) for r in rows]
+
+
+def _pairs(groups: dict[str, list[Prediction]]) -> tuple[int, int, list[str]]:
+    """(pairs ranked as measured, pairs, the groups with a pair ranked unlike the measurements)."""
+    ranked = total = 0
+    wrong = []
+    for name, members in groups.items():
+        ok = [_same_order(a, b) for a, b in itertools.combinations(members, 2)]
+        ranked, total = ranked + sum(ok), total + len(ok)
+        if not all(ok):
+            wrong.append(name)
+    return ranked, total, wrong
 
 
 def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
-    """Median / max absolute error, ratio-to-1F1B error, groups ranked as measured."""
+    """Median / max absolute error, ratio-to-1F1B error, pairs and groups ranked as measured."""
     done = [p for p in preds if p.predicted is not None and p.measured]
     errors = [abs(p.predicted / p.measured - 1) for p in done]
     groups: dict[str, list[Prediction]] = {}
     for p in done:
         groups.setdefault(p.group, []).append(p)
-    ratio_errors, ranked, unranked = [], 0, []
-    for name, members in groups.items():
+    ratio_errors = []
+    for members in groups.values():
         base = next((p for p in members if p.schedule == "1F1B"), None)
         if base is not None:
-            for p in members:
-                if p is not base:
-                    ratio_errors.append(abs((p.predicted / base.predicted) / (p.measured / base.measured) - 1))
-        if len(members) > 1:
-            ok = all(_same_order(a, b) for a, b in itertools.combinations(members, 2))
-            ranked += ok
-            if not ok:
-                unranked.append(name)
-    return {"summary": True, "rows": len(preds), "predicted": len(done),
+            ratio_errors += [abs((p.predicted / base.predicted) / (p.measured / base.measured) - 1)
+                             for p in members if p is not base]
+    ranked, pairs, wrong = _pairs(groups)
+    with_throughput = sum(p.measured is not None for p in preds)
+    return {"summary": True, "rows": len(preds), "with_throughput": with_throughput, "predicted": len(done),
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
             "median_ratio_to_1f1b_error": statistics.median(ratio_errors) if ratio_errors else None,
-            "groups": sum(len(m) > 1 for m in groups.values()), "groups_ranked_as_measured": ranked,
-            "groups_misranked": unranked}
+            "pairs": pairs, "pairs_ranked_as_measured": ranked,
+            "groups": sum(len(m) > 1 for m in groups.values()),
+            "groups_ranked_as_measured": sum(len(m) > 1 for m in groups.values()) - len(wrong),
+            "groups_misranked": wrong}
 
 
 def _same_order(a: Prediction, b: Prediction) -> bool:
@@ -226,16 +337,22 @@ def _same_order(a: Prediction, b: Prediction) -> bool:
     return (a.measured > b.measured) == (a.predicted > b.predicted)
 
 
-def _fit(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, Any]]:
-    """Grid search of (compute_scale, action_overhead_s, step_s), shared by every runtime: the fewest
-    groups ranked unlike the measurements, then the least median absolute error, then max."""
+def _fit(tables: Sequence[Sequence[dict[str, Any]]]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Grid search of (compute_scale, action_overhead_s, step_s), shared by every pipeline runtime
+    and every table at once: the fewest pairs ranked unlike the measurements, then the least median
+    absolute error, then max."""
+    donors = [r for rows in tables for r in rows]
+    pipeline_rows = [r for r in donors if (r.get("measured") or {}).get("throughput_unit") == SAMPLES_PER_GPU]
     best: tuple[tuple[int, float, float], dict[str, float], dict[str, Any]] | None = None
     for scale, over_ms, step_ms in itertools.product((1.0, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07),
                                                      (0.0, 0.1, 0.2, 0.3, 0.5), (0.0, 10.0, 20.0, 40.0)):
         values = dict(compute_scale=scale, action_overhead_s=over_ms / 1e3, step_s=step_ms / 1e3)
-        overrides = {n: replace(RUNTIMES[n], **values) for n in ("megatron", "zb", "zb-sync")}
-        summary = summarize(predict_rows(rows, overrides=overrides))
-        key = (len(summary["groups_misranked"]), summary["median_abs_error"], summary["max_abs_error"])
+        overrides = {n: replace(RUNTIMES[n], **values) for n in PIPELINE_RUNTIMES}
+        summary = summarize(predict_rows(pipeline_rows, overrides=overrides, donors=donors))
+        if summary["median_abs_error"] is None:
+            raise SystemExit("no pipeline rows (samples/s/GPU) to fit")
+        key = (summary["pairs"] - summary["pairs_ranked_as_measured"], summary["median_abs_error"],
+               summary["max_abs_error"])
         if best is None or key < best[0]:
             best = (key, values, summary)
     assert best is not None
@@ -250,51 +367,115 @@ def _load(path: Path) -> list[dict[str, Any]]:
     rows = data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "id" in r for r in rows):
         raise SystemExit(f"{path}: 'rows' must be a list of objects with an 'id' (see shared/data/published)")
-    return rows
+    source = data.get("source")
+    return [{**r, "_source": source} for r in rows]
+
+
+def _tables(args: argparse.Namespace) -> list[tuple[Path, list[dict[str, Any]]]]:
+    if args.all is not None:
+        if not args.all.is_dir():
+            raise SystemExit(f"--all: {args.all} is not a directory of published tables")
+        paths = sorted(p for p in args.all.glob("*.json"))
+        if not paths:
+            raise SystemExit(f"--all: no *.json tables in {args.all}")
+    elif args.file is not None:
+        paths = [args.file]
+    else:
+        raise SystemExit("give a published table (FILE) or --all DIR")
+    return [(p, _load(p)) for p in paths]
+
+
+def _siblings(path: Path) -> list[list[dict[str, Any]]]:
+    """The readable tables beside ``path`` (stage-time donors of the same source)."""
+    out = []
+    for other in sorted(path.parent.glob("*.json")):
+        if other.resolve() != path.resolve():
+            try:
+                out.append(_load(other))
+            except SystemExit:
+                continue
+    return out
+
+
+def _donors(rows: Sequence[dict[str, Any]], others: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Stage-time donors of a table: its rows and those of every other table of the same source."""
+    source = rows[0].get("_source") if rows else None
+    extra = [r for other in others if other is not rows and source and other and other[0].get("_source") == source
+             for r in other]
+    return [*rows, *extra]
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _print_rows(preds: Sequence[Prediction]) -> None:
+    print(f"{'id':36} {'schedule':10} {'measured':>9} {'predicted':>9} {'error':>7}  stage times")
+    for p in preds:
+        if p.predicted is None:
+            print(f"{p.id:36} {str(p.schedule or '-')[:10]:10} {p.measured!s:>9} {'-':>9}  {p.reason}")
+        else:
+            print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
+                  f"{100 * (p.predicted / p.measured - 1):+6.1f}%  {p.stage_times or 'analytic'}")
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    return (f"{summary['predicted']} of {summary['with_throughput']} rows with a throughput predicted "
+            f"({summary['rows']} rows); median |error| {_fmt(summary['median_abs_error'])}, max "
+            f"{_fmt(summary['max_abs_error'])}; pairs ranked as measured {summary['pairs_ranked_as_measured']} "
+            f"of {summary['pairs']}; groups {summary['groups_ranked_as_measured']} of {summary['groups']}"
+            + (f" (not: {', '.join(summary['groups_misranked'])})" if summary["groups_misranked"] else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file", type=Path, help="a published table (shared/data/published/*.json)")
+    parser.add_argument("file", type=Path, nargs="?", help="a published table (shared/data/published/*.json)")
+    parser.add_argument("--all", type=Path, metavar="DIR", default=None,
+                        help="every *.json table in DIR: one line per file, then the total")
     parser.add_argument("--json", action="store_true", help="one JSON object per row, then the summary")
     parser.add_argument("--fit", action="store_true", help="grid-search the runtime's shared parameters")
     parser.add_argument("--infer-degrees", action="store_true",
                         help="whole-job rows that give only tp*pp: tp = min(8, tp*pp), 1F1B, the flags of the "
                              "file's pipelined rows (docs/whole-job.md)")
     parser.add_argument("--runtime", choices=tuple(RUNTIMES), default=None,
-                        help="predict every row on this runtime instead of the one that ran it (ideal: the model "
-                             "without any runtime, to see what the runtime model adds)")
+                        help="predict every pipeline row on this runtime instead of the one that ran it (ideal: "
+                             "the model without any runtime, to see what the runtime model adds)")
     args = parser.parse_args(argv)
-    rows = _load(args.file)
-    forced = {n: RUNTIMES[args.runtime] for n in ("megatron", "zb", "zb-sync")} if args.runtime else None
-    if args.fit and any(is_tflops_unit((r.get("measured") or {}).get("throughput_unit")) for r in rows):
-        values, errors = fit_job_source(rows)
-        print(json.dumps({"fit": values, **errors}))
-        return 0
+    if args.all is not None and args.file is not None:
+        parser.error("give either FILE or --all DIR, not both")
+    tables = _tables(args)
+    forced = {n: RUNTIMES[args.runtime] for n in PIPELINE_RUNTIMES} if args.runtime else None
     if args.fit:
-        values, summary = _fit(rows)
+        if len(tables) == 1 and any(is_tflops_unit((r.get("measured") or {}).get("throughput_unit"))
+                                    for r in tables[0][1]):
+            values, errors = fit_job_source(tables[0][1])
+            print(json.dumps({"fit": values, **errors}))
+            return 0
+        tables_rows = [rows for _, rows in tables]
+        values, summary = _fit(tables_rows if args.all else [*tables_rows, *_siblings(tables[0][0])])
         print(json.dumps({"fit": values, **summary}))
         return 0
-    preds = predict_rows(rows, overrides=forced, infer_degrees=args.infer_degrees)
-    summary = summarize(preds)
-    if args.json:
-        for p in preds:
-            print(json.dumps(p.as_json()))
-        print(json.dumps(summary))
-        return 0
-    print(f"{'id':36} {'schedule':10} {'measured':>9} {'predicted':>9} {'error':>7}")
-    for p in preds:
-        if p.predicted is None:
-            print(f"{p.id:36} {str(p.schedule or '-')[:10]:10} {p.measured!s:>9} {'-':>9}  {p.reason}")
+    everything: list[Prediction] = []
+    others = [rows for _, rows in tables] if args.all else _siblings(tables[0][0])
+    for path, rows in tables:
+        preds = predict_rows(rows, overrides=forced, infer_degrees=args.infer_degrees, donors=_donors(rows, others))
+        everything += preds
+        summary = summarize(preds)
+        if args.json:
+            for p in preds:
+                print(json.dumps({**p.as_json(), "file": path.name} if args.all else p.as_json()))
+            if not args.all:
+                print(json.dumps(summary))
+        elif args.all:
+            print(f"{path.name:40} {_summary_line(summary)}")
         else:
-            print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
-                  f"{100 * (p.predicted / p.measured - 1):+6.1f}%")
-    fmt = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-    print(f"\n{summary['predicted']} of {summary['rows']} rows predicted; median |error| "
-          f"{fmt(summary['median_abs_error'])}, max {fmt(summary['max_abs_error'])}; ratio to 1F1B median "
-          f"|error| {fmt(summary['median_ratio_to_1f1b_error'])}; ranked as measured in "
-          f"{summary['groups_ranked_as_measured']} of {summary['groups']} groups"
-          + (f" (not: {', '.join(summary['groups_misranked'])})" if summary["groups_misranked"] else ""))
+            _print_rows(preds)
+            print(f"\n{_summary_line(summary)}; ratio to 1F1B median |error| "
+                  f"{_fmt(summary['median_ratio_to_1f1b_error'])}")
+    if args.all:
+        total = summarize(everything)
+        total_text = f"\n{'all files':40} {_summary_line(total)}"
+        print(json.dumps({**total, "files": len(tables)}) if args.json else total_text)
     return 0
 
 
