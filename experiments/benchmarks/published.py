@@ -54,8 +54,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from experiments.benchmarks.published_job import fit_job_source, infer_job_degrees, is_tflops_unit, predict_job_row
-from experiments.benchmarks.published_stages import StageTimes, gpu_preset_of, stage_times
+from experiments.benchmarks.published_stages import StageTimes, analytic_stage_times, gpu_preset_of, stage_times
 from pipeline.engine import list_schedule
 from pipeline.hardware import get_gpu, gpu_names
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
@@ -90,10 +92,14 @@ class Prediction:
     reason: str | None = None
     stage_times: str | None = None
     """Where the per-stage times came from (:class:`StageTimes.source`); None for analytic rows."""
+    analytic: float | None = None
+    """A pipeline row's prediction from its dimensions alone (the cost model's stage times), beside
+    the one from profiled stage times; None where it cannot be priced."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "unit": self.unit, "measured": self.measured,
-                               "predicted": self.predicted, "stage_times": self.stage_times}
+                               "predicted": self.predicted, "stage_times": self.stage_times,
+                               "analytic": self.analytic}
         if self.reason is not None:
             out["reason"] = self.reason
         return out
@@ -180,11 +186,18 @@ def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches
 GPUS_PER_NODE = 8
 
 
-def _row_cluster(row: dict[str, Any], times: StageTimes, P: int) -> Cluster:
+#: Share of the GPU preset's NIC bandwidth a pipeline transfer between nodes reaches on the Zero
+#: Bubble paper's RoCE cluster (its bandwidth is not published): fitted once with the runtime's
+#: three values across every pipeline row of shared/data/published (``--all DIR --fit``), ranking
+#: first; it moves only rows whose pipeline spans nodes (the 16-GPU rows of Table 6/7).
+NIC_EFFICIENCY = 0.5
+
+
+def _row_cluster(row: dict[str, Any], times: StageTimes, P: int, nic_efficiency: float) -> Cluster:
     """The row's links: within a node a transfer takes the profiled ``T_comm``; across nodes (a
     pipeline longer than a node) the activation's bf16 bytes (``2 * mbs * seq * hidden``) go over
-    the GPU preset's NIC (:mod:`pipeline.hardware`) at its latency. Without the dimensions or a
-    known GPU every link takes ``T_comm``."""
+    the GPU preset's NIC (:mod:`pipeline.hardware`) at ``nic_efficiency`` of its bandwidth and at
+    its latency. Without the dimensions or a known GPU every link takes ``T_comm``."""
     model, batch = row["model"], row["batch"]
     gpu = gpu_preset_of(row)
     per_node = int(row.get("gpus_per_node") or GPUS_PER_NODE)
@@ -194,18 +207,18 @@ def _row_cluster(row: dict[str, Any], times: StageTimes, P: int) -> Cluster:
     nbytes = 2.0 * int(batch["micro_batch_size"]) * int(model["seq_len"]) * int(model["hidden"])
     spec = get_gpu(gpu)
     return Cluster(devices=P, latency_us=0.0, p2p_gbps=nbytes / (times.T_comm * 1e-3) / 1e9, memory_gb=1e9,
-                   gpus_per_node=per_node, inter_node_gbps=spec.inter_node_gbps,
+                   gpus_per_node=per_node, inter_node_gbps=spec.inter_node_gbps * nic_efficiency,
                    inter_node_latency_us=spec.inter_node_latency_us, extra={"out_bytes": nbytes})
 
 
 def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtime: Runtime,
-                   ) -> tuple[Plan, ModelProfile, Cluster, TrainingConfig]:
+                   nic_efficiency: float) -> tuple[Plan, ModelProfile, Cluster, TrainingConfig]:
     """The row's pipeline: one profile stage per chunk, each a share of the stage's times."""
     P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
     layers = int(row["model"]["layers"])
     v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule == "zbv" else 1)
     S = P * v
-    cluster = _row_cluster(row, times, P)
+    cluster = _row_cluster(row, times, P, nic_efficiency)
     out_bytes = int(cluster.extra.get("out_bytes", 1))
     stage = tuple(LayerCost(f"stage{k}", "stage", times.T_F / v, times.T_B / v, times.T_W / v, 0, 1, out_bytes)
                   for k in range(S))
@@ -232,7 +245,8 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
 
 
 def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
-                overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False) -> Prediction:
+                overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False,
+                nic_efficiency: float = NIC_EFFICIENCY) -> Prediction:
     """Predict one published row (see the module docstring); ``rows`` are its source's rows (donors
     of stage times, the flags of whole-job rows)."""
     meas = row.get("measured") if isinstance(row.get("measured"), dict) else {}
@@ -270,26 +284,44 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         return replace(out, reason="row field 'model.layers' is not published")
     times = stage_times(row, rows)
     if isinstance(times, str):
-        return replace(out, reason=times)
+        # no profiled times anywhere in the source: the cost model's, from the row's dimensions
+        analytic = analytic_stage_times(row, ends_lighter=False)
+        if isinstance(analytic, str):
+            return replace(out, reason=f"{times}; {analytic}")
+        times = analytic
     schedule, runtime_name = kind
     runtime = (overrides or {}).get(runtime_name, RUNTIMES[runtime_name])
-    P, M = int(par["pp"]), int(batch["num_microbatches"])
-    if schedule == "zbv" and int(row["model"]["layers"]) + 2 < 2 * P:
+    if schedule == "zbv" and int(row["model"]["layers"]) + 2 < 2 * int(par["pp"]):
         return replace(out, reason="ZB-V needs two chunks per device: at least 2 x pp - 2 layers")
-    plan, profile, cluster, training = _pipeline_plan(schedule, times, row, runtime)
+    predicted, error = _simulated(schedule, times, row, runtime, nic_efficiency)
+    if predicted is None:
+        return replace(out, reason=error, stage_times=times.source)
+    analytic = analytic_stage_times(row) if times.source != "analytic" else times
+    if not isinstance(analytic, str):
+        analytic_value, _ = _simulated(schedule, analytic, row, runtime, nic_efficiency)
+        out = replace(out, analytic=analytic_value)
+    return replace(out, predicted=predicted, stage_times=times.source)
+
+
+def _simulated(schedule: str, times: StageTimes, row: dict[str, Any], runtime: Runtime,
+               nic_efficiency: float) -> tuple[float | None, str | None]:
+    """(samples/s/GPU, None) of the row's pipeline on ``times``, or (None, the simulator's error)."""
+    P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
+    plan, profile, cluster, training = _pipeline_plan(schedule, times, row, runtime, nic_efficiency)
     result = simulate(plan, profile, cluster, training=training, record_timeline=False)
     if not result.valid:
-        return replace(out, reason=result.error, stage_times=times.source)
+        return None, result.error
     seconds = result.iteration_time * profile.seconds_per_unit
-    samples = int(batch["micro_batch_size"]) * M
-    return replace(out, predicted=samples / seconds / P, stage_times=times.source)
+    return int(row["batch"]["micro_batch_size"]) * M / seconds / P, None
 
 
 def predict_rows(rows: Sequence[dict[str, Any]], *, overrides: dict[str, Runtime] | None = None,
-                 infer_degrees: bool = False, donors: Sequence[dict[str, Any]] | None = None) -> list[Prediction]:
+                 infer_degrees: bool = False, donors: Sequence[dict[str, Any]] | None = None,
+                 nic_efficiency: float = NIC_EFFICIENCY) -> list[Prediction]:
     """:func:`predict_row` of every row (``donors``: the rows stage times may come from, default ``rows``)."""
     pool = rows if donors is None else donors
-    return [predict_row(r, pool, overrides=overrides, infer_degrees=infer_degrees) for r in rows]
+    return [predict_row(r, pool, overrides=overrides, infer_degrees=infer_degrees, nic_efficiency=nic_efficiency)
+            for r in rows]
 
 
 def _pairs(groups: dict[str, list[Prediction]]) -> tuple[int, int, list[str]]:
@@ -337,18 +369,24 @@ def _same_order(a: Prediction, b: Prediction) -> bool:
     return (a.measured > b.measured) == (a.predicted > b.predicted)
 
 
+#: The ``--fit`` grid: the runtime's compute scale, per-action overhead (ms) and step (ms), and the
+#: NIC share of transfers between nodes.
+FIT_GRID = ((1.0, 1.02, 1.03, 1.04, 1.05), (0.0, 0.1, 0.2, 0.3), (0.0, 10.0, 20.0), (1.0, 0.75, 0.5, 0.35))
+
+
 def _fit(tables: Sequence[Sequence[dict[str, Any]]]) -> tuple[dict[str, float], dict[str, Any]]:
-    """Grid search of (compute_scale, action_overhead_s, step_s), shared by every pipeline runtime
-    and every table at once: the fewest pairs ranked unlike the measurements, then the least median
-    absolute error, then max."""
+    """Grid search of (compute_scale, action_overhead_s, step_s) shared by every pipeline runtime,
+    and of the NIC share, across every table at once: the fewest pairs ranked unlike the
+    measurements, then the least median absolute error, then max."""
     donors = [r for rows in tables for r in rows]
     pipeline_rows = [r for r in donors if (r.get("measured") or {}).get("throughput_unit") == SAMPLES_PER_GPU]
     best: tuple[tuple[int, float, float], dict[str, float], dict[str, Any]] | None = None
-    for scale, over_ms, step_ms in itertools.product((1.0, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07),
-                                                     (0.0, 0.1, 0.2, 0.3, 0.5), (0.0, 10.0, 20.0, 40.0)):
+    for scale, over_ms, step_ms, nic in tqdm(list(itertools.product(*FIT_GRID)), desc="fit", unit="point",
+                                             disable=not sys.stderr.isatty()):
         values = dict(compute_scale=scale, action_overhead_s=over_ms / 1e3, step_s=step_ms / 1e3)
         overrides = {n: replace(RUNTIMES[n], **values) for n in PIPELINE_RUNTIMES}
-        summary = summarize(predict_rows(pipeline_rows, overrides=overrides, donors=donors))
+        summary = summarize(predict_rows(pipeline_rows, overrides=overrides, donors=donors, nic_efficiency=nic))
+        values = {**values, "nic_efficiency": nic}
         if summary["median_abs_error"] is None:
             raise SystemExit("no pipeline rows (samples/s/GPU) to fit")
         key = (summary["pairs"] - summary["pairs_ranked_as_measured"], summary["median_abs_error"],
@@ -410,13 +448,16 @@ def _fmt(x: float | None) -> str:
 
 
 def _print_rows(preds: Sequence[Prediction]) -> None:
-    print(f"{'id':36} {'schedule':10} {'measured':>9} {'predicted':>9} {'error':>7}  stage times")
+    print(f"{'id':36} {'schedule':10} {'measured':>9} {'predicted':>9} {'error':>7} {'analytic':>9} "
+          f"{'error':>7}  stage times")
     for p in preds:
         if p.predicted is None:
             print(f"{p.id:36} {str(p.schedule or '-')[:10]:10} {p.measured!s:>9} {'-':>9}  {p.reason}")
-        else:
-            print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
-                  f"{100 * (p.predicted / p.measured - 1):+6.1f}%  {p.stage_times or 'analytic'}")
+            continue
+        analytic = (f"{p.analytic:9.3f} {100 * (p.analytic / p.measured - 1):+6.1f}%" if p.analytic is not None
+                    else f"{'-':>9} {'-':>7}")
+        print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
+              f"{100 * (p.predicted / p.measured - 1):+6.1f}% {analytic}  {p.stage_times or 'whole-job model'}")
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

@@ -16,6 +16,12 @@ borrowed as they are:
   (linear in the micro-batch size).
 
 A row whose model has no donor in its source is refused with that reason.
+
+:func:`analytic_stage_times` prices the same stage from the row's dimensions alone, by the cost
+model on the row's GPU preset: one transformer layer's F/B/W times the stage's layer-equivalents
+(the source's placement makes the end stages as heavy as the middle ones, so the vocabulary, which
+the Zero Bubble paper does not publish, is not needed), the transfer as the activation's bf16
+bytes over the preset's NVLink.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import layer_cost, layer_work
 from pipeline.hardware import get_gpu, gpu_names
 
-__all__ = ["StageTimes", "stage_times", "layer_units", "gpu_preset_of"]
+__all__ = ["StageTimes", "stage_times", "analytic_stage_times", "layer_units", "gpu_preset_of"]
 
 KEYS = ("T_F", "T_B", "T_W", "T_comm")
 
@@ -123,3 +129,19 @@ def stage_times(row: dict[str, Any], donors: Sequence[dict[str, Any]]) -> StageT
             notes.append("ffn 4h assumed")
     return StageTimes(base["T_F"] * units * rf, base["T_B"] * units * rb, base["T_W"] * units * rw,
                       base["T_comm"] * mbs / d_mbs, source=", ".join(notes))
+
+
+def analytic_stage_times(row: dict[str, Any], *, ends_lighter: bool = True) -> StageTimes | str:
+    """One stage of ``row`` priced by the cost model from its dimensions (module docstring), or why not."""
+    model, gpu = row["model"], gpu_preset_of(row)
+    missing = [k for k in ("layers", "hidden", "heads", "seq_len") if not model.get(k)]
+    if missing or gpu is None:
+        return "analytic: " + (f"model.{', model.'.join(missing)} not published" if missing else "no known gpu_type")
+    pp, mbs = int(row["parallel"]["pp"]), int(row["batch"]["micro_batch_size"])
+    cost = layer_cost(layer_work(_layer_arch(model), 0, seq_len=int(model["seq_len"]), microbatch_size=mbs), gpu)
+    units = layer_units(int(model["layers"]), pp, ends_lighter=ends_lighter)
+    spec = get_gpu(gpu)
+    nbytes = 2.0 * mbs * int(model["seq_len"]) * int(model["hidden"])
+    comm_ms = 1e3 * (spec.nvlink_latency_us * 1e-6 + nbytes / (spec.nvlink_gbps * 1e9))
+    notes = ["analytic"] + (["ffn 4h assumed"] if model.get("ffn_hidden") is None else [])
+    return StageTimes(cost.f * units, cost.b * units, cost.w * units, comm_ms, source=", ".join(notes))
