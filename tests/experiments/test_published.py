@@ -159,9 +159,12 @@ def test_rows_without_stage_times_take_the_sources_scaled_and_meet_the_targets()
     summary = published.summarize(preds)
     assert summary["median_abs_error"] <= 0.03 and summary["max_abs_error"] <= 0.075
     assert summary["pairs"] > 0 and summary["pairs_ranked_as_measured"] >= 0.95 * summary["pairs"]
-    # alone, the file has no stage times and says so, naming what is missing
+    # alone, the file has no stage times: the cost model prices the row from its dimensions
     alone = published.predict_row(rows[0], rows)
-    assert alone.predicted is None and "profiled stage times" in alone.reason
+    assert alone.predicted is not None and alone.stage_times.startswith("analytic")
+    bare = {**rows[0], "model": {**rows[0]["model"], "hidden": None}}
+    refused = published.predict_row(bare, [bare])
+    assert refused.predicted is None and "profiled stage times" in refused.reason and "model.hidden" in refused.reason
 
 
 def test_stage_times_scale_with_layers_per_stage_and_never_borrow_silently() -> None:
