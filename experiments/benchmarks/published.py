@@ -371,7 +371,7 @@ def _same_order(a: Prediction, b: Prediction) -> bool:
 
 #: The ``--fit`` grid: the runtime's compute scale, per-action overhead (ms) and step (ms), and the
 #: NIC share of transfers between nodes.
-FIT_GRID = ((1.0, 1.02, 1.03, 1.04, 1.05), (0.0, 0.1, 0.2, 0.3), (0.0, 10.0, 20.0), (1.0, 0.75, 0.5, 0.35))
+FIT_GRID = ((1.02, 1.03, 1.04), (0.0, 0.1, 0.2), (0.0, 10.0), (1.0, 0.75, 0.5, 0.35))
 
 
 def _fit(tables: Sequence[Sequence[dict[str, Any]]]) -> tuple[dict[str, float], dict[str, Any]]:
