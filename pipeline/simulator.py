@@ -15,7 +15,8 @@ Rules (the contract every other part relies on):
   plus the largest ``workspace_bytes`` of its layers: a pass's short-lived buffers, such as the
   head's logits, counted as if always present) + activations. ``F`` adds the stage's
   ``act_bytes``; ``I`` leaves what ``W`` needs and ``W`` frees it; ``B`` frees all. What ``I``
-  leaves follows the runtime: PyTorch's (``TrainingConfig.input_backward_keeps_graph``, on by default) keeps the autograd graph and the
+  leaves follows the runtime: PyTorch's (``TrainingConfig.input_backward_keeps_graph``, on by default)
+  keeps the autograd graph and the
   gradients ``W`` needs, ``w_graph_bytes`` (``LayerCost.w_graph``, which may exceed what ``F``
   added: ``I`` can raise the level, and the peak counts it); a runtime that frees at ``I`` keeps
   ``w_retained`` (the inputs of the weight matmuls). On the first stage, as PyTorch's runtime does
