@@ -24,8 +24,10 @@ Attention, SSD and delta-rule cores have no weights: all of their backward is I.
   Gu & Dao 2023, a memory-bound selective scan of ~9 FLOPs per state element;
 * linear attention: Gated DeltaNet (Yang et al. 2024, arXiv 2412.06464), chunkwise WY/UT form
   (``C*(3*dk + 2*dv) + 3*dk*dv`` multiply-adds per token and value head);
-* head: final norm, ``h x V`` projection, cross-entropy that reads the logits in F and writes
-  their gradient in I (a fused, vocabulary-parallel loss as in Megatron-LM). A head shard
+* head: final norm, ``h x V`` projection and the cross-entropy as memory traffic in the runtime's
+  loss dtype (:class:`CostOptions`, :data:`RUNTIME_COST_OPTIONS`): by default op by op in fp32 as
+  Megatron-LM's ``vocab_parallel_cross_entropy`` and PyTorch's ``F.cross_entropy(logits.float())``
+  run it, keeping the fp32 softmax, with F's logits as the layer's workspace. A head shard
   (:func:`pipeline.arch.refine_architecture`) does the same over its share of the tokens, holds
   the whole head's weights (a shared copy after the first shard), reads them in each pass and
   sends the remaining tokens' hidden states plus the fp32 partial loss on;
@@ -33,7 +35,8 @@ Attention, SSD and delta-rule cores have no weights: all of their backward is I.
   norm and residual add; the mixer unit sends the hidden state after its residual add.
 
 Time of one pass = the sum over its ops of a roofline ``max(FLOPs / rate, bytes / bandwidth)``,
-matmul-class ops at the GPU's achievable tensor-core rate, element-wise ops at its vector rate,
+matmul-class ops at the GPU's achievable tensor-core rate (GEMMs times their shape efficiency,
+:meth:`pipeline.hardware.GPUSpec.gemm_efficiency`), element-wise ops at its vector rate,
 plus a fixed per-kernel overhead and, with tensor parallelism, ring all-reduces over NVLink
 (Megatron's two per block and pass). See docs/cost-model.md.
 """

@@ -20,7 +20,7 @@ output tiles than SMs a GEMM cannot fill the GPU (tile and wave quantisation, sm
 ``gemm_half_k`` = 64, one 64-deep main-loop stage, stands for the prologue and epilogue a short
 reduction cannot hide. Both are stated, not fitted: on A100 they give a square 1024 GEMM ~51% of
 the large-GEMM rate and a 2048 one ~80%, below the curves of cuBLAS benchmarks by a few points, and
-leave the layers of large models (``m = b*s`` >= 2048, ``n, k`` >= 2048) within 4-10% of it.
+leave the layers of large models (``m = b*s`` >= 2048, ``h`` >= 4096) within 4-11% of it.
 
 ``nvlink_gbps`` and ``inter_node_gbps`` are GB/s in one direction per GPU, the unit of
 :attr:`pipeline.spec.Cluster.p2p_gbps`.
