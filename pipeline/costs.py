@@ -24,8 +24,10 @@ Attention, SSD and delta-rule cores have no weights: all of their backward is I.
   Gu & Dao 2023, a memory-bound selective scan of ~9 FLOPs per state element;
 * linear attention: Gated DeltaNet (Yang et al. 2024, arXiv 2412.06464), chunkwise WY/UT form
   (``C*(3*dk + 2*dv) + 3*dk*dv`` multiply-adds per token and value head);
-* head: final norm, ``h x V`` projection, cross-entropy that reads the logits in F and writes
-  their gradient in I (a fused, vocabulary-parallel loss as in Megatron-LM). A head shard
+* head: final norm, ``h x V`` projection and the cross-entropy as memory traffic in the runtime's
+  loss dtype (:class:`CostOptions`, :data:`RUNTIME_COST_OPTIONS`): by default op by op in fp32 as
+  Megatron-LM's ``vocab_parallel_cross_entropy`` and PyTorch's ``F.cross_entropy(logits.float())``
+  run it, keeping the fp32 softmax, with F's logits as the layer's workspace. A head shard
   (:func:`pipeline.arch.refine_architecture`) does the same over its share of the tokens, holds
   the whole head's weights (a shared copy after the first shard), reads them in each pass and
   sends the remaining tokens' hidden states plus the fp32 partial loss on;
@@ -33,7 +35,8 @@ Attention, SSD and delta-rule cores have no weights: all of their backward is I.
   norm and residual add; the mixer unit sends the hidden state after its residual add.
 
 Time of one pass = the sum over its ops of a roofline ``max(FLOPs / rate, bytes / bandwidth)``,
-matmul-class ops at the GPU's achievable tensor-core rate, element-wise ops at its vector rate,
+matmul-class ops at the GPU's achievable tensor-core rate (GEMMs times their shape efficiency,
+:meth:`pipeline.hardware.GPUSpec.gemm_efficiency`), element-wise ops at its vector rate,
 plus a fixed per-kernel overhead and, with tensor parallelism, ring all-reduces over NVLink
 (Megatron's two per block and pass). See docs/cost-model.md.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.arch import Architecture, LayerSpec, head_shard_tokens
@@ -53,6 +56,8 @@ from pipeline.spec import LayerCost, ModelProfile
 __all__ = [
     "BF16",
     "CostOptions",
+    "RUNTIME_COST_OPTIONS",
+    "runtime_cost_options",
     "Op",
     "PassWork",
     "LayerWork",
@@ -67,6 +72,7 @@ BF16 = 2
 FP32 = 4
 INT64 = 8
 DEFAULT_SEQ_LEN = 4096
+_LOSS_BYTES = {"fp32": FP32, "bf16": BF16}
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,51 @@ class CostOptions:
     recomputation of the scores makes it 2.5."""
     scan_backward_factor: float = 2.0
     """Backward/forward FLOPs of SSD, selective-scan and delta-rule cores."""
+    loss_dtype: str = "fp32"
+    """Dtype of the logits the cross-entropy works on: ``"fp32"`` (Megatron-LM and PyTorch cast the bf16
+    logits up before the loss) or ``"bf16"`` (Megatron's ``--fp16-lm-cross-entropy``)."""
+    fused_cross_entropy: bool = False
+    """One fused loss kernel that reads the bf16 logits once and writes their gradient once (Megatron-core
+    ``--cross-entropy-loss-fusion``, Liger); False: the op-by-op loss of Megatron's
+    ``vocab_parallel_cross_entropy`` / PyTorch's ``F.cross_entropy(logits.float())`` (see :func:`_lm_head`)."""
+    main_grad_bytes: int = FP32
+    """Bytes per element of the buffer weight gradients accumulate into (Megatron's fp32 ``main_grad``):
+    the embedding's dense gradient is added into it each micro-batch."""
+
+    def __post_init__(self) -> None:
+        if self.loss_dtype not in _LOSS_BYTES:
+            raise ConfigError(f"unknown {self.loss_dtype!r}; use one of {', '.join(_LOSS_BYTES)}",
+                              field="loss_dtype")
+
+    @property
+    def loss_bytes(self) -> int:
+        return _LOSS_BYTES[self.loss_dtype]
+
+
+#: What each runtime (:data:`pipeline.runtime.RUNTIMES` names) runs for the kernels that
+#: :class:`CostOptions` states, read from its code; a runtime not listed gets ``CostOptions()``.
+#:
+#: * ``megatron`` (megatron-core 0.16): FlashAttention through Transformer Engine; the loss is
+#:   ``vocab_parallel_cross_entropy`` on fp32 logits (``calculate_logits_max`` casts them) unless
+#:   ``--cross-entropy-loss-fusion``, which is off by default; fp32 ``main_grad`` buffers.
+#: * ``zb`` / ``zb-sync`` (the Zero Bubble fork of Megatron-LM): ``vocab_parallel_cross_entropy(
+#:   output.float(), labels)`` unless ``--fp16-lm-cross-entropy``; FlashAttention (its launch
+#:   scripts pass ``--use-flash-attn``); fp32 ``main_grad``.
+#: * ``pytorch`` (torch.distributed.pipelining: our executor, torchtitan): ``F.cross_entropy(
+#:   logits.float(), labels)``; SDPA's flash kernel on a GPU.
+RUNTIME_COST_OPTIONS: dict[str, CostOptions] = {}
+
+
+def runtime_cost_options(runtime: str, **overrides: Any) -> CostOptions:
+    """The :class:`CostOptions` of the runtime named ``runtime`` (see
+    :data:`RUNTIME_COST_OPTIONS`), with ``overrides`` (what a row or plan states, e.g.
+    ``flash_attention=False``) on top."""
+    base = RUNTIME_COST_OPTIONS.get(runtime, CostOptions())
+    try:
+        return replace(base, **overrides)
+    except TypeError as exc:
+        raise ConfigError(f"{exc}; CostOptions has {', '.join(CostOptions.__dataclass_fields__)}",
+                          field="options") from None
 
 
 @dataclass(frozen=True)
@@ -97,6 +148,10 @@ class Op:
     tag: str = ""
     """``"core"`` for the weight-free attention/SSD/delta-rule cores (what context parallelism's ring
     overlaps its transfers with); empty otherwise."""
+    mn: float = 0.0
+    """A GEMM's output elements (``m * n``) for its shape efficiency (:meth:`GPUSpec.gemm_efficiency`); 0: none."""
+    k: float = 0.0
+    """A GEMM's reduction depth; 0: none."""
 
 
 @dataclass
@@ -129,7 +184,10 @@ class PassWork:
             if op.kind == "comm":
                 total += gpu.nvlink_latency_us * 1e-6 + op.bytes / (gpu.nvlink_gbps * 1e9)
                 continue
-            rate = gpu.matmul_flops_per_s if op.kind == "matmul" else gpu.vector_flops_per_s
+            if op.kind == "matmul":
+                rate = gpu.matmul_flops_per_s * gpu.gemm_efficiency(op.mn, op.k)
+            else:
+                rate = gpu.vector_flops_per_s
             total += max(op.flops / rate, op.bytes / gpu.memory_bytes_per_s) + gpu.kernel_overhead_us * 1e-6
         return total
 
@@ -155,6 +213,9 @@ class LayerWork:
     w_grad_bytes: float = 0.0
     """Gradients at the outputs of the weight operations, which PyTorch's split backward keeps
     from I until W (``stage_backward_input``'s ``param_groups[...]["grads"]``)."""
+    workspace_bytes: float = 0.0
+    """Peak bytes a pass allocates above what the layer holds after it and frees before the next
+    (the head's bf16 logits and fp32 copies, the embedding's dense gradient)."""
     loss_bytes: float = 0.0
     """Of ``act_bytes``, what lies above every weight operation (the loss side of a head), which
     even PyTorch's I frees."""
@@ -172,6 +233,14 @@ class LayerWork:
     def unique_params(self) -> int:
         """Parameters this layer adds to the model's count (whole layer, shared copies excluded)."""
         return self.sharded_params + self.replicated_params - self.shared_params
+
+
+RUNTIME_COST_OPTIONS.update({
+    "megatron": CostOptions(flash_attention=True, loss_dtype="fp32", fused_cross_entropy=False),
+    "zb": CostOptions(flash_attention=True, loss_dtype="fp32", fused_cross_entropy=False),
+    "zb-sync": CostOptions(flash_attention=True, loss_dtype="fp32", fused_cross_entropy=False),
+    "pytorch": CostOptions(flash_attention=True, loss_dtype="fp32", fused_cross_entropy=False),
+})
 
 
 class _Builder:
@@ -200,8 +269,10 @@ class _Builder:
         d = self._div(shard)
         flops = 2.0 * t * n_in * n_out / d
         nbytes = BF16 * (t * n_in + n_in * n_out + t * n_out) / d
-        for p in (self.work.f, self.work.i, self.work.w):
-            p.ops.append(Op("matmul", flops, nbytes))
+        # TP shards the wider side (column-parallel up-projections, row-parallel down-projections)
+        a, b = (n_in, n_out / d) if n_out >= n_in else (n_in / d, n_out)
+        for p, mn, k in ((self.work.f, t * b, a), (self.work.i, t * a, b), (self.work.w, a * b, t)):
+            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=k))
         self.params(n_in * n_out, shard=shard, shared=shared)
         self.weight_grad(BF16 * t * n_out, shard=shard)
 
@@ -469,8 +540,12 @@ def _moe(bld: _Builder, arch: Architecture) -> None:
     for n_in, n_out in ((h, width), (f, h)):
         flops = 2.0 * routed * n_in * n_out / d
         nbytes = BF16 * (routed * n_in + held * n_in * n_out + routed * n_out) / d
-        for p in (bld.work.f, bld.work.i, bld.work.w):
-            p.ops.append(Op("matmul", flops, nbytes))
+        # grouped GEMM: every expert's rows together fill the GPU; each weight gradient reduces
+        # over only its expert's ~T*k/E rows
+        a, b = (n_in, n_out / d) if n_out >= n_in else (n_in / d, n_out)
+        shapes = ((bld.work.f, routed * b, a), (bld.work.i, routed * a, b), (bld.work.w, held * a * b, routed / E))
+        for p, mn, kk in shapes:
+            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=kk))
         bld.params(held * n_in * n_out)
         bld.weight_grad(BF16 * routed * n_out)
     bld.vector("fi", BF16 * routed * (width + f), 8.0 * routed * f)
@@ -523,7 +598,10 @@ def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None
     h, V, T = arch.hidden_size, arch.vocab_size, bld.T
     bld.params(V * h)
     bld.vector("f", INT64 * T + 2 * BF16 * T * h, 1.0 * T * h)
-    bld.work.w.ops.append(Op("vector", 0.0, 2 * BF16 * V * h / bld.tp))  # zero + accumulate the dense gradient
+    # the dense bf16 gradient zeroed, then added into the main-grad buffer (read both, write it)
+    dense = V * h / bld.tp
+    bld.work.w.ops.append(Op("vector", dense, (2 * BF16 + 2 * bld.opt.main_grad_bytes) * dense))
+    bld.work.workspace_bytes = max(bld.work.workspace_bytes, BF16 * dense)
     bld.vector("w", INT64 * T + 3 * BF16 * T * h, 1.0 * T * h)  # scatter-add of the rows
     bld.save(INT64 * T, for_w=True, shard=False)  # token ids
     bld.all_reduce("f", BF16 * T * h)
@@ -533,16 +611,43 @@ def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None
         bld.linear(arch.vision_hidden_size, h, tokens=vision_tokens)
 
 
+def _cross_entropy(bld: _Builder, T: int, V: int) -> None:
+    """The loss over ``T x V`` bf16 logits, as memory traffic (per vocabulary-parallel rank).
+
+    Fused: F reads the logits once (max, log-sum-exp, target), I reads them and writes the
+    gradient; the bf16 logits are kept. Op by op (Megatron's ``vocab_parallel_cross_entropy`` on
+    ``logits.float()``; PyTorch's ``F.cross_entropy(logits.float())`` moves the same bytes): F casts
+    to the loss dtype (L bytes; read 2, write L), takes the max (read L), subtracts it (read L,
+    write L), exponentiates in place (read L, write L), sums (read L) and divides in place (read L,
+    write L): ``2 + 9L`` bytes (``8L`` without a cast); I scales the saved softmax by the loss's
+    gradient in place (read L, write L) and casts it back (read L, write 2). The softmax is kept
+    (L bytes per logit); F's peak also holds the bf16 logits and the pre-subtraction copy,
+    ``2 + L`` above it, which the layer's ``workspace_bytes`` carry."""
+    n = T * V / bld.tp
+    if bld.opt.fused_cross_entropy:
+        bld.vector("f", BF16 * n + FP32 * T, 4.0 * n)
+        bld.vector("i", 2 * BF16 * n, 4.0 * n)
+        bld.save(BF16 * n, loss=True, shard=False)
+        return
+    L = bld.opt.loss_bytes
+    cast = L != BF16
+    f_bytes = [L, 2 * L, 2 * L, L, 2 * L] + ([BF16 + L] if cast else [])  # max, sub, exp, sum, div, cast
+    for nbytes in f_bytes:
+        bld.work.f.ops.append(Op("vector", n, nbytes * n))
+    for nbytes in [2 * L] + ([L + BF16] if cast else []):  # scale in place, cast back
+        bld.work.i.ops.append(Op("vector", n, nbytes * n))
+    bld.save(L * n, loss=True, shard=False)
+    bld.work.workspace_bytes = max(bld.work.workspace_bytes, (BF16 + L) * n if cast else BF16 * n)
+
+
 def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool, tokens: int | None = None) -> None:
-    """Final norm + ``h x V`` projection + fused cross-entropy (over ``tokens``, default all)."""
+    """Final norm + ``h x V`` projection + cross-entropy (over ``tokens``, default all)."""
     h, V = arch.hidden_size, arch.vocab_size
     T = bld.T if tokens is None else tokens
     bld.norm(h, tokens=T)
     bld.save(BF16 * T * h, for_w=True, shard=False)
     bld.linear(h, V, tokens=T, shared=shared)
-    bld.vector("f", BF16 * T * V + FP32 * T, 4.0 * T * V)  # read logits: max, log-sum-exp, target
-    bld.vector("i", 2 * BF16 * T * V, 4.0 * T * V)  # read logits, write softmax - one_hot
-    bld.save(BF16 * T * V, loss=True)  # logits kept for the loss backward
+    _cross_entropy(bld, T, V)
     bld.all_reduce("f", 3 * FP32 * T)  # vocabulary-parallel max / sum / target logit
     bld.all_reduce("i", BF16 * T * h)
 
@@ -704,6 +809,8 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
     }
     if work.unique_params != work.params:
         extra["unique_params"] = work.unique_params
+    if work.workspace_bytes:
+        extra["workspace_bytes"] = int(round(work.workspace_bytes))
     extra.update(work.unit)
     act = int(round(work.act_bytes))
     graph = int(round(work.act_bytes - work.loss_bytes + work.w_grad_bytes))

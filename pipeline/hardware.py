@@ -6,14 +6,29 @@ Numbers are the vendors' data-sheet figures for the SXM parts (dense bf16, no sp
 * H100-SXM5-80GB: 989 TFLOPS bf16, 3.35 TB/s HBM3, NVLink 4 900 GB/s both ways, NDR 400 Gb/s NIC per GPU.
 * H200-SXM-141GB: H100 compute, 4.8 TB/s HBM3e, 141 GB, the same links.
 * H800-SXM-80GB: H100 compute and memory, NVLink cut to 400 GB/s both ways (200 one way); DeepSeek-V3's
-  cluster (arXiv 2412.19437, section 3.1) pairs each GPU with a 400 Gb/s InfiniBand NIC.
+  cluster (arXiv 2412.19437, section 3.1) pairs each GPU with a 400 Gb/s InfiniBand NIC (8 x 400 Gb/s
+  per node).
+* B200-SXM-180GB (HGX/DGX B200, 1000 W): 2.25 PFLOPS dense bf16 (the data sheet's 4.5 PFLOPS is with
+  2:4 sparsity; DGX B200's 72 PFLOPS FP8 training over 8 GPUs, halved for sparsity and again for bf16),
+  8 TB/s HBM3e, 180 GB per GPU in DGX B200 (1,440 GB over 8; 192 GB of HBM3e stacks are fitted),
+  NVLink 5 1.8 TB/s both ways, a ConnectX-7 400 Gb/s NIC per GPU, 75 TFLOPS fp32, 148 SMs.
+
+GEMM shape efficiency (:meth:`GPUSpec.gemm_efficiency`): a GEMM producing an ``m x n`` output over a
+reduction of ``k`` reaches ``matmul_efficiency * mn / (mn + gemm_half_mn) * k / (k + gemm_half_k)``
+of the peak. ``gemm_half_mn`` is half a 128 x 128 output tile per SM (``sm_count * 8192``): with fewer
+output tiles than SMs a GEMM cannot fill the GPU (tile and wave quantisation, smoothed);
+``gemm_half_k`` = 64, one 64-deep main-loop stage, stands for the prologue and epilogue a short
+reduction cannot hide. Both are stated, not fitted: on A100 they give a square 1024 GEMM ~51% of
+the large-GEMM rate and a 2048 one ~80%, below the curves of cuBLAS benchmarks by a few points, and
+leave the layers of large models (``m = b*s`` >= 2048, ``h`` >= 4096) within 4-11% of it.
 
 ``nvlink_gbps`` and ``inter_node_gbps`` are GB/s in one direction per GPU, the unit of
 :attr:`pipeline.spec.Cluster.p2p_gbps`.
 
 Memory: ``memory_gb`` is the data sheet's figure in GB; clusters use ``memory_gib``, the capacity
 ``nvidia-smi`` reports in MiB over 1024 (A100-SXM4-80GB 81920 MiB = 80.0 GiB; H100/H800 "80GB"
-81559 MiB = 79.6 GiB; H200 "141GB" 143771 MiB = 140.4 GiB), less ``memory_reserve_gb`` for the
+81559 MiB = 79.6 GiB; H200 "141GB" 143771 MiB = 140.4 GiB; B200 183359 MiB = 179.1 GiB, as B200
+systems report it, not checked here), less ``memory_reserve_gb`` for the
 CUDA context, NCCL and fragmentation (:data:`pipeline.spec.DEFAULT_MEMORY_RESERVE_GB`).
 
 Efficiency factors (what share of the peak a well-shaped kernel reaches): large bf16 GEMMs reach
@@ -64,6 +79,23 @@ class GPUSpec:
     """Capacity the device reports, GiB (2**30 bytes): the cluster's ``memory_gb``. None: ``memory_gb``."""
     memory_reserve_gb: float = DEFAULT_MEMORY_RESERVE_GB
     """GiB per device a plan may not use (CUDA context, NCCL, fragmentation): the cluster's reserve."""
+    sm_count: int = 0
+    """Streaming multiprocessors; 0: no shape-dependent GEMM efficiency (the rate is ``matmul_efficiency``)."""
+    gemm_half_k: float = 64.0
+    """Reduction depth at which the k term of :meth:`gemm_efficiency` halves."""
+
+    @property
+    def gemm_half_mn(self) -> float:
+        """Output elements (``m * n``) at which the occupancy term of :meth:`gemm_efficiency`
+        halves: half a 128 x 128 tile per SM."""
+        return self.sm_count * 8192.0
+
+    def gemm_efficiency(self, mn: float, k: float) -> float:
+        """Share of the achievable matmul rate a GEMM with ``mn`` output elements and reduction
+        depth ``k`` reaches (1 for unknown shapes or a preset without ``sm_count``)."""
+        if self.sm_count <= 0 or mn <= 0 or k <= 0:
+            return 1.0
+        return mn / (mn + self.gemm_half_mn) * k / (k + self.gemm_half_k)
 
     @property
     def capacity_gib(self) -> float:
@@ -94,13 +126,20 @@ class GPUSpec:
 GPUS: dict[str, GPUSpec] = {
     "a100": GPUSpec("a100", "A100-SXM4-80GB", peak_bf16_tflops=312.0, hbm_tbps=2.039, memory_gb=80.0,
                     nvlink_gbps=300.0, inter_node_gbps=25.0, vector_tflops=19.5, matmul_efficiency=0.75,
-                    memory_gib=80.0),
+                    memory_gib=80.0, sm_count=108),
     "h100": GPUSpec("h100", "H100-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
-                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=79.6),
+                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=79.6,
+                    sm_count=132),
     "h200": GPUSpec("h200", "H200-SXM-141GB", peak_bf16_tflops=989.0, hbm_tbps=4.8, memory_gb=141.0,
-                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=140.4),
+                    nvlink_gbps=450.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=140.4,
+                    sm_count=132),
     "h800": GPUSpec("h800", "H800-SXM5-80GB", peak_bf16_tflops=989.0, hbm_tbps=3.35, memory_gb=80.0,
-                    nvlink_gbps=200.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=79.6),
+                    nvlink_gbps=200.0, inter_node_gbps=50.0, vector_tflops=67.0, memory_gib=79.6,
+                    sm_count=132),
+    # matmul efficiency not measured on a B200: the H100 class's 0.65 until gpu_check runs on one
+    "b200": GPUSpec("b200", "B200-SXM-180GB", peak_bf16_tflops=2250.0, hbm_tbps=8.0, memory_gb=180.0,
+                    nvlink_gbps=900.0, inter_node_gbps=50.0, vector_tflops=75.0, memory_gib=179.1,
+                    sm_count=148),
     # One x86 core running fp32 torch, for comparing analytic costs with what the executor's profiler
     # measures on a CPU rank. Calibrated on the 2-core development machine (one thread): a 512^3
     # matmul ran at ~100 GFLOP/s, a streaming element-wise op at ~4 GB/s, an eager op cost ~3 us
@@ -119,6 +158,8 @@ ALIASES: dict[str, str] = {
     "h200-141gb": "h200", "h200-sxm": "h200", "h200-sxm-141gb": "h200",
     "h800-80gb": "h800", "h800-sxm": "h800", "h800-sxm5": "h800", "h800-sxm-80gb": "h800",
     "h800-sxm5-80gb": "h800",
+    "b200-180gb": "b200", "b200-sxm": "b200", "b200-sxm-180gb": "b200", "b200-192gb": "b200",
+    "dgx-b200": "b200", "hgx-b200": "b200",
 }
 
 

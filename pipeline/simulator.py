@@ -11,10 +11,12 @@ Rules (the contract every other part relies on):
   and overlap computation.
 * Durations: the stage's summed layer costs divided by the device's speed factor. ``B`` costs
   ``b + w``.
-* Memory of a device = static (parameters of every stage it holds x ``TrainingConfig.param_bytes``) +
-  activations. ``F`` adds the stage's ``act_bytes``; ``I`` leaves what ``W`` needs and ``W``
-  frees it; ``B`` frees all. What ``I`` leaves follows the runtime: PyTorch's
-  (``TrainingConfig.input_backward_keeps_graph``, on by default) keeps the autograd graph and the
+* Memory of a device = static (parameters of every stage it holds x ``TrainingConfig.param_bytes``,
+  plus the largest ``workspace_bytes`` of its layers: a pass's short-lived buffers, such as the
+  head's logits, counted as if always present) + activations. ``F`` adds the stage's
+  ``act_bytes``; ``I`` leaves what ``W`` needs and ``W`` frees it; ``B`` frees all. What ``I``
+  leaves follows the runtime: PyTorch's (``TrainingConfig.input_backward_keeps_graph``, on by default)
+  keeps the autograd graph and the
   gradients ``W`` needs, ``w_graph_bytes`` (``LayerCost.w_graph``, which may exceed what ``F``
   added: ``I`` can raise the level, and the peak counts it); a runtime that frees at ``I`` keeps
   ``w_retained`` (the inputs of the weight matmuls). On the first stage, as PyTorch's runtime does
@@ -79,6 +81,9 @@ class _Columns:
     b_first: list[float] | None = None
     """Per layer the first stage's whole backward (``LayerCost.extra["b_first"]``, a calibrated
     profile's), or ``None`` where a layer lacks it."""
+    workspace: list[float] | None = None
+    """Per layer the bytes a pass allocates above what it holds (``LayerCost.extra["workspace_bytes"]``,
+    the analytic head's logits), or ``None`` where no layer gives any."""
     spans: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
     """``(a, b)`` -> the sums of the columns over layers ``[a, b)`` (:meth:`span`), one stage's."""
     stages: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
@@ -124,7 +129,9 @@ def _columns(profile: ModelProfile) -> _Columns:
                           [x.w_graph for x in layers], [x.params for x in layers], [x.out_bytes for x in layers],
                           _shared_groups(layers),
                           [float(x.extra["b_first"]) for x in layers] if all("b_first" in x.extra for x in layers)
-                          else None)
+                          else None,
+                          [float(x.extra.get("workspace_bytes", 0)) for x in layers]
+                          if any("workspace_bytes" in x.extra for x in layers) else None)
         object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
     return cached
 
@@ -227,6 +234,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
         keep.append(keep_s)
         if redo:
             transient[d] = max(transient[d], full)
+        if col.workspace is not None:  # a pass's short-lived buffers, on top of whatever is held then
+            transient[d] = max(transient[d], max(col.workspace[a:b], default=0.0))
         if col.groups is None:
             static[d] += static_s
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.arch import Architecture
-from pipeline.costs import profile_from_architecture
+from pipeline.costs import CostOptions, profile_from_architecture
 from pipeline.errors import ConfigError
 from pipeline.hardware import GPUSpec
 from pipeline.hf import load_hf_config
@@ -43,7 +43,10 @@ def load_zoo_architecture(name: str, *, granularity: str = "layer", head_shards:
 
 
 def zoo_profile(name: str, *, gpu: str | GPUSpec = "h100", seq_len: int | None = None, microbatch_size: int = 1,
-                tp: int = 1, granularity: str = "layer", head_shards: int = 1) -> ModelProfile:
-    """Analytic profile of zoo model ``name`` on ``gpu`` (sequence length: given, else the model's, else 4096)."""
+                tp: int = 1, granularity: str = "layer", head_shards: int = 1,
+                options: CostOptions | None = None) -> ModelProfile:
+    """Analytic profile of zoo model ``name`` on ``gpu`` (sequence length: given, else the model's, else 4096;
+    ``options``: the cost conventions, default :class:`pipeline.costs.CostOptions`)."""
     arch = load_zoo_architecture(name, granularity=granularity, head_shards=head_shards)
-    return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp)
+    return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
+                                     options=options)

@@ -103,7 +103,7 @@ def _preset_for(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
     name = torch.cuda.get_device_name(device).lower()
-    for key in ("h200", "h100", "h800", "a100"):
+    for key in ("h200", "h100", "h800", "b200", "a100"):
         if key in name:
             return key
     return "h200"

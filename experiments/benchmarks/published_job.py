@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline.arch import Architecture, LayerSpec
-from pipeline.costs import CostOptions
+from pipeline.costs import runtime_cost_options
 from pipeline.errors import AdaptisError
 from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_profile, megatron_job_plan
 from pipeline.runtime import RUNTIMES
@@ -71,23 +71,23 @@ class JobSource:
 SOURCES = {
     "a100": JobSource("megatron-lm-2021-a100", "a100", flash_attention=False, sequence_parallel=False,
                       tp_comm_overlap=False, zero_stage=0, tied_embeddings=True, default_microbatch_size=1,
-                      compute_scale=1.11, step_s=0.15,
+                      compute_scale=1.08, step_s=0.1,
                       fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit)"),
     "h100": JobSource("megatron-core-r0.8-h100", "h100", flash_attention=True, sequence_parallel=True,
                       tp_comm_overlap=True, zero_stage=1, tied_embeddings=False, default_microbatch_size=1,
-                      compute_scale=1.02, step_s=0.15,
+                      compute_scale=1.15, step_s=0.0,
                       fitted_on="megatron_core_h100_readme.json weak-scaling table, 9 rows (published --fit)"),
 }
 
 
 def source_of(row: dict[str, Any]) -> JobSource | None:
-    """The source whose codebase and GPU ran ``row`` (by its ``gpu_type``), or None. H200 and H800
+    """The source whose codebase and GPU ran ``row`` (by its ``gpu_type``), or None. H200, H800 and B200
     rows take the Megatron-Core H100 source's facts and fitted values on their own preset."""
     gpu = str(row.get("gpu_type") or "").lower()
     for key, source in SOURCES.items():
         if key in gpu:
             return source
-    for other in ("h200", "h800"):
+    for other in ("h200", "h800", "b200"):
         if other in gpu:
             return replace(SOURCES["h100"], gpu=other)
     return None
@@ -208,7 +208,7 @@ def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> 
     try:
         arch = _gpt(model, tied=source.tied_embeddings)
         profile = job_profile(arch, par, gpu=source.gpu, seq_len=s,
-                              options=CostOptions(flash_attention=source.flash_attention))
+                              options=runtime_cost_options("megatron", flash_attention=source.flash_attention))
         cluster = job_cluster(par, gpu=source.gpu)
         runtime = replace(RUNTIMES["megatron"], name=source.name, compute_scale=source.compute_scale,
                           step_s=source.step_s, fitted_on=source.fitted_on)

@@ -34,7 +34,8 @@ MIB = 2**20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument("--gpu", default="h100", help="GPU preset for the analytic costs (a100, h100, h200, h800)")
+    parser.add_argument("--gpu", default="h100",
+                        help="GPU preset for the analytic costs (a100, h100, h200, h800, b200)")
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree inside each stage")
     parser.add_argument("--json", action="store_true", help="print the profile JSON instead of the table")
     parser.add_argument("--out", metavar="P.json", help="also write the profile JSON to this file")

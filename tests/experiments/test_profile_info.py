@@ -28,12 +28,12 @@ def test_runs_as_a_module_and_names_the_heterogeneity() -> None:
 
 
 def test_the_head_is_several_blocks_in_time() -> None:
-    """The heterogeneity rows the command prints: gemma-small's head (its 256k vocabulary) costs
-    several of its blocks."""
+    """The heterogeneity rows the command prints: gemma-small's head (its 256k vocabulary, the loss
+    in fp32 op by op) costs several of its blocks (about 9; 4.6 with a fused loss)."""
     rows = {r["kind"]: r for r in heterogeneity(zoo_profile("gemma-small"))}
     reference = rows["head"]["reference"]
     assert rows[reference]["time_x"] == 1.0 and rows[reference]["count"] == max(r["count"] for r in rows.values())
-    assert 3.5 <= rows["head"]["time_x"] <= 6.0
+    assert 7.0 <= rows["head"]["time_x"] <= 11.0
     assert sum(r["time_share_%"] for r in rows.values()) == pytest.approx(100.0)
 
 

@@ -125,7 +125,8 @@ def test_context_parallelism_splits_tokens_and_attention_pairs() -> None:
     # the ring's K/V exchange is hidden behind the core here; the job's F is about half
     p1 = job_profile(arch, Parallelism(), gpu="h100", seq_len=4096)
     p2 = job_profile(arch, Parallelism(cp=2), gpu="h100", seq_len=4096)
-    assert p2.layers[1].f == pytest.approx(p1.layers[1].f / 2, rel=0.05)
+    # a little over half: the rank's GEMMs have half the rows and run less efficiently
+    assert p1.layers[1].f / 2 < p2.layers[1].f < 1.12 * p1.layers[1].f / 2
 
 
 def test_expert_parallelism_holds_fewer_experts_and_pays_an_all_to_all() -> None:
@@ -200,7 +201,7 @@ def test_megatrons_plan_is_the_fastest_chunk_count_that_fits() -> None:
     arch = load_zoo_architecture("gemma-large")
     par = Parallelism(pp=8, dp=1, microbatch_size=1, global_batch=256)
     profile = job_profile(arch, par, gpu="h100", seq_len=4096)
-    cluster = job_cluster(par, gpu="h100")
+    cluster = job_cluster(par, gpu="h100", memory_gb=90)  # 86 GiB usable: one chunk fits, two do not
     from pipeline.simulator import simulate
     train = par.training(TrainingConfig(runtime="megatron"))
     results = {v: simulate(megatron_job_plan(profile, cluster, par, chunks=[v]), profile, cluster, training=train,
