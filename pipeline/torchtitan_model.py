@@ -38,7 +38,7 @@ from pipeline.hardware import GPUSpec, get_gpu
 
 __all__ = ["TitanModel", "TitanJob", "TitanFit", "TITAN_FITS", "TitanStep", "titan_step", "titan_fit_for",
            "AC_MODES", "SAC_RECOMPUTED_MATMULS", "EAGER_VECTOR_BYTES", "ADAMW_BYTES_PER_PARAM", "LOSS_BYTES_PER_LOGIT",
-           "block_seconds"]
+           "block_seconds", "fsdp_block_seconds", "head_seconds", "memory_parts"]
 
 AC_MODES = ("none", "selective", "full")
 #: AdamW (torch foreach, fp32 shard): weight, gradient and two moments read, weight and moments written.
@@ -284,14 +284,15 @@ class TitanStep:
     memory_parts_gib: dict[str, float]
 
 
-def _fsdp_block(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec, params: float) -> tuple[float, float]:
+def fsdp_block_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec,
+                       params: float) -> tuple[float, float]:
     """(all-gather, reduce-scatter) seconds of ``params`` parameters over the FSDP group."""
     ag = _ring(2.0 * params / job.tp, job.fsdp_ranks, job.tp, gpu, job.gpus_per_node, fit.comm_efficiency)
     rs = _ring(4.0 * params / job.tp, job.fsdp_ranks, job.tp, gpu, job.gpus_per_node, fit.comm_efficiency)
     return ag, rs
 
 
-def _head_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec, microbatch: int) -> float:
+def head_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec, microbatch: int) -> float:
     """Output projection (bf16 under Float8 too) and the cross-entropy, F and backward."""
     T = microbatch * job.seq_len / job.cp
     peak = gpu.peak_bf16_tflops * 1e12
@@ -312,16 +313,15 @@ def _activation_bytes_per_token(model: TitanModel, job: TitanJob) -> float:
     return saved_sac + 2.0 * (3 * h / sp + kvd / tp + 3 * f / tp + h / tp)
 
 
-def _memory(model: TitanModel, job: TitanJob, microbatch: int, inflight_layers: float,
+def memory_parts(model: TitanModel, job: TitanJob, microbatch: int, inflight_layers: float,
             stage_params: float, head_here: bool) -> dict[str, float]:
     gib = 2.0 ** 30
     T = microbatch * job.seq_len / job.cp
     shard = stage_params / (job.tp * job.fsdp_ranks)
     block = model.block_params / job.tp
-    if job.pp > 1 and not job.reshards:
-        buffers = stage_params / job.tp * (2.0 + 2.0)  # unsharded bf16 weights and gradients kept all step
-    else:
-        buffers = 2 * block * (2.0 + 4.0)
+    # PP without resharding keeps the stage's bf16 weights and gradients unsharded all step;
+    # otherwise two blocks' bf16 weights and fp32 gradients are unsharded at a time
+    buffers = stage_params / job.tp * 4.0 if job.pp > 1 and not job.reshards else 2 * block * 6.0
     parts = {"sharded_state": 16.0 * shard / gib, "fsdp_buffers": buffers / gib,
              "activations": inflight_layers * T * _activation_bytes_per_token(model, job) / gib}
     if job.ac == "full":  # one block's forward replayed whole (nothing checkpointed inside) for its backward
@@ -334,7 +334,8 @@ def _memory(model: TitanModel, job: TitanJob, microbatch: int, inflight_layers: 
     return parts
 
 
-def titan_step(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "h100", fit: TitanFit | None = None) -> TitanStep:
+def titan_step(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "h100",
+               fit: TitanFit | None = None) -> TitanStep:
     """One torchtitan step of ``model`` under ``job`` (pp == 1; pipelined jobs: pipeline.torchtitan_pp)."""
     spec = get_gpu(gpu)
     fit = fit or titan_fit_for(spec)
@@ -344,20 +345,20 @@ def titan_step(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "h100",
                           field="pp")
     mb = job.local_batch
     bt = block_seconds(model, job, fit, spec, microbatch=mb)
-    ag, rs = _fsdp_block(model, job, fit, spec, model.block_params)
+    ag, rs = fsdp_block_seconds(model, job, fit, spec, model.block_params)
     fwd_window, bwd_window = bt.forward, bt.backward + bt.recompute
     bwd_comm = rs + (ag if job.reshards else 0.0)
     exposed = max(0.0, ag - fwd_window) + max(0.0, bwd_comm - bwd_window)
     hidden = (ag + bwd_comm) - exposed
     per_block = fwd_window + bwd_window + bt.tp_exposed + bt.ring_exposed + fit.overlap_interference * hidden
-    head = _head_seconds(model, job, fit, spec, mb)
-    hag, hrs = _fsdp_block(model, job, fit, spec, model.vocab * model.hidden)
+    head = head_seconds(model, job, fit, spec, mb)
+    hag, hrs = fsdp_block_seconds(model, job, fit, spec, model.vocab * model.hidden)
     edge = ag + rs + hag + hrs  # the first gather and the last reduce-scatters are not hidden
     shard = model.params / (job.tp * job.fsdp_ranks)
     opt = ADAMW_BYTES_PER_PARAM * shard / (spec.hbm_tbps * 1e12 * fit.memory_efficiency)
     compute = model.layers * (fwd_window + bwd_window) + head
     step = model.layers * per_block + head + edge + opt
     tokens = mb * job.seq_len / (job.tp * job.cp)
-    parts = _memory(model, job, mb, model.layers, model.params, True)
+    parts = memory_parts(model, job, mb, model.layers, model.params, True)
     return TitanStep(step, compute, model.layers * exposed + edge, model.layers * bt.tp_exposed, tokens / step,
                      fit.memory_reserved_factor * sum(parts.values()), parts)

@@ -160,7 +160,8 @@ def _group(row: dict[str, Any]) -> str:
     return str(row.get("table") or "")
 
 
-def pairs_ranked(rows: Sequence[dict[str, Any]], preds: Sequence[float | None], *, tie: float = 0.01) -> tuple[int, int]:
+def pairs_ranked(rows: Sequence[dict[str, Any]], preds: Sequence[float | None], *,
+                 tie: float = 0.01) -> tuple[int, int]:
     """(pairs ordered as measured, pairs) within each group (``table``); a pair within ``tie`` of each
     other as measured counts as right whichever way it is predicted."""
     good = total = 0
