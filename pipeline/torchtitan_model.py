@@ -230,7 +230,7 @@ class BlockTimes:
     ring_exposed: float
 
 
-def block_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec, *, microbatch: int) -> BlockTimes:
+def block_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, *, gpu: GPUSpec, microbatch: int) -> BlockTimes:
     """One block's F, backward and recompute seconds for ``microbatch`` sequences on one rank."""
     tp, cp = job.tp, job.cp
     T = microbatch * job.seq_len / cp
@@ -284,7 +284,7 @@ class TitanStep:
     memory_parts_gib: dict[str, float]
 
 
-def fsdp_block_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec,
+def fsdp_block_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, *, gpu: GPUSpec,
                        params: float) -> tuple[float, float]:
     """(all-gather, reduce-scatter) seconds of ``params`` parameters over the FSDP group."""
     ag = _ring(2.0 * params / job.tp, job.fsdp_ranks, job.tp, gpu, job.gpus_per_node, fit.comm_efficiency)
@@ -292,7 +292,7 @@ def fsdp_block_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPU
     return ag, rs
 
 
-def head_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, gpu: GPUSpec, microbatch: int) -> float:
+def head_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, *, gpu: GPUSpec, microbatch: int) -> float:
     """Output projection (bf16 under Float8 too) and the cross-entropy, F and backward."""
     T = microbatch * job.seq_len / job.cp
     peak = gpu.peak_bf16_tflops * 1e12
@@ -313,8 +313,8 @@ def _activation_bytes_per_token(model: TitanModel, job: TitanJob) -> float:
     return saved_sac + 2.0 * (3 * h / sp + kvd / tp + 3 * f / tp + h / tp)
 
 
-def memory_parts(model: TitanModel, job: TitanJob, microbatch: int, inflight_layers: float,
-            stage_params: float, head_here: bool) -> dict[str, float]:
+def memory_parts(model: TitanModel, job: TitanJob, microbatch: int, *, inflight_layers: float,
+                 stage_params: float, head_here: bool) -> dict[str, float]:
     gib = 2.0 ** 30
     T = microbatch * job.seq_len / job.cp
     shard = stage_params / (job.tp * job.fsdp_ranks)
@@ -344,21 +344,22 @@ def titan_step(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "h100",
         raise ConfigError("titan_step prices pipeline-free jobs; use pipeline.torchtitan_pp.titan_pp_step",
                           field="pp")
     mb = job.local_batch
-    bt = block_seconds(model, job, fit, spec, microbatch=mb)
-    ag, rs = fsdp_block_seconds(model, job, fit, spec, model.block_params)
+    bt = block_seconds(model, job, fit, gpu=spec, microbatch=mb)
+    ag, rs = fsdp_block_seconds(model, job, fit, gpu=spec, params=model.block_params)
     fwd_window, bwd_window = bt.forward, bt.backward + bt.recompute
     bwd_comm = rs + (ag if job.reshards else 0.0)
     exposed = max(0.0, ag - fwd_window) + max(0.0, bwd_comm - bwd_window)
     hidden = (ag + bwd_comm) - exposed
     per_block = fwd_window + bwd_window + bt.tp_exposed + bt.ring_exposed + fit.overlap_interference * hidden
-    head = head_seconds(model, job, fit, spec, mb)
-    hag, hrs = fsdp_block_seconds(model, job, fit, spec, model.vocab * model.hidden)
+    head = head_seconds(model, job, fit, gpu=spec, microbatch=mb)
+    hag, hrs = fsdp_block_seconds(model, job, fit, gpu=spec, params=model.vocab * model.hidden)
     edge = ag + rs + hag + hrs  # the first gather and the last reduce-scatters are not hidden
     shard = model.params / (job.tp * job.fsdp_ranks)
     opt = ADAMW_BYTES_PER_PARAM * shard / (spec.hbm_tbps * 1e12 * fit.memory_efficiency)
     compute = model.layers * (fwd_window + bwd_window) + head
     step = model.layers * per_block + head + edge + opt
     tokens = mb * job.seq_len / (job.tp * job.cp)
-    parts = memory_parts(model, job, mb, model.layers, model.params, True)
+    parts = memory_parts(model, job, mb, inflight_layers=model.layers, stage_params=model.params,
+                         head_here=True)
     return TitanStep(step, compute, model.layers * exposed + edge, model.layers * bt.tp_exposed, tokens / step,
                      fit.memory_reserved_factor * sum(parts.values()), parts)

@@ -49,8 +49,8 @@ def titan_pp_profile(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "
     spec = get_gpu(gpu)
     fit = fit or titan_fit_for(spec)
     mb = job.local_batch // job.microbatches
-    bt = block_seconds(model, job, fit, spec, microbatch=mb)
-    ag, rs = fsdp_block_seconds(model, job, fit, spec, model.block_params)
+    bt = block_seconds(model, job, fit, gpu=spec, microbatch=mb)
+    ag, rs = fsdp_block_seconds(model, job, fit, gpu=spec, params=model.block_params)
     f, b = bt.forward, bt.backward + bt.recompute
     if job.reshards:  # gathered per micro-batch for F and again for the backward
         f += max(0.0, ag - bt.forward)
@@ -61,7 +61,7 @@ def titan_pp_profile(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "
     out = int(2 * T * model.hidden / job.tp)
     blocks = [LayerCost(f"layer{i}", "attention", f * 1e3, b * 1e3, 0.0, model.block_params // job.tp, 0, out)
               for i in range(model.layers)]
-    head = head_seconds(model, job, fit, spec, mb)
+    head = head_seconds(model, job, fit, gpu=spec, microbatch=mb)
     return ModelProfile(
         name=f"{model.name}-torchtitan", time_unit="ms", seq_len=job.seq_len // job.cp, microbatch_size=mb,
         layers=(LayerCost("embed", "embedding", 0.0, 0.0, 0.0, model.vocab * model.hidden // job.tp, 0, out),
@@ -119,7 +119,7 @@ def titan_pp_step(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "h10
     stage_params = per_stage * model.block_params + model.vocab * model.hidden
     edge = 0.0
     if not job.reshards:  # one gather in the first forward, one reduce-scatter after the last backward
-        ag, rs = fsdp_block_seconds(model, job, fit, spec, stage_params)
+        ag, rs = fsdp_block_seconds(model, job, fit, gpu=spec, params=stage_params)
         first_f = sum(x.f for x in profile.layers[1:1 + per_stage]) * profile.seconds_per_unit
         last_b = sum(x.b for x in profile.layers[1:1 + per_stage]) * profile.seconds_per_unit
         edge = max(0.0, ag - first_f) + max(0.0, rs - last_b)
@@ -130,7 +130,8 @@ def titan_pp_step(model: TitanModel, job: TitanJob, *, gpu: str | GPUSpec = "h10
     peaks = []
     for rank, head_here in ((0, job.pp == 1), (job.pp - 1, True)):
         layers = inflight_microbatches(job, rank) * per_chunk
-        peaks.append(memory_parts(model, job, mb, layers, stage_params, head_here))
+        peaks.append(memory_parts(model, job, mb, inflight_layers=layers, stage_params=stage_params,
+                                   head_here=head_here))
     parts = max(peaks, key=lambda p: sum(p.values()))
     tokens = job.dp_shard * job.dp_replicate * job.local_batch * job.seq_len / job.gpus
     return TitanStep(step, sum(res.busy) / len(res.busy) * profile.seconds_per_unit, edge, 0.0, tokens / step,
