@@ -81,6 +81,16 @@ _A100_FIT = dict(compute_scale=1.03, action_overhead_s=0.0001, step_s=0.0,
 _A100_SOURCE = ("Zero Bubble (Qi et al. 2024) Table 4, 8x A100, authors' profiled stage times; "
                 "benchmarks.published --fit")
 
+def _torchtitan_fit() -> dict:
+    """torchtitan on H100 (:data:`pipeline.torchtitan_model.TITAN_FITS`): its fitted bf16 matmul
+    efficiency against the H100 preset's as the compute scale of an analytic profile, and AdamW's bytes."""
+    from pipeline.hardware import get_gpu
+    from pipeline.torchtitan_model import ADAMW_BYTES_PER_PARAM, TITAN_FITS
+    fit = TITAN_FITS["h100"]
+    return dict(compute_scale=round(get_gpu("h100").matmul_efficiency / fit.matmul_efficiency, 3),
+                optimizer_bytes_per_param=ADAMW_BYTES_PER_PARAM, fitted_on=fit.fitted_on)
+
+
 IDEAL = Runtime("ideal", "the performance model alone: profiled times, transfers overlap compute, no step cost")
 
 RUNTIMES: dict[str, Runtime] = {
@@ -94,6 +104,8 @@ RUNTIMES: dict[str, Runtime] = {
                 fitted_on=_A100_SOURCE, **_A100_FIT),
         Runtime("pytorch", "torch.distributed.pipelining's _PipelineScheduleRuntime (our executor, "
                 "torchtitan): isend waited at the end of the step, overheads from the profile"),
+        Runtime("torchtitan", "torchtitan on H100 (torch.distributed.pipelining + FSDP2): the pytorch runtime "
+                "at torchtitan's fitted compute speed, AdamW step priced (docs/torchtitan.md)", **_torchtitan_fit()),
     )
 }
 

@@ -1,0 +1,78 @@
+"""torchtitan's published rows: predicted within the targets, bad rows refused in one line naming the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from experiments.benchmarks.published_titan import _score, main, pairs_ranked, predict_torchtitan_row
+from experiments.cli import main as cli
+from tests.conftest import ROOT
+
+FILE = ROOT.parent / "shared/data/published/torchtitan_llama3_h100_no_pp.json"
+needs_file = pytest.mark.skipif(not FILE.exists(), reason="shared published data not present")
+PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
+CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
+
+
+def rows() -> list[dict]:
+    return json.loads(FILE.read_text())["rows"]
+
+
+@needs_file
+def test_the_file_meets_its_targets() -> None:
+    s = _score(rows(), None)
+    assert s["predicted"] == s["rows"] == 12
+    assert s["median_abs_error"] <= 0.08 and s["max_abs_error"] <= 0.15
+    assert s["pairs_ranked"] >= 0.95
+
+
+@needs_file
+def test_assumptions_are_stated() -> None:
+    p = predict_torchtitan_row(rows()[0], {})
+    assert p.refused is None and any("seq_len=8192" in a for a in p.assumptions)
+    assert any("vocab=128256" in a for a in p.assumptions)
+
+
+@needs_file
+@pytest.mark.parametrize("edit, field", [
+    (lambda r: r["parallel"].update(dp=3), "parallel"),
+    (lambda r: r.update(gpu_type="TPU v5"), "gpu_type"),
+    (lambda r: r["measured"].update(throughput_unit="samples/s"), "throughput_unit"),
+    (lambda r: r["model"].update(layers=None), "model.layers"),
+    (lambda r: r["training_flags"].update(activation_checkpoint="sometimes"), "activation"),
+])
+def test_bad_rows_are_refused_naming_the_field(edit, field) -> None:
+    row = copy.deepcopy(rows()[0])
+    edit(row)
+    p = predict_torchtitan_row(row, {})
+    assert p.tokens_per_s_per_gpu is None and field in p.refused and "\n" not in p.refused
+
+
+def test_ties_count_as_ranked() -> None:
+    rs = [{"table": "t", "measured": {"throughput": 100}}, {"table": "t", "measured": {"throughput": 100.5}},
+          {"table": "t", "measured": {"throughput": 200}}]
+    assert pairs_ranked(rs, [101, 100, 150]) == (3, 3)
+    assert pairs_ranked(rs, [101, 100, 50]) == (1, 3)
+
+
+@needs_file
+def test_the_command_prints_every_row(capsys) -> None:
+    assert main([str(FILE)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("tt_table") == 12 and '"pairs_ranked": 1.0' in out
+
+
+@pytest.mark.parametrize("command", ["simulate-search", "baselines"])
+def test_the_commands_take_runtime_torchtitan(command, tmp_path, capsys) -> None:
+    if command == "baselines":
+        argv = ["baselines", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8",
+                "--runtime", "torchtitan"]
+        assert cli(argv) == 0
+        return
+    assert cli(["search", "--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8", "--method", "1f1b",
+                "--runtime", "torchtitan", "--out", str(tmp_path), "--json"]) == 0
+    assert cli(["simulate", "--profile", PROFILE, "--cluster", CLUSTER, "--plan", str(tmp_path / "plan.json"),
+                "--runtime", "torchtitan", "--json"]) == 0
