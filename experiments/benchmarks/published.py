@@ -10,7 +10,11 @@ per-stage F/B/W and transfer times). Each row goes to the model of the codebase 
   scheduled as the row's schedule does and simulated under the runtime that ran it
   (:mod:`pipeline.runtime`);
 * **whole-job rows in TFLOP/s per GPU** (Megatron-LM's TP x PP x DP runs): rebuilt analytically
-  by the whole-job model (:mod:`experiments.benchmarks.published_job`, docs/whole-job.md).
+  by the whole-job model (:mod:`experiments.benchmarks.published_job`, docs/whole-job.md);
+* **torchtitan rows in tokens/s per GPU** (FSDP2, TP / async TP, CP, PP, torch.compile, Float8,
+  activation checkpointing): the torchtitan runtime model
+  (:mod:`experiments.benchmarks.published_titan`, docs/torchtitan.md), with peak memory where the
+  row gives it.
 
 A row is refused only for what it leaves out, and the reason names it; a row whose fields
 contradict each other (degrees that do not multiply to its GPUs, a GPU or unit we do not know) is
@@ -27,8 +31,9 @@ the list scheduler) on ``zb``; ``ZB-2p`` with an all-reduce before the optimizer
 Printed: measured beside predicted per row; then the summary: median and maximum absolute
 throughput error, the median error of each schedule's ratio to 1F1B in its group, and the pairs
 of rows in a group (same model, pipeline and global batch) ranked as measured (ties within 1%).
-``--json`` prints one object per row, ``{"id", "unit", "measured", "predicted", "stage_times"}``
-(plus ``"reason"`` where it cannot predict), then the summary object. ``--all DIR`` does this for
+``--json`` prints one object per row, ``{"id", "unit", "measured", "predicted", "stage_times",
+"analytic"}`` (plus ``"reason"`` where it cannot predict, ``"memory_measured_gb"`` and
+``"memory_predicted_gb"`` where the row gives its peak memory), then the summary object. ``--all DIR`` does this for
 every table in DIR and prints one line per file and a total. ``--fit`` grid-searches the
 runtime's three shared parameters (compute scale, per-action overhead, step time) on every
 pipeline row given, ranking first (the fewest pairs ranked unlike the measurements), then the
@@ -58,6 +63,7 @@ from tqdm import tqdm
 
 from experiments.benchmarks.published_job import fit_job_source, infer_job_degrees, is_tflops_unit, predict_job_row
 from experiments.benchmarks.published_stages import StageTimes, analytic_stage_times, gpu_preset_of, stage_times
+from experiments.benchmarks.published_titan import is_titan_row, predict_torchtitan_row
 from pipeline.engine import list_schedule
 from pipeline.hardware import get_gpu, gpu_names
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
@@ -95,6 +101,10 @@ class Prediction:
     analytic: float | None = None
     """A pipeline row's prediction from its dimensions alone (the cost model's stage times), beside
     the one from profiled stage times; None where it cannot be priced."""
+    memory_measured_gb: float | None = None
+    """The row's published peak memory (GB as the source reports it), where it gives one."""
+    memory_predicted_gb: float | None = None
+    """The runtime model's peak memory of the row (GiB), where the row gives one to compare."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "unit": self.unit, "measured": self.measured,
@@ -102,6 +112,8 @@ class Prediction:
                                "analytic": self.analytic}
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.memory_measured_gb is not None:
+            out.update(memory_measured_gb=self.memory_measured_gb, memory_predicted_gb=self.memory_predicted_gb)
         return out
 
 
@@ -265,6 +277,12 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         predicted, reason = predict_job_row(job_row or row)
         out = replace(out, schedule=f"{job_row['schedule']} (inferred)") if job_row else out
         return replace(out, predicted=predicted, reason=reason)
+    if is_titan_row(row):
+        titan = predict_torchtitan_row(row)
+        memory = meas.get("peak_memory_gb")
+        return replace(out, predicted=titan.tokens_per_s_per_gpu, reason=titan.refused,
+                       stage_times="torchtitan model", memory_measured_gb=memory,
+                       memory_predicted_gb=titan.peak_memory_gib if memory else None)
     if unit != SAMPLES_PER_GPU:
         return replace(out, reason=f"unit {unit!r}: the runtime of this row is not modelled yet")
     if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
@@ -350,10 +368,15 @@ def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
             ratio_errors += [abs((p.predicted / base.predicted) / (p.measured / base.measured) - 1)
                              for p in members if p is not base]
     ranked, pairs, wrong = _pairs(groups)
+    memory = [abs(p.memory_predicted_gb / p.memory_measured_gb - 1) for p in done
+              if p.memory_measured_gb and p.memory_predicted_gb is not None]
     with_throughput = sum(p.measured is not None for p in preds)
     return {"summary": True, "rows": len(preds), "with_throughput": with_throughput, "predicted": len(done),
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
+            "memory_rows": len(memory),
+            "memory_median_abs_error": statistics.median(memory) if memory else None,
+            "memory_max_abs_error": max(memory) if memory else None,
             "median_ratio_to_1f1b_error": statistics.median(ratio_errors) if ratio_errors else None,
             "pairs": pairs, "pairs_ranked_as_measured": ranked,
             "groups": sum(len(m) > 1 for m in groups.values()),
@@ -465,7 +488,10 @@ def _summary_line(summary: dict[str, Any]) -> str:
             f"({summary['rows']} rows); median |error| {_fmt(summary['median_abs_error'])}, max "
             f"{_fmt(summary['max_abs_error'])}; pairs ranked as measured {summary['pairs_ranked_as_measured']} "
             f"of {summary['pairs']}; groups {summary['groups_ranked_as_measured']} of {summary['groups']}"
-            + (f" (not: {', '.join(summary['groups_misranked'])})" if summary["groups_misranked"] else ""))
+            + (f" (not: {', '.join(summary['groups_misranked'])})" if summary["groups_misranked"] else "")
+            + (f"; peak memory of {summary['memory_rows']} rows: median |error| "
+               f"{_fmt(summary['memory_median_abs_error'])}, max {_fmt(summary['memory_max_abs_error'])}"
+               if summary["memory_rows"] else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

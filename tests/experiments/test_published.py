@@ -223,3 +223,15 @@ def test_all_prints_a_line_per_file_and_a_total(capsys: pytest.CaptureFixture[st
     files = {x["file"] for x in lines if "file" in x}
     assert DEV.name in files and lines[-1]["summary"] is True and lines[-1]["files"] >= len(files)
     assert lines[-1]["pairs_ranked_as_measured"] <= lines[-1]["pairs"]
+
+
+@needs_dev
+def test_torchtitan_rows_are_predicted_with_their_peak_memory() -> None:
+    """A tokens/s/GPU row goes to the torchtitan runtime model, and its peak memory is compared."""
+    rows = json.loads((DEV.parent / "torchtitan_llama3_h100_no_pp.json").read_text())["rows"]
+    preds = published.predict_rows(rows)
+    assert all(p.predicted is not None for p in preds), [p.reason for p in preds if p.predicted is None]
+    assert all(p.stage_times == "torchtitan model" and p.memory_predicted_gb for p in preds)
+    summary = published.summarize(preds)
+    assert summary["memory_rows"] == len(rows) and summary["memory_median_abs_error"] < 0.1
+    assert summary["median_abs_error"] < 0.05 and summary["pairs_ranked_as_measured"] == summary["pairs"]
