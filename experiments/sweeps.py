@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget
+from agents.run_methods import BASELINE, run_methods, setting_type
 from pipeline.errors import ConfigError
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import GIB, Cluster, ModelProfile, TrainingConfig
@@ -74,27 +75,12 @@ def grid(params: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
 
 
 #: The type of a searcher's setting, from its dataclass annotation (a string under postponed annotations).
-_SETTING_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str, "str | None": str,
-                                   "int | None": int, "float | None": float, "bool | None": bool}
 #: Settings with a range narrower than "a number >= 0".
 _SETTING_RANGES: dict[str, tuple[float, float]] = {"rl_share": (0.0, 1.0)}
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _setting_type(searcher: Any, key: str) -> type | None:
-    """The scalar type of ``searcher``'s setting ``key`` (None: no such setting, or not a scalar one)."""
-    import dataclasses
-
-    if not dataclasses.is_dataclass(searcher):
-        return type(getattr(searcher, key)) if hasattr(searcher, key) else None
-    for f in dataclasses.fields(searcher):
-        if f.name == key:
-            kind = f.type if isinstance(f.type, type) else _SETTING_TYPES.get(str(f.type).replace("Optional[", ""))
-            return kind if kind in (int, float, bool, str) else None
-    return None
 
 
 def _check_setting(key: str, values: Sequence[Any], kind: type, method: str) -> None:
@@ -142,7 +128,7 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
             raise ConfigError(f"memory_gb takes positive numbers, got {values}", field="--param memory_gb")
         elif key not in PROBLEM_KEYS + SEARCH_KEYS:
             for m in methods:
-                kind = _setting_type(make_searcher(str(m)), key)
+                kind = setting_type(make_searcher(str(m)), key)
                 if kind is None:
                     raise ConfigError(f"{key!r} is neither a problem setting ({', '.join(PROBLEM_KEYS)}), a search "
                                       f"setting ({', '.join(SEARCH_KEYS)}) nor a setting of method {m!r}",
@@ -187,7 +173,6 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
               runtime: str = "pytorch") -> Trial:
     """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time
     (priced on the trial's runtime, as the searched plan is)."""
-    from agents.registry import make_searcher
     from pipeline.space import Scenario
 
     mb = int(params.get("microbatches", microbatches))
@@ -201,16 +186,14 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     rt = str(params.get("runtime", runtime))
     problem = Scenario(profile, cl, mb, TrainingConfig(runtime=rt))
     name = str(params.get("method", method))
-    searcher = make_searcher(name)
-    for key, value in params.items():
-        if key not in PROBLEM_KEYS + SEARCH_KEYS:
-            setattr(searcher, key, value)
-    res = searcher.search(problem, budget=Budget.parse(str(params.get("budget", budget))),
-                          seed=int(params.get("seed", seed)))
+    settings = {k: v for k, v in params.items() if k not in PROBLEM_KEYS + SEARCH_KEYS}
     ref_key = (mb, cl.devices, cl.memory_gb, rt)
-    if ref_key not in references:
-        mega = make_searcher("megatron").search(problem, budget=Budget(1))
-        references[ref_key] = mega.iteration_time if mega.ok else None
+    first = [BASELINE] if ref_key not in references else []
+    spend = Budget.parse(str(params.get("budget", budget)))
+    *mega, res = run_methods(problem, [*first, name], budget=lambda m, _: Budget(1) if m in first else spend,
+                             seed=int(params.get("seed", seed)), settings={name: settings})
+    if mega:
+        references[ref_key] = mega[0].iteration_time if mega[0].ok else None
     trial = Trial(index, dict(params), name, sim_calls=res.sim_calls, seconds=res.seconds, plan=res.plan)
     if res.ok:
         r = res.result

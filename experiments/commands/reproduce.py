@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget
-from agents.registry import make_searcher
+from agents.run_methods import run_methods, with_baseline
 from experiments.common import check_microbatches, non_negative_float, output_folder, positive_int
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
@@ -123,9 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc), field="--seq-lens/--budget") from None
     shards = _head_shards(args.head_shards)
     richer = args.granularity != "layer" or shards != 1
-    methods = _split(args.methods)
-    if "megatron" not in methods:
-        methods.insert(0, "megatron")
+    methods = with_baseline(_split(args.methods))
     for s in sizes:
         check_microbatches(args.microbatches, SIZES[s])
     out = output_folder(args.out)
@@ -144,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         training = TrainingConfig(runtime=args.runtime)
         problem = Scenario(profile, cluster, args.microbatches, training)
         bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
-        results = {m: make_searcher(m).search(problem, budget=budget, seed=args.seed) for m in methods}
+        results = dict(zip(methods, run_methods(problem, methods, budget=budget, seed=args.seed)))
         mega = results["megatron"]
         rich: dict[str, Any] = {}
         if richer:
@@ -154,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
             # the richer space holds the whole-layer plans too (blocks kept together), but a head
             # cut into shards costs a little more than the whole head: bound the union by the lower
             fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches, runtime=args.runtime).value)
-            found = make_searcher("adaptis").search(Scenario(fine, cluster, args.microbatches, training), budget=budget,
-                                                    seed=args.seed)
+            found, = run_methods(Scenario(fine, cluster, args.microbatches, training), ["adaptis"], budget=budget,
+                                 seed=args.seed)
             ok = found.ok and found.result.feasible and mega.ok
             rows.append({"model": model, "seq_len": seq, "devices": devices, "method": "adaptis-richer",
                          "granularity": args.granularity, "head_shards": k,

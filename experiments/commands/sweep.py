@@ -31,6 +31,7 @@ import json
 import sys
 from pathlib import Path
 
+from agents.run_methods import Interrupted
 from experiments.common import (
     add_cluster_args,
     add_model_args,
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         trials = run_sweep(params, profile=profile, cluster=cluster, microbatches=args.microbatches,
                            method=args.method, budget=args.budget, seed=args.seed, max_trials=args.max_trials,
                            sampler=args.sampler, on_trial=on_trial, runtime=base["runtime"])
-    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
+    except (KeyboardInterrupt, SystemExit, Interrupted) as stop:  # Ctrl-C, or SIGTERM (SystemExit: experiments.cli)
         bar.close()
         return interrupted(stop, _keep_finished(finished, out, total))
     bar.close()
