@@ -33,14 +33,13 @@ from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
 from pipeline.runtime import RUNTIMES
 from pipeline.space import Scenario
-from pipeline.spec import ModelProfile, TrainingConfig
-from pipeline.zoo import zoo_profile
+from pipeline.spec import TrainingConfig
+from pipeline.zoo import PAPER_MODELS, PAPER_SIZES, auto_head_shards, zoo_profile
 
 NAME = "reproduce"
 HELP = "run the paper's grid (3 families x 3 sizes x 2 sequence lengths) and compare with its figures"
 
-PAPER_MODELS = ("gemma", "deepseek", "nemotronh")
-SIZES = {"small": 4, "medium": 8, "large": 16}
+SIZES = PAPER_SIZES
 #: AdaPtis speedups over I-1F1B from the authors' published plotting data: (family, seq) -> small/medium/large.
 PAPER = {
     ("gemma", 2048): (1.16, 1.33, 1.43), ("gemma", 4096): (1.20, 1.37, 1.68),
@@ -79,16 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def auto_head_shards(profile: ModelProfile, *, limit: int = 16) -> int:
-    """Shards that make the head no heavier than the heaviest other unit (at most ``limit``)."""
-    heads = [x for x in profile.layers if x.kind == "head"]
-    others = [x.f + x.b + x.w for x in profile.layers if x.kind != "head"]
-    if not heads or not others or max(others) <= 0:
-        return 1
-    head = sum(x.f + x.b + x.w for x in heads)
-    return max(1, min(limit, math.ceil(head / max(others) - 1e-9)))
 
 
 def _head_shards(text: str) -> int | str:

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from agents.job_search import add_job_arguments, run_job
 from agents.registry import all_methods
 from agents.run_methods import Interrupted, run_methods, with_baseline
+from experiments.best_plan import BestPlanWriter
 from experiments.common import (
     DEFAULT_MODEL,
     add_cluster_args,
@@ -68,10 +67,9 @@ from experiments.results import MethodRow, method_rows
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
-from pipeline.plan import Plan
 from pipeline.render import gantt_side_by_side
 from pipeline.simulator import Result
-from pipeline.space import Scenario, objective_key
+from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
@@ -109,32 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
 
 
-class _BestPlanWriter:
-    """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it;
-    the plan's ``meta.method`` names the method that found it (:func:`agents.run_methods.run_methods`'s
-    ``on_improve``)."""
-
-    def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True,
-                 predicted: Callable[[Result], dict] | None = None) -> None:
-        self.out = out
-        self.accept = accept
-        self.predicted = predicted
-        self.key: tuple | None = None
-        self.best_method: str | None = None
-
-    def __call__(self, method: str, plan: Plan, result: Result) -> None:
-        if not self.accept(plan):
-            return
-        key = objective_key(result)
-        if self.key is None or key < self.key:
-            self.key, self.best_method = key, method
-            tmp = self.out / "plan.json.tmp"
-            extra = {"predicted": self.predicted(result)} if self.predicted is not None else {}
-            replace(plan, meta={**plan.meta, "method": method, **extra}).save(tmp)
-            os.replace(tmp, self.out / "plan.json")
-
-
-def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: _BestPlanWriter,
+def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: BestPlanWriter,
                       bound: float, *, args: argparse.Namespace, title: str) -> int:
     """What an interrupted search keeps: the finished methods' rows (OUT/results.jsonl, and printed as
     the finished search prints them) and the best plan so far (OUT/plan.json, already written); one
@@ -188,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         return prediction_meta(result.iteration_time, profile=profile, cluster=cluster,
                                runtime=problem.training.runtime, profile_file=args.profile)
 
-    writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None, predicted)
+    writer = BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None, predicted)
     title = (f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, {args.microbatches} "
              f"micro-batches, {cluster.memory_gb:g} GiB per device ({cluster.memory_reserve_gb:g} GiB reserved) "
              f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
