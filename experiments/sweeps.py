@@ -26,6 +26,7 @@ from typing import Any
 
 from agents.base import Budget
 from agents.run_methods import BASELINE, run_methods, setting_type
+from experiments.results import MethodRow
 from pipeline.errors import ConfigError
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import GIB, Cluster, ModelProfile, TrainingConfig
@@ -138,23 +139,33 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
 
 @dataclass
 class Trial:
-    """One combination of settings and what its search found."""
+    """One combination of settings and what its search found (its :class:`experiments.results.MethodRow`)."""
 
     index: int
     params: dict[str, Any]
     method: str
-    iteration_time: float | None = None
-    speedup: float | None = None
-    """Over the Megatron baseline of the same problem."""
-    bubble: float | None = None
-    peak_memory_gb: float | None = None
-    feasible: bool = False
-    sim_calls: int = 0
-    seconds: float = 0.0
+    found: MethodRow | None = None
+    """The search's row: speedup over the Megatron baseline of the same problem (None before it ran)."""
     plan: Any = field(default=None, repr=False)
     run_dir: str | None = None
     reason: str | None = None
     """Why the trial has no plan that fits (None when it has one): what ``search`` says of the same result."""
+
+    @property
+    def iteration_time(self) -> float | None:
+        return self.found.iteration_time if self.found else None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.found.speedup if self.found else None
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.found and self.found.feasible)
+
+    @property
+    def peak_memory_max_gb(self) -> float | None:
+        return self.found.peak_memory_max_gb if self.found else None
 
     @property
     def objective(self) -> float:
@@ -162,10 +173,9 @@ class Trial:
         return self.iteration_time if self.feasible and self.iteration_time is not None else math.inf
 
     def row(self) -> dict[str, Any]:
-        return {"trial": self.index, **self.params, "method": self.method, "iteration_time": self.iteration_time,
-                "speedup": self.speedup, "bubble_pct": None if self.bubble is None else 100 * self.bubble,
-                "peak_memory_gb": self.peak_memory_gb, "feasible": self.feasible, "sim_calls": self.sim_calls,
-                "seconds": round(self.seconds, 3), "reason": self.reason}
+        """``trials.jsonl``'s row: the trial's number and settings, then its method row (no history)."""
+        found = {k: v for k, v in self.found.as_dict().items() if k != "history"} if self.found else {}
+        return {"trial": self.index, **self.params, **found, "method": self.method, "reason": self.reason}
 
 
 def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
@@ -194,13 +204,7 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
                              seed=int(params.get("seed", seed)), settings={name: settings})
     if mega:
         references[ref_key] = mega[0].iteration_time if mega[0].ok else None
-    trial = Trial(index, dict(params), name, sim_calls=res.sim_calls, seconds=res.seconds, plan=res.plan)
-    if res.ok:
-        r = res.result
-        ref = references[ref_key]
-        trial.iteration_time, trial.feasible = r.iteration_time, r.feasible
-        trial.speedup = ref / r.iteration_time if ref else None
-        trial.bubble, trial.peak_memory_gb = r.mean_bubble, max(r.peak_memory_gb)
+    trial = Trial(index, dict(params), name, MethodRow.of(res, references[ref_key]), plan=res.plan)
     trial.reason = infeasible_reason(res, cl)
     return trial
 
