@@ -33,10 +33,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
-from agents.job_search import add_job_arguments, run_job
 from agents.registry import all_methods
 from agents.run_methods import Interrupted, run_methods, with_baseline
 from experiments.best_plan import BestPlanWriter
+from experiments.commands.job_search import add_job_arguments, run_job
 from experiments.common import (
     DEFAULT_MODEL,
     add_cluster_args,
