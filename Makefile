@@ -22,7 +22,7 @@ run: engine
 
 test: engine
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The unit tests without the slow ones (torchrun jobs, training, the docs' commands, long searches):
 # about a minute on 2 cores. `make test` (CI) still runs everything.

@@ -97,6 +97,7 @@ class _StepClock(BudgetClock):
         return b.seconds is not None and time.perf_counter() - self.t0 + 2 * self.dearest > b.seconds
 
 
+@dataclass
 class MegatronLayoutSearch:
     """Megatron's own schedule at a searched chunk count and uneven layout (module docstring)."""
 

@@ -49,6 +49,11 @@ def quality_at(history: list[list[Any]], seconds: float, best: float) -> float |
     return None if t is None or t <= 0 else best / t
 
 
+def _time(row: dict[str, Any]) -> float | None:
+    """A row's iteration time (``iter_time`` in rows written before 5 Dec 2026)."""
+    return row.get("iteration_time", row.get("iter_time"))
+
+
 def _geo(values: list[float]) -> float:
     return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
 
@@ -58,8 +63,8 @@ def anytime_figure(rows: list[dict[str, Any]], methods: list[str], png: Path) ->
     key = [(r["scenario"], r["devices"]) for r in rows]
     best: dict[tuple, float] = {}
     for k, r in zip(key, rows):
-        if r.get("feasible") and r.get("iter_time"):
-            best[k] = min(best.get(k, math.inf), r["iter_time"])
+        if r.get("feasible") and _time(r):
+            best[k] = min(best.get(k, math.inf), _time(r))
     labels = list(dict.fromkeys(r["budget"] for r in rows))
     last = [r for r in rows if r["budget"] == labels[-1] and (r["scenario"], r["devices"]) in best]
     times = [s for r in last for _, s, _ in r.get("history", ()) if s is not None and s > 0]
@@ -86,7 +91,7 @@ def anytime_figure(rows: list[dict[str, Any]], methods: list[str], png: Path) ->
         for b in labels:
             done = [r for r in rows if r["method"] == m and r["budget"] == b and (r["scenario"], r["devices"]) in best]
             if done and all(r.get("feasible") for r in done):
-                q = _geo([best[(r["scenario"], r["devices"])] / r["iter_time"] for r in done])
+                q = _geo([best[(r["scenario"], r["devices"])] / _time(r) for r in done])
                 marks.append((sum(r["seconds"] for r in done) / len(done), q))
         if marks:
             ax.plot(*zip(*marks), "o", ms=4, color=line.get_color() if line else None,

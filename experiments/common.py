@@ -312,7 +312,12 @@ def check_microbatches(microbatches: int, devices: int, *, field: str = "--micro
 
 def interrupt_code(stop: BaseException) -> int:
     """The exit code of a command stopped by ``stop``: 130 for Ctrl-C (KeyboardInterrupt), 128+N for a
-    signal N that :mod:`experiments.cli` turned into SystemExit (SIGTERM: 143)."""
+    signal N that :mod:`experiments.cli` turned into SystemExit (SIGTERM: 143); an
+    :class:`agents.run_methods.Interrupted` by the stop it carries."""
+    from agents.run_methods import Interrupted
+
+    if isinstance(stop, Interrupted):
+        stop = stop.stop
     if isinstance(stop, KeyboardInterrupt):
         return 130
     code = getattr(stop, "code", None)

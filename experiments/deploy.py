@@ -13,32 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.base import SearchResult
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan
-from pipeline.simulator import Result, stage_costs
+from pipeline.simulator import stage_costs
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 from pipeline.targets import TARGETS, megatron_args, model_reason, target_reason, torchtitan_fragment
 from pipeline.trace import chrome_trace, write_trace
 
-__all__ = ["Searched", "add_target_arguments", "add_trace_argument", "with_target_method", "best_for",
+__all__ = ["add_target_arguments", "add_trace_argument", "with_target_method", "best_for",
            "write_exports", "write_plan_trace", "print_targets"]
-
-
-@dataclass(frozen=True)
-class Searched:
-    """A searched plan as the exports see it: its method, plan and simulated result."""
-
-    method: str
-    plan: Plan
-    result: Result
-
-    @property
-    def time(self) -> float:
-        return self.result.iteration_time
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,15 +51,14 @@ def with_target_method(methods: Sequence[str], target: str) -> list[str]:
     return out
 
 
-def best_for(target: str, candidates: Sequence[Searched], profile: ModelProfile) -> Searched | None:
-    """The fastest feasible candidate that ``target`` can run."""
-    ok = [c for c in candidates if c.result.valid and c.result.feasible
-          and target_reason(target, c.plan, profile) is None]
-    return min(ok, key=lambda c: c.time, default=None)
+def best_for(target: str, candidates: Sequence[SearchResult], profile: ModelProfile) -> SearchResult | None:
+    """The fastest feasible search result whose plan ``target`` can run (the first of equals)."""
+    ok = [c for c in candidates if c.feasible and target_reason(target, c.plan, profile) is None]
+    return min(ok, key=lambda c: c.iteration_time, default=None)
 
 
-def write_exports(out: Path, candidates: Sequence[Searched], profile: ModelProfile, *,
-                  best: Searched | None, reference: float | None) -> list[dict[str, Any]]:
+def write_exports(out: Path, candidates: Sequence[SearchResult], profile: ModelProfile, *,
+                  best: SearchResult | None, reference: float | None) -> list[dict[str, Any]]:
     """Write ``megatron_args.txt`` and ``torchtitan.toml`` for the fastest plan each of those
     runtimes can run (``best``'s CSV ``plan.csv`` when it is that plan, else its own
     ``torchtitan_plan.csv``/``.json``); one row per target with its best method, time, speedup
@@ -81,8 +67,8 @@ def write_exports(out: Path, candidates: Sequence[Searched], profile: ModelProfi
     for target in TARGETS:
         pick = best_for(target, candidates, profile)
         row: dict[str, Any] = {"target": target, "method": pick.method if pick else None,
-                               "iteration_time": pick.time if pick else None,
-                               "speedup": reference / pick.time if pick and reference else None, "file": None}
+                               "iteration_time": pick.iteration_time if pick else None,
+                               "speedup": reference / pick.iteration_time if pick and reference else None, "file": None}
         if pick is None:
             row["reason"] = model_reason(target, profile) or "no feasible plan among the searched ones runs there"
         elif target == "executor":

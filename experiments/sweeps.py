@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget
+from agents.run_methods import BASELINE, run_methods, setting_type
+from experiments.results import MethodRow
 from pipeline.errors import ConfigError
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import GIB, Cluster, ModelProfile, TrainingConfig
@@ -74,27 +76,12 @@ def grid(params: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
 
 
 #: The type of a searcher's setting, from its dataclass annotation (a string under postponed annotations).
-_SETTING_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str, "str | None": str,
-                                   "int | None": int, "float | None": float, "bool | None": bool}
 #: Settings with a range narrower than "a number >= 0".
 _SETTING_RANGES: dict[str, tuple[float, float]] = {"rl_share": (0.0, 1.0)}
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _setting_type(searcher: Any, key: str) -> type | None:
-    """The scalar type of ``searcher``'s setting ``key`` (None: no such setting, or not a scalar one)."""
-    import dataclasses
-
-    if not dataclasses.is_dataclass(searcher):
-        return type(getattr(searcher, key)) if hasattr(searcher, key) else None
-    for f in dataclasses.fields(searcher):
-        if f.name == key:
-            kind = f.type if isinstance(f.type, type) else _SETTING_TYPES.get(str(f.type).replace("Optional[", ""))
-            return kind if kind in (int, float, bool, str) else None
-    return None
 
 
 def _check_setting(key: str, values: Sequence[Any], kind: type, method: str) -> None:
@@ -142,7 +129,7 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
             raise ConfigError(f"memory_gb takes positive numbers, got {values}", field="--param memory_gb")
         elif key not in PROBLEM_KEYS + SEARCH_KEYS:
             for m in methods:
-                kind = _setting_type(make_searcher(str(m)), key)
+                kind = setting_type(make_searcher(str(m)), key)
                 if kind is None:
                     raise ConfigError(f"{key!r} is neither a problem setting ({', '.join(PROBLEM_KEYS)}), a search "
                                       f"setting ({', '.join(SEARCH_KEYS)}) nor a setting of method {m!r}",
@@ -152,23 +139,33 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
 
 @dataclass
 class Trial:
-    """One combination of settings and what its search found."""
+    """One combination of settings and what its search found (its :class:`experiments.results.MethodRow`)."""
 
     index: int
     params: dict[str, Any]
     method: str
-    iteration_time: float | None = None
-    speedup: float | None = None
-    """Over the Megatron baseline of the same problem."""
-    bubble: float | None = None
-    peak_memory_gb: float | None = None
-    feasible: bool = False
-    sim_calls: int = 0
-    seconds: float = 0.0
+    found: MethodRow | None = None
+    """The search's row: speedup over the Megatron baseline of the same problem (None before it ran)."""
     plan: Any = field(default=None, repr=False)
     run_dir: str | None = None
     reason: str | None = None
     """Why the trial has no plan that fits (None when it has one): what ``search`` says of the same result."""
+
+    @property
+    def iteration_time(self) -> float | None:
+        return self.found.iteration_time if self.found else None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.found.speedup if self.found else None
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.found and self.found.feasible)
+
+    @property
+    def peak_memory_max_gb(self) -> float | None:
+        return self.found.peak_memory_max_gb if self.found else None
 
     @property
     def objective(self) -> float:
@@ -176,10 +173,9 @@ class Trial:
         return self.iteration_time if self.feasible and self.iteration_time is not None else math.inf
 
     def row(self) -> dict[str, Any]:
-        return {"trial": self.index, **self.params, "method": self.method, "iteration_time": self.iteration_time,
-                "speedup": self.speedup, "bubble_pct": None if self.bubble is None else 100 * self.bubble,
-                "peak_memory_gb": self.peak_memory_gb, "feasible": self.feasible, "sim_calls": self.sim_calls,
-                "seconds": round(self.seconds, 3), "reason": self.reason}
+        """``trials.jsonl``'s row: the trial's number and settings, then its method row (no history)."""
+        found = {k: v for k, v in self.found.as_dict().items() if k != "history"} if self.found else {}
+        return {"trial": self.index, **self.params, **found, "method": self.method, "reason": self.reason}
 
 
 def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, cluster: Cluster, microbatches: int,
@@ -187,7 +183,6 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
               runtime: str = "pytorch") -> Trial:
     """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time
     (priced on the trial's runtime, as the searched plan is)."""
-    from agents.registry import make_searcher
     from pipeline.space import Scenario
 
     mb = int(params.get("microbatches", microbatches))
@@ -201,23 +196,15 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     rt = str(params.get("runtime", runtime))
     problem = Scenario(profile, cl, mb, TrainingConfig(runtime=rt))
     name = str(params.get("method", method))
-    searcher = make_searcher(name)
-    for key, value in params.items():
-        if key not in PROBLEM_KEYS + SEARCH_KEYS:
-            setattr(searcher, key, value)
-    res = searcher.search(problem, budget=Budget.parse(str(params.get("budget", budget))),
-                          seed=int(params.get("seed", seed)))
+    settings = {k: v for k, v in params.items() if k not in PROBLEM_KEYS + SEARCH_KEYS}
     ref_key = (mb, cl.devices, cl.memory_gb, rt)
-    if ref_key not in references:
-        mega = make_searcher("megatron").search(problem, budget=Budget(1))
-        references[ref_key] = mega.iteration_time if mega.ok else None
-    trial = Trial(index, dict(params), name, sim_calls=res.sim_calls, seconds=res.seconds, plan=res.plan)
-    if res.ok:
-        r = res.result
-        ref = references[ref_key]
-        trial.iteration_time, trial.feasible = r.iteration_time, r.feasible
-        trial.speedup = ref / r.iteration_time if ref else None
-        trial.bubble, trial.peak_memory_gb = r.mean_bubble, max(r.peak_memory_gb)
+    first = [BASELINE] if ref_key not in references else []
+    spend = Budget.parse(str(params.get("budget", budget)))
+    *mega, res = run_methods(problem, [*first, name], budget=lambda m, _: Budget(1) if m in first else spend,
+                             seed=int(params.get("seed", seed)), settings={name: settings})
+    if mega:
+        references[ref_key] = mega[0].iteration_time if mega[0].ok else None
+    trial = Trial(index, dict(params), name, MethodRow.of(res, references[ref_key]), plan=res.plan)
     trial.reason = infeasible_reason(res, cl)
     return trial
 

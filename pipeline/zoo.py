@@ -6,6 +6,7 @@ is read by :func:`pipeline.hf.load_hf_config` and may carry a default ``seq_len`
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pipeline.arch import Architecture
@@ -15,7 +16,13 @@ from pipeline.hardware import GPUSpec
 from pipeline.hf import load_hf_config
 from pipeline.spec import ModelProfile
 
-__all__ = ["ZOO_DIR", "list_models", "zoo_config_path", "load_zoo_architecture", "zoo_profile"]
+__all__ = ["ZOO_DIR", "PAPER_MODELS", "PAPER_SIZES", "list_models", "zoo_config_path", "load_zoo_architecture",
+           "zoo_profile", "auto_head_shards"]
+
+#: The AdaPtis paper's model families (zoo names ``<family>-<size>``) ...
+PAPER_MODELS = ("gemma", "deepseek", "nemotronh")
+#: ... and its depths, with the devices each runs on.
+PAPER_SIZES = {"small": 4, "medium": 8, "large": 16}
 
 #: Folder of the zoo's config files.
 ZOO_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "models"
@@ -50,3 +57,13 @@ def zoo_profile(name: str, *, gpu: str | GPUSpec = "h100", seq_len: int | None =
     arch = load_zoo_architecture(name, granularity=granularity, head_shards=head_shards)
     return profile_from_architecture(arch, gpu=gpu, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
                                      options=options)
+
+
+def auto_head_shards(profile: ModelProfile, *, limit: int = 16) -> int:
+    """Shards that make the head no heavier than the heaviest other unit (at most ``limit``)."""
+    heads = [x for x in profile.layers if x.kind == "head"]
+    others = [x.f + x.b + x.w for x in profile.layers if x.kind != "head"]
+    if not heads or not others or max(others) <= 0:
+        return 1
+    head = sum(x.f + x.b + x.w for x in heads)
+    return max(1, min(limit, math.ceil(head / max(others) - 1e-9)))

@@ -7,12 +7,16 @@ repository's code (so outputs such as ``runs/`` stay out of the checkout), W&B o
 Long commands run with tiny budgets: :data:`SHRINK` rewrites flags (e.g. ``--budget N`` ->
 ``--budget 20``) and :data:`APPEND` adds flags to some commands. Commands that cannot run here
 are skipped by :data:`SKIP`, each with its reason. A page's test fails when one command fails.
+A command that another page already ran in this session, the same but for its ``--out`` folder
+(README's and the tutorial's local ``run``), is not run twice: the earlier output folder is copied
+to its ``--out`` (:func:`same_command`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -98,6 +102,21 @@ def shrink(command: str) -> str:
     return command
 
 
+#: The commands that ran with an ``--out`` folder in this session: :func:`same_command` -> that folder.
+_RAN: dict[str, Path] = {}
+
+
+def same_command(command: str) -> tuple[str, str] | None:
+    """(the command without its ``--out`` folder and with ``python`` for ``.venv/bin/python``, the
+    folder), or None for a command without ``--out``: two commands with the same first part do the
+    same work."""
+    found = re.search(r"\s--out\s+(\S+)", command)
+    if found is None:
+        return None
+    rest = command[:found.start()] + command[found.end():]
+    return re.sub(r"(^|\s)\.venv/bin/python\b", r"\1python", rest), found.group(1)
+
+
 def _scratch(tmp: Path) -> Path:
     """A checkout of links in ``tmp/repo``, with ``shared/`` beside it as beside the real one."""
     repo = tmp / "repo"
@@ -119,6 +138,9 @@ def test_shrink_and_skip_rules() -> None:
     assert "runs/docs-dir/plan.json" in shrink("python -m experiments replay --plan DIR/plan.json")
     assert skip_reason("make run") and skip_reason("wandb sync runs/wandb/x") and not skip_reason("ls runs")
     assert bash_commands("```bash\na \\\n  b  # note\n# only a comment\nc\n```\n") == ["a b", "c"]
+    assert same_command(".venv/bin/python -m experiments run --out runs/a --budget 20") == \
+        same_command("python -m experiments run --out runs/b --budget 20")[:1] + ("runs/a",)
+    assert same_command("python -m experiments run --budget 20") is None
 
 
 PAGES_WITH_COMMANDS = [p for p in PAGES if bash_commands(p.read_text())]
@@ -157,6 +179,11 @@ def test_shell_commands_in_docs_run(page: Path, tmp_path: Path) -> None:
             log.append(f"SKIPPED ({reason}): {command}")
             continue
         run = shrink(command)
+        same = same_command(run)
+        if same is not None and same[0] in _RAN and _RAN[same[0]].is_dir():
+            shutil.copytree(_RAN[same[0]], cwd / same[1], symlinks=True, dirs_exist_ok=True)
+            log.append(f"REUSED {_RAN[same[0]]} (the same command ran on another page): {run}")
+            continue
         t0 = time.perf_counter()
         proc = subprocess.run(["bash", "-c", run], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=COMMAND_TIMEOUT)
@@ -166,6 +193,8 @@ def test_shell_commands_in_docs_run(page: Path, tmp_path: Path) -> None:
             proc = subprocess.run(["bash", "-c", run], cwd=cwd, env=env, capture_output=True, text=True,
                                   timeout=COMMAND_TIMEOUT)
         log.append(f"{time.perf_counter() - t0:5.1f} s  rc {proc.returncode}: {run}")
+        if proc.returncode == 0 and same is not None:
+            _RAN[same[0]] = cwd / same[1]
         assert proc.returncode == 0, (f"{page.name}: `{run}` (from `{command}`) failed with exit code "
                                       f"{proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n"
                                       f"{proc.stderr[-3000:]}\n--- log\n" + "\n".join(log))

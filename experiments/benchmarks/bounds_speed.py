@@ -81,7 +81,8 @@ def _fused_case_ratio() -> dict[str, Any]:
 
 
 def _grid(against: Path | None) -> list[dict[str, Any]]:
-    from experiments.commands.reproduce import PAPER_MODELS, SIZES
+    from pipeline.zoo import PAPER_MODELS
+    from pipeline.zoo import PAPER_SIZES as SIZES
 
     other = None
     if against is not None:

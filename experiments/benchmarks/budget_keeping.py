@@ -16,6 +16,7 @@ everywhere (issue 30). Any of the sizes: ``--sizes 0,3``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from agents.base import Budget
 from agents.registry import make_searcher
-from experiments.commands.search import _BestPlanWriter
+from experiments.best_plan import BestPlanWriter
 from pipeline import zoo
 from pipeline.hardware import build_cluster
 from pipeline.space import Scenario
@@ -64,12 +65,11 @@ def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0, method: 
     walls, times, calls, fits = [], [], [], 0
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
-            writer = _BestPlanWriter(Path(tmp))
-            writer.method = method
+            writer = BestPlanWriter(Path(tmp))
             searcher = make_searcher(method)
             t0 = time.perf_counter()
             res = searcher.search(problem, budget=Budget(sim_calls=None, seconds=seconds), seed=seed,
-                                  on_improve=writer)
+                                  on_improve=functools.partial(writer, method))
             walls.append(time.perf_counter() - t0)
         times.append(res.iteration_time)
         calls.append(res.sim_calls)

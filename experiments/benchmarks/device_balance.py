@@ -33,14 +33,13 @@ from agents.base import Budget  # noqa: E402
 from agents.baselines import PLACEMENT_CHOICES  # noqa: E402
 from agents.registry import make_searcher  # noqa: E402
 from agents.tuner import AdaptisTuner, _lighten_first_stage, with_filled_budgets  # noqa: E402
-from experiments.commands.reproduce import auto_head_shards  # noqa: E402
 from pipeline.balance import device_loads  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
 from pipeline.space import Candidate, Evaluator, Scenario, make_placement  # noqa: E402
 from pipeline.spec import GIB, Cluster, TrainingConfig  # noqa: E402
-from pipeline.zoo import zoo_profile  # noqa: E402
+from pipeline.zoo import auto_head_shards, zoo_profile  # noqa: E402
 
 __all__ = ["rows", "main"]
 

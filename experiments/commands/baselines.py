@@ -12,8 +12,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents.base import SearchResult
-from agents.registry import make_searcher
+from agents.base import Budget, SearchResult
+from agents.run_methods import run_methods, with_baseline
 from experiments.common import (
     add_cluster_args,
     add_model_args,
@@ -26,7 +26,7 @@ from experiments.common import (
     resolve_problem,
     resolve_training,
 )
-from experiments.results import method_rows
+from experiments.results import MethodRow, method_rows
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.render import gantt_png
@@ -49,45 +49,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
-def compare(problem: Scenario, methods: Sequence[str]) -> tuple[list[dict], list[SearchResult]]:
-    """Each named method on ``problem``, ``megatron`` added when missing (the speedups are over it):
-    the rows ``baselines`` prints (:func:`experiments.results.method_rows`, sorted, with each row's
-    largest peak as ``peak_memory_max_gb``) and the search results, in ``methods``' order."""
-    methods = list(methods) if "megatron" in methods else [*methods, "megatron"]
-    results = [make_searcher(m).search(problem) for m in methods]
+def compare(problem: Scenario, methods: Sequence[str]) -> tuple[list[MethodRow], list[SearchResult]]:
+    """Each named method on ``problem``, ``megatron`` added last when missing (the speedups are over it):
+    the rows ``baselines`` prints (:func:`experiments.results.method_rows`, sorted) and the search
+    results, in ``methods``' order."""
+    results = run_methods(problem, with_baseline(methods, first=False), budget=Budget())
     bound = lower_bound(problem.profile, problem.cluster, problem.microbatches, runtime=problem.training.runtime).value
-    rows = method_rows(results, bound)
-    for row in rows:
-        if row.get("peak_memory_gb"):
-            row["peak_memory_max_gb"] = max(row["peak_memory_gb"])
-    return rows, results
+    return method_rows(results, bound), results
 
 
 def run(args: argparse.Namespace) -> int:
     profile, cluster = resolve_problem(args)
     check_microbatches(args.microbatches, cluster.devices)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if "megatron" not in methods:
-        methods.append("megatron")
+    methods = with_baseline([m.strip() for m in args.methods.split(",") if m.strip()], first=False)
     problem = Scenario(profile, cluster, args.microbatches, resolve_training(args))
     rows, results = compare(problem, methods)
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "methods": methods}
     with tracked_run(args, command=NAME, config=config) as tracker:
-        tracker.log_table("baselines", rows)
+        tracker.log_table("baselines", [r.as_dict() for r in rows])
         for r in results:
             if args.gantt_dir and r.ok:
                 path = gantt_png(r.result.timeline_dict(), Path(args.gantt_dir) / f"{r.method}.png",
                                  title=f"{r.method} on {profile.name}")
                 tracker.log_image(f"gantt/{r.method}", path)
     if args.json:
-        print_json_lines(rows)
+        print_json_lines([r.as_dict() for r in rows])
         return 0
-    for r in rows:
-        r["bubble_pct"] = 100 * r["bubble"] if r.get("bubble") is not None else None
-        r["peak_mem_gb"] = r.get("peak_memory_max_gb")
-        if r.get("error"):
-            r["iteration_time"] = "n/a: " + str(r["error"])[:60]
-    print_table(rows, COLUMNS, title=f"{profile.name} on {cluster.devices} devices, {args.microbatches} "
+    cells = [{**r.cells(), "method": r.method} | ({"iteration_time": f"n/a: {r.error[:60]}"} if r.error else {})
+             for r in rows]
+    print_table(cells, COLUMNS, title=f"{profile.name} on {cluster.devices} devices, {args.microbatches} "
                 f"micro-batches (time in {profile.time_unit}; speedup over megatron)")
     return 0

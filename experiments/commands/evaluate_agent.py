@@ -44,10 +44,12 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agents.run_methods import Interrupted
 from experiments.common import (
     add_output_args,
     add_runtime_arg,
@@ -65,8 +67,8 @@ from pipeline.errors import ConfigError
 
 NAME = "evaluate-agent"
 HELP = "compare the RL policy with the tuner on held-out scenarios (quality, calls, wall time)"
-COLUMNS = ("scenario", "devices", "mb", "method", "iter_time", "feasible", "quality", "tuner_vs_bound", "sim_calls",
-           "seconds")
+COLUMNS = ("scenario", "devices", "mb", "method", "iteration_time", "feasible", "quality", "tuner_vs_bound",
+           "sim_calls", "seconds")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +162,8 @@ def _tuner_calls(method: str) -> int | None:
     return int(calls)
 
 
-def _searcher(method: str, args: argparse.Namespace):
+def _searcher(method: str) -> Any:
+    """The searcher of ``method``: a registry name or one of this command's variants."""
     from agents.registry import make_searcher
     from agents.rl.searchers import RLSearcher
 
@@ -184,15 +187,15 @@ def _searcher(method: str, args: argparse.Namespace):
         return RLSearcher(name="no-learning", random_edits=True, ranker_path="none")
     else:
         searcher = make_searcher(method)
-    if hasattr(searcher, "policy_path") and args.policy:
-        searcher.policy_path = args.policy
-    if hasattr(searcher, "ranker_path") and args.ranker:
-        searcher.ranker_path = args.ranker
-    if method == "rl+tuner" and args.rl_tuner_order:
-        searcher.order = args.rl_tuner_order
-    if hasattr(searcher, "samples") and method in ("rl", "rl-index-order"):
-        searcher.samples = args.samples
     return searcher
+
+
+def _settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The searchers' settings from the command line (:func:`agents.run_methods.configure`)."""
+    out: dict[str, dict[str, Any]] = {m: {"samples": args.samples} for m in ("rl", "rl-index-order")}
+    if args.rl_tuner_order:
+        out["rl+tuner"] = {"order": args.rl_tuner_order}
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for label, budget in budgets:
             _evaluate(scenarios, methods, timed, budget, args, rows, out / "results.jsonl", label=label)
-    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
+    except (KeyboardInterrupt, SystemExit, Interrupted) as stop:  # Ctrl-C, or SIGTERM (SystemExit: experiments.cli)
         return interrupted(stop, _keep_finished(out, rows, methods, len(scenarios)))
     summary = _summary_of(rows, methods, [label for label, _ in budgets])
     with open(out / "results.jsonl", "w") as fh:
@@ -270,26 +273,35 @@ def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple
     from tqdm import tqdm
 
     from agents.base import Budget
+    from agents.run_methods import run_methods
+    from experiments.results import MethodRow
     from pipeline.bounds import lower_bound
 
+    def spend(m: str, done: Sequence[Any]) -> Budget:
+        calls = _tuner_calls(m)
+        if calls is not None:  # adaptis@N: N calls at every budget
+            return Budget(calls, args.max_seconds)
+        ran = methods[:len(done)]  # by method name: adaptis@N's results are named adaptis too
+        if m in timed and "adaptis" in ran:  # the tuner's wall time in this repeat
+            return Budget(sim_calls=None, seconds=done[ran.index("adaptis")].seconds)
+        return budget
+
+    settings = _settings(args)
     for name, problem in tqdm(scenarios, desc=f"evaluate-agent {label}", unit="scenario", file=sys.stderr,
                               disable=None):
         runs: dict[str, list] = {m: [] for m in methods}
         for _ in range(args.repeats):
-            for m in methods:
-                calls = _tuner_calls(m)
-                b = budget if calls is None else Budget(calls, args.max_seconds)  # adaptis@N: N calls at every budget
-                if m in timed and runs.get("adaptis"):  # the tuner's wall time in this repeat
-                    b = Budget(sim_calls=None, seconds=runs["adaptis"][-1].seconds)
-                runs[m].append(_searcher(m, args).search(problem, budget=b, seed=args.seed))
+            done = run_methods(problem, methods, budget=spend, seed=args.seed, settings=settings, policy=args.policy,
+                               ranker=args.ranker, make=_searcher)
+            for m, r in zip(methods, done):
+                runs[m].append(r)
         results = {m: _median_run(rs) for m, rs in runs.items()}
         ref = results.get("adaptis")
         bound = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
         scenario_rows = []
         for m, r in results.items():
-            row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "method": m,
-                   "budget": label, "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
-                   "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3), "history": r.anytime()}
+            row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "budget": label,
+                   **MethodRow.of(r, None, bound).as_dict(), "method": m}
             if ref is not None and ref.feasible:
                 row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
                 row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0

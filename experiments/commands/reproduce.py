@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget
-from agents.registry import make_searcher
+from agents.run_methods import run_methods, with_baseline
 from experiments.common import check_microbatches, non_negative_float, output_folder, positive_int
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
@@ -33,14 +33,13 @@ from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
 from pipeline.runtime import RUNTIMES
 from pipeline.space import Scenario
-from pipeline.spec import ModelProfile, TrainingConfig
-from pipeline.zoo import zoo_profile
+from pipeline.spec import TrainingConfig
+from pipeline.zoo import PAPER_MODELS, PAPER_SIZES, auto_head_shards, zoo_profile
 
 NAME = "reproduce"
 HELP = "run the paper's grid (3 families x 3 sizes x 2 sequence lengths) and compare with its figures"
 
-PAPER_MODELS = ("gemma", "deepseek", "nemotronh")
-SIZES = {"small": 4, "medium": 8, "large": 16}
+SIZES = PAPER_SIZES
 #: AdaPtis speedups over I-1F1B from the authors' published plotting data: (family, seq) -> small/medium/large.
 PAPER = {
     ("gemma", 2048): (1.16, 1.33, 1.43), ("gemma", 4096): (1.20, 1.37, 1.68),
@@ -81,16 +80,6 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def auto_head_shards(profile: ModelProfile, *, limit: int = 16) -> int:
-    """Shards that make the head no heavier than the heaviest other unit (at most ``limit``)."""
-    heads = [x for x in profile.layers if x.kind == "head"]
-    others = [x.f + x.b + x.w for x in profile.layers if x.kind != "head"]
-    if not heads or not others or max(others) <= 0:
-        return 1
-    head = sum(x.f + x.b + x.w for x in heads)
-    return max(1, min(limit, math.ceil(head / max(others) - 1e-9)))
-
-
 def _head_shards(text: str) -> int | str:
     if text == "auto":
         return text
@@ -123,9 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc), field="--seq-lens/--budget") from None
     shards = _head_shards(args.head_shards)
     richer = args.granularity != "layer" or shards != 1
-    methods = _split(args.methods)
-    if "megatron" not in methods:
-        methods.insert(0, "megatron")
+    methods = with_baseline(_split(args.methods))
     for s in sizes:
         check_microbatches(args.microbatches, SIZES[s])
     out = output_folder(args.out)
@@ -144,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         training = TrainingConfig(runtime=args.runtime)
         problem = Scenario(profile, cluster, args.microbatches, training)
         bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
-        results = {m: make_searcher(m).search(problem, budget=budget, seed=args.seed) for m in methods}
+        results = dict(zip(methods, run_methods(problem, methods, budget=budget, seed=args.seed)))
         mega = results["megatron"]
         rich: dict[str, Any] = {}
         if richer:
@@ -154,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
             # the richer space holds the whole-layer plans too (blocks kept together), but a head
             # cut into shards costs a little more than the whole head: bound the union by the lower
             fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches, runtime=args.runtime).value)
-            found = make_searcher("adaptis").search(Scenario(fine, cluster, args.microbatches, training), budget=budget,
-                                                    seed=args.seed)
+            found, = run_methods(Scenario(fine, cluster, args.microbatches, training), ["adaptis"], budget=budget,
+                                 seed=args.seed)
             ok = found.ok and found.result.feasible and mega.ok
             rows.append({"model": model, "seq_len": seq, "devices": devices, "method": "adaptis-richer",
                          "granularity": args.granularity, "head_shards": k,

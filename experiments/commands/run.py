@@ -34,6 +34,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from agents.run_methods import Interrupted
 from experiments.common import (
     add_strict_arg,
     check_microbatches,
@@ -125,11 +126,12 @@ def print_report(report: WorkflowReport) -> None:
           f"{report.best.plan.microbatches} micro-batches of {p.microbatch_size}x{p.seq_len} tokens\n")
     table = []
     for r in report.rows:
-        table.append({"method": r["method"] + ("" if r.get("feasible", True) or r.get("predicted") is None
-                                                else " (OOM)"),
-                      f"predicted_{unit}": r.get("predicted") if r.get("predicted") is not None
-                      else (r.get("note") or "")[:60],
-                      "speedup": r.get("speedup"), "bubble_%": r.get("bubble_pct"), "peak_GiB": r.get("peak_mem_gb"),
+        bubble = r.get("bubble")
+        table.append({"method": r["method"] + ("" if r.get("feasible", True) or not r.get("valid") else " (OOM)"),
+                      f"predicted_{unit}": r.get("iteration_time") if r.get("iteration_time") is not None
+                      else (r.get("note") or r.get("error") or "")[:60],
+                      "speedup": r.get("speedup"), "bubble_%": None if bubble is None else 100 * bubble,
+                      "peak_GiB": r.get("peak_memory_max_gb"),
                       "measured_ms": r.get("measured_ms"), "meas_speedup": r.get("measured_speedup"),
                       "meas_bubble_%": r.get("measured_bubble_pct"), "pred_err_%": r.get("error_pct"),
                       "same_job_err_%": r.get("same_job_error_pct")})
@@ -210,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
         check_microbatches(cfg.microbatches, cfg.devices)
     try:
         report = run_workflow(cfg)
-    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit);
-        return interrupted(stop, kept_files(Path(cfg.out)))  # a torchrun job was stopped by the executor
+    except (KeyboardInterrupt, SystemExit, Interrupted) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it
+        return interrupted(stop, kept_files(Path(cfg.out)))  # SystemExit); a torchrun job was stopped by the executor
     if args.json:
         print(json.dumps(report.to_dict(), default=str))
     else:

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
-from agents.job_search import add_job_arguments, run_job
-from agents.registry import all_methods, make_searcher
+from agents.registry import all_methods
+from agents.run_methods import Interrupted, run_methods, with_baseline
+from experiments.best_plan import BestPlanWriter
+from experiments.commands.job_search import add_job_arguments, run_job
 from experiments.common import (
     DEFAULT_MODEL,
     add_cluster_args,
@@ -55,7 +55,6 @@ from experiments.common import (
     resolve_training,
 )
 from experiments.deploy import (
-    Searched,
     add_target_arguments,
     add_trace_argument,
     best_for,
@@ -64,14 +63,13 @@ from experiments.deploy import (
     write_exports,
     write_plan_trace,
 )
-from experiments.results import method_rows, result_row
+from experiments.results import MethodRow, method_rows
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
-from pipeline.plan import Plan
 from pipeline.render import gantt_side_by_side
 from pipeline.simulator import Result
-from pipeline.space import Scenario, objective_key
+from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
@@ -109,32 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
 
 
-class _BestPlanWriter:
-    """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it;
-    the plan's ``meta.method`` names the method searching (set :attr:`method` before each)."""
-
-    def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True,
-                 predicted: Callable[[Result], dict] | None = None) -> None:
-        self.out = out
-        self.accept = accept
-        self.predicted = predicted
-        self.key: tuple | None = None
-        self.method = "candidate"
-        self.best_method: str | None = None
-
-    def __call__(self, plan: Plan, result: Result) -> None:
-        if not self.accept(plan):
-            return
-        key = objective_key(result)
-        if self.key is None or key < self.key:
-            self.key, self.best_method = key, self.method
-            tmp = self.out / "plan.json.tmp"
-            extra = {"predicted": self.predicted(result)} if self.predicted is not None else {}
-            replace(plan, meta={**plan.meta, "method": self.method, **extra}).save(tmp)
-            os.replace(tmp, self.out / "plan.json")
-
-
-def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: _BestPlanWriter,
+def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: BestPlanWriter,
                       bound: float, *, args: argparse.Namespace, title: str) -> int:
     """What an interrupted search keeps: the finished methods' rows (OUT/results.jsonl, and printed as
     the finished search prints them) and the best plan so far (OUT/plan.json, already written); one
@@ -142,9 +115,7 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
     rows = method_rows(results, bound)
     kept = []
     if rows:
-        with open(out / "results.jsonl", "w") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
+        _write_rows(out, rows)
         _print_rows(rows, args=args, title=f"{title} (interrupted: the finished methods only)")
         kept.append(f"the rows of {len(rows)} finished method{'s' if len(rows) > 1 else ''} "
                     f"({', '.join(r.method for r in results)}) in {out / 'results.jsonl'}")
@@ -154,23 +125,18 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
                        "nothing written")
 
 
-def _print_rows(rows: list[dict], *, args: argparse.Namespace, title: str) -> None:
-    """The rows on stdout: JSON lines with --json, else the table (``rows`` are not changed)."""
+def _write_rows(out: Path, rows: list[MethodRow]) -> None:
+    with open(out / "results.jsonl", "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row.as_dict()) + "\n")
+
+
+def _print_rows(rows: list[MethodRow], *, args: argparse.Namespace, title: str) -> None:
+    """The rows on stdout: JSON lines with --json, else the table."""
     if args.json:
-        print_json_lines(rows)
+        print_json_lines([r.as_dict() for r in rows])
         return
-    shown = []
-    for row in rows:
-        r = dict(row)
-        r["iter_time"] = r.get("iteration_time") if r.get("iteration_time") else "n/a: " + str(r.get("error"))[:50]
-        r["tokens_per_s"] = r.get("throughput")
-        r["bubble_pct"] = 100 * r["bubble"] if r.get("bubble") is not None else None
-        r["peak_mem_gb"] = max(r["peak_memory_gb"]) if r.get("peak_memory_gb") else None
-        r["vs_bound"] = r.get("vs_lower_bound")
-        if r.get("valid") and not r.get("feasible"):
-            r["method"] += " (OOM)"
-        shown.append(r)
-    print_table(shown, COLUMNS, title=title)
+    print_table([r.cells() for r in rows], COLUMNS, title=title)
     sys.stdout.flush()
 
 
@@ -186,15 +152,7 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.method.split(",") if m.strip()]
     if methods == ["all"]:
         methods = all_methods()
-    if "megatron" not in methods:
-        methods.insert(0, "megatron")
-    methods = with_target_method(methods, args.target)
-    searchers = [make_searcher(m) for m in methods]
-    for s in searchers:
-        if args.policy and hasattr(s, "policy_path"):
-            s.policy_path = args.policy
-        if args.ranker and hasattr(s, "ranker_path"):
-            s.ranker_path = args.ranker
+    methods = with_target_method(with_baseline(methods), args.target)
     out = output_folder(args.out or
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
     problem = Scenario(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
@@ -203,36 +161,26 @@ def run(args: argparse.Namespace) -> int:
         return prediction_meta(result.iteration_time, profile=profile, cluster=cluster,
                                runtime=problem.training.runtime, profile_file=args.profile)
 
-    writer = _BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None, predicted)
+    writer = BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None, predicted)
     title = (f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, {args.microbatches} "
              f"micro-batches, {cluster.memory_gb:g} GiB per device ({cluster.memory_reserve_gb:g} GiB reserved) "
              f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
-    results: list[SearchResult] = []
-    from tqdm import tqdm
-
-    bar = tqdm(searchers, desc="search", unit="method", file=sys.stderr, disable=None)
     try:
-        for searcher in bar:
-            bar.set_postfix_str(searcher.name)
-            writer.method = searcher.name
-            results.append(searcher.search(problem, budget=budget, seed=args.seed, on_improve=writer))
-    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
-        bar.close()
-        return _keep_interrupted(stop, out, results, writer, bound.value, args=args, title=title)
-    bar.close()
+        results = run_methods(problem, methods, budget=budget, seed=args.seed, policy=args.policy,
+                              ranker=args.ranker, on_improve=writer, progress="search")
+    except Interrupted as stop:
+        return _keep_interrupted(stop.stop, out, stop.results, writer, bound.value, args=args, title=title)
 
     mega = next((r for r in results if r.method == "megatron" and r.ok), None)
     reference = mega.iteration_time if mega else None
     rows = method_rows(results, bound.value)
-    searched = [Searched(r.method, r.plan, r.result) for r in results if r.ok]
-    pick = best_for(args.target, searched, profile)
-    best = next((r for r in results if pick is not None and r.ok and r.plan is pick.plan), None)
+    best = best_for(args.target, results, profile)
 
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
               "budget": args.budget, "seed": args.seed}
     with tracked_run(args, command=NAME, config=config) as tracker:
-        tracker.log_table("search", [{k: v for k, v in r.items() if k != "history"} for r in rows])
+        tracker.log_table("search", [{k: v for k, v in r.as_dict().items() if k != "history"} for r in rows])
         if best is not None:
             best.plan = replace(best.plan, meta={**best.plan.meta, "method": best.method,
                                                  "predicted": predicted(best.result)})
@@ -241,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
             gantt_side_by_side([best.result.timeline_dict()], [f"best: {best.method} on {profile.name}"],
                                out / "gantt_best.png")
             tracker.log_image("gantt/best", out / "gantt_best.png")
-            tracker.log_plan(best.plan, name=f"plan-{profile.name}", metadata=result_row(best, reference, bound.value))
+            tracker.log_plan(best.plan, name=f"plan-{profile.name}",
+                             metadata=MethodRow.of(best, reference, bound.value).as_dict())
         if mega is not None:
             gantt_side_by_side([mega.result.timeline_dict()], [f"megatron on {profile.name}"],
                                out / "gantt_megatron.png")
@@ -250,14 +199,11 @@ def run(args: argparse.Namespace) -> int:
             tracker.summary({"best_method": best.method, "best_iteration_time": best.iteration_time,
                              "speedup_over_megatron": reference / best.iteration_time,
                              "vs_lower_bound": best.iteration_time / bound.value})
-    targets = write_exports(out, searched, profile, best=pick, reference=reference)
+    targets = write_exports(out, results, profile, best=best, reference=reference)
     if args.trace and best is not None:
         write_plan_trace(args.trace, best.plan, profile, cluster=cluster, predicted=best.result.timeline_dict(),
                          title=f"{best.method} on {profile.name}")
-    with open(out / "results.jsonl", "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-
+    _write_rows(out, rows)
     _print_rows(rows, args=args, title=title)
     if not args.json:
         print_targets(targets, args.target, profile.time_unit)

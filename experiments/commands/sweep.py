@@ -31,6 +31,7 @@ import json
 import sys
 from pathlib import Path
 
+from agents.run_methods import Interrupted
 from experiments.common import (
     add_cluster_args,
     add_model_args,
@@ -50,7 +51,7 @@ __all__ = ["NAME", "HELP", "add_arguments", "run"]
 
 NAME = "sweep"
 HELP = "grid sweep over search/agent settings (budget, seed, perturb_moves, microbatches, memory); one W&B group"
-COLUMNS = ("trial", "iteration_time", "speedup", "bubble_pct", "peak_memory_gb", "sim_calls", "seconds")
+COLUMNS = ("trial", "iteration_time", "speedup", "bubble_pct", "peak_mem_gb", "sim_calls", "seconds")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         trials = run_sweep(params, profile=profile, cluster=cluster, microbatches=args.microbatches,
                            method=args.method, budget=args.budget, seed=args.seed, max_trials=args.max_trials,
                            sampler=args.sampler, on_trial=on_trial, runtime=base["runtime"])
-    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, or SIGTERM (experiments.cli makes it SystemExit)
+    except (KeyboardInterrupt, SystemExit, Interrupted) as stop:  # Ctrl-C, or SIGTERM (SystemExit: experiments.cli)
         bar.close()
         return interrupted(stop, _keep_finished(finished, out, total))
     bar.close()
@@ -145,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         keys = list(params)
         why = ["reason"] if any(r.get("reason") for r in rows) else []
-        for r in rows:
-            r["reason"] = (r.get("reason") or "")[:70]
-        print_table(rows, [COLUMNS[0], *keys, *COLUMNS[1:], *why],
+        table = [{**row, **(t.found.cells() if t.found else {}), "method": t.method,
+                  "reason": (row.get("reason") or "")[:70]} for t, row in zip(trials, rows)]
+        print_table(table, [COLUMNS[0], *keys, *COLUMNS[1:], *why],
                     title=f"{profile.name} on {cluster.devices} devices: {len(trials)} trials of {args.method} "
                           f"(sampler {args.sampler}; time in {profile.time_unit}; speedup over megatron), best first")
         if best is not None:
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f", {best.speedup:.2f}x megatron" if best.speedup else "")
                   + f" -> {out / 'best_plan.json'}; W&B group {group!r}")
         if best is None:
-            near = min(trials, key=lambda t: (t.peak_memory_gb is None, t.peak_memory_gb or 0.0), default=None)
+            near = min(trials, key=lambda t: (t.peak_memory_max_gb is None, t.peak_memory_max_gb or 0.0), default=None)
             why = f"; trial {near.index}: {near.reason}" if near is not None and near.reason else ""
             print(f"no trial found a plan that fits in memory{why}", file=sys.stderr)
     return 0 if best is not None else 3

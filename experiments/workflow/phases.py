@@ -182,58 +182,39 @@ def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log
     return str(summary["policy"])
 
 
-def _configure(searcher: Any, settings: dict[str, Any]) -> None:
-    """Set searcher attributes (e.g. the tuner's ``perturb_moves``); unknown names are an error."""
-    for key, value in settings.items():
-        if not hasattr(searcher, key):
-            raise ConfigError(f"method {searcher.name!r} has no setting {key!r}", field=key)
-        setattr(searcher, key, value)
-
-
 def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed: int,
                    settings: dict[str, dict[str, Any]] | None = None, policy: str | None = None,
                    log: Log = print, on_result: Callable[[list[SearchResult]], None] | None = None,
                    ) -> list[SearchResult]:
-    """Run every method on ``problem``; a method that cannot run (e.g. no RL policy yet) gets a note.
+    """Run every method on ``problem`` (:func:`agents.run_methods.run_methods`); an RL method that
+    cannot run (e.g. no policy yet) gets a note instead of a plan.
 
-    ``settings`` maps a method name to attributes of its searcher, e.g.
+    ``settings`` maps a method name to settings of its searcher, e.g.
     ``{"adaptis": {"perturb_moves": 2}}``; ``policy`` is the RL policy file for ``rl`` methods;
     ``on_result`` is called with the outcomes so far each time a method ends (an interrupted
-    workflow keeps what it wrote).
+    workflow keeps what it wrote). Ctrl-C raises :class:`agents.run_methods.Interrupted`.
     """
-    from agents.registry import make_searcher
+    from agents.run_methods import run_methods
 
-    outcomes = []
-    for name in methods:
-        try:
-            searcher = make_searcher(name)
-            if policy and hasattr(searcher, "policy_path"):
-                searcher.policy_path = policy
-            _configure(searcher, (settings or {}).get(name, {}))
-            res = searcher.search(problem, budget=budget, seed=seed)
-        except ConfigError as exc:
-            if not name.startswith("rl"):
-                raise
-            outcomes.append(SearchResult(name, None, None, note=f"skipped: {exc}"))
-            log(f"  {name:<10} skipped: {exc}")
-            if on_result is not None:
-                on_result(outcomes)
-            continue
-        except (ImportError, OSError, RuntimeError, ValueError) as exc:
-            if not name.startswith("rl"):
-                raise
-            note = f"skipped: the RL agent is not available ({type(exc).__name__}: {exc})"
-            outcomes.append(SearchResult(name, None, None, note=note))
-            log(f"  {name:<10} {note}")
-            if on_result is not None:
-                on_result(outcomes)
-            continue
-        outcomes.append(res)
-        shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
-        log(f"  {name:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
+    def skip(name: str, exc: Exception) -> str | None:
+        if not name.startswith("rl"):
+            return None
+        if isinstance(exc, ConfigError):
+            return f"skipped: {exc}"
+        return f"skipped: the RL agent is not available ({type(exc).__name__}: {exc})"
+
+    def each(outcomes: list[SearchResult]) -> None:
+        res = outcomes[-1]
+        if res.note.startswith("skipped:") and res.plan is None:
+            log(f"  {res.method:<10} {res.note}")
+        else:
+            shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
+            log(f"  {res.method:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
         if on_result is not None:
             on_result(outcomes)
-    return outcomes
+
+    return run_methods(problem, methods, budget=budget, seed=seed, settings=settings, policy=policy, skip=skip,
+                       on_result=each)
 
 
 def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale: float, steps: int, warmup: int,

@@ -3,9 +3,9 @@
 Pure functions over profiles, plans, simulator results and measured timelines (no torch, no
 W&B), so the summary can be tested and reused by other commands.
 
-* :func:`method_rows` — one row per searched method (an :class:`agents.base.SearchResult`):
-  predicted iteration time, speedup over the Megatron baseline, bubble, peak memory and, for
-  replayed plans (a :class:`Measurement` each), the measured figures.
+* :func:`method_rows` — one row per searched method (an :class:`agents.base.SearchResult`): its
+  :class:`experiments.results.MethodRow` and, for replayed plans (a :class:`Measurement` each), the
+  measured figures.
 * :func:`device_rows` — per device of a plan: predicted (and measured) busy time and bubble,
   peak memory against the limit, and the layer kind that takes most of its time.
 * :func:`kind_rows` — per layer kind: how many layers, their share of the compute, and on which
@@ -83,31 +83,21 @@ def _bubble(busy: Sequence[float], makespan: float) -> list[float]:
 
 
 def method_rows(outcomes: Sequence[SearchResult], *, time_unit: str,
-                measured: Mapping[str, Measurement] | None = None) -> list[dict[str, Any]]:
-    """The comparison table, fastest predicted first; speedups are over the ``megatron`` outcome.
+                measured: Mapping[str, Measurement] | None = None, bound: float | None = None) -> list[dict[str, Any]]:
+    """The comparison table, fastest predicted first: each outcome's :class:`experiments.results.MethodRow`
+    (speedups over the ``megatron`` outcome, distance to ``bound``) and, for the methods in
+    ``measured`` (method -> its replay), the replay's figures in ms (docs/formats.md, "Method rows").
+    ``time_unit`` names the unit of the rows without a valid plan too."""
+    from experiments.results import method_rows as rows_of
 
-    ``predicted`` is in ``time_unit`` (the search's prediction); the replay columns, for the
-    methods in ``measured`` (method -> its replay), are in ms.
-    """
     measured = measured or {}
     mega = next((o for o in outcomes if o.method == "megatron"), None)
-    ref = mega.iteration_time if mega is not None and mega.ok else None
     ref_measured = measured[mega.method].measured_ms if mega is not None and mega.method in measured else None
     rows = []
-    for o in outcomes:
-        row: dict[str, Any] = {"method": o.method, "sim_calls": o.sim_calls, "seconds": round(o.seconds, 3)}
-        if o.result is None or not o.result.valid:
-            row.update({"predicted": None, "feasible": False, "note": o.note or (o.result.error if o.result else "")})
-            rows.append(row)
-            continue
-        r = o.result
-        row.update({
-            "predicted": r.iteration_time, "time_unit": time_unit, "feasible": r.feasible,
-            "speedup": ref / r.iteration_time if ref else None,
-            "bubble_pct": 100 * r.mean_bubble, "peak_mem_gb": max(r.peak_memory_gb),
-            "stages": o.plan.num_stages if o.plan else None, "note": o.note,
-        })
-        m = measured.get(o.method)
+    for base in rows_of(outcomes, bound):
+        row = base.as_dict()
+        row["time_unit"] = time_unit
+        m = measured.get(base.method) if base.valid else None
         if m is not None:
             busy, span = timeline_busy(m.measured_timeline)
             bubbles = _bubble(busy, span)
@@ -123,7 +113,6 @@ def method_rows(outcomes: Sequence[SearchResult], *, time_unit: str,
             if m.chosen_on_ms is not None:
                 row["chosen_on_ms"] = m.chosen_on_ms
         rows.append(row)
-    rows.sort(key=lambda r: (not r.get("feasible"), r["predicted"] if r.get("predicted") is not None else 1e300))
     return rows
 
 

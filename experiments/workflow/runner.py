@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget, SearchResult
+from agents.run_methods import with_baseline
 from executor.fidelity import calibration_plans
 from experiments.common import output_folder, prediction_meta
-from experiments.deploy import Searched, best_for, with_target_method, write_exports, write_plan_trace
+from experiments.deploy import best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow.config import WorkflowConfig
 from experiments.workflow.phases import (
     Costs,
@@ -246,7 +247,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
 
     # 3. search ---------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    methods = with_target_method(list(dict.fromkeys(["megatron", *cfg.methods])), cfg.target)
+    methods = with_target_method(with_baseline(cfg.methods), cfg.target)
     log(f"searching {len(methods)} methods for {profile.name} on {cluster.devices} devices, {microbatches} "
         f"micro-batches (budget {cfg.budget}, at most {budget.seconds:g} s each)")
     problem = Scenario(profile, cluster, microbatches)
@@ -256,9 +257,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
     feasible = [o for o in outcomes if o.feasible]
     mega = next((o for o in outcomes if o.method == "megatron" and o.ok), None)
-    searched = [Searched(o.method, o.plan, o.result) for o in feasible]
-    pick = best_for(cfg.target, searched, profile)
-    best = next((o for o in feasible if pick is not None and o.plan is pick.plan), None)
+    best = pick = best_for(cfg.target, feasible, profile)  # pick: the predicted best, kept when replays choose
     seconds["search"] = time.perf_counter() - t0
     if best is None:
         within = f" that {cfg.target} runs" if feasible else ""
@@ -276,7 +275,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
         o.plan.save_csv(out / "plan.csv")
 
     save_best(best)
-    targets = write_exports(out, searched, profile, best=pick,
+    targets = write_exports(out, feasible, profile, best=best,
                             reference=mega.iteration_time if mega is not None else None)
 
     # 4. replay ---------------------------------------------------------------------------------
@@ -303,8 +302,8 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
             if chosen is not best:
                 best = chosen
                 save_best(best, chosen_by="measured")
-                targets = write_exports(out, searched, profile, reference=mega.iteration_time if mega else None,
-                                        best=next(x for x in searched if x.method == best.method))
+                targets = write_exports(out, feasible, profile, reference=mega.iteration_time if mega else None,
+                                        best=best)
                 targets = _executor_row_is(targets, best, mega, out=out)
         seconds["replay"] = time.perf_counter() - t0
 

@@ -27,7 +27,7 @@ def test_quality_at_reads_the_best_plan_so_far() -> None:
 
 
 def test_anytime_figure_draws_from_rows_and_skips_rows_without_seconds(tmp_path) -> None:
-    rows = [{"scenario": "s", "devices": 4, "method": m, "budget": b, "feasible": True, "iter_time": t,
+    rows = [{"scenario": "s", "devices": 4, "method": m, "budget": b, "feasible": True, "iteration_time": t,
              "seconds": sec, "history": h}
             for m, b, t, sec, h in (("adaptis", "10", 110.0, 0.2, [[1, 0.01, 150.0], [8, 0.2, 110.0]]),
                                     ("adaptis", "40", 100.0, 0.9, [[1, 0.01, 150.0], [30, 0.8, 100.0]]),

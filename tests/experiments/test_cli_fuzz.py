@@ -1,6 +1,6 @@
 """CLI fuzz (issue 30): random command lines from every command's own flags, with random values and
 files (other commands' outputs, corrupt, empty, a folder). Each exits 0, or != 0 with a short message
-and no traceback, within its time limit and memory. More: python -m experiments.benchmarks.cli_fuzz."""
+and no traceback, within its time limit and memory. More: python -m tests.cli_fuzz."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from experiments.benchmarks.cli_fuzz import BASE, SKIPPED, _shell, command_flags, fuzz
+from tests.cli_fuzz import BASE, SKIPPED, _shell, command_flags, fuzz
 
 COUNT = int(os.environ.get("CLI_FUZZ_COUNT", "150"))
 

@@ -196,4 +196,4 @@ def test_interrupted_workflow_names_the_files_it_kept(tmp_path, sig, code) -> No
                                 "(search_rows.jsonl: the rows of 1 finished method, megatron); the search had not "
                                 "finished: no plan yet")
     (row,) = _lines(out / "search_rows.jsonl")
-    assert row["method"] == "megatron" and row["predicted"] > 0 and row["feasible"]
+    assert row["method"] == "megatron" and row["iteration_time"] > 0 and row["feasible"]

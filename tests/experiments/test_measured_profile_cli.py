@@ -47,15 +47,15 @@ def _bound(profile: ModelProfile) -> float:
 def test_baselines_never_beat_the_bound(measured_profile: ModelProfile) -> None:
     rows, _ = compare(Scenario(measured_profile, CLUSTER, 16), NAMED_METHODS)
     assert len(rows) >= 8
-    assert all(r["vs_lower_bound"] >= 1.0 for r in rows if r.get("vs_lower_bound") is not None), rows
-    assert any(r.get("vs_lower_bound") is not None for r in rows)
+    assert all(r.vs_lower_bound >= 1.0 for r in rows if r.vs_lower_bound is not None), rows
+    assert any(r.vs_lower_bound is not None for r in rows)
 
 
 def test_search_and_simulate_never_beat_the_bound(measured_profile: ModelProfile) -> None:
     problem = Scenario(measured_profile, CLUSTER, 16)
     results = [make_searcher(m).search(problem, budget=Budget(60), seed=0) for m in ("megatron", "zbv", "adaptis")]
     rows = method_rows(results, _bound(measured_profile))
-    assert all(r["vs_lower_bound"] >= 1.0 for r in rows if r.get("vs_lower_bound") is not None), rows
+    assert all(r.vs_lower_bound >= 1.0 for r in rows if r.vs_lower_bound is not None), rows
     plans = [r.plan for r in results if r.ok]
     assert plans
     for plan in plans:  # as `simulate --plan` prices the plan a search wrote

@@ -110,8 +110,8 @@ def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts() 
                        Cluster.load(root / "clusters" / "zb-a100x8-stages.json"), 24,
                        TrainingConfig(runtime="megatron"))
     rows, _ = compare(problem, ["1f1b"])
-    one_f_one_b = next(r for r in rows if r["method"] == "1f1b")
-    per_gpu = 144 / (one_f_one_b["iteration_time"] / 1e3) / 8  # 24 micro-batches of 6 samples, 8 GPUs
+    one_f_one_b = next(r for r in rows if r.method == "1f1b")
+    per_gpu = 144 / (one_f_one_b.iteration_time / 1e3) / 8  # 24 micro-batches of 6 samples, 8 GPUs
     rows = json.loads(DEV.read_text())["rows"]
     row = next(r for r in rows if r["id"] == "zb_t4_1.5B_m24_1F1B")
     assert per_gpu == pytest.approx(published.predict_row(row, rows).predicted, rel=1e-3)

@@ -88,13 +88,12 @@ def test_baselines_compares_every_named_schedule_fastest_first() -> None:
     from pipeline.schedules import NAMED_METHODS
 
     rows, results = compare(_problem(), NAMED_METHODS)
-    assert {r["method"] for r in rows} == set(NAMED_METHODS) == {r.method for r in results}
-    assert all({"method", "iteration_time", "bubble", "peak_memory_gb", "feasible"} <= set(r) for r in rows)
-    feasible = [r["iteration_time"] for r in rows if r["feasible"]]
-    assert feasible and feasible == sorted(feasible) and rows[:len(feasible)] == [r for r in rows if r["feasible"]]
-    mega = next(r for r in rows if r["method"] == "megatron")
-    assert all(r["speedup"] == pytest.approx(mega["iteration_time"] / r["iteration_time"]) for r in rows
-               if r.get("iteration_time"))
+    assert {r.method for r in rows} == set(NAMED_METHODS) == {r.method for r in results}
+    assert all(r.bubble is not None and r.peak_memory_gb for r in rows if r.valid)
+    feasible = [r.iteration_time for r in rows if r.feasible]
+    assert feasible and feasible == sorted(feasible) and rows[:len(feasible)] == [r for r in rows if r.feasible]
+    mega = next(r for r in rows if r.method == "megatron")
+    assert all(r.speedup == pytest.approx(mega.iteration_time / r.iteration_time) for r in rows if r.iteration_time)
 
 
 def test_baselines_and_simulate(tmp_path, capsys) -> None:

@@ -126,14 +126,14 @@ def test_default_policy_and_rl_tuner_within_the_tuner_budget():
 
 def _spy_on_searches(monkeypatch) -> list[tuple[str, Budget, float]]:
     """(method, budget, seconds spent) of every search ``evaluate-agent`` runs, in order."""
-    from experiments.commands import evaluate_agent
+    from agents import run_methods
 
     searches = []
-    make = evaluate_agent._searcher
+    make = run_methods._searcher
 
     class Spy:
-        def __init__(self, method, args):
-            self.method, self.inner = method, make(method, args)
+        def __init__(self, method, *args):
+            self.method, self.inner = method, make(method, *args)
             self.name = self.inner.name
 
         def search(self, problem, *, budget, **kwargs):
@@ -141,7 +141,7 @@ def _spy_on_searches(monkeypatch) -> list[tuple[str, Budget, float]]:
             searches.append((self.method, budget, res.seconds))
             return res
 
-    monkeypatch.setattr(evaluate_agent, "_searcher", Spy)
+    monkeypatch.setattr(run_methods, "_searcher", Spy)
     return searches
 
 
@@ -232,7 +232,7 @@ def test_evaluate_agent_mixed_speeds_and_the_index_order_baseline(tmp_path, caps
                  "--methods", "rl,rl-index-order", "--out", str(tmp_path), "--json"]) == 0
     rows = {r["method"]: r for r in (json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))}
     assert rows["rl"]["feasible"] and rows["rl"]["sim_calls"] <= 40
-    assert rows["rl"]["iter_time"] < 0.8 * rows["rl-index-order"]["iter_time"]
+    assert rows["rl"]["iteration_time"] < 0.8 * rows["rl-index-order"]["iteration_time"]
 
 
 def test_evaluate_agent_yardsticks_for_rl_tuner(tmp_path, capsys, monkeypatch):
@@ -284,7 +284,7 @@ def test_evaluate_agent_several_budgets_rows_carry_anytime_histories(tmp_path, c
         assert h and all(len(e) == 3 for e in h)
         assert all(a[0] < b[0] and a[1] <= b[1] and a[2] > b[2] for a, b in zip(h, h[1:]))
         assert h[-1][0] <= r["sim_calls"] and h[-1][1] <= r["seconds"] + 1e-3
-        assert h[-1][2] == pytest.approx(r["iter_time"], rel=1e-9)
+        assert h[-1][2] == pytest.approx(r["iteration_time"], rel=1e-9)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary) == {"20", "60"} and summary["60"]["adaptis"]["feasible"] == 1
     assert (tmp_path / "anytime.png").stat().st_size > 0 and (tmp_path / "quality.png").exists()

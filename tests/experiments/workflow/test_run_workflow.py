@@ -125,7 +125,7 @@ def test_rl_unavailable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch, cap
     assert code == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rl = next(r for r in report["rows"] if r["method"] == "rl")
-    assert rl["predicted"] is None and "not available" in rl["note"]
+    assert rl["iteration_time"] is None and "not available" in rl["note"]
     assert any(n.startswith("rl: skipped") for n in report["notes"])
 
 

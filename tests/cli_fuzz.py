@@ -1,4 +1,5 @@
-"""CLI fuzz: random command lines drawn from every command's own flags, with random values and files.
+"""CLI fuzz, a test tool (tests/experiments/test_cli_fuzz.py runs it): random command lines drawn
+from every command's own flags, with random values and files.
 
 Every command's flags are read from its argparse parser (``experiments.cli.build_parser``). Each
 invocation takes a small base command line that keeps the work short (a tiny budget, a 16-layer
@@ -18,7 +19,7 @@ Not drawn: ``replay`` (its torchrun job), ``profile --cluster-out`` (a torchrun 
 ``run`` always gets ``--gpu`` (no local torchrun profiling); ``train``'s and the searches' sizes
 come from small pools.
 
-  python -m experiments.benchmarks.cli_fuzz [--count 1000] [--seed 0] [--timeout 60] [--json]
+  python -m tests.cli_fuzz [--count 1000] [--seed 0] [--timeout 60] [--json]
 """
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""OUT/plan.json kept current while methods search: an interrupted search leaves its best plan so far."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.plan import Plan
+from pipeline.simulator import Result
+from pipeline.space import objective_key
+
+__all__ = ["BestPlanWriter"]
+
+
+class BestPlanWriter:
+    """Writes ``out/plan.json`` whenever any method finds a better plan that ``accept`` takes; the
+    plan's ``meta.method`` names the method that found it, ``meta.predicted`` what ``predicted`` says
+    of its result. Pass it as :func:`agents.run_methods.run_methods`'s ``on_improve`` (or bind the
+    method: ``functools.partial(writer, method)`` for one searcher's ``on_improve``)."""
+
+    def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True,
+                 predicted: Callable[[Result], dict] | None = None) -> None:
+        self.out = out
+        self.accept = accept
+        self.predicted = predicted
+        self.key: tuple | None = None
+        self.best_method: str | None = None
+
+    def __call__(self, method: str, plan: Plan, result: Result) -> None:
+        if not self.accept(plan):
+            return
+        key = objective_key(result)
+        if self.key is None or key < self.key:
+            self.key, self.best_method = key, method
+            tmp = self.out / "plan.json.tmp"
+            extra = {"predicted": self.predicted(result)} if self.predicted is not None else {}
+            replace(plan, meta={**plan.meta, "method": method, **extra}).save(tmp)
+            os.replace(tmp, self.out / "plan.json")
