@@ -66,7 +66,7 @@ from pipeline.errors import ConfigError
 NAME = "evaluate-agent"
 HELP = "compare the RL policy with the tuner on held-out scenarios (quality, calls, wall time)"
 COLUMNS = ("scenario", "devices", "mb", "method", "iter_time", "feasible", "quality", "tuner_vs_bound", "sim_calls",
-           "seconds")
+           "seconds", "note")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -290,9 +290,13 @@ def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple
             row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "method": m,
                    "budget": label, "iter_time": r.iteration_time if r.ok else None, "feasible": bool(r.feasible),
                    "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3), "history": r.anytime()}
+            skipped = r.result is None and r.note.startswith("skipped")  # e.g. rl past its device limit
+            if skipped:
+                row["note"] = r.note
             if ref is not None and ref.feasible:
                 row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
-                row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0
+                # a skipped method has no quality (it is no loss to the tuner: it did not run)
+                row["quality"] = None if skipped else ref.iteration_time / r.iteration_time if r.feasible else 0.0
             scenario_rows.append(row)
         rows.extend(scenario_rows)  # whole scenarios only: an interruption keeps no half of one
         with open(log, "a" if len(rows) > len(scenario_rows) else "w") as fh:
