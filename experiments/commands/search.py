@@ -69,7 +69,7 @@ from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan
-from pipeline.render import gantt_side_by_side
+from pipeline.render import axis_end, gantt_side_by_side
 from pipeline.simulator import Result
 from pipeline.space import Scenario, objective_key
 from pipeline.spec import GIB, Cluster, ModelProfile
@@ -231,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
               "budget": args.budget, "seed": args.seed}
+    # gantt_best.png and gantt_megatron.png share one time axis (they are looked at side by side)
+    xmax = axis_end([r.result.timeline_dict() for r in (best, mega) if r is not None])
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("search", [{k: v for k, v in r.items() if k != "history"} for r in rows])
         if best is not None:
@@ -239,12 +241,12 @@ def run(args: argparse.Namespace) -> int:
             best.plan.save(out / "plan.json")
             best.plan.save_csv(out / "plan.csv")
             gantt_side_by_side([best.result.timeline_dict()], [f"best: {best.method} on {profile.name}"],
-                               out / "gantt_best.png")
+                               out / "gantt_best.png", xmax=xmax)
             tracker.log_image("gantt/best", out / "gantt_best.png")
             tracker.log_plan(best.plan, name=f"plan-{profile.name}", metadata=result_row(best, reference, bound.value))
         if mega is not None:
             gantt_side_by_side([mega.result.timeline_dict()], [f"megatron on {profile.name}"],
-                               out / "gantt_megatron.png")
+                               out / "gantt_megatron.png", xmax=xmax)
             tracker.log_image("gantt/megatron", out / "gantt_megatron.png")
         if best is not None and mega is not None:
             tracker.summary({"best_method": best.method, "best_iteration_time": best.iteration_time,
