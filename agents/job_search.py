@@ -212,17 +212,45 @@ def _setup(cfg: JobConfig, par: Parallelism):
     return profile, cluster, _training(cfg, par)
 
 
+def _memory_need(profile: Any, cluster: Any, training: TrainingConfig, par: Parallelism) -> tuple[float, float]:
+    """(bytes the average device of ``par`` holds at least, the least device's limit): its stages'
+    weights and state, and at some moment at least one micro-batch of their activations (a
+    recomputing stage reserves one too); the average device bounds the fullest."""
+    static = (training.param_bytes * sum(x.params for x in profile.layers)
+              + training.activation_scale * sum(x.act_bytes for x in profile.layers)) / par.pp
+    return static, min(cluster.memory_limits_bytes)
+
+
 def _bound(cfg: JobConfig, par: Parallelism) -> tuple[float, bool]:
     """(lower bound on the step in seconds, whether any plan can fit the memory)."""
     profile, cluster, training = _setup(cfg, par)
     shards = training.data_parallel if training.zero_stage >= 1 else 1
     lb = lower_bound(profile, cluster, par.microbatches, runtime=training.runtime, optimizer_shards=shards)
-    # every device holds its stages' weights and state, and at some moment at least one micro-batch of
-    # their activations (a recomputing stage reserves one too): the average device bounds the fullest
-    static = (training.param_bytes * sum(x.params for x in profile.layers)
-              + training.activation_scale * sum(x.act_bytes for x in profile.layers)) / par.pp
-    limit = min(cluster.memory_limits_bytes)
-    return lb.value * profile.seconds_per_unit, static <= limit
+    need, limit = _memory_need(profile, cluster, training, par)
+    return lb.value * profile.seconds_per_unit, need <= limit
+
+
+def no_fit_advice(cfg: JobConfig) -> str:
+    """One line on what to change when no configuration of ``cfg`` fits: the leanest one's need
+    against a GPU's memory, about how many GPUs that asks for, and the sharding that helps."""
+    needs = []
+    for par in candidate_degrees(cfg):
+        profile, cluster, training = _setup(cfg, par)
+        need, limit = _memory_need(profile, cluster, training, par)
+        needs.append((need / limit, need, limit, par))
+    if not needs:
+        return "no valid degrees to try"
+    ratio, need, limit, par = min(needs, key=lambda x: x[0])
+    gib = 2 ** 30
+    tips = []
+    if ratio > 1:
+        tips.append(f"about {math.ceil(ratio * cfg.gpus)} GPUs (--gpus)")
+    if cfg.zero_stage < 3:
+        tips.append("--zero fsdp (weights and optimizer state sharded over data parallel)")
+    tips.append("a smaller --seq-len or --microbatch-sizes 1")
+    return (f"the leanest configuration ({par.describe()}) needs at least {need / gib:.1f} GiB per GPU against "
+            f"{limit / gib:.1f} GiB usable (Megatron's rows already tried full recompute); use "
+            + ", or ".join(tips))
 
 
 def _megatron(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
@@ -432,7 +460,8 @@ def _fmt(row: JobRow) -> str:
 
 
 def run_job(args: argparse.Namespace) -> int:
-    """Run the job search from parsed arguments; print the best configurations; 0 on success."""
+    """Run the job search from parsed arguments; print the best configurations; 0 on success, 3 (with
+    one line of advice, also the JSON summary's ``why``) when no configuration fits in memory."""
     try:
         cfg = config_from_args(args)
         found = search_job(cfg, workers=args.workers, ray_address=getattr(args, "ray", None))
@@ -441,10 +470,12 @@ def run_job(args: argparse.Namespace) -> int:
         return 2
     out = getattr(args, "out", None)
     m_by_par = {r.par: r for r in found.rows if r.method == "megatron"}
+    why = None if found.best is not None else (
+        f"no configuration of {cfg.arch.name} on {cfg.gpus} x {cfg.gpu} fits in memory: {no_fit_advice(cfg)}")
     if getattr(args, "json", False):
         for r in found.rows:
             print(json.dumps(r.as_dict()))
-        print(json.dumps({"summary": True, "configurations": found.configurations,
+        print(json.dumps({"summary": True, "configurations": found.configurations, "why": why,
                           "pruned_memory": found.pruned_memory, "pruned_bound": found.pruned_bound,
                           "seconds": found.seconds, "speedup_over_megatron": found.speedup,
                           "best": found.best.as_dict() if found.best else None,
@@ -468,6 +499,9 @@ def run_job(args: argparse.Namespace) -> int:
         files = write_job_exports(Path(out), cfg, found)
         if not getattr(args, "json", False):
             print(f"-> {', '.join(str(Path(out) / f) for f in files)}")
+    if why is not None:  # exit 3, as the pipeline search's "no plan fits"
+        print(why, file=sys.stderr)
+        return 3
     return 0
 
 

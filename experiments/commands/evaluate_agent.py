@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.anytime import anytime_figure, parse_budgets
     from experiments.tracking.hooks import tracked_run
 
-    out = output_folder(args.out)
+    out = output_folder(args.out, command=NAME, inputs=args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         _tuner_calls(m)  # a malformed adaptis@N fails before any search

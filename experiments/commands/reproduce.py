@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "megatron")
     for s in sizes:
         check_microbatches(args.microbatches, SIZES[s])
-    out = output_folder(args.out)
+    out = output_folder(args.out, command=NAME, inputs=args)
     cases = [(f, s, q) for f in families for s in sizes for q in seq_lens]
     from tqdm import tqdm
 

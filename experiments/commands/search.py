@@ -76,6 +76,8 @@ from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
 NAME = "search"
+#: Where the best plan goes when none fits in memory (plan.json only ever holds one that fits).
+INFEASIBLE_PLAN = "infeasible_plan.json"
 HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
 DEFAULT_METHODS = ("megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,rl,megatron+layout,"
                    "adaptis")
@@ -111,7 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _BestPlanWriter:
     """Writes OUT/plan.json whenever any method finds a better plan, so an interrupted search keeps it;
-    the plan's ``meta.method`` names the method searching (set :attr:`method` before each)."""
+    the plan's ``meta.method`` names the method searching (set :attr:`method` before each). A plan
+    that does not fit in memory is never plan.json: it goes to OUT/infeasible_plan.json, marked
+    ``meta.feasible: false`` (removed once a plan that fits is found)."""
 
     def __init__(self, out: Path, accept: Callable[[Plan], bool] = lambda plan: True,
                  predicted: Callable[[Result], dict] | None = None) -> None:
@@ -128,10 +132,20 @@ class _BestPlanWriter:
         key = objective_key(result)
         if self.key is None or key < self.key:
             self.key, self.best_method = key, self.method
-            tmp = self.out / "plan.json.tmp"
+            name = "plan.json" if result.feasible else INFEASIBLE_PLAN
+            tmp = self.out / (name + ".tmp")
             extra = {"predicted": self.predicted(result)} if self.predicted is not None else {}
+            if not result.feasible:
+                extra["feasible"] = False
+                extra["peak_memory_gb"] = [round(p, 3) for p in result.peak_memory_gb]
             replace(plan, meta={**plan.meta, "method": self.method, **extra}).save(tmp)
-            os.replace(tmp, self.out / "plan.json")
+            os.replace(tmp, self.out / name)
+            if result.feasible:
+                (self.out / INFEASIBLE_PLAN).unlink(missing_ok=True)
+            self.path = self.out / name
+
+    path: Path | None = None
+    """The file of the best plan so far (plan.json, or infeasible_plan.json), None before any."""
 
 
 def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult], writer: _BestPlanWriter,
@@ -149,7 +163,7 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
         kept.append(f"the rows of {len(rows)} finished method{'s' if len(rows) > 1 else ''} "
                     f"({', '.join(r.method for r in results)}) in {out / 'results.jsonl'}")
     if writer.best_method is not None:
-        kept.append(f"the best plan so far ({writer.best_method}) in {out / 'plan.json'}")
+        kept.append(f"the best plan so far ({writer.best_method}) in {writer.path}")
     return interrupted(stop, f"kept {' and '.join(kept)}" if kept else "no method had finished or found a plan; "
                        "nothing written")
 
@@ -176,6 +190,8 @@ def _print_rows(rows: list[dict], *, args: argparse.Namespace, title: str) -> No
 
 def run(args: argparse.Namespace) -> int:
     if args.gpus is not None or args.global_batch is not None:  # the whole job: degrees with the pipeline inside
+        if args.out:
+            output_folder(args.out, command=NAME, inputs=args)  # an earlier search's files are not this one's
         return run_job(args)
     profile, cluster = resolve_problem(args)
     check_microbatches(args.microbatches, cluster.devices)
@@ -196,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
         if args.ranker and hasattr(s, "ranker_path"):
             s.ranker_path = args.ranker
     out = output_folder(args.out or
-                        f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
+                        f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}",
+                        command=NAME, inputs=args)
     problem = Scenario(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
     bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
     def predicted(result: Result) -> dict:
@@ -276,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device ({cluster.memory_gb:g} "
                     f"less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or use fewer "
                     "micro-batches in flight")
+        if (out / INFEASIBLE_PLAN).is_file():
+            msg += f"; the fastest plan that does not fit is in {out / INFEASIBLE_PLAN} (not plan.json)"
         print(msg, file=sys.stderr)
         return 3
     if not args.json:
