@@ -102,6 +102,23 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def check_file_path(path: str | Path | None, field: str) -> None:
+    """Refuse, before any work, an output file path that cannot be written: an existing folder, or
+    one inside a file (the command would otherwise fail only at its end, losing its results)."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{str(target)!r} is a folder; name a file (e.g. {str(target / 'trace.json')!r})",
+                          field=field)
+    for part in target.parents:
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"{str(target)!r} is inside {str(part)!r}, which is a file; name a file in a folder",
+                                  field=field)
+            break
+
+
 #: The file that marks an output folder as one command's: ``{"command": NAME, "pid": PID}``.
 OUT_MARK = ".adaptis-out.json"
 

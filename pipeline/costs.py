@@ -790,6 +790,11 @@ def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100"
     spec = get_gpu(gpu)
     s = seq_len if seq_len is not None else (arch.seq_len or DEFAULT_SEQ_LEN)
     _check_degrees(arch, seq_len=s, microbatch_size=microbatch_size, tp=tp)
+    shards = max((x.shards for x in arch.layers if x.kind == "head"), default=1)
+    if shards > s * microbatch_size:
+        raise ConfigError(f"{shards} head shards but only {s * microbatch_size} tokens per micro-batch (seq_len x "
+                          "microbatch_size): each shard needs a token; use fewer --head-shards", source=arch.name,
+                          field="head_shards")
     units = _unit_costs(arch, spec=spec, seq_len=s, microbatch_size=microbatch_size, tp=tp,
                         options=options or CostOptions())
     return ModelProfile(

@@ -413,7 +413,8 @@ def architecture_from_config(raw: dict[str, Any], *, source: str = "config", nam
     try:
         return refine_architecture(arch, granularity=granularity, head_shards=head_shards)
     except ConfigError as exc:
-        raise ConfigError(str(exc), source=source, field=exc.field) from None
+        message = str(exc).removeprefix(f"field '{exc.field}': ") if exc.source is None else str(exc)
+        raise ConfigError(message, source=source, field=exc.field) from None
 
 
 def _architecture(raw: dict[str, Any], *, source: str, name: str | None) -> Architecture:

@@ -43,6 +43,7 @@ from experiments.common import (
     add_model_args,
     add_output_args,
     add_runtime_arg,
+    check_file_path,
     check_microbatches,
     interrupted,
     non_negative_float,
@@ -189,6 +190,7 @@ def _print_rows(rows: list[dict], *, args: argparse.Namespace, title: str) -> No
 
 
 def run(args: argparse.Namespace) -> int:
+    check_file_path(args.trace, "--trace")  # before the search, not after it
     if args.gpus is not None or args.global_batch is not None:  # the whole job: degrees with the pipeline inside
         if args.out:
             output_folder(args.out, command=NAME, inputs=args)  # an earlier search's files are not this one's

@@ -19,6 +19,7 @@ from experiments.common import (
     add_model_args,
     add_output_args,
     add_runtime_arg,
+    check_file_path,
     resolve_cluster,
     resolve_profile,
     resolve_training,
@@ -61,6 +62,7 @@ def check_image_path(path: str, field: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gantt:
         check_image_path(args.gantt, "--gantt")
+    check_file_path(args.trace, "--trace")
     profile = resolve_profile(args)
     cluster = resolve_cluster(args)
     plan = Plan.load(args.plan)
