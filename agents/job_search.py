@@ -322,6 +322,13 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
     run the configurations as Ray tasks on that cluster (``local`` starts one here)."""
     t0 = time.perf_counter()
     pars = candidate_degrees(cfg)
+    if not pars and cfg.tp_choices is not None:
+        heads = cfg.arch.num_attention_heads
+        usable = [t for t in cfg.tp_choices if not cfg.gpus % t and t <= cfg.gpus_per_node and not heads % t]
+        if not usable:
+            raise ConfigError(f"no tensor-parallel degree among {list(cfg.tp_choices)} divides both {cfg.gpus} GPUs "
+                              f"and {heads} attention heads (and fits a node of {cfg.gpus_per_node}); use a --tp "
+                              f"that divides both", field="--tp")
     if not pars:
         raise ConfigError(f"no valid (tp, pp, dp, cp, ep, micro-batch size) for {cfg.gpus} GPUs and a global batch "
                           f"of {cfg.global_batch}: use a global batch divisible by the data-parallel degrees, "

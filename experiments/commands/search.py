@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -77,6 +78,8 @@ from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
 NAME = "search"
+#: Pipeline devices when --devices is not given (and no --cluster, --gpus).
+DEFAULT_DEVICES = 8
 #: Where the best plan goes when none fits in memory (plan.json only ever holds one that fits).
 INFEASIBLE_PLAN = "infeasible_plan.json"
 HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
@@ -89,6 +92,7 @@ COLUMNS = ("method", "iter_time", "tokens_per_s", "bubble_pct", "peak_mem_gb", "
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     add_cluster_args(parser, default_devices=8)
+    parser.set_defaults(devices=None)  # 8 (DEFAULT_DEVICES) unless given; given beside --gpus, refused
     parser.add_argument("--microbatches", type=positive_int, default=32, help="micro-batches per iteration")
     parser.add_argument("--method", default=DEFAULT_METHODS,
                         help="comma-separated methods (README's method names), or 'all': every named schedule, "
@@ -191,10 +195,18 @@ def _print_rows(rows: list[dict], *, args: argparse.Namespace, title: str) -> No
 
 def run(args: argparse.Namespace) -> int:
     check_file_path(args.trace, "--trace")  # before the search, not after it
+    if not [m for m in args.method.split(",") if m.strip()]:
+        raise ConfigError(f"names no method ({args.method!r}); give e.g. adaptis, megatron,zbv or all",
+                          field="--method")
     if args.gpus is not None or args.global_batch is not None:  # the whole job: degrees with the pipeline inside
+        if getattr(args, "devices", None) is not None:
+            raise ConfigError("--gpus sizes the whole job (the pipeline's devices are --gpus / (tp x dp x cp)); "
+                              "give --gpus or --devices, not both", field="--devices")
         if args.out:
             output_folder(args.out, command=NAME, inputs=args)  # an earlier search's files are not this one's
         return run_job(args)
+    if args.devices is None:
+        args.devices = DEFAULT_DEVICES
     profile, cluster = resolve_problem(args)
     check_microbatches(args.microbatches, cluster.devices)
     try:
@@ -291,10 +303,17 @@ def run(args: argparse.Namespace) -> int:
         msg = "no plan fits in memory" + (f" among those {args.target} runs" if args.target != "executor" else "")
         if smallest is not None:
             peak = max(smallest.result.peak_memory) / GIB
+            usable = cluster.memory_gb - cluster.memory_reserve_gb
+            # weights, gradients and optimizer state spread evenly: what no schedule can shrink
+            state = problem.training.param_bytes * sum(x.params for x in profile.layers) / cluster.devices / GIB
+            least = math.ceil(state * cluster.devices / usable)
+            fix = (f"the weights and optimizer state alone need {state:.2f} GiB per device even spread over "
+                   f"{cluster.devices}, so no schedule fits: use at least {least} devices or more memory per "
+                   "device" if state > usable else
+                   "add devices or memory, or use fewer micro-batches in flight")
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
-                    f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device ({cluster.memory_gb:g} "
-                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or use fewer "
-                    "micro-batches in flight")
+                    f"{usable:g} GiB usable per device ({cluster.memory_gb:g} "
+                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): {fix}")
         if (out / INFEASIBLE_PLAN).is_file():
             msg += f"; the fastest plan that does not fit is in {out / INFEASIBLE_PLAN} (not plan.json)"
         print(msg, file=sys.stderr)

@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     profile = resolve_profile(args)
     cluster = resolve_cluster(args)
     plan = Plan.load(args.plan)
+    searched = plan.meta.get("predicted", {}).get("profile") if isinstance(plan.meta.get("predicted"), dict) else None
+    if isinstance(searched, str) and searched != profile.name:  # same layer count, another model: it still runs
+        print(f"warning: {args.plan} was searched for {searched!r}, not {profile.name!r}: the figures below are "
+              f"this plan's partition and order on {profile.name!r}", file=sys.stderr)
     training = resolve_training(args)
     result = simulate(plan, profile, cluster, training=training)
     row = {"method": plan.method, **result.summary()}

@@ -52,7 +52,7 @@ def _at_most_one(text: str) -> float:
     update) and the discount factor."""
     value = positive_float(text)
     if value > 1:
-        raise argparse.ArgumentTypeError(f"must be at most 1 (e.g. 5e-4 for a learning rate), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text!r}")
     return value
 
 
