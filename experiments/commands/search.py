@@ -3,8 +3,13 @@
 Prints a table (method, iteration time, throughput, bubble, peak memory, speedup over the
 Megatron baseline, distance to the lower bound, simulator calls, search seconds) and writes
 OUT/plan.json (the best feasible plan, rewritten as the search improves it), OUT/plan.csv (for
-torch.distributed.pipelining / torchtitan), OUT/gantt_best.png, OUT/gantt_megatron.png and
-OUT/results.jsonl. Logs everything to W&B (offline by default).
+torch.distributed.pipelining / torchtitan), OUT/gantt_best.png, OUT/gantt_megatron.png (one time
+axis; each chart ends at the printed iteration time) and OUT/results.jsonl. Logs everything to
+W&B (offline by default). When no plan fits in memory it exits 3 with advice, and the fastest plan
+that does not fit is OUT/infeasible_plan.json (meta.feasible false), never plan.json. An OUT that
+holds an earlier search's output is replaced whole; a folder of your own is written into, never
+emptied; one another search is still writing is refused. rl and rl+tuner plan up to 32 devices:
+beyond, their rows say skipped.
 
 --target {executor,torchtitan,megatron} keeps the best plan inside what that runtime runs (its own
 search method joins the others: megatron+layout, adaptis@torchtitan) and prints, per target, the
@@ -208,6 +213,10 @@ def run(args: argparse.Namespace) -> int:
     if args.devices is None:
         args.devices = DEFAULT_DEVICES
     profile, cluster = resolve_problem(args)
+    if args.profile and profile.extra.get("measured") and "runtime_scales" not in profile.extra:
+        print(f"note: {args.profile} is measured but not calibrated (profile --calibrate N, or run's "
+              "calibrated_profile.json): it leaves out the runtime's overheads and contention, which put one "
+              "prediction at 114 ms against 293 ms measured (tiny-hybrid, 2 CPU ranks; issue 47)", file=sys.stderr)
     check_microbatches(args.microbatches, cluster.devices)
     try:
         budget = Budget.parse(args.budget)
