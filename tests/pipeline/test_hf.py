@@ -84,7 +84,8 @@ QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate
 
 EXAMPLES: dict[str, dict[str, Any]] = {
     "llama": LLAMA3_8B, "mistral": MISTRAL_7B, "mixtral": MIXTRAL_8X7B, "qwen2": QWEN2_7B, "qwen3": QWEN3_8B,
-    "qwen2_moe": QWEN15_MOE_A27B, "qwen3_moe": QWEN3_30B_A3B, "qwen3_next": QWEN3_NEXT_80B, "gemma2": GEMMA2_9B, "gemma3_text": GEMMA3_1B,
+    "qwen2_moe": QWEN15_MOE_A27B, "qwen3_moe": QWEN3_30B_A3B, "qwen3_next": QWEN3_NEXT_80B, "gemma2": GEMMA2_9B,
+    "gemma3_text": GEMMA3_1B,
     "deepseek_v2": DEEPSEEK_V2_LITE, "deepseek_v3": DEEPSEEK_V3, "nemotron_h": NEMOTRON_H_8B, "jamba": JAMBA_V01,
     "gpt_oss": GPT_OSS_120B, "adaptis": ADAPTIS,
 }
