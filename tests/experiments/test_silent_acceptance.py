@@ -74,3 +74,20 @@ def test_simulating_a_plan_of_another_model_warns(tmp_path, capsys) -> None:
     captured = capsys.readouterr()
     assert "warning:" in captured.err and "'gemma-small', not 'llama-control'" in captured.err
     assert json.loads(captured.out)["valid"] is True
+
+
+def test_train_refuses_the_entity_network_without_masks(tmp_path, capsys) -> None:
+    assert main(["train", "--network", "entity", "--algo", "ppo", "--timesteps", "64", "--out", str(tmp_path)]) == 2
+    assert "field '--network'" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.slow  # a 64-step training run with one evaluation
+def test_train_ends_with_its_quality_and_its_wandb_run(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--timesteps", "64", "--n-steps", "32", "--n-envs", "1", "--batch-size", "32",
+                 "--eval-every", "64", "--eval-scenarios", "1", "--imitation-states", "0", "--no-progress",
+                 "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "held-out quality at 64 steps: throughput / tuner's (geo-mean)" in out
+    assert "W&B run" in out and "offline-run-" in out
