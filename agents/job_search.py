@@ -206,17 +206,45 @@ def job_setup(cfg: JobConfig, par: Parallelism) -> tuple[ModelProfile, Cluster, 
     return profile, cluster, _training(cfg, par)
 
 
+def _memory_need(profile: Any, cluster: Any, training: TrainingConfig, par: Parallelism) -> tuple[float, float]:
+    """(bytes the average device of ``par`` holds at least, the least device's limit): its stages'
+    weights and state, and at some moment at least one micro-batch of their activations (a
+    recomputing stage reserves one too); the average device bounds the fullest."""
+    static = (training.param_bytes * sum(x.params for x in profile.layers)
+              + training.activation_scale * sum(x.act_bytes for x in profile.layers)) / par.pp
+    return static, min(cluster.memory_limits_bytes)
+
+
 def _bound(cfg: JobConfig, par: Parallelism) -> tuple[float, bool]:
     """(lower bound on the step in seconds, whether any plan can fit the memory)."""
     profile, cluster, training = job_setup(cfg, par)
     shards = training.data_parallel if training.zero_stage >= 1 else 1
     lb = lower_bound(profile, cluster, par.microbatches, runtime=training.runtime, optimizer_shards=shards)
-    # every device holds its stages' weights and state, and at some moment at least one micro-batch of
-    # their activations (a recomputing stage reserves one too): the average device bounds the fullest
-    static = (training.param_bytes * sum(x.params for x in profile.layers)
-              + training.activation_scale * sum(x.act_bytes for x in profile.layers)) / par.pp
-    limit = min(cluster.memory_limits_bytes)
-    return lb.value * profile.seconds_per_unit, static <= limit
+    need, limit = _memory_need(profile, cluster, training, par)
+    return lb.value * profile.seconds_per_unit, need <= limit
+
+
+def no_fit_advice(cfg: JobConfig) -> str:
+    """One line on what to change when no configuration of ``cfg`` fits: the leanest one's need
+    against a GPU's memory, about how many GPUs that asks for, and the sharding that helps."""
+    needs = []
+    for par in candidate_degrees(cfg):
+        profile, cluster, training = job_setup(cfg, par)
+        need, limit = _memory_need(profile, cluster, training, par)
+        needs.append((need / limit, need, limit, par))
+    if not needs:
+        return "no valid degrees to try"
+    ratio, need, limit, par = min(needs, key=lambda x: x[0])
+    gib = 2 ** 30
+    tips = []
+    if ratio > 1:
+        tips.append(f"about {math.ceil(ratio * cfg.gpus)} GPUs (--gpus)")
+    if cfg.zero_stage < 3:
+        tips.append("--zero fsdp (weights and optimizer state sharded over data parallel)")
+    tips.append("a smaller --seq-len or --microbatch-sizes 1")
+    return (f"the leanest configuration ({par.describe()}) needs at least {need / gib:.1f} GiB per GPU against "
+            f"{limit / gib:.1f} GiB usable (Megatron's rows already tried full recompute); use "
+            + ", or ".join(tips))
 
 
 def _megatron(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
@@ -288,6 +316,13 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
     run the configurations as Ray tasks on that cluster (``local`` starts one here)."""
     t0 = time.perf_counter()
     pars = candidate_degrees(cfg)
+    if not pars and cfg.tp_choices is not None:
+        heads = cfg.arch.num_attention_heads
+        usable = [t for t in cfg.tp_choices if not cfg.gpus % t and t <= cfg.gpus_per_node and not heads % t]
+        if not usable:
+            raise ConfigError(f"no tensor-parallel degree among {list(cfg.tp_choices)} divides both {cfg.gpus} GPUs "
+                              f"and {heads} attention heads (and fits a node of {cfg.gpus_per_node}); use a --tp "
+                              f"that divides both", field="--tp")
     if not pars:
         raise ConfigError(f"no valid (tp, pp, dp, cp, ep, micro-batch size) for {cfg.gpus} GPUs and a global batch "
                           f"of {cfg.global_batch}: use a global batch divisible by the data-parallel degrees, "

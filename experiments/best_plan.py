@@ -1,4 +1,7 @@
-"""OUT/plan.json kept current while methods search: an interrupted search leaves its best plan so far."""
+"""OUT/plan.json kept current while methods search: an interrupted search leaves its best plan so far.
+
+A plan that does not fit in memory is never plan.json: it goes to OUT/infeasible_plan.json
+(:data:`INFEASIBLE_PLAN`), marked ``meta.feasible: false``, and is removed once one that fits is found."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ from pipeline.plan import Plan
 from pipeline.simulator import Result
 from pipeline.space import objective_key
 
-__all__ = ["BestPlanWriter"]
+__all__ = ["BestPlanWriter", "INFEASIBLE_PLAN"]
+
+#: Where the best plan goes while none fits in memory (plan.json only ever holds one that fits).
+INFEASIBLE_PLAN = "infeasible_plan.json"
 
 
 class BestPlanWriter:
@@ -34,7 +40,17 @@ class BestPlanWriter:
         key = objective_key(result)
         if self.key is None or key < self.key:
             self.key, self.best_method = key, method
-            tmp = self.out / "plan.json.tmp"
+            name = "plan.json" if result.feasible else INFEASIBLE_PLAN
+            tmp = self.out / (name + ".tmp")
             extra = {"predicted": self.predicted(result)} if self.predicted is not None else {}
+            if not result.feasible:
+                extra["feasible"] = False
+                extra["peak_memory_gb"] = [round(p, 3) for p in result.peak_memory_gb]
             replace(plan, meta={**plan.meta, "method": method, **extra}).save(tmp)
-            os.replace(tmp, self.out / "plan.json")
+            os.replace(tmp, self.out / name)
+            if result.feasible:
+                (self.out / INFEASIBLE_PLAN).unlink(missing_ok=True)
+            self.path = self.out / name
+
+    path: Path | None = None
+    """The file of the best plan so far (plan.json, or infeasible_plan.json), None before any."""

@@ -11,6 +11,7 @@ import argparse
 import functools
 import importlib
 import pkgutil
+import re
 import signal
 import sys
 import threading
@@ -94,6 +95,18 @@ def _check_single_values(parser: argparse.ArgumentParser, args: argparse.Namespa
             command.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
 
 
+def launch_failure(exc: BaseException) -> str:
+    """What a failed torchrun job prints: one line, then its last lines of output indented."""
+    output = str(getattr(exc, "output", "") or "")
+    killed = re.search(r"\[killed after (\d+) s\]", output)
+    if killed:
+        return (f"the torchrun job did not finish within --timeout ({killed.group(1)} s) and was stopped; "
+                "give it more time (--timeout SECONDS)")
+    tail = [line for line in output.strip().splitlines() if line.strip()][-8:]
+    code = getattr(exc, "returncode", None)
+    return f"the torchrun job failed (exit code {code}); its last lines:" + "".join(f"\n  | {x}" for x in tail)
+
+
 def _run(args: argparse.Namespace) -> int:
     """The command's exit code; the user's mistakes are one ``error: ...`` line and code 2."""
     from experiments.common import strict_profiles
@@ -111,6 +124,11 @@ def _run(args: argparse.Namespace) -> int:
         # Output piped into e.g. `head`: stop quietly, as Unix tools do.
         sys.stderr.close()
         return 0
+    except RuntimeError as exc:
+        if type(exc).__name__ != "LaunchError":  # executor.replay's (not imported here: it is heavy)
+            raise
+        print(f"error: {launch_failure(exc)}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a path named on the command line: inside a file, not writable, disk full
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)

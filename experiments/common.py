@@ -102,9 +102,35 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def output_folder(path: str | Path, *, field: str = "--out") -> Path:
+def check_file_path(path: str | Path | None, field: str) -> None:
+    """Refuse, before any work, an output file path that cannot be written: an existing folder, or
+    one inside a file (the command would otherwise fail only at its end, losing its results)."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{str(target)!r} is a folder; name a file (e.g. {str(target / 'trace.json')!r})",
+                          field=field)
+    for part in target.parents:
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"{str(target)!r} is inside {str(part)!r}, which is a file; name a file in a folder",
+                                  field=field)
+            break
+
+
+#: The file that marks an output folder as one command's: ``{"command": NAME, "pid": PID}``.
+OUT_MARK = ".adaptis-out.json"
+
+
+def output_folder(path: str | Path, *, field: str = "--out", command: str | None = None,
+                  inputs: object = None) -> Path:
     """``path`` as an output folder, created if missing; refused in one line when it, or a folder
-    above it, is an existing file."""
+    above it, is an existing file.
+
+    With ``command``, the folder is that command's (:func:`claim_folder`): a previous run of the
+    same command there is replaced whole (except the files ``inputs``, the command's arguments,
+    name), a run still writing there refuses this one."""
     folder = Path(path)
     for part in (folder, *folder.parents):
         if part.exists() and not part.is_dir():
@@ -118,7 +144,69 @@ def output_folder(path: str | Path, *, field: str = "--out") -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot create {str(folder)!r}: {exc.strerror}; name a folder you may write for {field}",
                           field=field) from None
+    if command is not None:
+        claim_folder(folder, command, field=field, keep=_named_paths(inputs))
     return folder
+
+
+def _named_paths(args: object) -> set[Path]:
+    """The existing files and folders that the string values of ``args`` (a Namespace or dataclass) name."""
+    import dataclasses
+
+    values = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else vars(args) if args is not None else {}
+    out = set()
+    for v in values.values():
+        if isinstance(v, str) and v and Path(v).exists():
+            out.add(Path(v).resolve())
+    return out
+
+
+def claim_folder(folder: Path, command: str, *, field: str = "--out", keep: set[Path] | None = None) -> None:
+    """Make ``folder`` this run's output of ``command``, so no file of an earlier run is taken for this one's.
+
+    * empty: marked (:data:`OUT_MARK`) as this command's;
+    * marked by a run of ``command`` that is over: its files are removed, then marked again;
+    * marked by a run still alive (another process): refused in one line (one folder, one writer);
+    * anything else (a folder of your own, another command's output): left as it is, not marked,
+      so nothing there is ever removed.
+
+    Entries that are, or hold, a path in ``keep`` (the run's inputs) are never removed.
+    """
+    import os
+    import shutil
+
+    mark = folder / OUT_MARK
+    try:
+        previous = json.loads(mark.read_text())
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict):
+        pid = previous.get("pid")
+        if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+            raise ConfigError(f"{str(folder)!r} is being written by a running {previous.get('command')} (pid {pid}); "
+                              f"wait for it to end or name another folder for {field}", field=field)
+        if previous.get("command") != command:
+            return
+        keep = keep or set()
+        for entry in folder.iterdir():
+            full = entry.resolve()
+            if entry.name != OUT_MARK and not any(k == full or full in k.parents for k in keep):
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    elif any(folder.iterdir()):
+        return
+    mark.write_text(json.dumps({"command": command, "pid": os.getpid()}) + "\n")
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:

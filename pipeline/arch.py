@@ -174,12 +174,20 @@ def head_shard_tokens(tokens: int, shard: int, shards: int) -> tuple[int, int]:
     return tokens * shard // shards, tokens * (shard + 1) // shards
 
 
+#: The finest head cut :func:`refine_architecture` makes: each shard is one more unit for every
+#: search to place (a search at 256 shards takes seconds; 100,000 never ends).
+MAX_HEAD_SHARDS = 256
+
+
 def refine_architecture(arch: Architecture, *, granularity: str = "layer", head_shards: int = 1) -> Architecture:
     """``arch`` cut into finer units (see the module docstring); ``("layer", 1)`` returns it unchanged."""
     if granularity not in GRANULARITIES:
         raise ConfigError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}", field="granularity")
     if isinstance(head_shards, bool) or not isinstance(head_shards, int) or head_shards < 1:
         raise ConfigError(f"must be a whole number >= 1, got {head_shards!r}", field="head_shards")
+    if head_shards > MAX_HEAD_SHARDS:
+        raise ConfigError(f"at most {MAX_HEAD_SHARDS} head shards (each is a unit every search prices), got "
+                          f"{head_shards}; a few (e.g. 4-16) already split the head's time", field="head_shards")
     if granularity == "layer" and head_shards == 1:
         return arch
     units: list[LayerSpec] = []

@@ -66,6 +66,8 @@ from pipeline.errors import ConfigError, PlanError
 from pipeline.event_sim import StageCosts
 from pipeline.exact_model import (
     RELAX_ACTIONS,
+    STOPPED,
+    STOPPED_BY,
     backward_kinds,
     build_actions,
     dependency_edges,
@@ -129,6 +131,9 @@ class Proof:
     actions: int = 0
     candidates: dict[str, float] = field(default_factory=dict)
     """Simulated time of each starting order tried (plan, list scheduler variants)."""
+    interrupted: BaseException | None = None
+    """The Ctrl-C (KeyboardInterrupt) or SIGTERM (SystemExit) that stopped the solver early, if any:
+    the proof then holds the best order and bound found until then."""
 
     @property
     def gap(self) -> float:
@@ -243,6 +248,8 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
                           "which the exact model does not; prove a plan on a profile without it "
                           "(compute_contention 0, as GPU profiles are)", field="compute_contention")
     t0 = time.perf_counter()
+    STOPPED.clear()
+    STOPPED_BY.clear()
     base = simulate(plan, profile, cluster, training=training, record_timeline=False)
     if not base.valid:
         raise PlanError(base.error or "invalid plan", field="schedule")
@@ -336,5 +343,5 @@ def prove(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: Trai
     final = simulate(best[1], profile, cluster, training=training)
     return Proof(best[1], final, base.iteration_time, final.iteration_time, bound, solver_bound, analytic, load,
                  formulation, status, best[3], solver_makespan, solver_order_time, _fits(base, costs, caps),
-                 time.perf_counter() - t0, len(acts), candidates)
+                 time.perf_counter() - t0, len(acts), candidates, STOPPED_BY[0] if STOPPED_BY else None)
 

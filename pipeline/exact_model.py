@@ -18,7 +18,8 @@ from typing import Any
 from pipeline.event_sim import StageCosts
 from pipeline.plan import Action, Plan
 
-__all__ = ["RELAX_ACTIONS", "LARGE_LIMIT_SHARE", "LARGE_SKIPPED_SUBSOLVERS", "Act", "backward_kinds", "build_actions",
+__all__ = ["RELAX_ACTIONS", "STOPPED", "STOPPED_BY",
+           "LARGE_LIMIT_SHARE", "LARGE_SKIPPED_SUBSOLVERS", "Act", "backward_kinds", "build_actions",
            "dependency_edges", "fifo_order", "symmetry_pairs", "asap_starts", "relaxation_bounds", "solve", "order_of",
            "least_gaps", "add_memory"]
 
@@ -193,6 +194,43 @@ def relaxation_bounds(acts: list[Act], index: dict[Action, int], edges: list[tup
     return out
 
 
+#: Set when a Ctrl-C (or SIGTERM) reaches a solve: that solve stops at once, keeping what it
+#: found, and every later one of this proof returns at once (:func:`pipeline.exact.prove` clears it
+#: and reports the best order so far). :data:`STOPPED_BY` holds the interruption.
+STOPPED = threading.Event()
+STOPPED_BY: list[BaseException] = []
+
+
+def _solve_interruptibly(solver: Any, model: Any, callback: Any) -> Any:
+    """``solver.solve`` in a thread, so that the main thread sees a Ctrl-C within 0.1 s and stops
+    the search (CP-SAT's own solve would hold the interrupt until its time limit). The wait is on
+    an event, not ``Thread.join``: a join a KeyboardInterrupt cut short reports the thread ended."""
+    status: list[Any] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            status.append(solver.solve(model, callback))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="cp-sat", daemon=True).start()
+    try:
+        while not done.wait(0.1):
+            pass
+    except (KeyboardInterrupt, SystemExit) as stop:
+        STOPPED.set()
+        STOPPED_BY.append(stop)
+        solver.stop_search()
+        done.wait()
+    if failed:
+        raise failed[0]
+    return status[0]
+
+
 def solve(acts: list[Act], index: dict[Action, int], edges: list[tuple[int, int, int]], *,
            symmetry: list[tuple[int, int]], costs: StageCosts, caps: Sequence[float], devices: int,
            hint_order: Sequence[Sequence[Action]], hint_fits: bool, deadline: float, workers: int | None,
@@ -207,6 +245,8 @@ def solve(acts: list[Act], index: dict[Action, int], edges: list[tuple[int, int,
     relaxation, so its proven bound bounds the full model's optimum."""
     from ortools.sat.python import cp_model
 
+    if STOPPED.is_set():
+        return "UNKNOWN", None, None, []
     hint = asap_starts(fifo_order(hint_order), acts, index, edges=edges)
     horizon = sum(a.dur for a in acts) + sum(lag for _, _, lag in edges) + 1
     if hint is not None and hint_fits:  # a schedule within the limits exists below it: so does the optimum
@@ -247,6 +287,9 @@ def solve(acts: list[Act], index: dict[Action, int], edges: list[tuple[int, int,
         solver.parameters.ignore_subsolvers.extend(LARGE_SKIPPED_SUBSOLVERS)
     solver.parameters.num_workers = workers or 8
     solver.parameters.random_seed = seed
+    # Ctrl-C is Python's to see (:func:`_solve_interruptibly`): CP-SAT's own handler would end this
+    # solve only, and the proof would go on with the next
+    solver.parameters.catch_sigint_signal = False
     solver.parameters.relative_gap_limit = 1e-6
     solver.parameters.log_search_progress = bool(os.environ.get("ADAPTIS_CPSAT_LOG"))
     found: list[list[list[Action]]] = []
@@ -261,7 +304,7 @@ def solve(acts: list[Act], index: dict[Action, int], edges: list[tuple[int, int,
     timer = threading.Timer(left, solver.stop_search)  # CP-SAT's own limit can run late under load
     timer.start()
     try:
-        status = solver.solve(model, _Keep())
+        status = _solve_interruptibly(solver, model, _Keep())
     finally:
         timer.cancel()
     name = solver.status_name(status)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def _common(cfg: _Config, name: str, model_type: str, **overrides: Any) -> dict[
         "hidden_size": cfg.int("hidden_size"),
         "vocab_size": cfg.int("vocab_size"),
         "num_attention_heads": heads,
-        "num_key_value_heads": cfg.int("num_key_value_heads", heads),
+        "num_key_value_heads": _kv_heads(cfg, heads),
         "head_dim": cfg.int("head_dim", None),
         "intermediate_size": cfg.int("intermediate_size", 0, minimum=0),
         "tie_word_embeddings": cfg.bool("tie_word_embeddings", False),
@@ -190,6 +191,14 @@ def _qwen3_moe(cfg: _Config, name: str, model_type: str) -> Architecture:
     ffns = _qwen_moe_ffns(cfg, n)
     blocks = [LayerSpec(mixer=m, ffn=f, window=w) for (m, w), f in zip(_mixers(cfg, n, lambda i: "attention"), ffns)]
     return Architecture(**_common(cfg, name, model_type, **moe), layers=_wrap(blocks))
+
+
+def _qwen2_moe(cfg: _Config, name: str, model_type: str) -> Architecture:
+    """Qwen3-MoE's layout (attention, MoE every ``decoder_sparse_step``) plus one gated shared expert
+    of ``shared_expert_intermediate_size`` in every MoE layer."""
+    arch = _qwen3_moe(cfg, name, model_type)
+    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0)
+    return replace(arch, num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared or None)
 
 
 def _qwen3_next(cfg: _Config, name: str, model_type: str) -> Architecture:
@@ -391,7 +400,7 @@ def _adaptis(cfg: _Config, name: str, model_type: str) -> Architecture:
 _BUILDERS: dict[str, Callable[[_Config, str, str], Architecture]] = {
     "llama": _dense, "mistral": _dense, "qwen2": _dense, "qwen3": _dense,
     "mixtral": _mixtral,
-    "qwen3_moe": _qwen3_moe,
+    "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe,
     "qwen3_next": _qwen3_next,
     "gemma2": _gemma, "gemma3_text": _gemma,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
@@ -413,7 +422,19 @@ def architecture_from_config(raw: dict[str, Any], *, source: str = "config", nam
     try:
         return refine_architecture(arch, granularity=granularity, head_shards=head_shards)
     except ConfigError as exc:
-        raise ConfigError(str(exc), source=source, field=exc.field) from None
+        message = str(exc).removeprefix(f"field '{exc.field}': ") if exc.source is None else str(exc)
+        raise ConfigError(message, source=source, field=exc.field) from None
+
+
+def _kv_heads(cfg: Any, heads: int) -> int:
+    """``num_key_value_heads`` (default ``heads``): grouped-query attention shares each key/value head
+    among an equal group of query heads, so it must divide ``num_attention_heads``."""
+    kv = cfg.int("num_key_value_heads", heads)
+    if kv and heads % kv:
+        raise ConfigError(f"{kv} key/value heads do not divide {heads} attention heads (grouped-query attention "
+                          f"needs equal groups); use a divisor of {heads}", source=cfg.source,
+                          field="num_key_value_heads")
+    return kv
 
 
 def _architecture(raw: dict[str, Any], *, source: str, name: str | None) -> Architecture:

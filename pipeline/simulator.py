@@ -408,10 +408,14 @@ class Result:
         }
 
     def timeline_dict(self) -> dict[str, Any]:
-        """The timeline in the shared format that the executor also writes."""
+        """The timeline in the shared format that the executor also writes, with the priced
+        ``iteration_time`` (the schedule's makespan plus the terms the events do not show: the
+        step after it, compute contention; or the steady period of overlapping iterations), so a
+        chart drawn from it ends at the printed time (:func:`pipeline.render.chart_span`)."""
         return {
             "time_unit": self.time_unit,
             "devices": self.devices,
+            "iteration_time": self.iteration_time if self.valid else None,
             "events": [{"device": e.device, "action": str(e.action), "start": e.start, "end": e.end}
                        for e in self.timeline],
         }

@@ -315,6 +315,10 @@ class ModelProfile:
         known = {"version", "name", "time_unit", "seq_len", "microbatch_size", "action_overhead", "transfer_overhead",
                  "compute_contention", "w_depth", "layers"}
         costs = tuple(LayerCost.from_dict(layer, source=source) for layer in layers)
+        if not any(c.f > 0 or c.b > 0 or c.w > 0 for c in costs) and not raw.get("action_overhead"):
+            raise ProfileError("every layer's f, b and w is 0, so every plan takes no time and none can be ranked; "
+                               "give the measured times (python -m experiments profile writes them)",
+                               source=source, field="layers")
         _warn_unknown_layer_fields(layers, source)
         return cls(
             name=name,

@@ -14,6 +14,11 @@ three ``error`` lines (argparse's usage block, warnings and progress lines aside
 runs in a forked child of one process that imported the commands once (so hundreds take a minute
 or two), in its own scratch folder.
 
+A share of the draws (:data:`SCALE_SHARE`) are scale and semantic cases instead (issue 47):
+devices up to 4,096, head shards up to 10^5, an all-zero-cost profile, a config with a huge
+vocabulary or key/value heads that do not divide the heads, a plan simulated for another model of
+the same depth, and a flag another makes irrelevant (``--devices`` beside ``--gpus``).
+
 Not drawn: ``replay`` (its torchrun job), ``profile --cluster-out`` (a torchrun link test) and
 ``profile --calibrate`` (torchrun replays);
 ``run`` always gets ``--gpu`` (no local torchrun profiling); ``train``'s and the searches' sizes
@@ -73,6 +78,11 @@ BASE = {
     "train": ["--timesteps", "32", "--n-envs", "1", "--vec", "dummy", "--eval-every", "0", "--n-steps", "16",
               "--checkpoint-every", "32", "--no-progress"],
 }
+#: Share of the draws that are :func:`draw_scale` cases.
+SCALE_SHARE = 0.15
+#: Devices, head shards and vocabularies of the scale cases.
+SCALE_DEVICES = ["33", "48", "130", "512", "4096"]
+SCALE_SHARDS = ["256", "257", "4097", "100000"]
 #: How often each command is drawn (train is the slowest per invocation).
 WEIGHT = {"train": 0.3, "evaluate-agent": 0.6, "profile": 0.5}
 
@@ -175,9 +185,39 @@ def make_files(folder: Path) -> dict[str, list[str]]:
                                folder / "sweep" / "best_plan.json", folder / "corrupt.json", folder / "empty.json",
                                folder / "list.json", folder / "binary.pth", folder / "a-folder",
                                folder / "missing.json", taken / "inside.json")] + [PROFILE, CLUSTER]
+    zero = json.loads(Path(PROFILE).read_text())
+    for layer in zero["layers"]:
+        layer.update(f=0.0, b=0.0, w=0.0)
+    (folder / "zero-cost.json").write_text(json.dumps(zero))
+    llama = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
+             "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 32000}
+    (folder / "huge-vocab.json").write_text(json.dumps({**llama, "vocab_size": 10**12}))
+    (folder / "odd-kv-heads.json").write_text(json.dumps({**llama, "num_key_value_heads": 3}))
     outputs = ["new-out", "new/deep/out.json", str(taken), str(taken / "inside"), str(folder / "a-folder"),
                "/proc/cannot-write-here", "out.png"]
-    return {"inputs": inputs, "outputs": outputs, "plan": str(folder / "search" / "plan.json")}
+    return {"inputs": inputs, "outputs": outputs, "plan": str(folder / "search" / "plan.json"),
+            "zero": str(folder / "zero-cost.json"), "huge_vocab": str(folder / "huge-vocab.json"),
+            "odd_kv": str(folder / "odd-kv-heads.json")}
+
+
+def draw_scale(rng: random.Random, files: dict[str, list[str]]) -> list[str]:
+    """One scale or semantic case (see the module docstring): a whole command line."""
+    devices, shards = rng.choice(SCALE_DEVICES), rng.choice(SCALE_SHARDS)
+    cases = [
+        ["search", "--model", "gemma-large", "--devices", devices, "--method", "megatron,rl", "--budget", "3"],
+        ["search", "--model", "gemma-large", "--devices", devices, "--method", "rl+tuner", "--budget", "3"],
+        ["evaluate-agent", "--models", "gemma-large", "--devices", devices, "--heldout", "0", "--methods",
+         "rl,rl-zero", "--budget", "3"],
+        ["search", "--model", "gemma-small", "--devices", "4", "--head-shards", shards, "--budget", "3"],
+        ["profile-info", "--model", "gemma-small", "--head-shards", shards],
+        ["search", "--profile", files["zero"], "--devices", "4", "--budget", "3"],
+        ["profile-info", "--hf-config", rng.choice([files["huge_vocab"], files["odd_kv"]])],
+        ["simulate", "--plan", files["plan"], "--profile", files["inputs"][3], "--devices", "4"],
+        ["search", "--model", "gemma-small", "--gpus", "8", "--global-batch", "64", "--devices", devices],
+        ["search", "--model", "deepseek-large", "--gpus", rng.choice(["2", "8"]), "--global-batch", "64"],
+        ["search", "--model", "gemma-small", "--devices", "4", "--method", rng.choice(["", ",", " "])],
+    ]
+    return rng.choice(cases)
 
 
 def _key(action: argparse.Action) -> str:
@@ -350,7 +390,7 @@ def fuzz(count: int, *, seed: int = 0, timeout: float = 60.0, max_rss_gb: float 
         rng = random.Random(seed)
         report = Report()
         for i in range(count):
-            argv = draw(rng, flags, files)
+            argv = draw_scale(rng, files) if rng.random() < SCALE_SHARE else draw(rng, flags, files)
             outcome = invoke(argv, base / f"run-{i}", timeout=timeout, max_rss=max_rss_gb * 2**30)
             report.outcomes.append(outcome)
             if progress and outcome.kind not in ("ok", "refused", "known"):

@@ -41,7 +41,7 @@ from pipeline.plan import Plan
 from pipeline.simulator import Result
 from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
-__all__ = ["RLSearcher", "RLTunerSearcher", "rollout", "start_candidates"]
+__all__ = ["RLSearcher", "RLTunerSearcher", "beyond_reach", "rollout", "start_candidates"]
 
 _POLICIES: dict[str, tuple[Any, dict[str, Any]]] = {}
 
@@ -58,6 +58,16 @@ def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
         th.set_num_threads(1)
         _POLICIES[key] = load_policy(key)
     return _POLICIES[key]
+
+
+def beyond_reach(problem: Scenario) -> str | None:
+    """Why the policy cannot plan ``problem`` (its action table and observation hold at most
+    :data:`env.editor.MAX_DEVICES` devices), or None when it can: the one-line note of a skipped row."""
+    from env.editor import MAX_DEVICES
+
+    if problem.devices > MAX_DEVICES:
+        return f"skipped: rl plans up to {MAX_DEVICES} devices, got {problem.devices}"
+    return None
 
 
 def rollout(policy: Any, env: Any, *, problem: Scenario, evaluator: Evaluator, max_calls: int,
@@ -215,6 +225,9 @@ class RLSearcher:
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
+        if (why := beyond_reach(problem)) is not None:
+            return SearchResult(self.name, None, None, note=why)
+
         policy, meta = (None, {"config": {"allow_stop": False}}) if self.random_edits else _policy(self.policy_path)
         ev = self.evaluator = Evaluator(problem)
         if self.scenario_caches is not None:
@@ -347,6 +360,8 @@ class RLTunerSearcher:
                on_improve: ImproveCallback | None = None) -> SearchResult:
         if self.order not in ("tuner-first", "policy-first"):
             raise ValueError(f"order {self.order!r}: use tuner-first or policy-first")
+        if (why := beyond_reach(problem)) is not None:
+            return SearchResult(self.name, None, None, note=why)
         rl = RLSearcher(policy_path=self.policy_path, ranker_path=self.ranker_path, samples=self.samples,
                         max_calls=self.max_calls, start_arms=self.start_arms)
         _policy(self.policy_path)  # loading the policy and ranker files is not search time

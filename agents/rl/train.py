@@ -367,6 +367,10 @@ def check_config(config: PPOConfig) -> None:
         raise ConfigError(f"must be at least 2 (PPO normalises each minibatch's advantages; one sample gives NaN), "
                           f"got {config.batch_size}", field="--batch-size")
     rollout = config.n_steps * config.n_envs
+    if config.batch_size > rollout:  # SB3 would silently use the whole rollout as one minibatch
+        raise ConfigError(f"a minibatch of {config.batch_size} is larger than a rollout of {rollout} steps "
+                          f"(--n-steps {config.n_steps} x --n-envs {config.n_envs}); use --batch-size {rollout} "
+                          "or less, or a longer --n-steps", field="--batch-size")
     if rollout % min(config.batch_size, rollout) == 1:  # the epoch's last minibatch would be one sample
         raise ConfigError(f"a rollout of {rollout} steps in minibatches of {config.batch_size} leaves a last "
                           "minibatch of one sample (NaN advantages); pick a batch size that divides "

@@ -68,7 +68,7 @@ from pipeline.errors import ConfigError
 NAME = "evaluate-agent"
 HELP = "compare the RL policy with the tuner on held-out scenarios (quality, calls, wall time)"
 COLUMNS = ("scenario", "devices", "mb", "method", "iteration_time", "feasible", "quality", "tuner_vs_bound",
-           "sim_calls", "seconds")
+           "sim_calls", "seconds", "note")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.anytime import anytime_figure, parse_budgets
     from experiments.tracking.hooks import tracked_run
 
-    out = output_folder(args.out)
+    out = output_folder(args.out, command=NAME, inputs=args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         _tuner_calls(m)  # a malformed adaptis@N fails before any search
@@ -302,9 +302,11 @@ def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple
         for m, r in results.items():
             row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "budget": label,
                    **MethodRow.of(r, None, bound).as_dict(), "method": m}
+            skipped = r.result is None and r.note.startswith("skipped")  # e.g. rl past its device limit
             if ref is not None and ref.feasible:
                 row["tuner_vs_bound"] = round(ref.iteration_time / bound, 4)
-                row["quality"] = ref.iteration_time / r.iteration_time if r.feasible else 0.0
+                # a skipped method has no quality (it is no loss to the tuner: it did not run)
+                row["quality"] = None if skipped else ref.iteration_time / r.iteration_time if r.feasible else 0.0
             scenario_rows.append(row)
         rows.extend(scenario_rows)  # whole scenarios only: an interruption keeps no half of one
         with open(log, "a" if len(rows) > len(scenario_rows) else "w") as fh:

@@ -22,6 +22,7 @@ from agents.job_search import (
     JobRow,
     JobSearchResult,
     job_setup,
+    no_fit_advice,
     plan_summary,
     search_job,
 )
@@ -125,7 +126,8 @@ def _fmt(row: JobRow) -> str:
 
 
 def run_job(args: argparse.Namespace) -> int:
-    """Run the job search from parsed arguments; print the best configurations; 0 on success."""
+    """Run the job search from parsed arguments; print the best configurations; 0 on success, 3 (with
+    one line of advice, also the JSON summary's ``why``) when no configuration fits in memory."""
     try:
         cfg = config_from_args(args)
         found = search_job(cfg, workers=args.workers, ray_address=getattr(args, "ray", None))
@@ -134,10 +136,12 @@ def run_job(args: argparse.Namespace) -> int:
         return 2
     out = getattr(args, "out", None)
     m_by_par = {r.par: r for r in found.rows if r.method == "megatron"}
+    why = None if found.best is not None else (
+        f"no configuration of {cfg.arch.name} on {cfg.gpus} x {cfg.gpu} fits in memory: {no_fit_advice(cfg)}")
     if getattr(args, "json", False):
         for r in found.rows:
             print(json.dumps(r.as_dict()))
-        print(json.dumps({"summary": True, "configurations": found.configurations,
+        print(json.dumps({"summary": True, "configurations": found.configurations, "why": why,
                           "pruned_memory": found.pruned_memory, "pruned_bound": found.pruned_bound,
                           "seconds": found.seconds, "speedup_over_megatron": found.speedup,
                           "best": found.best.as_dict() if found.best else None,
@@ -161,6 +165,9 @@ def run_job(args: argparse.Namespace) -> int:
         files = write_job_exports(Path(out), cfg, found)
         if not getattr(args, "json", False):
             print(f"-> {', '.join(str(Path(out) / f) for f in files)}")
+    if why is not None:  # exit 3, as the pipeline search's "no plan fits"
+        print(why, file=sys.stderr)
+        return 3
     return 0
 
 

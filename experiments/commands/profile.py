@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     arch = resolve_architecture(args.model, scale=args.scale, granularity=args.granularity,
                                 head_shards=args.head_shards)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     config = ProfileConfig(seq_len=args.seq_len or default_seq_len(arch), microbatch_size=args.microbatch_size,
                            warmup=args.warmup, repeats=args.repeats, dtype=args.dtype)
     if torch.device(device).type == "cpu":
@@ -109,6 +110,25 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(profile.to_dict()))
     return 0
+
+
+def check_device(device: str) -> None:
+    """Refuse in one line (``--device``) a device name torch does not know, or one this machine lacks."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"unknown device {device!r}; use cpu or cuda (or cuda:N)", field="--device") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        build = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"cuda asked for, but {build}; use --device cpu (or install a CUDA build of torch)",
+                          field="--device")
+    if kind == "cuda" and torch.device(device).index is not None and torch.device(device).index >= \
+            torch.cuda.device_count():
+        raise ConfigError(f"{device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)", field="--device")
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"{device!r}: the profiler runs on cpu or cuda", field="--device")
 
 
 def _calibrated(args: argparse.Namespace, profile: Any, cluster: Any, bench: dict[str, Any], device: str,

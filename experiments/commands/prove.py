@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from experiments.common import (
     add_cluster_args,
@@ -70,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         row["out"] = args.out
     if args.json:
-        print(json.dumps(row))
-        return 0
+        print(json.dumps({**row, "interrupted": proof.interrupted is not None}))
+        return _stopped(proof)
     print(f"plan {args.plan}: {plan.num_stages} stages on {plan.devices} devices, {plan.microbatches} micro-batches, "
           f"{proof.actions} actions, runtime {row['runtime']}")
     fits = "" if proof.plan_fits else "; OVER the memory limit, so the best must be an order that fits"
@@ -89,7 +90,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"formulation: {proof.formulation}")
     if args.out:
         print(f"wrote {args.out}")
-    return 0
+    return _stopped(proof)
+
+
+def _stopped(proof) -> int:
+    """0, or for a proof a Ctrl-C (130) or SIGTERM (143) cut short, that exit code after one line."""
+    if proof.interrupted is None:
+        return 0
+    print(f"interrupted after {proof.seconds:.1f} s: the best order and bound found until then", file=sys.stderr)
+    return 143 if isinstance(proof.interrupted, SystemExit) else 130
 
 
 def _fmt(value: float | None) -> str:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from experiments.common import (
     add_granularity_args,
     add_strict_arg,
+    check_file_path,
     non_negative_int,
     output_folder,
     positive_float,
@@ -71,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_file_path(args.trace, "--trace")  # before the job, not after it
     from executor.agreement import compare_plans
     from executor.fidelity import calibrate, calibrated_profile, measured_cluster
     from executor.model import default_seq_len, resolve_architecture

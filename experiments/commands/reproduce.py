@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import DEFAULT_CALLS, Budget
-from agents.run_methods import run_methods, with_baseline
-from experiments.common import check_microbatches, non_negative_float, output_folder, positive_int
+from agents.run_methods import Interrupted, run_methods, with_baseline
+from experiments.common import check_microbatches, interrupted, non_negative_float, output_folder, positive_int
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
@@ -115,83 +115,94 @@ def run(args: argparse.Namespace) -> int:
     methods = with_baseline(_split(args.methods))
     for s in sizes:
         check_microbatches(args.microbatches, SIZES[s])
-    out = output_folder(args.out)
+    out = output_folder(args.out, command=NAME, inputs=args)
     cases = [(f, s, q) for f in families for s in sizes for q in seq_lens]
     from tqdm import tqdm
 
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     bar = tqdm(cases, desc="reproduce", unit="case", file=sys.stderr, disable=None)
-    for family, size, seq in bar:
-        devices = SIZES[size]
-        model = f"{family}-{size}"
-        bar.set_postfix_str(f"{model} {seq}")
-        profile = zoo_profile(model, gpu=args.gpu, seq_len=seq)
-        cluster = build_cluster(args.gpu, devices=devices, gpus_per_node=8)
-        training = TrainingConfig(runtime=args.runtime)
-        problem = Scenario(profile, cluster, args.microbatches, training)
-        bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
-        results = dict(zip(methods, run_methods(problem, methods, budget=budget, seed=args.seed)))
-        mega = results["megatron"]
-        rich: dict[str, Any] = {}
-        if richer:
-            k = shards if isinstance(shards, int) else auto_head_shards(
-                zoo_profile(model, gpu=args.gpu, seq_len=seq, granularity=args.granularity))
-            fine = zoo_profile(model, gpu=args.gpu, seq_len=seq, granularity=args.granularity, head_shards=k)
-            # the richer space holds the whole-layer plans too (blocks kept together), but a head
-            # cut into shards costs a little more than the whole head: bound the union by the lower
-            fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches, runtime=args.runtime).value)
-            found, = run_methods(Scenario(fine, cluster, args.microbatches, training), ["adaptis"], budget=budget,
-                                 seed=args.seed)
-            ok = found.ok and found.result.feasible and mega.ok
-            rows.append({"model": model, "seq_len": seq, "devices": devices, "method": "adaptis-richer",
-                         "granularity": args.granularity, "head_shards": k,
-                         "iteration_time": found.iteration_time if found.ok else None, "feasible": bool(ok),
-                         "speedup": mega.iteration_time / found.iteration_time if ok else None,
-                         "vs_lower_bound": found.iteration_time / fine_bound if found.ok else None,
-                         "sim_calls": found.sim_calls, "seconds": round(found.seconds, 3),
-                         "recompute": bool(found.plan and found.plan.recompute)})
-            rich = {"richer": found.iteration_time if ok else None,
-                    "richer_speedup": mega.iteration_time / found.iteration_time if ok else None,
-                    "richer_ceiling": mega.iteration_time / fine_bound if mega.ok else None,
-                    "head_shards": k, "richer_recompute": bool(found.plan and found.plan.recompute)}
-        for m, r in results.items():
-            rows.append({"model": model, "seq_len": seq, "devices": devices, "method": m,
-                         "iteration_time": r.iteration_time if r.ok else None,
-                         "feasible": bool(r.ok and r.result.feasible),
-                         "speedup": mega.iteration_time / r.iteration_time if r.ok and mega.ok else None,
-                         "vs_lower_bound": r.iteration_time / bound if r.ok else None,
-                         "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3),
-                         "chunks": (r.plan.meta.get("chunks") if r.plan else None)})
-        baselines = [r for m, r in results.items() if m != "adaptis" and r.ok and r.result.feasible]
-        best_base = min(baselines, key=lambda r: r.iteration_time) if baselines else None
-        tuned = results.get("adaptis")
-        proven: dict[str, Any] = {}
-        if args.prove > 0 and tuned is not None and tuned.feasible:
-            from pipeline.exact import prove
+    rows_file = out / "reproduce.jsonl"
+    rows_file.write_text("")  # each case's rows are added as it ends: an interrupted run keeps them
+    try:
+        for family, size, seq in bar:
+            first = len(rows)
+            devices = SIZES[size]
+            model = f"{family}-{size}"
+            bar.set_postfix_str(f"{model} {seq}")
+            profile = zoo_profile(model, gpu=args.gpu, seq_len=seq)
+            cluster = build_cluster(args.gpu, devices=devices, gpus_per_node=8)
+            training = TrainingConfig(runtime=args.runtime)
+            problem = Scenario(profile, cluster, args.microbatches, training)
+            bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
+            results = dict(zip(methods, run_methods(problem, methods, budget=budget, seed=args.seed)))
+            mega = results["megatron"]
+            rich: dict[str, Any] = {}
+            if richer:
+                k = shards if isinstance(shards, int) else auto_head_shards(
+                    zoo_profile(model, gpu=args.gpu, seq_len=seq, granularity=args.granularity))
+                fine = zoo_profile(model, gpu=args.gpu, seq_len=seq, granularity=args.granularity, head_shards=k)
+                # the richer space holds the whole-layer plans too (blocks kept together), but a head
+                # cut into shards costs a little more than the whole head: bound the union by the lower
+                fine_bound = min(bound, lower_bound(fine, cluster, args.microbatches, runtime=args.runtime).value)
+                found, = run_methods(Scenario(fine, cluster, args.microbatches, training), ["adaptis"],
+                                     budget=budget, seed=args.seed)
+                ok = found.ok and found.result.feasible and mega.ok
+                rows.append({"model": model, "seq_len": seq, "devices": devices, "method": "adaptis-richer",
+                             "granularity": args.granularity, "head_shards": k,
+                             "iteration_time": found.iteration_time if found.ok else None, "feasible": bool(ok),
+                             "speedup": mega.iteration_time / found.iteration_time if ok else None,
+                             "vs_lower_bound": found.iteration_time / fine_bound if found.ok else None,
+                             "sim_calls": found.sim_calls, "seconds": round(found.seconds, 3),
+                             "recompute": bool(found.plan and found.plan.recompute)})
+                rich = {"richer": found.iteration_time if ok else None,
+                        "richer_speedup": mega.iteration_time / found.iteration_time if ok else None,
+                        "richer_ceiling": mega.iteration_time / fine_bound if mega.ok else None,
+                        "head_shards": k, "richer_recompute": bool(found.plan and found.plan.recompute)}
+            for m, r in results.items():
+                rows.append({"model": model, "seq_len": seq, "devices": devices, "method": m,
+                             "iteration_time": r.iteration_time if r.ok else None,
+                             "feasible": bool(r.ok and r.result.feasible),
+                             "speedup": mega.iteration_time / r.iteration_time if r.ok and mega.ok else None,
+                             "vs_lower_bound": r.iteration_time / bound if r.ok else None,
+                             "sim_calls": r.sim_calls, "seconds": round(r.seconds, 3),
+                             "chunks": (r.plan.meta.get("chunks") if r.plan else None)})
+            baselines = [r for m, r in results.items() if m != "adaptis" and r.ok and r.result.feasible]
+            best_base = min(baselines, key=lambda r: r.iteration_time) if baselines else None
+            tuned = results.get("adaptis")
+            proven: dict[str, Any] = {}
+            if args.prove > 0 and tuned is not None and tuned.feasible:
+                from pipeline.exact import prove
 
-            proof = prove(tuned.plan, profile, cluster, training=training, seconds=args.prove)
-            proven = {"proven_best": proof.best_time, "proven_bound": proof.bound, "proven_gap": proof.gap,
-                      "tuner_vs_best": proof.plan_time / proof.best_time - 1, "proven_status": proof.status}
-        summary.append({
-            "model": model, "seq_len": seq, "devices": devices,
-            "megatron": mega.iteration_time, "megatron_chunks": mega.plan.meta.get("chunks") if mega.plan else None,
-            "best_baseline": best_base.method if best_base else None,
-            "best_baseline_speedup": mega.iteration_time / best_base.iteration_time if best_base else None,
-            "adaptis": tuned.iteration_time if tuned and tuned.ok else None,
-            "speedup": mega.iteration_time / tuned.iteration_time if tuned and tuned.ok else None,
-            "speedup_vs_v2": (results["i1f1b-v2"].iteration_time / tuned.iteration_time
-                              if tuned and tuned.ok and "i1f1b-v2" in results and results["i1f1b-v2"].ok else None),
-            "vs_lower_bound": tuned.iteration_time / bound if tuned and tuned.ok else None,
-            "ceiling": mega.iteration_time / bound if mega.ok else None,
-            "paper": PAPER[(family, seq)][list(SIZES).index(size)] if (family, seq) in PAPER else None,
-            "tuner_seconds": round(tuned.seconds, 2) if tuned else None,
-            **rich, **proven,
-        })
+                proof = prove(tuned.plan, profile, cluster, training=training, seconds=args.prove)
+                proven = {"proven_best": proof.best_time, "proven_bound": proof.bound, "proven_gap": proof.gap,
+                          "tuner_vs_best": proof.plan_time / proof.best_time - 1, "proven_status": proof.status}
+            summary.append({
+                "model": model, "seq_len": seq, "devices": devices,
+                "megatron": mega.iteration_time, "megatron_chunks": mega.plan.meta.get("chunks") if mega.plan else None,
+                "best_baseline": best_base.method if best_base else None,
+                "best_baseline_speedup": mega.iteration_time / best_base.iteration_time if best_base else None,
+                "adaptis": tuned.iteration_time if tuned and tuned.ok else None,
+                "speedup": mega.iteration_time / tuned.iteration_time if tuned and tuned.ok else None,
+                "speedup_vs_v2": (results["i1f1b-v2"].iteration_time / tuned.iteration_time
+                                  if tuned and tuned.ok and "i1f1b-v2" in results and results["i1f1b-v2"].ok else None),
+                "vs_lower_bound": tuned.iteration_time / bound if tuned and tuned.ok else None,
+                "ceiling": mega.iteration_time / bound if mega.ok else None,
+                "paper": PAPER[(family, seq)][list(SIZES).index(size)] if (family, seq) in PAPER else None,
+                "tuner_seconds": round(tuned.seconds, 2) if tuned else None,
+                **rich, **proven,
+            })
+            with open(rows_file, "a") as fh:
+                fh.writelines(json.dumps(row) + "\n" for row in rows[first:])
+    except (KeyboardInterrupt, SystemExit, Interrupted) as caught:  # Ctrl-C, or SIGTERM (made SystemExit)
+        stop = caught.stop if isinstance(caught, Interrupted) else caught  # mid-case: that case is not kept
+        bar.close()
+        if not summary:
+            return interrupted(stop, f"no case of {len(cases)} had finished; {rows_file} is empty")
+        _write_markdown(out / "reproduce.md", summary, args)
+        return interrupted(stop, f"kept the rows of {len(summary)} finished case{'s' if len(summary) > 1 else ''} of "
+                           f"{len(cases)} in {rows_file} and their table in {out / 'reproduce.md'}")
     bar.close()
-    with open(out / "reproduce.jsonl", "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
     _write_markdown(out / "reproduce.md", summary, args)
     _bar_chart(out / "reproduce.png", summary)
     speedups = [s["speedup"] for s in summary if s["speedup"]]

@@ -37,6 +37,7 @@ from pathlib import Path
 from agents.run_methods import Interrupted
 from experiments.common import (
     add_strict_arg,
+    check_file_path,
     check_microbatches,
     interrupted,
     non_negative_float,
@@ -208,6 +209,7 @@ def kept_files(out: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    check_file_path(cfg.trace, "--trace")  # before the workflow, not after it
     if cfg.microbatches is not None:
         check_microbatches(cfg.microbatches, cfg.devices)
     try:

@@ -3,8 +3,13 @@
 Prints a table (method, iteration time, throughput, bubble, peak memory, speedup over the
 Megatron baseline, distance to the lower bound, simulator calls, search seconds) and writes
 OUT/plan.json (the best feasible plan, rewritten as the search improves it), OUT/plan.csv (for
-torch.distributed.pipelining / torchtitan), OUT/gantt_best.png, OUT/gantt_megatron.png and
-OUT/results.jsonl. Logs everything to W&B (offline by default).
+torch.distributed.pipelining / torchtitan), OUT/gantt_best.png, OUT/gantt_megatron.png (one time
+axis; each chart ends at the printed iteration time) and OUT/results.jsonl. Logs everything to
+W&B (offline by default). When no plan fits in memory it exits 3 with advice, and the fastest plan
+that does not fit is OUT/infeasible_plan.json (meta.feasible false), never plan.json. An OUT that
+holds an earlier search's output is replaced whole; a folder of your own is written into, never
+emptied; one another search is still writing is refused. rl and rl+tuner plan up to 32 devices:
+beyond, their rows say skipped.
 
 --target {executor,torchtitan,megatron} keeps the best plan inside what that runtime runs (its own
 search method joins the others: megatron+layout, adaptis@torchtitan) and prints, per target, the
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +41,7 @@ from pathlib import Path
 from agents.base import DEFAULT_CALLS, Budget, SearchResult
 from agents.registry import all_methods
 from agents.run_methods import Interrupted, run_methods, with_baseline
-from experiments.best_plan import BestPlanWriter
+from experiments.best_plan import INFEASIBLE_PLAN, BestPlanWriter
 from experiments.commands.job_search import add_job_arguments, run_job
 from experiments.common import (
     DEFAULT_MODEL,
@@ -43,6 +49,7 @@ from experiments.common import (
     add_model_args,
     add_output_args,
     add_runtime_arg,
+    check_file_path,
     check_microbatches,
     interrupted,
     non_negative_float,
@@ -67,13 +74,15 @@ from experiments.results import MethodRow, method_rows
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
 from pipeline.errors import ConfigError
-from pipeline.render import gantt_side_by_side
+from pipeline.render import axis_end, gantt_side_by_side
 from pipeline.simulator import Result
 from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 
 NAME = "search"
+#: Pipeline devices when --devices is not given (and no --cluster, --gpus).
+DEFAULT_DEVICES = 8
 HELP = "search the fastest feasible plan (AdaPtis tuner, baselines, random, RL)"
 DEFAULT_METHODS = ("megatron,i1f1b-v2,1f1b,zb-h1,zb-h2,zbv,v-half,dualpipev,zbv+dp,random,rl,megatron+layout,"
                    "adaptis")
@@ -84,6 +93,7 @@ COLUMNS = ("method", "iter_time", "tokens_per_s", "bubble_pct", "peak_mem_gb", "
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     add_cluster_args(parser, default_devices=8)
+    parser.set_defaults(devices=None)  # 8 (DEFAULT_DEVICES) unless given; given beside --gpus, refused
     parser.add_argument("--microbatches", type=positive_int, default=32, help="micro-batches per iteration")
     parser.add_argument("--method", default=DEFAULT_METHODS,
                         help="comma-separated methods (README's method names), or 'all': every named schedule, "
@@ -120,7 +130,7 @@ def _keep_interrupted(stop: BaseException, out: Path, results: list[SearchResult
         kept.append(f"the rows of {len(rows)} finished method{'s' if len(rows) > 1 else ''} "
                     f"({', '.join(r.method for r in results)}) in {out / 'results.jsonl'}")
     if writer.best_method is not None:
-        kept.append(f"the best plan so far ({writer.best_method}) in {out / 'plan.json'}")
+        kept.append(f"the best plan so far ({writer.best_method}) in {writer.path}")
     return interrupted(stop, f"kept {' and '.join(kept)}" if kept else "no method had finished or found a plan; "
                        "nothing written")
 
@@ -141,9 +151,24 @@ def _print_rows(rows: list[MethodRow], *, args: argparse.Namespace, title: str) 
 
 
 def run(args: argparse.Namespace) -> int:
+    check_file_path(args.trace, "--trace")  # before the search, not after it
+    if not [m for m in args.method.split(",") if m.strip()]:
+        raise ConfigError(f"names no method ({args.method!r}); give e.g. adaptis, megatron,zbv or all",
+                          field="--method")
     if args.gpus is not None or args.global_batch is not None:  # the whole job: degrees with the pipeline inside
+        if getattr(args, "devices", None) is not None:
+            raise ConfigError("--gpus sizes the whole job (the pipeline's devices are --gpus / (tp x dp x cp)); "
+                              "give --gpus or --devices, not both", field="--devices")
+        if args.out:
+            output_folder(args.out, command=NAME, inputs=args)  # an earlier search's files are not this one's
         return run_job(args)
+    if args.devices is None:
+        args.devices = DEFAULT_DEVICES
     profile, cluster = resolve_problem(args)
+    if args.profile and profile.extra.get("measured") and "runtime_scales" not in profile.extra:
+        print(f"note: {args.profile} is measured but not calibrated (profile --calibrate N, or run's "
+              "calibrated_profile.json): it leaves out the runtime's overheads and contention, which put one "
+              "prediction at 114 ms against 293 ms measured (tiny-hybrid, 2 CPU ranks; issue 47)", file=sys.stderr)
     check_microbatches(args.microbatches, cluster.devices)
     try:
         budget = Budget.parse(args.budget)
@@ -154,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         methods = all_methods()
     methods = with_target_method(with_baseline(methods), args.target)
     out = output_folder(args.out or
-                        f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}")
+                        f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}",
+                        command=NAME, inputs=args)
     problem = Scenario(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
     bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
     def predicted(result: Result) -> dict:
@@ -179,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "memory_gb": cluster.memory_gb, "memory_reserve_gb": cluster.memory_reserve_gb, "methods": methods,
               "budget": args.budget, "seed": args.seed}
+    # gantt_best.png and gantt_megatron.png share one time axis (they are looked at side by side)
+    xmax = axis_end([r.result.timeline_dict() for r in (best, mega) if r is not None])
     with tracked_run(args, command=NAME, config=config) as tracker:
         tracker.log_table("search", [{k: v for k, v in r.as_dict().items() if k != "history"} for r in rows])
         if best is not None:
@@ -187,13 +215,13 @@ def run(args: argparse.Namespace) -> int:
             best.plan.save(out / "plan.json")
             best.plan.save_csv(out / "plan.csv")
             gantt_side_by_side([best.result.timeline_dict()], [f"best: {best.method} on {profile.name}"],
-                               out / "gantt_best.png")
+                               out / "gantt_best.png", xmax=xmax)
             tracker.log_image("gantt/best", out / "gantt_best.png")
             tracker.log_plan(best.plan, name=f"plan-{profile.name}",
                              metadata=MethodRow.of(best, reference, bound.value).as_dict())
         if mega is not None:
             gantt_side_by_side([mega.result.timeline_dict()], [f"megatron on {profile.name}"],
-                               out / "gantt_megatron.png")
+                               out / "gantt_megatron.png", xmax=xmax)
             tracker.log_image("gantt/megatron", out / "gantt_megatron.png")
         if best is not None and mega is not None:
             tracker.summary({"best_method": best.method, "best_iteration_time": best.iteration_time,
@@ -216,10 +244,19 @@ def run(args: argparse.Namespace) -> int:
         msg = "no plan fits in memory" + (f" among those {args.target} runs" if args.target != "executor" else "")
         if smallest is not None:
             peak = max(smallest.result.peak_memory) / GIB
+            usable = cluster.memory_gb - cluster.memory_reserve_gb
+            # weights, gradients and optimizer state spread evenly: what no schedule can shrink
+            state = problem.training.param_bytes * sum(x.params for x in profile.layers) / cluster.devices / GIB
+            least = math.ceil(state * cluster.devices / usable)
+            fix = (f"the weights and optimizer state alone need {state:.2f} GiB per device even spread over "
+                   f"{cluster.devices}, so no schedule fits: use at least {least} devices or more memory per "
+                   "device" if state > usable else
+                   "add devices or memory, or use fewer micro-batches in flight")
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
-                    f"{cluster.memory_gb - cluster.memory_reserve_gb:g} GiB usable per device ({cluster.memory_gb:g} "
-                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or use fewer "
-                    "micro-batches in flight")
+                    f"{usable:g} GiB usable per device ({cluster.memory_gb:g} "
+                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): {fix}")
+        if (out / INFEASIBLE_PLAN).is_file():
+            msg += f"; the fastest plan that does not fit is in {out / INFEASIBLE_PLAN} (not plan.json)"
         print(msg, file=sys.stderr)
         return 3
     if not args.json:

@@ -19,6 +19,7 @@ from experiments.common import (
     add_model_args,
     add_output_args,
     add_runtime_arg,
+    check_file_path,
     resolve_cluster,
     resolve_profile,
     resolve_training,
@@ -61,9 +62,14 @@ def check_image_path(path: str, field: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gantt:
         check_image_path(args.gantt, "--gantt")
+    check_file_path(args.trace, "--trace")
     profile = resolve_profile(args)
     cluster = resolve_cluster(args)
     plan = Plan.load(args.plan)
+    searched = plan.meta.get("predicted", {}).get("profile") if isinstance(plan.meta.get("predicted"), dict) else None
+    if isinstance(searched, str) and searched != profile.name:  # same layer count, another model: it still runs
+        print(f"warning: {args.plan} was searched for {searched!r}, not {profile.name!r}: the figures below are "
+              f"this plan's partition and order on {profile.name!r}", file=sys.stderr)
     training = resolve_training(args)
     result = simulate(plan, profile, cluster, training=training)
     row = {"method": plan.method, **result.summary()}

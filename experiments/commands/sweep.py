@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     label = args.model or (Path(args.profile).stem if args.profile else None) or \
         (Path(args.hf_config).stem if args.hf_config else DEFAULT_MODEL)
     group = args.group or f"sweep-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = output_folder(args.out or f"runs/sweep-{label}")
+    out = output_folder(args.out or f"runs/sweep-{label}", command=NAME, inputs=args)
     size = 1
     for values in params.values():
         size *= len(values)

@@ -36,6 +36,7 @@ from experiments.common import (
     seed_int,
 )
 from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args, int_list
+from pipeline.errors import ConfigError
 
 NAME = "train"
 HELP = "train an RL policy that edits pipeline plans (MaskablePPO / PPO)"
@@ -52,7 +53,7 @@ def _at_most_one(text: str) -> float:
     update) and the discount factor."""
     value = positive_float(text)
     if value > 1:
-        raise argparse.ArgumentTypeError(f"must be at most 1 (e.g. 5e-4 for a learning rate), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text!r}")
     return value
 
 
@@ -91,7 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from agents.rl.train import PPOConfig
 
     add_dataclass_arguments(parser, PPOConfig, rename=RENAME, parsers=PARSERS)
+    # --network's default (entity) is MaskablePPO's; PPO trains the mlp unless --network is given (see run)
+    net = next(a for a in parser._actions if a.dest == "network")
+    net.__class__ = type("NetworkGiven", (type(net),), {"__call__": _note_network})
     add_output_args(parser)
+
+
+def _note_network(self, parser, namespace, values, option_string=None) -> None:
+    namespace._network_given = True
+    setattr(namespace, self.dest, values)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +109,12 @@ def run(args: argparse.Namespace) -> int:
     from experiments.tracking.sb3 import make_sb3_logger
 
     # PPO has no masks: it trains the MLP (the entity network scores only allowed actions).
-    config = dataclass_from_args(PPOConfig, args, network=args.network if args.algo == "maskable-ppo" else "mlp",
+    given = getattr(args, "_network_given", False)
+    if given and args.network == "entity" and args.algo != "maskable-ppo":
+        raise ConfigError("the entity network scores only the allowed actions, which needs MaskablePPO's masks; "
+                          "use --algo maskable-ppo, or --network mlp (PPO's default)", field="--network")
+    network = args.network if given or args.algo == "maskable-ppo" else "mlp"
+    config = dataclass_from_args(PPOConfig, args, network=network,
                                  progress_bar=args.progress_bar and sys.stderr.isatty())
     check_config(config)
     output_folder(args.out)
@@ -114,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
             if png is not None:
                 tracker.log_image("learning_curve", png)
             tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
+            summary["wandb_run"] = str(tracker.run_dir) if tracker.run_dir else None
+            summary["eval"] = last_evaluation(out / "eval.jsonl")
     except (KeyboardInterrupt, SystemExit) as stop:  # before or after PPO's own stop-and-save (SIGTERM: SystemExit)
         return interrupted(stop, kept_checkpoints(Path(args.out)))
     if args.json:
@@ -125,9 +141,34 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"done: {summary['timesteps']} steps in {summary['seconds']:.0f} s -> {summary['policy']} "
               f"(resume: --resume --out {args.out})")
+        print(quality_line(summary["eval"]))
+        if summary["wandb_run"]:
+            print(f"W&B run (offline unless WANDB_MODE=online): {summary['wandb_run']}; learning curve: "
+                  f"{Path(args.out) / 'learning_curve.png'}")
     if not summary["interrupted"]:
         return 0
     return 128 + summary["signal"] if summary.get("signal") else 130
+
+
+def last_evaluation(eval_log: Path) -> dict | None:
+    """The last PPO-phase row of the evaluation log (held-out quality figures), None without one."""
+    if not eval_log.is_file():
+        return None
+    rows = [json.loads(line) for line in eval_log.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if not r.get("phase")] or rows
+    return rows[-1] if rows else None
+
+
+def quality_line(row: dict | None) -> str:
+    """What the trained policy achieves on the held-out scenarios, in one line."""
+    if row is None:
+        return "held-out quality: not evaluated (--eval-every 0)"
+    parts = [f"{label} {row[key]:.3f}" for key, label in (
+        ("eval/quality_vs_tuner", "throughput / tuner's (geo-mean)"),
+        ("eval/min_quality_vs_tuner", "worst scenario"),
+        ("eval/gain_over_start", "speedup over the starting plan"),
+        ("eval/zero_shot_quality", "zero-shot")) if isinstance(row.get(key), (int, float))]
+    return f"held-out quality at {row.get('timesteps', '?')} steps: " + (", ".join(parts) or "no figures")
 
 
 def kept_checkpoints(out: Path) -> str:

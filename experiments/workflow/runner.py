@@ -205,7 +205,7 @@ def _write_rows(path: Path, outcomes: list[SearchResult], time_unit: str) -> Non
 def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     """Run every phase (see the module docstring) and return the report; files go to ``cfg.out``."""
     t_start = time.perf_counter()
-    out = output_folder(cfg.out)
+    out = output_folder(cfg.out, command="run", inputs=cfg)
     slug = _slug(cfg.label)
     group = cfg.group or f"run-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
     runs = _Runs(cfg, group)

@@ -197,3 +197,24 @@ def test_interrupted_workflow_names_the_files_it_kept(tmp_path, sig, code) -> No
                                 "finished: no plan yet")
     (row,) = _lines(out / "search_rows.jsonl")
     assert row["method"] == "megatron" and row["iteration_time"] > 0 and row["feasible"]
+
+
+def test_interrupted_reproduce_keeps_its_finished_cases(tmp_path) -> None:
+    """Before issue 47 reproduce wrote only at its end: a Ctrl-C kept nothing."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "experiments", "reproduce", "--families", "gemma", "--sizes", "small", "--seq-lens",
+           "2048,4096,8192", "--methods", "megatron,adaptis", "--budget", "10s", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=sigint_default)
+    rows = out / "reproduce.jsonl"
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while not (rows.exists() and rows.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert rows.read_text().strip(), "no case finished"
+        _, err = exit_after(proc, lambda: proc.send_signal(signal.SIGINT), timeout=60)
+    assert ended_by_ctrl_c(proc.returncode), err[-2000:]
+    kept = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert {r["seq_len"] for r in kept} == {2048} and {r["method"] for r in kept} == {"megatron", "adaptis"}
+    assert (out / "reproduce.md").is_file() and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("interrupted: kept the rows of 1 finished case of 3")

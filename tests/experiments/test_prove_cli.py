@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from experiments.cli import main
@@ -97,3 +99,29 @@ def test_reproduce_prove_adds_the_proven_gaps(tmp_path) -> None:
     row = next(line for line in section.splitlines() if line.startswith("| gemma-small"))
     gap = float(row.split("|")[6].strip().rstrip("%"))
     assert 0 <= gap < 100
+
+
+@pytest.mark.slow  # a solve that does not close in its time limit, interrupted
+def test_ctrl_c_ends_the_proof_with_its_best_so_far(tmp_path) -> None:
+    """Before issue 47 CP-SAT caught the Ctrl-C itself, ended only that solve, and the proof ran its full limit."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import reaped, sigint_default
+
+    assert main(["search", "--model", "gemma-large", "--devices", "33", "--method", "adaptis", "--budget", "40",
+                 "--out", str(tmp_path / "s")]) == 0
+    cmd = [sys.executable, "-m", "experiments", "prove", "--plan", str(tmp_path / "s" / "plan.json"), "--model",
+           "gemma-large", "--devices", "33", "--seconds", "300", "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=sigint_default)
+    with reaped(proc):
+        time.sleep(15)  # into the solve (building the model of ~3,000 actions takes a few seconds)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # the hang guard: well under the 300 s limit
+    assert proc.returncode == 130, err[-2000:]
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["interrupted"] is True and row["best_ms"] <= row["plan_ms"] and row["bound_ms"] > 0
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted after")

@@ -75,9 +75,17 @@ ADAPTIS = {"model_type": "adaptis", "hidden_size": 64, "vocab_size": 8192, "num_
            "moe_intermediate_size": 128, "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16,
            "layers": ["embedding", "attention+mlp", "attention+moe", "mamba", "linear_attention+mlp", "head"]}
 
+# Qwen1.5-MoE-A2.7B's config.json (its shared expert: shared_expert_intermediate_size)
+QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                   "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts": 60,
+                   "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_attention_heads": 16,
+                   "num_key_value_heads": 16, "vocab_size": 151936, "decoder_sparse_step": 1,
+                   "max_position_embeddings": 8192, "tie_word_embeddings": False}
+
 EXAMPLES: dict[str, dict[str, Any]] = {
     "llama": LLAMA3_8B, "mistral": MISTRAL_7B, "mixtral": MIXTRAL_8X7B, "qwen2": QWEN2_7B, "qwen3": QWEN3_8B,
-    "qwen3_moe": QWEN3_30B_A3B, "qwen3_next": QWEN3_NEXT_80B, "gemma2": GEMMA2_9B, "gemma3_text": GEMMA3_1B,
+    "qwen2_moe": QWEN15_MOE_A27B, "qwen3_moe": QWEN3_30B_A3B, "qwen3_next": QWEN3_NEXT_80B, "gemma2": GEMMA2_9B,
+    "gemma3_text": GEMMA3_1B,
     "deepseek_v2": DEEPSEEK_V2_LITE, "deepseek_v3": DEEPSEEK_V3, "nemotron_h": NEMOTRON_H_8B, "jamba": JAMBA_V01,
     "gpt_oss": GPT_OSS_120B, "adaptis": ADAPTIS,
 }
