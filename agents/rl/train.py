@@ -89,8 +89,9 @@ class PPOConfig:
     """Simulator calls per episode (portfolio included), as the RL searcher spends."""
     n_steps: int = 128
     """PPO rollout length per environment."""
-    batch_size: int = 256
-    """PPO minibatch size (at most ``n_steps`` x ``n_envs``: a whole rollout)."""
+    batch_size: int | None = None
+    """PPO minibatch size, at most ``n_steps`` x ``n_envs`` (a whole rollout); None: 256, or the whole
+    rollout where that is smaller (only a size given by hand is refused for exceeding it)."""
     n_epochs: int = 2
     """PPO passes over each rollout."""
     learning_rate: float = 5e-4
@@ -327,6 +328,17 @@ def _callbacks(config: PPOConfig, tracker: Any, out: Path, stop: dict[str, bool]
     return Periodic()
 
 
+#: PPO's minibatch when ``--batch-size`` is not given (or the whole rollout, where that is smaller).
+DEFAULT_BATCH_SIZE = 256
+
+
+def minibatch_size(config: PPOConfig) -> int:
+    """The minibatch PPO trains on: ``--batch-size`` as given, else 256 capped at one rollout."""
+    if config.batch_size is not None:
+        return config.batch_size
+    return min(DEFAULT_BATCH_SIZE, config.n_steps * config.n_envs)
+
+
 def check_config(config: PPOConfig) -> None:
     """Refuse a config that cannot train, before anything starts: a ConfigError naming the flag of
     ``python -m experiments train`` (each field's flag is ``--`` and its name with ``-``)."""
@@ -346,7 +358,7 @@ def check_config(config: PPOConfig) -> None:
     for name in ("timesteps", "n_envs", "hidden", "repeat_scenario", "torch_threads", "eval_scenarios",
                  "eval_tuner_calls", "checkpoint_every", "max_steps", "max_calls", "n_steps", "batch_size",
                  "n_epochs", "imitation_epochs"):
-        if getattr(config, name) < 1:
+        if getattr(config, name) is not None and getattr(config, name) < 1:
             raise ConfigError(f"must be >= 1, got {getattr(config, name)}", field="--" + name.replace("_", "-"))
     if not config.net_arch or min(config.net_arch) < 1 or max(config.net_arch) > MAX_WIDTH:
         raise ConfigError(f"needs one or more widths from 1 to {MAX_WIDTH}, got {config.net_arch}", field="--net-arch")
@@ -363,16 +375,17 @@ def check_config(config: PPOConfig) -> None:
     if config.n_steps * config.n_envs < 2:  # PPO normalises advantages over a batch: one sample gives NaN
         raise ConfigError(f"a rollout of --n-steps {config.n_steps} x --n-envs {config.n_envs} is one step; PPO "
                           "needs at least 2 per update: use --n-steps 2 or more", field="--n-steps")
-    if config.batch_size < 2:  # the same per minibatch: SB3 normalises each minibatch's advantages
+    batch_size = minibatch_size(config)
+    if batch_size < 2:  # the same per minibatch: SB3 normalises each minibatch's advantages
         raise ConfigError(f"must be at least 2 (PPO normalises each minibatch's advantages; one sample gives NaN), "
-                          f"got {config.batch_size}", field="--batch-size")
+                          f"got {batch_size}", field="--batch-size")
     rollout = config.n_steps * config.n_envs
-    if config.batch_size > rollout:  # SB3 would silently use the whole rollout as one minibatch
-        raise ConfigError(f"a minibatch of {config.batch_size} is larger than a rollout of {rollout} steps "
+    if batch_size > rollout:  # SB3 would silently use the whole rollout as one minibatch
+        raise ConfigError(f"a minibatch of {batch_size} is larger than a rollout of {rollout} steps "
                           f"(--n-steps {config.n_steps} x --n-envs {config.n_envs}); use --batch-size {rollout} "
                           "or less, or a longer --n-steps", field="--batch-size")
-    if rollout % min(config.batch_size, rollout) == 1:  # the epoch's last minibatch would be one sample
-        raise ConfigError(f"a rollout of {rollout} steps in minibatches of {config.batch_size} leaves a last "
+    if rollout % min(batch_size, rollout) == 1:  # the epoch's last minibatch would be one sample
+        raise ConfigError(f"a rollout of {rollout} steps in minibatches of {batch_size} leaves a last "
                           "minibatch of one sample (NaN advantages); pick a batch size that divides "
                           "--n-steps x --n-envs", field="--batch-size")
     if config.imitation_states > 0 and config.network != "entity":
@@ -428,7 +441,7 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
         else:
             policy, policy_kwargs = "MultiInputPolicy", {"net_arch": list(config.net_arch)}
         model = algo_cls(policy, vec, seed=config.seed, device="cpu", n_steps=config.n_steps,
-                         batch_size=min(config.batch_size, config.n_steps * config.n_envs), n_epochs=config.n_epochs,
+                         batch_size=minibatch_size(config), n_epochs=config.n_epochs,
                          learning_rate=config.learning_rate,
                          gamma=config.gamma, ent_coef=config.ent_coef, verbose=0, policy_kwargs=policy_kwargs)
     if logger is not None:
