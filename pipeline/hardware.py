@@ -142,9 +142,13 @@ GPUS: dict[str, GPUSpec] = {
                     sm_count=148),
     # One x86 core running fp32 torch, for comparing analytic costs with what the executor's profiler
     # measures on a CPU rank. Calibrated on the 2-core development machine (one thread): a 512^3
-    # matmul ran at ~100 GFLOP/s, a streaming element-wise op at ~4 GB/s, an eager op cost ~3 us
-    # (more with autograd bookkeeping, hence 10 us); gloo between two local ranks ~3 GB/s.
-    "cpu": GPUSpec("cpu", "x86 core (fp32, 1 thread)", peak_bf16_tflops=0.1, hbm_tbps=0.005, memory_gb=16.0,
+    # matmul ran at ~100 GFLOP/s, an eager op cost ~3 us (more with autograd bookkeeping, hence
+    # 10 us); gloo between two local ranks ~3 GB/s. Memory: 20 GB/s, re-measured on 5 Dec 2026 for
+    # the zoo's tiny models (`python -m experiments.benchmarks.cpu_preset`): an element-wise op
+    # streams 20-25 GB/s on 16-64 MB tensors (more on the 1-4 MB that stay in cache); only an op
+    # that maps fresh memory for a 64 MB output falls to ~4 GB/s, the figure the preset had. That
+    # 5 GB/s made the tiny models' head 2.5x and their embedding 5x slower than the profiler measures.
+    "cpu": GPUSpec("cpu", "x86 core (fp32, 1 thread)", peak_bf16_tflops=0.1, hbm_tbps=0.02, memory_gb=16.0,
                    nvlink_gbps=3.0, inter_node_gbps=1.0, vector_tflops=0.005, matmul_efficiency=0.6,
                    memory_efficiency=0.8, kernel_overhead_us=10.0, memory_reserve_gb=0.0),
 }
