@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
 CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
 #: Most lines an error may take (argparse's usage block and ``warning:`` lines aside).
