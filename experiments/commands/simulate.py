@@ -67,12 +67,15 @@ def run(args: argparse.Namespace) -> int:
     cluster = resolve_cluster(args)
     plan = Plan.load(args.plan)
     searched = plan.meta.get("predicted", {}).get("profile") if isinstance(plan.meta.get("predicted"), dict) else None
-    if isinstance(searched, str) and searched != profile.name:  # same layer count, another model: it still runs
-        print(f"warning: {args.plan} was searched for {searched!r}, not {profile.name!r}: the figures below are "
-              f"this plan's partition and order on {profile.name!r}", file=sys.stderr)
+    other_model = isinstance(searched, str) and searched != profile.name
     training = resolve_training(args)
     result = simulate(plan, profile, cluster, training=training)
     row = {"method": plan.method, **result.summary()}
+    if other_model and result.valid:  # same layer count, another model: it still runs
+        print(f"warning: {args.plan} was searched for {searched!r}, not {profile.name!r}: the figures below are "
+              f"this plan's partition and order on {profile.name!r}", file=sys.stderr)
+    elif other_model:  # no figures below: the provenance goes into the one error (and --json's row)
+        row["error"] = f"{result.error} (the plan was searched for {searched!r}, not {profile.name!r})"
     if result.valid:
         bound = lower_bound(profile, cluster, plan.microbatches, runtime=training.runtime).value
         row["vs_lower_bound"] = result.iteration_time / bound
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(row))
     elif not result.valid:  # one line on stderr, as every refusal; exit 1 (the plan, not the command line)
-        print(f"error: invalid plan: {result.error}", file=sys.stderr)
+        print(f"error: invalid plan: {row['error']}", file=sys.stderr)
     else:
         unit = result.time_unit
         print(f"plan {args.plan}: {plan.method}, {plan.num_stages} stages on {plan.devices} devices, "

@@ -228,6 +228,7 @@ def test_an_invalid_plan_is_one_error_line_on_stderr(tmp_path, capsys) -> None:
     assert main(["simulate", "--plan", str(plan), "--model", "gemma-small", "--devices", "4"]) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert line.startswith("error: invalid plan: ") and "field 'partition'" in line
+    assert line.endswith(", not 'gemma-small')") and "(the plan was searched for " in line  # no warning line
 
 
 @pytest.mark.parametrize("command", ["search", "run"])
