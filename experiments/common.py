@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline.errors import ConfigError, ProfileError
 from pipeline.runtime import RUNTIMES
-from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, Cluster, ModelProfile, ProfileWarning, TrainingConfig
+from pipeline.spec import DEFAULT_MEMORY_RESERVE_GB, GIB, Cluster, ModelProfile, ProfileWarning, TrainingConfig
 
 __all__ = [
     "CONFIG_DIR",
@@ -33,6 +33,7 @@ __all__ = [
     "MAX_MICROBATCH_DEVICES",
     "interrupt_code",
     "interrupted",
+    "memory_advice",
     "resolve_problem",
     "output_folder",
     "positive_int",
@@ -417,6 +418,26 @@ def interrupted(stop: BaseException, kept: str) -> int:
     and return its exit code (:func:`interrupt_code`)."""
     print(f"interrupted: {kept}", file=sys.stderr, flush=True)
     return interrupt_code(stop)
+
+
+def memory_advice(cluster: Cluster, profile: ModelProfile | None = None,
+                  training: TrainingConfig | None = None) -> str:
+    """What ``search`` (and ``sweep``, for each trial) says after the peak of a plan that does not fit:
+    ``against U GiB usable per device (M less a R GiB reserve): ADVICE``. The advice names the devices
+    needed when the weights, gradients and optimizer state alone (spread evenly over the devices: what
+    no schedule can shrink) exceed the usable memory (known with ``profile``; ``training`` defaults to
+    :class:`TrainingConfig`'s); otherwise more devices or memory, or fewer micro-batches in flight."""
+    usable = cluster.memory_gb - cluster.memory_reserve_gb
+    advice = "add devices or memory, or use fewer micro-batches in flight"
+    if profile is not None and usable > 0:
+        param_bytes = (training or TrainingConfig()).param_bytes
+        state = param_bytes * sum(x.params for x in profile.layers) / cluster.devices / GIB
+        if state > usable:
+            advice = (f"the weights and optimizer state alone need {state:.2f} GiB per device even spread over "
+                      f"{cluster.devices}, so no schedule fits: use at least "
+                      f"{math.ceil(state * cluster.devices / usable)} devices or more memory per device")
+    return (f"against {usable:g} GiB usable per device ({cluster.memory_gb:g} less a "
+            f"{cluster.memory_reserve_gb:g} GiB reserve): {advice}")
 
 
 def resolve_problem(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:

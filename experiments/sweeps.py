@@ -26,6 +26,7 @@ from typing import Any
 
 from agents.base import Budget
 from agents.run_methods import BASELINE, run_methods, setting_type
+from experiments.common import memory_advice
 from experiments.results import MethodRow
 from pipeline.errors import ConfigError
 from pipeline.runtime import RUNTIMES
@@ -205,22 +206,21 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     if mega:
         references[ref_key] = mega[0].iteration_time if mega[0].ok else None
     trial = Trial(index, dict(params), name, MethodRow.of(res, references[ref_key]), plan=res.plan)
-    trial.reason = infeasible_reason(res, cl)
+    trial.reason = infeasible_reason(res, cl, profile, problem.training)
     return trial
 
 
-def infeasible_reason(res: Any, cluster: Cluster) -> str | None:
+def infeasible_reason(res: Any, cluster: Cluster, profile: ModelProfile | None = None,
+                      training: TrainingConfig | None = None) -> str | None:
     """Why a search result has no plan that fits, in the words ``search`` uses: the simulator's error
-    (or the searcher's note) for no valid plan; for one out of memory, its peak against the usable memory."""
+    (or the searcher's note) for no valid plan; for one out of memory, its peak and
+    :func:`experiments.common.memory_advice` (``profile`` and ``training``: the trial's scenario)."""
     if res.ok and res.result.feasible:
         return None
     if not res.ok:
         return res.note or (res.result.error if res.result is not None else None) or "no plan"
     peak = max(res.result.peak_memory) / GIB
-    usable = cluster.memory_gb - cluster.memory_reserve_gb
-    return (f"out of memory: the peak is {peak:.2f} GiB against {usable:g} GiB usable per device "
-            f"({cluster.memory_gb:g} less a {cluster.memory_reserve_gb:g} GiB reserve): add devices or memory, or "
-            "use fewer micro-batches in flight")
+    return f"out of memory: the peak is {peak:.2f} GiB {memory_advice(cluster, profile, training)}"
 
 
 def _optuna_combos(params: dict[str, list[Any]], trials: int, seed: int,

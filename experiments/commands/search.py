@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -52,6 +51,7 @@ from experiments.common import (
     check_file_path,
     check_microbatches,
     interrupted,
+    memory_advice,
     non_negative_float,
     output_folder,
     positive_int,
@@ -242,21 +242,12 @@ def run(args: argparse.Namespace) -> int:
     if best is None:
         smallest = min((r for r in results if r.ok), key=lambda r: max(r.result.peak_memory), default=None)
         msg = "no plan fits in memory" + (f" among those {args.target} runs" if args.target != "executor" else "")
-        if smallest is not None:
-            peak = max(smallest.result.peak_memory) / GIB
-            usable = cluster.memory_gb - cluster.memory_reserve_gb
-            # weights, gradients and optimizer state spread evenly: what no schedule can shrink
-            state = problem.training.param_bytes * sum(x.params for x in profile.layers) / cluster.devices / GIB
-            least = math.ceil(state * cluster.devices / usable)
-            fix = (f"the weights and optimizer state alone need {state:.2f} GiB per device even spread over "
-                   f"{cluster.devices}, so no schedule fits: use at least {least} devices or more memory per "
-                   "device" if state > usable else
-                   "add devices or memory, or use fewer micro-batches in flight")
-            msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) against "
-                    f"{usable:g} GiB usable per device ({cluster.memory_gb:g} "
-                    f"less a {cluster.memory_reserve_gb:g} GiB reserve): {fix}")
         if (out / INFEASIBLE_PLAN).is_file():
             msg += f"; the fastest plan that does not fit is in {out / INFEASIBLE_PLAN} (not plan.json)"
+        if smallest is not None:  # last: the same words as a sweep trial's reason (experiments.sweeps)
+            peak = max(smallest.result.peak_memory) / GIB
+            msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) "
+                    f"{memory_advice(cluster, profile, problem.training)}")
         print(msg, file=sys.stderr)
         return 3
     if not args.json:
