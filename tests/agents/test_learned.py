@@ -83,13 +83,16 @@ def test_respects_call_and_second_budgets(hetero_profile, h100x4, monkeypatch) -
 
 def test_without_the_hook_the_tuner_is_unchanged(gemma4: Scenario) -> None:
     """The plain tuner's path, recorded before the hook existed (commit 220e4ba): same calls of each
-    improvement, same final time and plan."""
+    improvement, same final time and plan. Re-recorded on 5 Dec 2026 for the cost model's fp32 LM
+    head and shape-dependent GEMMs (ca97759, 9a2c427), which change every time it simulates; the
+    tuner did not change: today's agents/ on the previous cost model (60c3621's pipeline/costs.py,
+    hardware.py, simulator.py, spec.py) still gives 220e4ba's path (1, 2, 3, 5, ... 223, 293;
+    284.28073)."""
     res = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
-    assert [c for c, _ in res.history] == [1, 2, 3, 5, 7, 10, 11, 12, 14, 15, 16, 18, 21, 50, 53, 54, 55, 56, 170,
-                                           187, 188, 200, 206, 223, 293]
-    assert res.iteration_time == pytest.approx(284.28073, abs=1e-5)
-    assert res.plan.stage_sizes == (1, 3, 2, 3, 2, 3, 1, 2, 2, 3, 1, 2, 2, 4, 2, 1)
-    assert res.plan.placement == (0, 1, 2, 1, 3, 3, 1, 0, 0, 1, 2, 3, 2, 2, 3, 0)
+    assert [c for c, _ in res.history] == [1, 3, 5, 11, 12, 13, 16, 17, 34, 61, 135, 136, 270, 342, 349, 389]
+    assert res.iteration_time == pytest.approx(357.26156, abs=1e-5)
+    assert res.plan.stage_sizes == (1, 4, 7, 6, 4, 4, 7, 1)
+    assert res.plan.placement == (0, 1, 2, 3, 3, 2, 1, 0)
 
 
 def test_the_policy_changes_the_path_but_not_the_start(gemma4: Scenario) -> None:
@@ -205,30 +208,48 @@ def test_the_benchmarks_reseeded_tuner_is_the_plain_tuner_on_other_seeds(gemma4)
     assert mine.history != AdaptisTuner().search(gemma4, budget=budget, seed=2).history
 
 
-def test_descents_alternate_between_the_bandit_and_the_tuners_order(gemma4, monkeypatch) -> None:
+def test_descents_alternate_between_the_bandit_and_the_tuners_order(monkeypatch) -> None:
     """``descents="alternate"`` (the default): the bandit picks the families until the first round
     without a gain and in every other descent after it; the rest take the tuner's order. The path
-    up to the first stall is ``descents="bandit"``'s."""
+    up to the first stall is ``descents="bandit"``'s.
+
+    On gemma-small at 3072 tokens (the fixture's 2048 until the LM head's loss was priced as fp32
+    memory traffic: on that cost model the best start is already a local optimum there, for every
+    seed 0-10, so the first descent has no path to compare); here the bandit's first descent
+    improves the start three times before the first stall."""
     import agents.learned as learned
 
+    problem = Scenario(zoo_profile("gemma-small", seq_len=3072), Cluster(devices=4), 16)
     budget = Budget(sim_calls=600)
     tuner = learned_tuner()
     policy = tuner.move_policy
     assert policy.descents == "alternate"
     picks: list[int] = []  # the policy's stall count at each bandit pick
-    original = learned.FamilyBandit.pick
+    rounds: list[tuple[int, int, bool]] = []  # each local-search round: calls before, calls after, improved
+    original, original_round = learned.FamilyBandit.pick, learned.MovePolicy.round
 
     def pick(self, families):
         picks.append(policy._stalls)
         return original(self, families)
 
+    def round_(self, phases, current, current_key, **kw):
+        calls = kw["ev"].calls
+        out = original_round(self, phases, current, current_key, **kw)
+        rounds.append((calls, kw["ev"].calls, out[2]))
+        return out
+
     monkeypatch.setattr(learned.FamilyBandit, "pick", pick)
-    alternate = tuner.search(gemma4, budget=budget, seed=0)
+    monkeypatch.setattr(learned.MovePolicy, "round", round_)
+    alternate = tuner.search(problem, budget=budget, seed=0)
     monkeypatch.undo()
     assert policy._stalls >= 3 and picks
     assert {s % 2 for s in picks} == {0}  # the bandit only in even descents
     assert set(picks) >= {0, 2}
-    bandit = learned_tuner(descents="bandit").search(gemma4, budget=budget, seed=0)
-    assert alternate.history[:4] == bandit.history[:4] and alternate.history != bandit.history
+    started = rounds[0][0]  # the calls the starts took
+    stalled = next(after for _, after, improved in rounds if not improved)  # the calls at the first stall
+    before = [h for h in alternate.history if h[0] <= stalled]
+    assert any(c > started for c, _ in before)  # the bandit's first descent improved on the start
+    bandit = learned_tuner(descents="bandit").search(problem, budget=budget, seed=0)
+    assert alternate.history[:len(before)] == bandit.history[:len(before)] and alternate.history != bandit.history
     with pytest.raises(ConfigError, match="descents"):
         MovePolicy(descents="fixed")
