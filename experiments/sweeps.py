@@ -206,11 +206,11 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     if mega:
         references[ref_key] = mega[0].iteration_time if mega[0].ok else None
     trial = Trial(index, dict(params), name, MethodRow.of(res, references[ref_key]), plan=res.plan)
-    trial.reason = infeasible_reason(res, cl, profile, problem.training)
+    trial.reason = infeasible_reason(res, cl, profile, training=problem.training)
     return trial
 
 
-def infeasible_reason(res: Any, cluster: Cluster, profile: ModelProfile | None = None,
+def infeasible_reason(res: Any, cluster: Cluster, profile: ModelProfile | None = None, *,
                       training: TrainingConfig | None = None) -> str | None:
     """Why a search result has no plan that fits, in the words ``search`` uses: the simulator's error
     (or the searcher's note) for no valid plan; for one out of memory, its peak and
