@@ -170,7 +170,9 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     ``training.runtime`` (:mod:`pipeline.runtime`) scales every time by its ``compute_scale``, adds
     its ``action_overhead_s`` to the profile's, its ``step_s`` and its optimizer step
     (:func:`optimizer_step_seconds`) to ``post_step``, and with
-    ``blocking_p2p`` moves each transfer onto the action that sends it (``comm`` becomes 0). The
+    ``blocking_p2p`` moves each transfer onto the action that sends it (``comm`` becomes 0); its
+    ``p2p_hold_share`` adds that share of each transfer between devices to the actions at both its
+    ends (the transfer stays on the link). The
     profile's ``transfer_overhead`` is added to both actions at the ends of each transfer between
     devices (F of the sender and of the receiver, I/B of both on the way back)."""
     if recompute is not None and len(recompute) != len(partition):
@@ -274,6 +276,17 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
                 if measured_b:
                     fused[s] += ends
                     fused[s + 1] += ends
+    share = runtime.p2p_hold_share
+    if share and not runtime.blocking_p2p:  # both ends of a transfer are held for a share of it
+        for s, t in enumerate(comm):
+            if t and placement[s] != placement[s + 1]:
+                f[s] += share * t
+                f[s + 1] += share * t
+                i[s + 1] += share * t
+                i[s] += share * t
+                if measured_b:
+                    fused[s] += share * t
+                    fused[s + 1] += share * t
     if runtime.blocking_p2p:  # the sender waits for its transfer: it moves from the link onto the action
         for s, t in enumerate(comm):
             if t:

@@ -49,9 +49,11 @@ median error (on a file of whole-job rows: the source's compute scale and per-it
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -258,7 +260,7 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
 
 def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
                 overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False,
-                nic_efficiency: float = NIC_EFFICIENCY) -> Prediction:
+                nic_efficiency: float = NIC_EFFICIENCY, with_analytic: bool = True) -> Prediction:
     """Predict one published row (see the module docstring); ``rows`` are its source's rows (donors
     of stage times, the flags of whole-job rows)."""
     meas = row.get("measured") if isinstance(row.get("measured"), dict) else {}
@@ -315,7 +317,7 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     if predicted is None:
         return replace(out, reason=error, stage_times=times.source)
     analytic = analytic_stage_times(row) if times.source != "analytic" else times
-    if not isinstance(analytic, str):
+    if with_analytic and not isinstance(analytic, str):
         analytic_value, _ = _simulated(schedule, analytic, row, runtime, nic_efficiency)
         out = replace(out, analytic=analytic_value)
     return replace(out, predicted=predicted, stage_times=times.source)
@@ -335,11 +337,12 @@ def _simulated(schedule: str, times: StageTimes, row: dict[str, Any], runtime: R
 
 def predict_rows(rows: Sequence[dict[str, Any]], *, overrides: dict[str, Runtime] | None = None,
                  infer_degrees: bool = False, donors: Sequence[dict[str, Any]] | None = None,
-                 nic_efficiency: float = NIC_EFFICIENCY) -> list[Prediction]:
-    """:func:`predict_row` of every row (``donors``: the rows stage times may come from, default ``rows``)."""
+                 nic_efficiency: float = NIC_EFFICIENCY, with_analytic: bool = True) -> list[Prediction]:
+    """:func:`predict_row` of every row (``donors``: the rows stage times may come from, default ``rows``;
+    ``with_analytic=False`` leaves out the analytic column, as the fit does)."""
     pool = rows if donors is None else donors
-    return [predict_row(r, pool, overrides=overrides, infer_degrees=infer_degrees, nic_efficiency=nic_efficiency)
-            for r in rows]
+    return [predict_row(r, pool, overrides=overrides, infer_degrees=infer_degrees, nic_efficiency=nic_efficiency,
+                        with_analytic=with_analytic) for r in rows]
 
 
 def _pairs(groups: dict[str, list[Prediction]]) -> tuple[int, int, list[str]]:
@@ -355,7 +358,8 @@ def _pairs(groups: dict[str, list[Prediction]]) -> tuple[int, int, list[str]]:
 
 
 def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
-    """Median / max absolute error, ratio-to-1F1B error, pairs and groups ranked as measured."""
+    """Median / max absolute error (of the prediction, and of the analytic one from the rows' dimensions
+    where there is one), ratio-to-1F1B error, pairs and groups ranked as measured."""
     done = [p for p in preds if p.predicted is not None and p.measured]
     errors = [abs(p.predicted / p.measured - 1) for p in done]
     groups: dict[str, list[Prediction]] = {}
@@ -371,9 +375,13 @@ def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
     memory = [abs(p.memory_predicted_gb / p.memory_measured_gb - 1) for p in done
               if p.memory_measured_gb and p.memory_predicted_gb is not None]
     with_throughput = sum(p.measured is not None for p in preds)
+    analytic = [abs(p.analytic / p.measured - 1) for p in done if p.analytic is not None]
     return {"summary": True, "rows": len(preds), "with_throughput": with_throughput, "predicted": len(done),
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
+            "analytic_rows": len(analytic),
+            "analytic_median_abs_error": statistics.median(analytic) if analytic else None,
+            "analytic_max_abs_error": max(analytic) if analytic else None,
             "memory_rows": len(memory),
             "memory_median_abs_error": statistics.median(memory) if memory else None,
             "memory_max_abs_error": max(memory) if memory else None,
@@ -392,32 +400,45 @@ def _same_order(a: Prediction, b: Prediction) -> bool:
     return (a.measured > b.measured) == (a.predicted > b.predicted)
 
 
-#: The ``--fit`` grid: the runtime's compute scale, per-action overhead (ms) and step (ms), and the
-#: NIC share of transfers between nodes.
-FIT_GRID = ((1.02, 1.03, 1.04), (0.0, 0.1, 0.2), (0.0, 10.0), (1.0, 0.75, 0.5, 0.35))
+#: The ``--fit`` grid: the runtime's compute scale, per-action overhead (ms) and step (ms), the NIC
+#: share of transfers between nodes, and the zero-bubble runtime's ``p2p_hold_share``.
+FIT_GRID = ((1.02, 1.03, 1.04), (0.0, 0.1), (0.0, 10.0), (0.5, 0.35), (0.0, 0.1, 0.2, 0.3))
 
 
-def _fit(tables: Sequence[Sequence[dict[str, Any]]]) -> tuple[dict[str, float], dict[str, Any]]:
+def _fit_point(point: tuple[float, ...], pipeline_rows: Sequence[dict[str, Any]],
+               donors: Sequence[dict[str, Any]]) -> tuple[tuple[int, float, float], dict[str, float], dict[str, Any]]:
+    """(ranking-first key, values, summary) of one grid point of :data:`FIT_GRID`."""
+    scale, over_ms, step_ms, nic, share = point
+    values = dict(compute_scale=scale, action_overhead_s=over_ms / 1e3, step_s=step_ms / 1e3)
+    # the hold share is the zero-bubble fork's (Megatron's blocking p2p already holds the whole transfer)
+    overrides = {n: replace(RUNTIMES[n], **values, p2p_hold_share=0.0 if n == "megatron" else share)
+                 for n in PIPELINE_RUNTIMES}
+    summary = summarize(predict_rows(pipeline_rows, overrides=overrides, donors=donors, nic_efficiency=nic,
+                                     with_analytic=False))
+    if summary["median_abs_error"] is None:
+        raise SystemExit("no pipeline rows (samples/s/GPU) to fit")
+    key = (summary["pairs"] - summary["pairs_ranked_as_measured"], summary["median_abs_error"],
+           summary["max_abs_error"])
+    return key, {**values, "nic_efficiency": nic, "p2p_hold_share": share}, summary
+
+
+def _fit(tables: Sequence[Sequence[dict[str, Any]]], *, workers: int = 1) -> tuple[dict[str, float], dict[str, Any]]:
     """Grid search of (compute_scale, action_overhead_s, step_s) shared by every pipeline runtime,
-    and of the NIC share, across every table at once: the fewest pairs ranked unlike the
-    measurements, then the least median absolute error, then max."""
+    of the NIC share and of the zero-bubble runtime's hold share, across every table at once: the
+    fewest pairs ranked unlike the measurements, then the least median absolute error, then max.
+    ``workers`` processes price the grid's points side by side."""
     donors = [r for rows in tables for r in rows]
     pipeline_rows = [r for r in donors if (r.get("measured") or {}).get("throughput_unit") == SAMPLES_PER_GPU]
-    best: tuple[tuple[int, float, float], dict[str, float], dict[str, Any]] | None = None
-    for scale, over_ms, step_ms, nic in tqdm(list(itertools.product(*FIT_GRID)), desc="fit", unit="point",
-                                             disable=not sys.stderr.isatty()):
-        values = dict(compute_scale=scale, action_overhead_s=over_ms / 1e3, step_s=step_ms / 1e3)
-        overrides = {n: replace(RUNTIMES[n], **values) for n in PIPELINE_RUNTIMES}
-        summary = summarize(predict_rows(pipeline_rows, overrides=overrides, donors=donors, nic_efficiency=nic))
-        values = {**values, "nic_efficiency": nic}
-        if summary["median_abs_error"] is None:
-            raise SystemExit("no pipeline rows (samples/s/GPU) to fit")
-        key = (summary["pairs"] - summary["pairs_ranked_as_measured"], summary["median_abs_error"],
-               summary["max_abs_error"])
-        if best is None or key < best[0]:
-            best = (key, values, summary)
-    assert best is not None
-    return best[1], best[2]
+    points = list(itertools.product(*FIT_GRID))
+    price = functools.partial(_fit_point, pipeline_rows=pipeline_rows, donors=donors)
+    bar = functools.partial(tqdm, total=len(points), desc="fit", unit="point", disable=not sys.stderr.isatty())
+    if workers > 1:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            results = list(bar(pool.imap(price, points)))
+    else:
+        results = [price(p) for p in bar(points)]
+    key, values, summary = min(results, key=lambda r: r[0])
+    return values, summary
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -489,6 +510,9 @@ def _summary_line(summary: dict[str, Any]) -> str:
             f"{_fmt(summary['max_abs_error'])}; pairs ranked as measured {summary['pairs_ranked_as_measured']} "
             f"of {summary['pairs']}; groups {summary['groups_ranked_as_measured']} of {summary['groups']}"
             + (f" (not: {', '.join(summary['groups_misranked'])})" if summary["groups_misranked"] else "")
+            + (f"; analytic stage times on {summary['analytic_rows']} rows: median |error| "
+               f"{_fmt(summary['analytic_median_abs_error'])}, max {_fmt(summary['analytic_max_abs_error'])}"
+               if summary.get("analytic_rows") else "")
             + (f"; peak memory of {summary['memory_rows']} rows: median |error| "
                f"{_fmt(summary['memory_median_abs_error'])}, max {_fmt(summary['memory_max_abs_error'])}"
                if summary["memory_rows"] else ""))
@@ -501,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="every *.json table in DIR: one line per file, then the total")
     parser.add_argument("--json", action="store_true", help="one JSON object per row, then the summary")
     parser.add_argument("--fit", action="store_true", help="grid-search the runtime's shared parameters")
+    parser.add_argument("--workers", type=int, default=1, help="processes for --fit's grid (default 1)")
     parser.add_argument("--infer-degrees", action="store_true",
                         help="whole-job rows that give only tp*pp: tp = min(8, tp*pp), 1F1B, the flags of the "
                              "file's pipelined rows (docs/whole-job.md)")
@@ -519,7 +544,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"fit": values, **errors}))
             return 0
         tables_rows = [rows for _, rows in tables]
-        values, summary = _fit(tables_rows if args.all else [*tables_rows, *_siblings(tables[0][0])])
+        if args.workers < 1:
+            parser.error(f"--workers must be at least 1, got {args.workers}")
+        values, summary = _fit(tables_rows if args.all else [*tables_rows, *_siblings(tables[0][0])],
+                               workers=args.workers)
         print(json.dumps({"fit": values, **summary}))
         return 0
     everything: list[Prediction] = []

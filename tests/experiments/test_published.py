@@ -165,9 +165,7 @@ def test_rows_without_stage_times_take_the_sources_scaled_and_meet_the_targets()
     assert {p.schedule for p in preds} >= {"ZB-V", "1F1B", "ZB-1p"}
     summary = published.summarize(preds)
     assert summary["median_abs_error"] <= 0.03 and summary["max_abs_error"] <= 0.075
-    # every group but Table 6's three (ZB-V above ZB-2p: test_zb_v_ranks_as_measured) ranks as measured
-    assert summary["pairs"] == 27 and summary["pairs_ranked_as_measured"] >= 24
-    assert all("p=16" in g for g in summary["groups_misranked"])
+    assert summary["pairs"] > 0 and summary["pairs_ranked_as_measured"] >= 0.95 * summary["pairs"]
     # alone, the file has no stage times: the cost model prices the row from its dimensions
     alone = published.predict_row(rows[0], rows)
     assert alone.predicted is not None and alone.stage_times.startswith("analytic")
@@ -177,15 +175,25 @@ def test_rows_without_stage_times_take_the_sources_scaled_and_meet_the_targets()
 
 
 @needs_dev
-@pytest.mark.xfail(strict=True, reason="known gap (issue 43): ZB-V is predicted 4.5-5.3% above its measured "
-                   "throughput, while its ideal bubble matches the paper's Table 8 (7.6% vs 7.0% at m=48), so it "
-                   "ranks above ZB-2p* where the paper measured it below; the runtime effect is not modelled yet")
-def test_zb_v_ranks_as_measured() -> None:
-    """The issue's target: pairs ranked as measured >= 95% in every file (dev_more: 24 of 27 today)."""
+def test_zb_v_ranks_below_zb_2p_as_measured_because_its_transfers_hold_its_devices() -> None:
+    """Table 6: ZB-V (two chunks per device, twice ZB-2p's transfers per sample) measured below ZB-2p*.
+    Its ideal bubble matches the paper's own Table 8 figure, so the gap is the runtime's: the zero-bubble
+    fork's fused p2p holds both ends of each transfer for a share of it (``p2p_hold_share``). Without
+    that share ZB-V is predicted above ZB-2p* in all three groups; with it, as measured."""
     if not MORE.exists():
         pytest.skip(f"{MORE} is not beside the repository")
-    summary = published.summarize(_more_predictions())
-    assert summary["pairs_ranked_as_measured"] >= 0.95 * summary["pairs"], summary["groups_misranked"]
+    from dataclasses import replace
+
+    from pipeline.runtime import RUNTIMES
+    preds = {p.id: p.predicted for p in _more_predictions()}
+    for m in (48, 64, 128):
+        assert preds[f"zb_t6_6.2B_p16_m{m}_ZB-V"] < preds[f"zb_t6_6.2B_p16_m{m}_ZB-2p*"]
+    rows = [r for r in json.loads(MORE.read_text())["rows"] if r["id"].startswith("zb_t6_6.2B_p16_m48_")]
+    donors = [*rows, *json.loads(DEV.read_text())["rows"]]
+    free = {n: replace(RUNTIMES[n], p2p_hold_share=0.0) for n in ("zb", "zb-sync")}
+    unheld = {p.id: p.predicted for p in published.predict_rows(rows, donors=donors, overrides=free,
+                                                                with_analytic=False)}
+    assert unheld["zb_t6_6.2B_p16_m48_ZB-V"] > unheld["zb_t6_6.2B_p16_m48_ZB-2p*"]
 
 
 def test_stage_times_scale_with_layers_per_stage_and_never_borrow_silently() -> None:
