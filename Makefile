@@ -22,12 +22,12 @@ run: engine
 
 test: engine
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --durations=30
 
 # The unit tests without the slow ones (torchrun jobs, training, the docs' commands, long searches):
-# about a minute on 2 cores. `make test` (CI) still runs everything.
+# about two minutes on 2 cores. `make test` (CI) still runs everything.
 test-fast: engine
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n auto --maxprocesses=4 -m "not slow"
 
 bench: engine
 	$(PY) -m experiments.benchmarks.engine_speed
