@@ -44,7 +44,7 @@ CLUSTER_VERSION = 2
 #: 0.5-1 GiB with lazy module loading), NCCL's buffers and streams for the point-to-point
 #: transfers of a pipeline (about 0.5-1 GiB), and the caching allocator's fragmentation
 #: (reserved over allocated at peak, commonly a few percent of the peak). 4 GiB is 5% of an
-#: 80 GiB H100 and 3% of an H200; ``python -m experiments.benchmarks.gpu_check`` measures the
+#: 80 GiB H100 and 3% of an H200; ``python -m experiments gpu-check`` measures the
 #: context and fragmentation on a real GPU so it can be corrected.
 DEFAULT_MEMORY_RESERVE_GB = 4.0
 #: Share of a layer's activations that its W (weight-gradient) pass still needs

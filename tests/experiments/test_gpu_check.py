@@ -39,3 +39,18 @@ def test_plan_peaks_per_device_match_the_model_from_measured_kinds(result) -> No
         assert d["kept_act_gib"] >= d["saved_act_gib"]
     # device 0 holds the most micro-batches in flight under ZB-H1
     assert plan["devices"][0]["pred_kinds_act_gib"] >= max(d["pred_kinds_act_gib"] for d in plan["devices"][1:-1])
+
+
+def test_the_check_is_a_command_that_refuses_a_device_it_cannot_use(tmp_path, capsys) -> None:
+    """``python -m experiments gpu-check`` ships with the product (issue 46); a device this torch
+    lacks is one line naming --device, before any work."""
+    from experiments.cli import main
+
+    out = tmp_path / "check.json"
+    assert main(["gpu-check", "--tiny", "--device", "cpu", "--skip-plan", "--models", "hybrid", "--out",
+                 str(out)]) == 0
+    assert json.loads(out.read_text())["tiny"] is True
+    capsys.readouterr()
+    assert main(["gpu-check", "--device", "tpu9", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: field '--device'")
