@@ -23,6 +23,7 @@ from pipeline.arch import Architecture, LayerSpec
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "STAND_IN_KINDS",
     "RMSNorm",
     "Embedding",
     "Attention",
@@ -333,6 +334,11 @@ def _ffn(arch: Architecture, spec: LayerSpec) -> nn.Module | None:
     return None
 
 
+#: Layer kinds the executor builds as an attention+MLP stand-in (:func:`build_layer`): it runs
+#: plans that hold them, but cannot measure them as they are.
+STAND_IN_KINDS = ("mtp", "vision")
+
+
 def build_layer(arch: Architecture, spec: LayerSpec) -> nn.Module:
     """The torch module of one layer. ``mtp`` and ``vision`` layers are built as an attention+MLP
     block at the model's hidden size (a stand-in of similar cost; they are not trained as such)."""
@@ -342,7 +348,7 @@ def build_layer(arch: Architecture, spec: LayerSpec) -> nn.Module:
         if spec.shards > 1:
             return HeadShard(arch.vocab_size, arch.hidden_size, shard=spec.shard, shards=spec.shards)
         return Head(arch.vocab_size, arch.hidden_size)
-    if spec.kind in ("mtp", "vision"):
+    if spec.kind in STAND_IN_KINDS:
         spec = LayerSpec(kind="block", mixer="attention", ffn="mlp")
     block = Block(arch.hidden_size, _mixer(arch, spec), _ffn(arch, spec))
     for module in block.modules():  # small init for stable fp32 comparisons

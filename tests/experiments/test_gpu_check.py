@@ -19,7 +19,13 @@ def result(tmp_path_factory) -> dict:
 
 
 def test_every_zoo_layer_kind_is_measured_and_compared(result) -> None:
-    zoo_kinds = {spec.label for name in list_models() for spec in load_zoo_architecture(name).layers}
+    """Every kind the executor builds as it is; the MTP block (DeepSeek-V3) and vision blocks run as
+    attention+MLP stand-ins (``executor.layers.STAND_IN_KINDS``), so no measurement of them exists."""
+    from executor.layers import STAND_IN_KINDS
+
+    zoo_kinds = {spec.label for name in list_models() for spec in load_zoo_architecture(name).layers
+                 if spec.kind not in STAND_IN_KINDS}
+    assert "mtp" in {spec.kind for spec in load_zoo_architecture("deepseek-v3").layers}
     rows = [r for r in result["kinds"] if "error" not in r]
     assert len(rows) == len(result["kinds"])
     assert zoo_kinds <= {r["kind"] for r in rows}
