@@ -54,7 +54,7 @@ from experiments.common import print_table
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import profile_from_architecture
 from pipeline.errors import ConfigError
-from pipeline.hardware import build_cluster
+from pipeline.hardware import build_cluster, get_gpu
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate
 from pipeline.spec import GIB, LayerCost, ModelProfile, TrainingConfig
@@ -67,6 +67,9 @@ KIND_SOURCES = ("deepseek-small", "gemma-small", "nemotronh-small", "llama-contr
 HYBRID = "hybrid"
 #: Width factor and sequence length of the tiny (CPU) run.
 TINY_SCALE, TINY_SEQ = 1 / 32, 64
+#: Longest ``--seq-len`` the tiny check profiles (seconds on a CPU core), and the real one (one layer
+#: of each kind at the real widths must fit an H200 with its activations).
+MAX_TINY_SEQ, MAX_SEQ = 1024, 32768
 #: Bytes per parameter the one-process plan holds: bf16 weights and bf16 gradients, no optimizer.
 CHECK_BYTES_PER_PARAM = 4.0
 
@@ -260,8 +263,14 @@ def _run(args: argparse.Namespace) -> int:
         check_device(args.device)  # one line naming --device: an unknown name, or CUDA on a CPU build
     if args.warmup is not None and args.warmup < 0:
         raise ConfigError(f"must be >= 0, got {args.warmup}", field="--warmup")
+    if args.gpu is not None:
+        get_gpu(args.gpu)  # an unknown or empty preset is one line naming --gpu, before any work
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tiny = args.tiny or device.type != "cuda"
+    longest = MAX_TINY_SEQ if tiny else MAX_SEQ
+    if args.seq_len is not None and args.seq_len > longest:
+        raise ConfigError(f"at most {longest} tokens {'in the tiny check (a CPU, or --tiny)' if tiny else 'per layer'}"
+                          f", got {args.seq_len}; profile longer sequences on a GPU", field="--seq-len")
     scale = TINY_SCALE if tiny else 1.0
     seq = args.seq_len or (TINY_SEQ if tiny else 4096)
     dtype = torch.float32 if tiny else torch.bfloat16

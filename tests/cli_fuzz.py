@@ -24,7 +24,7 @@ Not drawn: ``replay`` (its torchrun job), ``profile --cluster-out`` (a torchrun 
 ``run`` always gets ``--gpu`` (no local torchrun profiling); ``train``'s and the searches' sizes
 come from small pools.
 
-  python -m tests.cli_fuzz [--count 1000] [--seed 0] [--timeout 60] [--json]
+  python -m tests.cli_fuzz [--count 1000] [--seed 0] [--timeout 60] [--jobs N] [--json]
 """
 
 from __future__ import annotations
@@ -344,38 +344,51 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def invoke(argv: list[str], scratch: Path, *, timeout: float, max_rss: float) -> Outcome:
-    """Run one command line in a forked child: how it ended, within ``timeout`` s and ``max_rss`` bytes."""
+def _start(argv: list[str], scratch: Path) -> tuple[int, float]:
+    """Fork a child that runs ``argv`` in ``scratch``: (its pid, its start time)."""
     scratch.mkdir(parents=True, exist_ok=True)
-    out_path, err_path = scratch / ".stdout", scratch / ".stderr"
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(argv, scratch, out_path, err_path)
-    killed = None
-    status = None
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() - start > timeout:
-            killed = "hang"
-        elif _rss_bytes(pid) > max_rss:
-            killed = "oom"
-        if killed:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            break
-        time.sleep(0.02)
+        _child(argv, scratch, scratch / ".stdout", scratch / ".stderr")
+    return pid, start
+
+
+def _poll(pid: int, start: float, *, timeout: float, max_rss: float) -> tuple[bool, int | None, str | None]:
+    """(ended, wait status, why it was killed) of a child, killing it past ``timeout`` s or ``max_rss`` bytes."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        return True, status, None
+    killed = "hang" if time.monotonic() - start > timeout else ("oom" if _rss_bytes(pid) > max_rss else None)
+    if killed is None:
+        return False, None, None
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return True, status, killed
+
+
+def _outcome(argv: list[str], scratch: Path, start: float, status: int | None, killed: str | None) -> Outcome:
     code = os.waitstatus_to_exitcode(status) if status is not None else None
+    err_path = scratch / ".stderr"
     err = err_path.read_text(errors="replace") if err_path.exists() else ""
     return Outcome(argv, classify(code, err, killed=killed), code, round(time.monotonic() - start, 2), err[-1500:])
 
 
+def invoke(argv: list[str], scratch: Path, *, timeout: float, max_rss: float) -> Outcome:
+    """Run one command line in a forked child: how it ended, within ``timeout`` s and ``max_rss`` bytes."""
+    pid, start = _start(argv, scratch)
+    while True:
+        ended, status, killed = _poll(pid, start, timeout=timeout, max_rss=max_rss)
+        if ended:
+            return _outcome(argv, scratch, start, status, killed)
+        time.sleep(0.02)
+
+
 def fuzz(count: int, *, seed: int = 0, timeout: float = 60.0, max_rss_gb: float = 4.0,
-         folder: Path | None = None, progress: bool = False) -> Report:
-    """``count`` random invocations; each is an :class:`Outcome` of the :class:`Report`."""
+         folder: Path | None = None, progress: bool = False, jobs: int = 1) -> Report:
+    """``count`` random invocations, ``jobs`` at a time; each is an :class:`Outcome` of the :class:`Report`
+    (in draw order: the draws depend on ``seed`` only, not on ``jobs``)."""
     timeout = min(timeout, 60.0)
     os.environ["WANDB_MODE"] = "disabled"
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -384,18 +397,32 @@ def fuzz(count: int, *, seed: int = 0, timeout: float = 60.0, max_rss_gb: float 
     own = folder is None
     tmp = tempfile.TemporaryDirectory(prefix="cli-fuzz-") if own else None
     base = Path(tmp.name) if tmp else Path(folder)
+    max_rss = max_rss_gb * 2**30
     try:
         files = make_files(base / "files")
         flags = command_flags()
         rng = random.Random(seed)
+        draws = [draw_scale(rng, files) if rng.random() < SCALE_SHARE else draw(rng, flags, files)
+                 for _ in range(count)]
+        outcomes: dict[int, Outcome] = {}
+        running: dict[int, tuple[int, float]] = {}
+        pending = list(range(count))
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                i = pending.pop(0)
+                running[i] = _start(draws[i], base / f"run-{i}")
+            for i, (pid, start) in list(running.items()):
+                ended, status, killed = _poll(pid, start, timeout=timeout, max_rss=max_rss)
+                if not ended:
+                    continue
+                del running[i]
+                outcome = outcomes[i] = _outcome(draws[i], base / f"run-{i}", start, status, killed)
+                if progress and outcome.kind not in ("ok", "refused", "known"):
+                    print(f"[{i}] {outcome.kind} ({outcome.seconds} s): {_shell(draws[i])}\n{outcome.err[-600:]}",
+                          file=sys.stderr, flush=True)
+            time.sleep(0.02)
         report = Report()
-        for i in range(count):
-            argv = draw_scale(rng, files) if rng.random() < SCALE_SHARE else draw(rng, flags, files)
-            outcome = invoke(argv, base / f"run-{i}", timeout=timeout, max_rss=max_rss_gb * 2**30)
-            report.outcomes.append(outcome)
-            if progress and outcome.kind not in ("ok", "refused", "known"):
-                print(f"[{i}] {outcome.kind} ({outcome.seconds} s): {_shell(argv)}\n{outcome.err[-600:]}",
-                      file=sys.stderr, flush=True)
+        report.outcomes.extend(outcomes[i] for i in range(count))
         return report
     finally:
         if tmp is not None:
@@ -415,15 +442,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per invocation (at most 60)")
     parser.add_argument("--max-rss-gb", type=float, default=4.0, help="memory per invocation before it is killed")
     parser.add_argument("--json", action="store_true", help="print the figures and the failures as JSON")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="invocations at a time (default: one per core)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     start = time.monotonic()
-    report = fuzz(args.count, seed=args.seed, timeout=args.timeout, max_rss_gb=args.max_rss_gb, progress=True)
+    report = fuzz(args.count, seed=args.seed, timeout=args.timeout, max_rss_gb=args.max_rss_gb, progress=True,
+                  jobs=args.jobs)
     counts = report.counts
     figures = {"invocations": len(report.outcomes), "tracebacks": counts["traceback"] + counts["known"],
                "known_tracebacks_outside_experiments": counts["known"], "hangs_past_60s": counts["hang"],
                "oom_kills": counts["oom"], "noisy_errors": counts["noisy"], "crashes": counts["crash"],
                "exit_0": counts["ok"], "refused_in_a_line": counts["refused"],
                "per_command": dict(Counter(o.argv[0] for o in report.outcomes)),
+               "seconds_per_command": {c: round(sum(o.seconds for o in report.outcomes if o.argv[0] == c), 1)
+                                       for c in sorted({o.argv[0] for o in report.outcomes})},
                "seconds": round(time.monotonic() - start, 1),
                "slowest_s": max((o.seconds for o in report.outcomes), default=0.0)}
     if args.json:
