@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import random
@@ -53,6 +54,9 @@ MAX_ERROR_LINES = 3
 #: (text of the traceback's last line, where it is raised). Counted as ``known``, not as failures.
 #: None now: the binary --plan/--profile/--cluster files it found are one line each (pipeline/plan.py, spec.py).
 KNOWN: tuple[tuple[str, str], ...] = ()
+#: Modules the commands import on first use, imported by the fuzz before it forks (as ``experiments.cli``
+#: is): without them each child of ``profile`` or ``gpu-check`` spends seconds importing torch.
+PRELOADED = ("torch", "executor.profiler", "experiments.gpu_check")
 #: Commands never drawn: they start torchrun jobs.
 SKIPPED = ("replay",)
 #: Flags never drawn, per command ("*": every command).
@@ -60,6 +64,8 @@ NOT_DRAWN = {"*": ("-h", "--help"), "run": ("--gpu",), "profile": ("--cluster-ou
 
 #: The base command line of each command: short work, so that the drawn flags decide what happens.
 BASE = {
+    # one layer kind at tiny widths, no plan: the flags are checked in under a second
+    "gpu-check": ["--tiny", "--skip-plan", "--models", "hybrid"],
     "baselines": ["--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "4"],
     "evaluate-agent": ["--models", "tiny-hybrid", "--devices", "2", "--heldout", "0", "--methods", "adaptis",
                        "--budget", "5", "--max-seconds", "2"],
@@ -401,6 +407,10 @@ def fuzz(count: int, *, seed: int = 0, timeout: float = 60.0, max_rss_gb: float 
     try:
         files = make_files(base / "files")
         flags = command_flags()
+        # what commands import lazily (torch, the profiler, the GPU check), imported once here so every
+        # forked child starts with it, as the commands themselves are
+        for module in PRELOADED:
+            importlib.import_module(module)
         rng = random.Random(seed)
         draws = [draw_scale(rng, files) if rng.random() < SCALE_SHARE else draw(rng, flags, files)
                  for _ in range(count)]
