@@ -199,6 +199,7 @@ def test_interrupted_workflow_names_the_files_it_kept(tmp_path, sig, code) -> No
     assert row["method"] == "megatron" and row["iteration_time"] > 0 and row["feasible"]
 
 
+@pytest.mark.slow  # a reproduce grid interrupted mid-way: about 11 s
 def test_interrupted_reproduce_keeps_its_finished_cases(tmp_path) -> None:
     """Before issue 47 reproduce wrote only at its end: a Ctrl-C kept nothing."""
     out = tmp_path / "out"

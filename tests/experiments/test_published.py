@@ -153,6 +153,7 @@ def _more_predictions() -> tuple:
 
 
 @needs_dev
+@pytest.mark.slow  # every row of a published file: 25-35 s
 def test_rows_without_stage_times_take_the_sources_scaled_and_meet_the_targets() -> None:
     """Tables 6, 7 and 11 (16-GPU pipelines, ZB-V, other micro-batch sizes) carry no stage times:
     they take Table 9's (the other file of the same source), scaled, and are ranked as measured."""
@@ -175,6 +176,7 @@ def test_rows_without_stage_times_take_the_sources_scaled_and_meet_the_targets()
 
 
 @needs_dev
+@pytest.mark.slow  # every row of a published file: 25-35 s
 def test_zb_v_ranks_below_zb_2p_as_measured_because_its_transfers_hold_its_devices() -> None:
     """Table 6: ZB-V (two chunks per device, twice ZB-2p's transfers per sample) measured below ZB-2p*.
     Its ideal bubble matches the paper's own Table 8 figure, so the gap is the runtime's: the zero-bubble
@@ -249,6 +251,7 @@ def test_zb_v_is_predicted_and_beats_1f1b_on_the_same_stage_times() -> None:
 
 
 @needs_dev
+@pytest.mark.slow  # every row of a published file: 25-35 s
 def test_all_prints_a_line_per_file_and_a_total(capsys: pytest.CaptureFixture[str]) -> None:
     assert published.main(["--all", str(DEV.parent), "--json"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
