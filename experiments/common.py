@@ -449,6 +449,8 @@ def resolve_problem(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:  # a figure the row does not have (a skipped or failed method): a dash, not "None"
+        return "-"
     if isinstance(value, float):
         if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
             return f"{value:.3g}"

@@ -44,6 +44,14 @@ def test_search_past_the_limit_keeps_the_table_and_the_plan(tmp_path, capsys) ->
     assert json.loads((tmp_path / "plan.json").read_text())["meta"]["method"] in ("adaptis", "megatron")
 
 
+def test_the_table_shows_a_skipped_method_with_dashes_not_none(tmp_path, capsys) -> None:
+    """The text table: the skipped row says why in its time column and has '-' where it has no figure."""
+    assert main(["search", "--model", "gemma-large", "--devices", "33", "--method", "adaptis,rl+tuner",
+                 "--budget", "20", "--out", str(tmp_path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("rl+tuner "))
+    assert "skipped: rl plans up to 32 devices" in row and "None" not in row and " - " in row
+
+
 def test_evaluate_agent_past_the_limit_counts_no_loss(tmp_path, capsys) -> None:
     code = main(["evaluate-agent", "--models", "gemma-large", "--devices", "48", "--heldout", "0", "--budget", "30",
                  "--methods", "rl,adaptis", "--repeats", "1", "--out", str(tmp_path), "--json"])
