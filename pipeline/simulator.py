@@ -266,27 +266,18 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
                                        training=training) / unit
     post += tied_gradient_seconds(profile, cluster, partition, placement=placement, runtime=runtime) / unit
     ends = profile.transfer_overhead  # each end of a transfer between devices pays it
-    if ends:
+    share = 0.0 if runtime.blocking_p2p else runtime.p2p_hold_share  # and is held for this share of it
+    if ends or share:
         for s in range(len(partition) - 1):
             if placement[s] != placement[s + 1]:
-                f[s] += ends  # sends the activation
-                f[s + 1] += ends  # receives it
-                i[s + 1] += ends  # sends the gradient
-                i[s] += ends  # receives it
+                held = ends + share * comm[s]
+                f[s] += held  # sends the activation
+                f[s + 1] += held  # receives it
+                i[s + 1] += held  # sends the gradient
+                i[s] += held  # receives it
                 if measured_b:
-                    fused[s] += ends
-                    fused[s + 1] += ends
-    share = runtime.p2p_hold_share
-    if share and not runtime.blocking_p2p:  # both ends of a transfer are held for a share of it
-        for s, t in enumerate(comm):
-            if t and placement[s] != placement[s + 1]:
-                f[s] += share * t
-                f[s + 1] += share * t
-                i[s + 1] += share * t
-                i[s] += share * t
-                if measured_b:
-                    fused[s] += share * t
-                    fused[s + 1] += share * t
+                    fused[s] += held
+                    fused[s + 1] += held
     if runtime.blocking_p2p:  # the sender waits for its transfer: it moves from the link onto the action
         for s, t in enumerate(comm):
             if t:

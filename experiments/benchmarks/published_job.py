@@ -32,7 +32,7 @@ from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
 
 __all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "is_tflops_unit", "source_of", "predict_job_row",
-           "infer_job_degrees", "fit_job_source", "megatron_flops"]
+           "infer_job_degrees", "fit_job_source", "megatron_flops", "gated_mlp"]
 
 #: Throughput units the whole-job model predicts (any unit naming TFLOP/s per GPU is taken as one).
 TFLOPS_UNITS = ("achieved TFLOP/s per GPU", "TFLOP/s per GPU")
@@ -93,7 +93,7 @@ def source_of(row: dict[str, Any]) -> JobSource | None:
     return None
 
 
-def _gated(model: dict[str, Any]) -> bool:
+def gated_mlp(model: dict[str, Any]) -> bool:
     """A gated MLP (SwiGLU / GeGLU: three matrices) where the row says so."""
     act = str(model.get("activation") or model.get("mlp") or "").lower()
     return bool(model.get("gated_mlp")) or any(k in act for k in ("swiglu", "geglu", "silu", "gated"))
@@ -106,7 +106,7 @@ def _gpt(model: dict[str, Any], *, tied: bool) -> Architecture:
     tie = model.get("tied_embeddings")
     return Architecture(model.get("name", "gpt"), "gpt", h, int(model["vocab"]), layers, num_attention_heads=heads,
                         num_key_value_heads=int(model.get("kv_heads") or heads),
-                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=_gated(model),
+                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=gated_mlp(model),
                         tie_word_embeddings=tied if tie is None else bool(tie), seq_len=int(model["seq_len"]))
 
 
@@ -120,7 +120,7 @@ def megatron_flops(model: dict[str, Any], *, batch: int, recompute: bool) -> flo
     g = int(model.get("kv_heads") or a)
     f = int(model.get("ffn_hidden") or 4 * h)
     d = h // a
-    x = 3 if _gated(model) else 2
+    x = 3 if gated_mlp(model) else 2
     fwd = 2 * batch * s * (h * (a * d + 2 * g * d) + a * d * h + x * h * f) + 4 * batch * s * s * a * d
     return (4 if recompute else 3) * L * fwd + 6 * batch * s * h * V
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.benchmarks.published_job import _gated
+from experiments.benchmarks.published_job import gated_mlp
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import layer_cost, layer_work
 from pipeline.hardware import get_gpu, gpu_names
@@ -69,12 +69,12 @@ def layer_units(layers: int, pp: int, *, ends_lighter: bool) -> float:
 def _layer_arch(model: dict[str, Any]) -> Architecture:
     """One transformer layer of the row's dimensions (the vocabulary does not enter a layer's cost): a
     GPT's two-matrix GELU MLP unless the row names a gated one (SwiGLU / GeGLU), as the whole-job
-    rows are read (:func:`experiments.benchmarks.published_job._gated`)."""
+    rows are read (:func:`experiments.benchmarks.published_job.gated_mlp`)."""
     h = int(model["hidden"])
     return Architecture(str(model.get("name") or "row"), "gpt", h, 1, (LayerSpec(),),
                         num_attention_heads=int(model["heads"]),
                         num_key_value_heads=int(model.get("kv_heads") or model["heads"]),
-                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=_gated(model),
+                        intermediate_size=int(model.get("ffn_hidden") or 4 * h), gated_mlp=gated_mlp(model),
                         seq_len=int(model["seq_len"]))
 
 
