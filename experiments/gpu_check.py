@@ -50,7 +50,7 @@ import torch
 from executor.memory import merged_order, run_plan_here
 from executor.model import build_stage, make_batch, resolve_architecture, scale_architecture
 from executor.profiler import ProfileConfig, profile_architecture
-from experiments.common import print_table
+from experiments.common import check_file_path, print_table
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import profile_from_architecture
 from pipeline.errors import ConfigError
@@ -70,6 +70,8 @@ TINY_SCALE, TINY_SEQ = 1 / 32, 64
 #: Longest ``--seq-len`` the tiny check profiles (seconds on a CPU core), and the real one (one layer
 #: of each kind at the real widths must fit an H200 with its activations).
 MAX_TINY_SEQ, MAX_SEQ = 1024, 32768
+#: Most warm-up or timed runs per layer, and most micro-batches of part (b)'s plan.
+MAX_RUNS, MAX_MICROBATCHES = 100, 64
 #: Bytes per parameter the one-process plan holds: bf16 weights and bf16 gradients, no optimizer.
 CHECK_BYTES_PER_PARAM = 4.0
 
@@ -267,6 +269,11 @@ def _run(args: argparse.Namespace) -> int:
         get_gpu(args.gpu)  # an unknown or empty preset is one line naming --gpu, before any work
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tiny = args.tiny or device.type != "cuda"
+    for name, value, most in (("--warmup", args.warmup, MAX_RUNS), ("--repeats", args.repeats, MAX_RUNS),
+                              ("--microbatches", args.microbatches, MAX_MICROBATCHES)):
+        if value is not None and value > most:
+            raise ConfigError(f"at most {most}, got {value}: the check is sized for minutes", field=name)
+    check_file_path(args.out, "--out")
     longest = MAX_TINY_SEQ if tiny else MAX_SEQ
     if args.seq_len is not None and args.seq_len > longest:
         raise ConfigError(f"at most {longest} tokens {'in the tiny check (a CPU, or --tiny)' if tiny else 'per layer'}"
