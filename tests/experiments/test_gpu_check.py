@@ -60,3 +60,25 @@ def test_the_check_is_a_command_that_refuses_a_device_it_cannot_use(tmp_path, ca
     assert main(["gpu-check", "--device", "tpu9", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: field '--device'")
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--microbatches", "100000"], "--microbatches"),
+    (["--repeats", "1000000"], "--repeats"),
+    (["--seq-len", "100000"], "--seq-len"),  # on a CPU: it hung past the fuzz's 60 s before
+    (["--gpu", ""], "gpu"),
+])
+def test_sizes_past_the_check_are_one_line_before_any_work(flags, field, tmp_path, capsys) -> None:
+    from experiments.cli import main
+
+    assert main(["gpu-check", "--device", "cpu", *flags, "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: field") and field in err[0]
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_an_out_that_is_a_folder_is_refused_before_any_work(tmp_path, capsys) -> None:
+    from experiments.cli import main
+
+    assert main(["gpu-check", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
