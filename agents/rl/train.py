@@ -333,10 +333,15 @@ DEFAULT_BATCH_SIZE = 256
 
 
 def minibatch_size(config: PPOConfig) -> int:
-    """The minibatch PPO trains on: ``--batch-size`` as given, else 256 capped at one rollout."""
+    """The minibatch PPO trains on: ``--batch-size`` as given, else 256 capped at one rollout (one less
+    while the epoch's last minibatch would hold a single sample, e.g. 255 for a rollout of 257)."""
     if config.batch_size is not None:
         return config.batch_size
-    return min(DEFAULT_BATCH_SIZE, config.n_steps * config.n_envs)
+    rollout = config.n_steps * config.n_envs
+    size = min(DEFAULT_BATCH_SIZE, rollout)
+    while size > 2 and rollout % size == 1:
+        size -= 1
+    return size
 
 
 def check_config(config: PPOConfig) -> None:

@@ -19,6 +19,7 @@ from agents.rl.train import (
     check_config,
     evaluate_policy_on,
     latest_checkpoint,
+    minibatch_size,
     train,
     tuner_times,
 )
@@ -152,3 +153,14 @@ def test_tuner_times_are_infinite_where_nothing_fits() -> None:
     roomy, cramped = PROBLEM, Scenario(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
     times = tuner_times([roomy, cramped], calls=10)
     assert np.isfinite(times[0]) and times[0] > 0 and times[1] == float("inf")
+
+
+@pytest.mark.parametrize(("n_steps", "n_envs", "expected"), [(128, 1, 128), (128, 64, 256), (257, 1, 255), (3, 1, 3)])
+def test_the_default_minibatch_fits_any_rollout(n_steps: int, n_envs: int, expected: int) -> None:
+    """Without --batch-size: 256, capped at the rollout, never leaving a one-sample last minibatch
+    (a default the user did not choose must not be refused); a size given by hand is still checked."""
+    config = PPOConfig(n_steps=n_steps, n_envs=n_envs)
+    check_config(config)
+    assert minibatch_size(config) == expected
+    with pytest.raises(ConfigError, match="--batch-size"):
+        check_config(PPOConfig(n_steps=n_steps, n_envs=n_envs, batch_size=n_steps * n_envs + 1))
