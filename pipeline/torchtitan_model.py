@@ -24,8 +24,9 @@ What torchtitan (9dec370, Dec 2024) does, priced per layer and micro-batch on on
 
 Memory (GiB, per rank): the sharded fp32 weights, gradients and two Adam moments (16 bytes per
 parameter), FSDP's unsharded bf16 parameters and fp32 gradients of two blocks at a time (all of a
-stage's under PP without resharding), saved activations by AC mode, and the logits with the loss's
-fp32 copies. Every fitted number is in :class:`TitanFit`, per GPU (:data:`TITAN_FITS`), never per row.
+stage's under PP without resharding, the gradients accumulated in fp32), saved activations by AC
+mode, and the logits with the loss's fp32 copies. Every fitted number is in :class:`TitanFit`, per
+GPU (:data:`TITAN_FITS`), never per row.
 """
 
 from __future__ import annotations
@@ -319,9 +320,11 @@ def memory_parts(model: TitanModel, job: TitanJob, microbatch: int, *, inflight_
     T = microbatch * job.seq_len / job.cp
     shard = stage_params / (job.tp * job.fsdp_ranks)
     block = model.block_params / job.tp
-    # PP without resharding keeps the stage's bf16 weights and gradients unsharded all step;
-    # otherwise two blocks' bf16 weights and fp32 gradients are unsharded at a time
-    buffers = stage_params / job.tp * 4.0 if job.pp > 1 and not job.reshards else 2 * block * 6.0
+    # PP without resharding keeps the stage's bf16 weights unsharded all step, and its gradients
+    # unsharded until the last micro-batch's backward: FSDP2 accumulates a gradient it does not
+    # reduce-scatter in ``reduce_dtype`` (fp32; ``FSDPParam.to_accumulated_grad_if_needed``), so
+    # 2 + 4 bytes per parameter; otherwise two blocks' bf16 weights and fp32 gradients at a time
+    buffers = stage_params / job.tp * 6.0 if job.pp > 1 and not job.reshards else 2 * block * 6.0
     parts = {"sharded_state": 16.0 * shard / gib, "fsdp_buffers": buffers / gib,
              "activations": inflight_layers * T * _activation_bytes_per_token(model, job) / gib}
     if job.ac == "full":  # one block's forward replayed whole (nothing checkpointed inside) for its backward

@@ -7,8 +7,8 @@ under PP:
 
 * ``reshard_after_forward`` off (torchtitan's default with PP): a stage's parameters are gathered
   once, in its first micro-batch's forward (exposed beyond that forward), kept unsharded, and its
-  gradients kept unsharded (bf16) until the last micro-batch's backward, whose reduce-scatters are
-  exposed beyond that backward;
+  gradients kept unsharded (accumulated in fp32, FSDP2's ``reduce_dtype``) until the last
+  micro-batch's backward, whose reduce-scatters are exposed beyond that backward;
 * ``reshard_after_forward`` on: every micro-batch gathers each block for its forward and again for
   its backward (exposed beyond the block's compute, as without PP).
 

@@ -42,6 +42,13 @@ DEFAULT_SEQ_LEN = 8192
 #: The Llama 3 tokenizer's entries (``vocab`` null in the rows).
 LLAMA3_VOCAB = 128_256
 TOKENS_UNIT = "tokens/s/gpu"
+#: torchtitan at the tables' commit (9dec370) splits a pipelined rank's local batch into
+#: ``experimental.pipeline_parallel_microbatches`` micro-batches, ``None`` meaning the pipeline degree
+#: (``n_microbatches = pipeline_parallel_microbatches or pipeline_parallel_degree``); rows that state
+#: neither a micro-batch size nor a count take that default, and say so.
+#: Without split points, its ``generate_split_points`` gives a looped (multi-stage) schedule two
+#: stages per rank.
+DEFAULT_STAGES_PER_RANK_LOOPED = 2
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,12 @@ def _job(row: dict[str, Any], notes: list[str]) -> TitanJob:
     if pp > 1:
         sched = schedule.replace(" ", "").lower()
         schedule = "Interleaved1F1B" if "interleaved" in sched else "1F1B" if sched == "1f1b" else schedule
+        if not batch.get("num_microbatches") and not batch.get("micro_batch_size"):
+            m = min(pp, int(local))
+            notes.append(f"num_microbatches={m} (torchtitan's default: pipeline_parallel_microbatches = pp)")
+        if schedule == "Interleaved1F1B" and not par.get("vpp"):
+            chunks = DEFAULT_STAGES_PER_RANK_LOOPED
+            notes.append(f"vpp={chunks} (torchtitan's default stages per rank for a looped schedule)")
     return TitanJob(gpus=gpus, dp_shard=int(dp), tp=tp, cp=cp, pp=pp, seq_len=int(seq), local_batch=int(local),
                     microbatches=m, compile=_flag(row, "compile", "compile"), float8=_flag(row, "float8", "float8"),
                     ac=ac, async_tp=_flag(row, "async_tp", "asynctp"), schedule=schedule, chunks=chunks)

@@ -51,6 +51,29 @@ def test_bad_rows_are_refused_naming_the_field(edit, field) -> None:
     assert p.tokens_per_s_per_gpu is None and field in p.refused and "\n" not in p.refused
 
 
+@needs_file
+def test_a_pipelined_row_without_micro_batches_takes_torchtitans_defaults() -> None:
+    """torchtitan (9dec370) splits the local batch into ``pipeline_parallel_degree`` micro-batches
+    when none is set, and a looped schedule gets two stages per rank: said, not guessed silently."""
+    row = copy.deepcopy(rows()[6])  # the 70B 2D row, made into a pipelined one
+    row["parallel"].update(pp=8, dp=4, vpp=None)
+    row["batch"] = {"micro_batch_size": None, "num_microbatches": None, "global_batch": 128, "local_batch": 32}
+    row["schedule"] = "Interleaved 1F1B"
+    p = predict_torchtitan_row(row, {})
+    assert p.refused is None, p.refused
+    assert any("num_microbatches=8" in a for a in p.assumptions)
+    assert any("vpp=2" in a for a in p.assumptions)
+    stated = copy.deepcopy(row)
+    stated["batch"].update(micro_batch_size=4, num_microbatches=8)
+    stated["parallel"].update(vpp=2)
+    q = predict_torchtitan_row(stated, {})
+    assert q.tokens_per_s_per_gpu == pytest.approx(p.tokens_per_s_per_gpu)
+    assert not any("num_microbatches" in a or "vpp" in a for a in q.assumptions)
+    one = copy.deepcopy(stated)
+    one["batch"].update(micro_batch_size=1, num_microbatches=32)
+    assert predict_torchtitan_row(one, {}).tokens_per_s_per_gpu != pytest.approx(q.tokens_per_s_per_gpu)
+
+
 def test_ties_count_as_ranked() -> None:
     rs = [{"table": "t", "measured": {"throughput": 100}}, {"table": "t", "measured": {"throughput": 100.5}},
           {"table": "t", "measured": {"throughput": 200}}]

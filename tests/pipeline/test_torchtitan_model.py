@@ -87,3 +87,16 @@ def test_the_runtime_is_registered_with_the_fit() -> None:
     rt = RUNTIMES["torchtitan"]
     assert rt.compute_scale > 1.0 and rt.optimizer_bytes_per_param > 0
     assert rt.fitted_on == TITAN_FITS["h100"].fitted_on
+
+
+def test_pp_holds_the_stage_gradients_unsharded_in_fp32() -> None:
+    """Under PP FSDP2 keeps the stage's bf16 weights gathered and accumulates the gradients it does not
+    reduce-scatter in reduce_dtype (fp32): 6 bytes per parameter of the stage on its TP rank."""
+    from pipeline.torchtitan_model import memory_parts
+    job = TitanJob(gpus=512, dp_shard=8, tp=8, pp=8, local_batch=32, microbatches=8, ac="full")
+    params = 16 * L405B.block_params + L405B.vocab * L405B.hidden
+    parts = memory_parts(L405B, job, 4, inflight_layers=128, stage_params=params, head_here=True)
+    assert parts["fsdp_buffers"] == pytest.approx(params / 8 * 6.0 / 2**30)
+    resharded = memory_parts(L405B, replace(job, reshard_after_forward=True), 4, inflight_layers=128,
+                             stage_params=params, head_here=True)
+    assert resharded["fsdp_buffers"] < parts["fsdp_buffers"] / 5
