@@ -26,7 +26,7 @@ under a budget in calls, the best start sooner.
 
 The prior is trained on the plain tuner's own accepted and rejected moves on draws of
 :data:`env.scenarios.TRAIN_SCENARIO` (never the held-out family or sizes):
-``python -m experiments.benchmarks.learned_tuner --train`` writes ``agents/policies/learned_prior.json``
+``python -m experiments train --prior moves --out agents/policies`` writes ``agents/policies/learned_prior.json``
 (:func:`train_prior`, deterministic by seed). Its features and its dot product are computed in the
 search, so their time is part of the method's wall time.
 """
@@ -412,6 +412,9 @@ def train_prior(*, scenarios: int = 40, calls: int = 1000, seed: int = 0, out: s
     problems = [sample_scenario(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
     cut = max(1, scenarios - max(1, scenarios // 10))
     X, y = collect_moves(problems[:cut], calls=calls, seed=seed)
+    if len(y) == 0 or y.min() == y.max():
+        raise ConfigError(f"{scenarios} draws of {calls} calls labelled {len(y)} moves, not both kept and rejected "
+                          "ones: raise --prior-scenarios or --prior-calls", field="--prior-calls")
     Xv, yv = collect_moves(problems[cut:], calls=calls, seed=seed + cut)
     prior = fit_prior(X, y)
     s = prior.scores(Xv) if len(Xv) else np.zeros(0)

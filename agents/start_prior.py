@@ -22,7 +22,7 @@ short budget's time on their splits).
 The prior is a linear score fitted by a listwise cross-entropy (softmax over the scenario's starts
 against ``softmax(log(best / time) / TAU)`` over the starts that fit) on draws of
 :data:`env.scenarios.TRAIN_SCENARIO`, never the held-out family or sizes:
-``python -m experiments.benchmarks.learned_tuner --train-starts`` writes
+``python -m experiments train --prior starts --out agents/policies`` writes
 ``agents/policies/learned_starts.json`` (:func:`agents.start_training.train_start_prior`, deterministic
 by seed).
 """
@@ -208,7 +208,7 @@ def read_linear_prior(path: Path, *, version: int, features: Sequence[str], what
 
 def load_start_prior(path: str | Path | None = None) -> StartPrior:
     """The prior saved at ``path`` (default: the shipped one); anything unreadable is one ConfigError
-    (retrain with ``python -m experiments.benchmarks.learned_tuner --train-starts``)."""
+    (retrain with ``python -m experiments train --prior starts``)."""
     arrays, data = read_linear_prior(Path(path) if path is not None else DEFAULT_START_PRIOR,
                                      version=START_PRIOR_VERSION, features=START_FEATURES, what="start prior",
                                      field="starts")

@@ -1,7 +1,7 @@
 """Training of the start prior (:mod:`agents.start_prior`): every start of the plain tuner simulated on
 draws of :data:`env.scenarios.TRAIN_SCENARIO`, and a listwise fit.
 
-``python -m experiments.benchmarks.learned_tuner --train-starts`` runs :func:`train_start_prior`.
+``python -m experiments train --prior starts`` runs :func:`train_start_prior`.
 """
 
 from __future__ import annotations

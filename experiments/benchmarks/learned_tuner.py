@@ -28,12 +28,10 @@ Ablations: ``learned-random`` (the same policy with priors of random weights, fo
 the starts), ``learned-no-bandit`` (families in the tuner's order), ``learned-no-prior`` (the
 tuner's own order of neighbours), ``learned-no-starts`` (the starts in the tuner's own order),
 ``learned-bandit-only`` (every descent's families by the bandit: ``learned`` before 2 Dec afternoon).
-``--train`` re-trains the shipped move prior (agents/policies/learned_prior.json) instead,
-``--train-starts`` the start prior (agents/policies/learned_starts.json, :mod:`agents.start_prior`).
+The shipped priors are made by a command, not by this benchmark:
+``python -m experiments train --prior moves|starts --seed 0 --out agents/policies``.
 
   python -m experiments.benchmarks.learned_tuner [--draws 3] [--large 1] [--seeds 3] [--json]
-  python -m experiments.benchmarks.learned_tuner --train [--train-scenarios 40] [--train-calls 1000] [--seed 0]
-  python -m experiments.benchmarks.learned_tuner --train-starts [--train-scenarios 300] [--seed 0]
 """
 
 from __future__ import annotations
@@ -49,12 +47,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from agents.base import Budget, SearchResult
-from agents.learned import DEFAULT_PRIOR, MovePrior, learned_tuner, load_prior, random_prior_tuner, train_prior
-from agents.start_prior import DEFAULT_START_PRIOR
-from agents.start_training import train_start_prior
+from agents.learned import MovePrior, learned_tuner, load_prior, random_prior_tuner
 from agents.tuner import AdaptisTuner, _State
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline import zoo
@@ -265,38 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--prior", default=None, help="prior JSON (default: the shipped one)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--train", action="store_true", help="re-train the shipped move prior instead")
-    parser.add_argument("--train-starts", action="store_true", help="re-train the shipped start prior instead")
-    parser.add_argument("--train-scenarios", type=int, default=None,
-                        help="training draws (default: 40 for --train, 300 for --train-starts)")
-    parser.add_argument("--train-calls", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="where --train / --train-starts write the prior (default: the "
-                        "shipped one's file)")
     args = parser.parse_args(argv)
-    if args.train_starts:
-        n = 300 if args.train_scenarios is None else args.train_scenarios
-        command = ("python -m experiments.benchmarks.learned_tuner --train-starts "
-                   f"--train-scenarios {n} --seed {args.seed}")
-        out = args.out or str(DEFAULT_START_PRIOR)
-        t0 = time.perf_counter()
-        with tqdm(total=n, desc="start phases", unit="scenario", file=sys.stderr) as bar:
-            sprior = train_start_prior(scenarios=n, seed=args.seed, out=out, command=command,
-                                       progress=lambda k: bar.update(k - bar.n))
-        print(json.dumps({**sprior.meta, "seconds": round(time.perf_counter() - t0, 1), "out": out}))
-        return 0
-    if args.train_scenarios is None:
-        args.train_scenarios = 40
-    if args.out is None:
-        args.out = str(DEFAULT_PRIOR)
-    if args.train:
-        command = (f"python -m experiments.benchmarks.learned_tuner --train --train-scenarios {args.train_scenarios} "
-                   f"--train-calls {args.train_calls} --seed {args.seed}")
-        t0 = time.perf_counter()
-        prior = train_prior(scenarios=args.train_scenarios, calls=args.train_calls, seed=args.seed, out=args.out,
-                            command=command)
-        print(json.dumps({**prior.meta, "seconds": round(time.perf_counter() - t0, 1), "out": args.out}))
-        return 0
     prior = load_prior(args.prior)
     known = _methods(prior)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

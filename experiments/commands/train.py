@@ -14,6 +14,8 @@ Examples:
   python -m experiments train --timesteps 20000 --seed 0 --vec subproc --out runs/ppo  # PPO alone
   python -m experiments train --out runs/train --resume                     # after an interruption
   python -m experiments train --gamma 0.99 --batch-size 128 --hidden 128 --out runs/wide  # PPO's knobs
+  python -m experiments train --prior moves --seed 0 --out agents/policies   # the shipped move prior
+  python -m experiments train --prior starts --seed 0 --out agents/policies  # the shipped start prior
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -95,6 +98,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --network's default (entity) is MaskablePPO's; PPO trains the mlp unless --network is given (see run)
     net = next(a for a in parser._actions if a.dest == "network")
     net.__class__ = type("NetworkGiven", (type(net),), {"__call__": _note_network})
+    priors = parser.add_argument_group("the tuner's priors (trained instead of a policy)")
+    priors.add_argument("--prior", choices=PRIORS, default=None,
+                        help="train the tuner's move prior ('moves': agents.learned) or start prior ('starts': "
+                        "agents.start_prior) instead of a policy; writes OUT/learned_prior.json or "
+                        "OUT/learned_starts.json (--out agents/policies remakes the shipped files)")
+    priors.add_argument("--prior-scenarios", type=positive_int, default=None,
+                        help="training draws for --prior (default: 40 for moves, 300 for starts)")
+    priors.add_argument("--prior-calls", type=positive_int, default=1000,
+                        help="simulator calls per draw for --prior moves (default: 1000)")
     add_output_args(parser)
 
 
@@ -103,7 +115,46 @@ def _note_network(self, parser, namespace, values, option_string=None) -> None:
     setattr(namespace, self.dest, values)
 
 
+#: ``--prior`` kinds: the file each writes and its default number of training draws.
+PRIORS = ("moves", "starts")
+PRIOR_FILES = {"moves": ("learned_prior.json", 40), "starts": ("learned_starts.json", 300)}
+
+
+def train_tuner_prior(args: argparse.Namespace) -> int:
+    """``train --prior moves|starts``: fit the tuner's move or start prior and write it under --out."""
+    from tqdm import tqdm
+
+    name, default_draws = PRIOR_FILES[args.prior]
+    draws = args.prior_scenarios or default_draws
+    out = output_folder(args.out) / name
+    calls = f" --prior-calls {args.prior_calls}" if args.prior == "moves" else ""
+    command = (f"python -m experiments train --prior {args.prior} --prior-scenarios {draws}{calls} "
+               f"--seed {args.seed} --out {shlex.quote(str(args.out))}")
+    t0 = time.perf_counter()
+    try:
+        if args.prior == "starts":
+            from agents.start_training import train_start_prior
+
+            with tqdm(total=draws, desc="start phases", unit="scenario", file=sys.stderr,
+                      disable=not sys.stderr.isatty()) as bar:
+                meta = train_start_prior(scenarios=draws, seed=args.seed, out=out, command=command,
+                                         progress=lambda k: bar.update(k - bar.n)).meta
+        else:
+            from agents.learned import train_prior
+
+            meta = train_prior(scenarios=draws, calls=args.prior_calls, seed=args.seed, out=out,
+                               command=command).meta
+    except KeyboardInterrupt as stop:
+        return interrupted(stop, f"nothing written to {out} (a prior is written only when it is complete)")
+    summary = {**meta, "seconds": round(time.perf_counter() - t0, 1), "out": str(out)}
+    print(json.dumps(summary) if args.json else f"done: {args.prior} prior from {draws} draws in "
+          f"{summary['seconds']:.0f} s -> {out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.prior:
+        return train_tuner_prior(args)
     from agents.rl.train import PPOConfig, check_config, train
     from experiments.tracking.hooks import tracked_run
     from experiments.tracking.sb3 import make_sb3_logger

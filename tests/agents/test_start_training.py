@@ -48,12 +48,21 @@ def test_fit_learns_a_planted_order_and_is_deterministic() -> None:
         fit_start_prior([(X, np.full(40, np.inf))])
 
 
-def test_the_benchmark_retrains_the_start_prior(tmp_path, capsys) -> None:
-    from experiments.benchmarks.learned_tuner import main
+def test_the_train_command_retrains_the_start_prior(tmp_path, capsys) -> None:
+    from experiments.cli import main
 
-    out = tmp_path / "starts.json"
-    assert main(["--train-starts", "--train-scenarios", "4", "--out", str(out)]) == 0
+    assert main(["train", "--prior", "starts", "--prior-scenarios", "4", "--out", str(tmp_path), "--json"]) == 0
     meta = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = tmp_path / "learned_starts.json"
     assert meta["scenarios"] == 4 and meta["out"] == str(out)
     prior = load_start_prior(out)
-    assert prior.meta["command"].endswith("--train-starts --train-scenarios 4 --seed 0")
+    assert prior.meta["scenarios"] == 4 and "--prior starts" in prior.meta["command"]
+
+
+def test_a_move_prior_without_labelled_moves_is_refused(tmp_path, capsys) -> None:
+    """Too few draws or calls to see one accepted and one rejected move: one line, no file."""
+    from experiments.cli import main
+
+    code = main(["train", "--prior", "moves", "--prior-scenarios", "1", "--prior-calls", "1", "--out", str(tmp_path)])
+    assert code != 0 and "--prior-calls" in capsys.readouterr().err
+    assert not (tmp_path / "learned_prior.json").exists()
