@@ -75,6 +75,7 @@ from pipeline.runtime import RUNTIMES, Runtime
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
 from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
+from pipeline.zb_greedy import fork_memory, zb_greedy_best
 
 __all__ = ["main", "predict_rows", "predict_row", "row_problem", "Prediction", "summarize", "UNITS"]
 
@@ -253,8 +254,17 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
         plan = make(interleaved_order(P, v, M))
     else:
         costs = stage_costs(profile, cluster, partition, placement=placement, training=training)
-        plan = _zb_order(costs, placement, P, M, budget=P if schedule == "zb-1p" else 2 * P, make=make,
-                         profile=profile, cluster=cluster, training=training)
+        budget = P if schedule == "zb-1p" else 2 * P
+        model = row["model"]
+        if all(model.get(k) for k in ("hidden", "heads", "seq_len")):
+            # the fork's own greedy on the times its profiler would measure (the runtime's)
+            mem = fork_memory(int(model["hidden"]), int(model["heads"]), int(model["seq_len"]))
+            comm = max(costs.comm) if costs.comm else 0.0
+            plan = make(zb_greedy_best(f=costs.f, b=costs.i, w=costs.w, comm=comm, microbatches=M, mem=mem,
+                                       max_mem=[budget * mem[0]] * P).orders)
+        else:
+            plan = _zb_order(costs, placement, P, M, budget=budget, make=make, profile=profile, cluster=cluster,
+                             training=training)
     return plan, profile, cluster, training
 
 
@@ -402,7 +412,7 @@ def _same_order(a: Prediction, b: Prediction) -> bool:
 
 #: The ``--fit`` grid: the runtime's compute scale, per-action overhead (ms) and step (ms), the NIC
 #: share of transfers between nodes, and the zero-bubble runtime's ``p2p_hold_share``.
-FIT_GRID = ((1.02, 1.03, 1.04), (0.0, 0.1), (0.0, 10.0), (0.5, 0.35), (0.0, 0.1, 0.2, 0.3))
+FIT_GRID = ((1.03, 1.04, 1.05, 1.06), (0.0, 0.1), (0.0, 10.0), (0.5, 0.35), (0.0, 0.1, 0.2, 0.3, 0.4))
 
 
 def _fit_point(point: tuple[float, ...], pipeline_rows: Sequence[dict[str, Any]],

@@ -177,11 +177,11 @@ def test_rows_without_stage_times_take_the_sources_scaled_and_meet_the_targets()
 
 @needs_dev
 @pytest.mark.slow  # every row of a published file: 25-35 s
-def test_zb_v_ranks_below_zb_2p_as_measured_because_its_transfers_hold_its_devices() -> None:
+def test_zb_v_ranks_below_zb_2p_as_measured() -> None:
     """Table 6: ZB-V (two chunks per device, twice ZB-2p's transfers per sample) measured below ZB-2p*.
-    Its ideal bubble matches the paper's own Table 8 figure, so the gap is the runtime's: the zero-bubble
-    fork's fused p2p holds both ends of each transfer for a share of it (``p2p_hold_share``). Without
-    that share ZB-V is predicted above ZB-2p* in all three groups; with it, as measured."""
+    With our own list-scheduled ZB-2p orders (before 6 Dec) that held only through the fork's
+    ``p2p_hold_share``; with the fork's own greedy ZB-2p order (:mod:`pipeline.zb_greedy`) it holds
+    with or without the share, which the fit keeps (0.2) for its error, not for this ranking."""
     if not MORE.exists():
         pytest.skip(f"{MORE} is not beside the repository")
     from dataclasses import replace
@@ -195,7 +195,7 @@ def test_zb_v_ranks_below_zb_2p_as_measured_because_its_transfers_hold_its_devic
     free = {n: replace(RUNTIMES[n], p2p_hold_share=0.0) for n in ("zb", "zb-sync")}
     unheld = {p.id: p.predicted for p in published.predict_rows(rows, donors=donors, overrides=free,
                                                                 with_analytic=False)}
-    assert unheld["zb_t6_6.2B_p16_m48_ZB-V"] > unheld["zb_t6_6.2B_p16_m48_ZB-2p*"]
+    assert unheld["zb_t6_6.2B_p16_m48_ZB-V"] < unheld["zb_t6_6.2B_p16_m48_ZB-2p*"]
 
 
 def test_stage_times_scale_with_layers_per_stage_and_never_borrow_silently() -> None:
