@@ -178,8 +178,9 @@ def run_job(plans: Sequence[Plan], options: ReplayOptions, *, measure: bool = Fa
     """One ``torchrun`` job: with ``measure``, the p2p link and a profile of the model measured by
     every rank at once (``result["p2p"]``, ``result["profile"]``); then every plan (all for the same
     world size), timed round-robin (``result["runs"]``, one dict per plan). With ``adjust_drift`` (and
-    at least :data:`executor.drift.MIN_PLANS` plans) each plan's step times have the rounds' drift taken
-    out (:func:`executor.drift.adjust_runs`; ``result["round_factors"]``, the raw steps kept in each run)."""
+    at least :data:`pipeline.calibration.drift.MIN_PLANS` plans) each plan's step times have the
+    rounds' drift taken out (:func:`pipeline.calibration.drift.adjust_runs`;
+    ``result["round_factors"]``, the raw steps kept in each run)."""
     sizes = {p.devices for p in plans}
     if len(sizes) > 1:
         raise PlanError(f"plans for different world sizes {sorted(sizes)} cannot share a job", field="devices")
@@ -201,7 +202,7 @@ def run_job(plans: Sequence[Plan], options: ReplayOptions, *, measure: bool = Fa
         result = _run_for_json(world, args, timeout=timeout, threads=options.threads)
     result.setdefault("runs", [])
     if adjust_drift:
-        from executor.drift import adjust_runs
+        from pipeline.calibration.drift import adjust_runs
 
         result["round_factors"] = adjust_runs(result["runs"])
     return result

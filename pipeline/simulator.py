@@ -153,8 +153,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     With ``training.first_stage_defers_backward`` stage 0 keeps all its activations until ``W``
     (``w_keep[0] == act[0]``), as PyTorch's runtime does; its times are left as the profile gives
     them, unless every layer carries the first stage's whole-backward time (``b_first``: a profile
-    calibrated on replays, ``executor.fidelity.calibrated_profile``): then stage 0's ``I`` costs
-    its overhead alone and its ``W`` their ``b_first``, as ``executor.fidelity.runtime_profile``
+    calibrated on replays, ``pipeline.calibration.fidelity.calibrated_profile``): then stage 0's ``I`` costs
+    its overhead alone and its ``W`` their ``b_first``, as ``pipeline.calibration.fidelity.runtime_profile``
     prices a replayed plan, so a search prices stage 0 as the replay does.
     Every other stage keeps from ``I`` until ``W`` its layers' ``w_graph`` under
     ``training.input_backward_keeps_graph`` (PyTorch), else their ``w_retained``.

@@ -228,19 +228,19 @@ class ModelProfile:
     action_overhead: float = 0.0
     """Time every action (F, I, W) costs on top of its layers' time: the runtime's dispatch,
     bookkeeping and transfer posting (a fused B counts as I + W). 0 for analytic profiles;
-    fitted from replays by ``executor.fidelity.calibrate``."""
+    fitted from replays by ``pipeline.calibration.fidelity.calibrate``."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     transfer_overhead: float = 0.0
     """Time a transfer between devices costs each of its two ends on top of the link's time: the
     runtime posting the send and the receive, and the transport's copies competing with compute
     (gloo's threads on a CPU). Added to the action that sends and to the action that receives.
-    0 for analytic profiles; fitted from replays by ``executor.fidelity.calibrate``."""
+    0 for analytic profiles; fitted from replays by ``pipeline.calibration.fidelity.calibrate``."""
     compute_contention: float = 0.0
     """How much slower a device computes while another device of the same host computes too
     (dimensionless): CPU ranks sharing a machine's cores, caches and memory bandwidth. The
     simulator adds ``compute_contention x`` the time devices compute at once (the busy time beyond
     the makespan, over ``devices - 1``) to the iteration time. 0 for GPUs, whose compute does not
-    share SMs across devices; fitted from replays by ``executor.fidelity.calibrate``."""
+    share SMs across devices; fitted from replays by ``pipeline.calibration.fidelity.calibrate``."""
     w_depth: float = 0.0
     """How much a split backward's ``W`` of a stage grows, as a share of its layers' ``w``, for
     every layer of the stage past the first (dimensionless): PyTorch's ``stage_backward_weight``
@@ -248,7 +248,7 @@ class ModelProfile:
     stage of n layers costs about ``(1 + w_depth x (n - 1))`` the sum of its layers' ``W`` (measured
     on CPU: 1.21-1.24x for two layers, 1.65-1.68x for four, 1.95x for six). Not the first stage's
     W, which runs its whole backward at once. 0 for analytic profiles; fitted from replays by
-    ``executor.fidelity.calibrate``."""
+    ``pipeline.calibration.fidelity.calibrate``."""
 
     def __post_init__(self) -> None:
         if not self.layers:

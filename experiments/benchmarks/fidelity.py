@@ -6,14 +6,14 @@ ZB-H1, ZB-V and a hand-made plan with an uneven partition and a non-sequential p
 stands in for a searched plan) and the plans the AdaPtis tuner and the RL policy pick
 (``--tuner-calls``). The plans are built from a first quick profile of this machine.
 The same job also replays --calibration-plans random plans (random partitions and placements) and two
-with every layer a stage of its own (executor.fidelity.unit_plans: each layer timed alone in the pipeline).
+with every layer a stage of its own (pipeline.calibration.fidelity.unit_plans: each layer timed alone in the pipeline).
 Each plan's time is the median of its timed steps, each over how slow its round of the round-robin
-ran (executor.drift; --raw-times: the steps as measured).
+ran (pipeline.calibration.drift; --raw-times: the steps as measured).
 Prints per plan the prediction error, then the median error and whether the model ranks the
 plans in the measured order (every pair, and the pairs the measurement itself resolves: ordered alike
 by each third of the timed steps), twice: from the per-layer profile alone ("profile"), and calibrated
 on the random plans' replays only ("calibrated": a factor per kind of operation and the
-per-action and per-transfer overheads, executor.fidelity.calibrate; "+ per kind": the same with a
+per-action and per-transfer overheads, pipeline.calibration.fidelity.calibrate; "+ per kind": the same with a
 factor per operation and layer kind as well, fit_kind_scales, off by default; "+ contention": the
 same with the compute contention between the ranks fitted with the overheads; "+ per layer": that and
 each layer's own factor from the stages of one layer, fit_layer_scales; the benchmark plans never inform
@@ -37,17 +37,17 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor.agreement import (  # noqa: E402
+from executor.replay import ReplayOptions, run_job  # noqa: E402
+from experiments.common import print_table  # noqa: E402
+from pipeline.calibration.agreement import (  # noqa: E402
     PlanComparison,
     block_medians,
     compare_plans,
     cross_validated,
     fidelity_summary,
 )
-from executor.drift import adjust_runs, restore_raw  # noqa: E402
-from executor.fidelity import calibrate, calibration_plans, measured_cluster  # noqa: E402
-from executor.replay import ReplayOptions, run_job  # noqa: E402
-from experiments.common import print_table  # noqa: E402
+from pipeline.calibration.drift import adjust_runs, restore_raw  # noqa: E402
+from pipeline.calibration.fidelity import calibrate, calibration_plans, measured_cluster  # noqa: E402
 from pipeline.engine import list_schedule  # noqa: E402
 from pipeline.list_scheduler import ListSchedulerConfig  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
@@ -100,7 +100,7 @@ def stage_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfile
     an action's compute depends on what else runs at the same time."""
     import statistics
 
-    from executor.fidelity import profiled_time, runtime_profile, stage_durations
+    from pipeline.calibration.fidelity import profiled_time, runtime_profile, stage_durations
 
     out: dict[str, dict[str, float]] = {}
     for (name, plan), run in zip(named_plans, runs):
@@ -122,7 +122,7 @@ def overlap_factors(named_plans: Sequence[tuple[str, Plan]], profile: ModelProfi
     with their counts: what compute contention between the ranks does to one action."""
     import statistics
 
-    from executor.fidelity import profiled_time, runtime_profile, scale_key, shares_beside
+    from pipeline.calibration.fidelity import profiled_time, runtime_profile, scale_key, shares_beside
     from pipeline.plan import parse_action
 
     ratios: dict[str, dict[str, list[float]]] = {}
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "noise floor, and pairs within it are not counted as resolved ('' for no copy)")
     p.add_argument("--raw-times", action="store_true",
                    help="time each plan by the median of its steps as measured, without taking out the rounds' "
-                        "drift (executor.drift: by default each step is divided by how slow its round ran)")
+                        "drift (pipeline.calibration.drift: by default each step is divided by how slow its round ran)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", type=Path, default=None, metavar="FILE",
                    help="also write the replay set (plans, profile, link, every run's timeline) to FILE, "
@@ -268,8 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"micro-batches of {args.microbatch_size}x{args.seq_len} tokens; p2p latency "
           f"{cluster.latency_us:.0f} us, {cluster.p2p_gbps:.2f} GB/s")
     rounds = result.get("round_factors")
-    print(f"each step over how slow its round ran (executor.drift: {min(rounds):.2f}-{max(rounds):.2f} of the median "
-          "round)" if rounds else "every step as measured (no rounds' drift taken out)")
+    print(f"each step over how slow its round ran (pipeline.calibration.drift: {min(rounds):.2f}-"
+          f"{max(rounds):.2f} of the median round)" if rounds
+          else "every step as measured (no rounds' drift taken out)")
     rows = [{**a.row(), "spread_pct": _spread_pct(a), "calibrated_ms": b.predicted,
              "calibrated_error_pct": 100 * b.error, "contention_ms": c.predicted, "contention_error_pct": 100 * c.error,
              "layers_ms": d.predicted, "layers_error_pct": 100 * d.error}

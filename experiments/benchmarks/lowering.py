@@ -17,11 +17,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from executor.fidelity import measured_cluster
 from executor.replay import ReplayOptions, run_job
 from experiments.benchmarks.fidelity import benchmark_plans
 from experiments.common import positive_int, print_table
 from experiments.workflow.report import timeline_busy
+from pipeline.calibration.fidelity import measured_cluster
 from pipeline.spec import ModelProfile
 
 __all__ = ["main"]

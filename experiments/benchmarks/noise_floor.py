@@ -72,8 +72,8 @@ def spread_summary(jobs: Sequence[JobTimes], names: Sequence[str]) -> dict[str, 
 
 
 def _plans(args: argparse.Namespace, options: ReplayOptions) -> list[tuple[str, Plan]]:
-    from executor.fidelity import measured_cluster
     from experiments.benchmarks.fidelity import benchmark_plans
+    from pipeline.calibration.fidelity import measured_cluster
     from pipeline.spec import ModelProfile
 
     wanted = [n for n in args.plans.split(",") if n]

@@ -7,7 +7,7 @@ each with ``--check``: a plan that cuts inside blocks, a plan whose head shards 
 ranks (their gradients are all-reduced after the step), a plan that recomputes both stages
 (``torch.utils.checkpoint``), a 1F1B reference over the same units, and --calibration-plans
 random plans. Predictions: from the measured per-unit profile ("profile"), and calibrated on the
-random plans only ("calibrated", ``executor.fidelity.calibrate``: the checked plans never inform
+random plans only ("calibrated", ``pipeline.calibration.fidelity.calibrate``: the checked plans never inform
 their own predictions).
 
   python -m experiments.benchmarks.richer_units [--microbatches 8] [--steps 7] [--json]
@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor.agreement import compare_plans, cross_validated  # noqa: E402
-from executor.fidelity import calibration_plans, measured_cluster  # noqa: E402
 from executor.replay import ReplayOptions, run_job  # noqa: E402
 from experiments.common import print_table  # noqa: E402
+from pipeline.calibration.agreement import compare_plans, cross_validated  # noqa: E402
+from pipeline.calibration.fidelity import calibration_plans, measured_cluster  # noqa: E402
 from pipeline.plan import Plan, partition_from_sizes  # noqa: E402
 from pipeline.schedules import ListSchedulerConfig, build_plan, list_schedule  # noqa: E402
 from pipeline.simulator import stage_costs  # noqa: E402

@@ -11,7 +11,7 @@ processes (gloo on CPU, NCCL on GPU) and writes a cluster JSON, so that
 
 searches with measured instead of analytic costs. With --calibrate N it then replays N random plans
 on --devices local ranks and fits what the per-layer profile misses (each operation's time inside a
-pipelined step, the per-action and per-transfer overheads; executor.fidelity.calibrate) into the
+pipelined step, the per-action and per-transfer overheads; pipeline.calibration.fidelity.calibrate) into the
 profile it writes, as `run` does before its search:
 
   python -m experiments profile --model tiny-hybrid --calibrate 6 --out prof.json --cluster-out cluster.json
@@ -70,10 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from executor.fidelity import measured_cluster
     from executor.model import default_seq_len, resolve_architecture
     from executor.profiler import ProfileConfig, profile_architecture
     from executor.replay import p2p_bench
+    from pipeline.calibration.fidelity import measured_cluster
 
     if args.calibrate and args.devices < 2:
         raise ConfigError("calibration replays plans across ranks and needs --devices 2 or more", field="--calibrate")
@@ -135,8 +135,8 @@ def _calibrated(args: argparse.Namespace, profile: Any, cluster: Any, bench: dic
                 log: Any) -> Any:
     """``profile`` with what replays of ``--calibrate`` random plans teach it (unchanged, with a line
     saying so, if the replays could not run)."""
-    from executor.fidelity import calibrated_profile
     from experiments.workflow.phases import Costs, calibrate_here
+    from pipeline.calibration.fidelity import calibrated_profile
 
     costs = Costs(profile, cluster, "measured", True, bench, bench.get("backend"), device)
     costs = calibrate_here(costs, model=args.model, scale=args.scale, microbatches=args.calibration_microbatches,

@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_file_path(args.trace, "--trace")  # before the job, not after it
-    from executor.agreement import compare_plans
-    from executor.fidelity import calibrate, calibrated_profile, measured_cluster
     from executor.model import default_seq_len, resolve_architecture
     from executor.replay import ReplayOptions, check_plan, run_job
+    from pipeline.calibration.agreement import compare_plans
+    from pipeline.calibration.fidelity import calibrate, calibrated_profile, measured_cluster
     from pipeline.plan import Plan
     from pipeline.render import gantt_side_by_side
     from pipeline.spec import Cluster, ModelProfile

@@ -55,7 +55,7 @@ class Costs:
     @property
     def search_profile(self) -> ModelProfile:
         """The profile the search prices plans with: calibrated when replays taught it."""
-        from executor.fidelity import calibrated_profile
+        from pipeline.calibration.fidelity import calibrated_profile
 
         return calibrated_profile(self.profile, self.scales) if self.scales else self.profile
 
@@ -70,9 +70,9 @@ def measure_here(*, model: str, devices: int, seq_len: int | None, microbatch_si
     With ``profile_path`` only the link is measured. The cluster's memory is ``memory_gb`` or 64 GiB,
     less ``memory_reserve_gb`` (default: 0 on gloo/CPU, the GPU default on NCCL).
     """
-    from executor.fidelity import measured_cluster
     from executor.model import default_seq_len, resolve_architecture
     from executor.replay import ReplayOptions, p2p_bench, run_job
+    from pipeline.calibration.fidelity import measured_cluster
 
     arch = resolve_architecture(model, scale=scale, granularity=granularity, head_shards=head_shards)
     seq = seq_len or default_seq_len(arch)
@@ -103,15 +103,15 @@ def calibrate_here(costs: Costs, *, model: str, scale: float, microbatches: int,
                    steps: int, warmup: int, threads: int, timeout: float, granularity: str = "layer",
                    head_shards: int = 1, contention: bool = False, layer_factors: bool = False,
                    log: Log = print) -> Costs:
-    """Replay ``count`` random plans (:func:`executor.fidelity.calibration_plans`) on this machine
+    """Replay ``count`` random plans (:func:`pipeline.calibration.fidelity.calibration_plans`) on this machine
     and return ``costs`` with the fitted runtime scales and per-action overhead (and, with
     ``contention``, the compute contention between the ranks; with ``layer_factors``, two plans
     that time every layer alone as well, and each layer's own factor). If the job fails,
     ``costs`` come back unchanged with no scales (the search then uses the per-layer profile)."""
     from dataclasses import replace
 
-    from executor.fidelity import calibrate, calibration_plans
     from executor.replay import LaunchError, ReplayOptions, run_job
+    from pipeline.calibration.fidelity import calibrate, calibration_plans
 
     profile, cluster = costs.profile, costs.cluster
     plans = calibration_plans(profile, cluster, microbatches, count=count, seed=seed, units=layer_factors)
@@ -230,9 +230,9 @@ def replay(outcomes: Sequence[SearchResult], costs: Costs, *, model: str, scale:
     the first misses). Returns (method -> its :class:`Measurement`, ``None``) on success, else
     (``{}``, a note saying why nothing was measured: the job failed).
     """
-    from executor.agreement import compare_plans
-    from executor.fidelity import calibrate
     from executor.replay import LaunchError, ReplayOptions, run_job
+    from pipeline.calibration.agreement import compare_plans
+    from pipeline.calibration.fidelity import calibrate
 
     plans = [o.plan for o in outcomes if o.plan is not None]
     profile = costs.profile

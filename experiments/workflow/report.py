@@ -51,7 +51,7 @@ class Measurement:
     ``measured_ms`` is then the median of the odd ones."""
     raw_iteration_times: list[float] | None = None
     """The timed iterations as measured, where ``measured_iteration_times`` have the rounds' drift
-    taken out (:mod:`executor.drift`); None where they are the raw ones."""
+    taken out (:mod:`pipeline.calibration.drift`); None where they are the raw ones."""
     calibration_plans_ratio: float | None = None
     """The calibration plans' times in this replay's job over their times in the calibration job
     (median over the plans): how much slower (> 1) the machine ran than when the predictions'

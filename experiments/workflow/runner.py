@@ -39,7 +39,6 @@ from typing import Any
 
 from agents.base import Budget, SearchResult
 from agents.run_methods import with_baseline
-from executor.fidelity import calibration_plans
 from experiments.common import output_folder, prediction_meta
 from experiments.deploy import best_for, with_target_method, write_exports, write_plan_trace
 from experiments.workflow.config import WorkflowConfig
@@ -54,6 +53,7 @@ from experiments.workflow.phases import (
     train_policy,
 )
 from experiments.workflow.report import Measurement, device_rows, kind_rows, method_rows, op_share
+from pipeline.calibration.fidelity import calibration_plans
 from pipeline.errors import ConfigError
 from pipeline.space import Scenario
 
@@ -387,9 +387,9 @@ def _replay_candidates(cfg: WorkflowConfig, feasible: list[SearchResult], *, bes
 
 def _choose_by_measurement(replayed: list[SearchResult], measured: dict[str, Measurement], *,
                            predicted_best: SearchResult) -> tuple[SearchResult, dict[str, Measurement], str]:
-    """Keep the replayed plan fastest on the even timed steps (:func:`executor.selection.choose_measured`;
+    """Keep the replayed plan fastest on the even timed steps (:func:`pipeline.calibration.selection.choose_measured`;
     Megatron's plan competes too) and report every replayed plan's time from the odd steps."""
-    from executor.selection import choose_measured
+    from pipeline.calibration.selection import choose_measured
 
     times = {m: list(x.measured_iteration_times or [x.measured_ms]) for m, x in measured.items()}
     choice = choose_measured(times, among=[o.method for o in replayed if o.method in measured])

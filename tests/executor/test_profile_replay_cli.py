@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor.fidelity import runtime_profile
 from executor.model import resolve_architecture, scale_architecture
 from executor.profiler import ProfileConfig, profile_architecture
 from experiments.cli import main
+from pipeline.calibration.fidelity import runtime_profile
 from pipeline.spec import ModelProfile
 from pipeline.trace import SEND_TRACK, validate_trace
 from tests.executor.plans import named_plans

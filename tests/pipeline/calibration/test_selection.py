@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor.selection import choose_measured
+from pipeline.calibration.selection import choose_measured
 
 
 def test_the_even_steps_choose_and_the_odd_steps_report() -> None:

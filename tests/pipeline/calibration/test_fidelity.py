@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from executor.agreement import (
+from executor.host_memory import pin_malloc_thresholds
+from pipeline.calibration.agreement import (
     PlanComparison,
     block_medians,
     compare_plans,
@@ -15,7 +16,7 @@ from executor.agreement import (
     fidelity_summary,
     rank_agreement,
 )
-from executor.fidelity import (
+from pipeline.calibration.fidelity import (
     SCALE_KEYS,
     calibrate,
     calibrated_profile,
@@ -23,7 +24,6 @@ from executor.fidelity import (
     fit_runtime_scales,
     runtime_profile,
 )
-from executor.host_memory import pin_malloc_thresholds
 from pipeline.plan import parse_action
 from pipeline.simulator import simulate
 from pipeline.spec import Cluster, ModelProfile
@@ -99,7 +99,7 @@ def test_calibrate_recovers_scales_and_overhead() -> None:
 
 
 def test_each_layers_own_factor_comes_from_the_stages_of_that_layer_alone() -> None:
-    from executor.fidelity import fit_layer_scales, unit_plans
+    from pipeline.calibration.fidelity import fit_layer_scales, unit_plans
 
     profile, cluster = _measured_profile(), Cluster(devices=2)
     L = profile.num_layers
@@ -135,7 +135,7 @@ def test_each_layers_own_factor_comes_from_the_stages_of_that_layer_alone() -> N
 
 
 def test_calibrate_recovers_how_a_stages_w_grows_with_its_depth() -> None:
-    from executor.fidelity import fit_w_depth
+    from pipeline.calibration.fidelity import fit_w_depth
 
     profile, cluster = _measured_profile(), Cluster(devices=2)
     truth = TRUE_SCALES | {"w_depth": 0.2}
@@ -155,7 +155,7 @@ def test_calibrate_recovers_how_a_stages_w_grows_with_its_depth() -> None:
 
 
 def test_calibrate_recovers_the_time_each_layer_adds_to_an_operation() -> None:
-    from executor.fidelity import fit_operation_terms, layer_overhead_key, uncontended
+    from pipeline.calibration.fidelity import fit_operation_terms, layer_overhead_key, uncontended
 
     profile, cluster = _measured_profile(), Cluster(devices=2)
     per_layer = {"I+": 0.05, "W+": 0.03, "B+": 0.08}
@@ -285,7 +285,7 @@ def test_only_pairs_every_third_of_the_steps_orders_alike_count_as_resolved() ->
 
 
 def test_two_replays_of_one_plan_are_no_pair_and_set_the_jobs_noise_floor() -> None:
-    from executor.agreement import copy_gap, plan_identity
+    from pipeline.calibration.agreement import copy_gap, plan_identity
 
     plans = dict(named_plans(4))
     one, other = plans["1f1b"].to_dict(), plans["zb-h1"].to_dict()
@@ -365,7 +365,7 @@ def test_per_kind_factors_move_toward_each_kinds_own_and_help_the_fit() -> None:
     """A head whose fused backward runs at half its profile and blocks at 1.6x: one factor per
     operation averages them; the per-kind factors land on each side of it, and the calibration's
     predictions of the plans' iteration times get closer to the 'measured' ones."""
-    from executor.fidelity import fit_kind_scales
+    from pipeline.calibration.fidelity import fit_kind_scales
 
     profile, cluster = _measured_profile(), Cluster(devices=2)
     kinds = {x.kind for x in profile.layers}

@@ -8,7 +8,7 @@ relative error and whether the model orders the plans as the measurements do.
 Measurements feed back: :func:`calibrate` turns replays into one factor per kind of operation
 (F, I, W, the first stage's W, fused B; from the measured action timelines), a per-action
 overhead and a per-transfer overhead (from the measured iteration times), which :func:`runtime_profile` applies and
-:func:`calibrated_profile` bakes into a profile for search; :func:`executor.agreement.cross_validated`
+:func:`calibrated_profile` bakes into a profile for search; :func:`pipeline.calibration.agreement.cross_validated`
 checks them on plans they were not fitted on (random :func:`calibration_plans`, or leave one out).
 """
 

@@ -1,4 +1,4 @@
-"""The rounds' drift taken out of a round-robin job's step times (executor.drift)."""
+"""The rounds' drift taken out of a round-robin job's step times (pipeline.calibration.drift)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from executor.drift import MIN_PLANS, adjust_runs, restore_raw, round_factors
+from pipeline.calibration.drift import MIN_PLANS, adjust_runs, restore_raw, round_factors
 
 
 def _job(levels: list[float], drift: list[float], *, noise: float, seed: int) -> list[list[float]]:

@@ -12,7 +12,7 @@ round each round ran, read off every plan at once. :func:`adjust_runs` divides e
 its round's factor. A plan's time is then the median of its adjusted steps: its time at the job's
 median speed. Even and odd rounds are fitted apart (each at the speed of its own median round), so
 the choice by measurement (even steps) and the figure it reports (odd steps,
-:func:`executor.selection.choose_measured`) stay independent.
+:func:`pipeline.calibration.selection.choose_measured`) stay independent.
 """
 
 from __future__ import annotations

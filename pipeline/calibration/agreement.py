@@ -1,6 +1,6 @@
 """How well the performance model's predictions agree with measured replays, plan by plan.
 
-:func:`compare_plans` pairs each plan's simulation (priced by :func:`executor.fidelity.runtime_profile`)
+:func:`compare_plans` pairs each plan's simulation (priced by :func:`pipeline.calibration.fidelity.runtime_profile`)
 with its measured run; :func:`cross_validated` does so with a calibration that never saw the
 predicted plan; :func:`rank_agreement` and :func:`fidelity_summary` say how far off the predictions
 are and whether they order the plans as measured, beyond the noise floor of a plan replayed twice
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor.fidelity import calibrate, runtime_profile
+from pipeline.calibration.fidelity import calibrate, runtime_profile
 from pipeline.plan import Plan
 from pipeline.spec import Cluster, ModelProfile
 
