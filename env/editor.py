@@ -221,11 +221,19 @@ class SharedEvaluator(Evaluator):
         hit = self._memo.get(c)
         if hit is None:
             hit = super().result(c)
-            if len(self._memo) >= self.MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[c] = hit
+            self.remember(c, hit)
             return hit
         return self.adopt(c, hit)
+
+    def remembers(self, c: Candidate) -> bool:
+        """Whether the scenario's memo holds ``c`` (found by this or an earlier episode)."""
+        return c in self._memo
+
+    def remember(self, c: Candidate, result: Result) -> None:
+        """Keep ``result`` of ``c`` in the scenario's memo (emptied when it holds :attr:`MEMO_LIMIT`)."""
+        if len(self._memo) >= self.MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[c] = result
 
 
 class PlanEditor:
@@ -478,8 +486,7 @@ class PlanEditor:
             add((_HOT + 1, self._bottleneck_move(hot=False)))
             add((_FIT, fit_memory(c, self.result, self.ev)))
             ev = self.ev
-            # Evaluator.known is a look-up in its cache: done here without the call.
-            known = ev._cache.__contains__ if type(ev).known is Evaluator.known else ev.known
+            known = ev.known_test  # Evaluator.known without a method call per candidate
             tried = self.tried
             out: list[Candidate | None] = [None] * N_ACTIONS
             index: dict[int, list[int]] = {}  # a candidate's hash -> the actions leading to it

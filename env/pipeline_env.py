@@ -28,7 +28,7 @@ from pipeline.bounds import lower_bound
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan
 from pipeline.simulator import Result, simulate
-from pipeline.space import Candidate, Scenario
+from pipeline.space import Candidate, Evaluator, Scenario
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "STAGE_FEATURES", "DEVICE_FEATURES",
@@ -314,15 +314,52 @@ class PipelineEnv(gym.Env):
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        for _ in self._resetting(seed=seed, options=options):
+        for _ in self.reset_rounds(seed=seed, options=options):
             pass
-        return self._obs(), self._info(kept=False, edit="start")
+        return self._obs(), self.info(kept=False, edit="start")
 
-    def _resetting(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-                   ) -> Iterator[list[Candidate]]:
-        """:meth:`reset` up to its observation, run step by step: it yields the starting plans it
-        is about to simulate (:meth:`env.editor.PlanEditor.starting`), which the vector env
-        simulates in its batch beforehand; what it does is :meth:`reset`'s."""
+    def step(self, action):
+        reward, terminated, truncated, kept, edit = self.step_core(action)
+        return self._obs(), reward, terminated, truncated, self.info(kept=kept, edit=edit)
+
+    def action_masks(self, *, copy: bool = True) -> np.ndarray:
+        """Allowed actions as a boolean array (what MaskablePPO reads); ``copy=False``: the editor's own."""
+        mask = self._editor().mask()
+        return mask.copy() if copy else mask
+
+    # ----------------------------------- batched stepping (env.vector_env: one native batch a step)
+    @property
+    def steps_in_parts(self) -> bool:
+        """Whether :meth:`step` is :meth:`step_core`, :meth:`observation_parts` and :meth:`info`, with
+        :meth:`action_masks` the editor's (a subclass that overrides one is stepped by its step)."""
+        return self._own("step", "action_masks", "_obs", "observation_parts", "info")
+
+    @property
+    def resets_in_rounds(self) -> bool:
+        """Whether :meth:`reset` is :meth:`reset_rounds`, :meth:`observation_parts` and :meth:`info`
+        (a subclass that overrides one, to fix the scenario say, is reset by its reset)."""
+        return self._own("reset", "_obs", "observation_parts", "info")
+
+    def _own(self, *names: str) -> bool:
+        return all(getattr(type(self), name) is getattr(PipelineEnv, name) for name in names)
+
+    def would_simulate(self, action: int) -> tuple[Evaluator, Candidate] | None:
+        """What ``step(action)`` would simulate: ``(evaluator, plan)`` for an allowed edit whose plan the
+        evaluator neither knows nor :meth:`~pipeline.evaluator.Evaluator.remembers` (the step adopts
+        it), else None. Simulated beforehand on that evaluator, the step finds it ready."""
+        ed = self.editor
+        if ed is None or not 0 < action < N_ACTIONS or not ed.mask()[action]:
+            return None
+        t = ed.targets()[action]
+        ev = ed.ev
+        if t is None or ev.known(t) or ev.remembers(t):
+            return None
+        return ev, t
+
+    def reset_rounds(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+                     ) -> Iterator[list[Candidate]]:
+        """:meth:`reset` without its observation and info, in rounds: it yields the starting plans each
+        round surely simulates (:meth:`env.editor.PlanEditor.starting`), for a batch to simulate first."""
         super().reset(seed=seed)
         options = dict(options or {})
         problem = _problem_from(options)
@@ -363,12 +400,9 @@ class PipelineEnv(gym.Env):
         self._calls_at_start = evaluator.calls
         self._obs_cache = None
 
-    def step(self, action):
-        reward, terminated, truncated, kept, edit = self._step(action)
-        return self._obs(), reward, terminated, truncated, self._info(kept=kept, edit=edit)
-
-    def _step(self, action) -> tuple[float, bool, bool, bool, str]:
-        """:meth:`step` without its observation and info: ``(reward, terminated, truncated, kept, edit)``."""
+    def step_core(self, action) -> tuple[float, bool, bool, bool, str]:
+        """:meth:`step` without its observation and info: ``(reward, terminated, truncated, kept, edit)``
+        (the observation is :meth:`observation_parts` after it, the info ``info(kept=kept, edit=edit)``)."""
         ed = self._editor()
         a = int(action)
         if not 0 <= a < N_ACTIONS:
@@ -398,10 +432,6 @@ class PipelineEnv(gym.Env):
             hit = self._scored = (result, self.reference, score(result, self.reference))
         return hit[2]
 
-    def action_masks(self) -> np.ndarray:
-        """Allowed actions as a boolean array (what sb3-contrib's MaskablePPO reads)."""
-        return self._editor().mask().copy()
-
     def render(self):
         if self.render_mode is None:
             gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'rgb_array'")
@@ -424,12 +454,12 @@ class PipelineEnv(gym.Env):
         return self.editor
 
     def _obs(self) -> dict[str, np.ndarray]:
-        st, dev, g = self._obs_parts()
+        st, dev, g = self.observation_parts()
         return {"stages": st.copy(), "devices": dev.copy(), "plan": g}
 
-    def _obs_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def observation_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(stages, devices, plan)`` of the observation; ``stages`` and ``devices`` are the cached
-        arrays of the current plan (never to be written: :meth:`_obs` copies them)."""
+        arrays of the current plan (never to be written: :meth:`step` and :meth:`reset` copy them)."""
         ed = self._editor()
         cache = self._obs_cache
         if cache is None or cache[0] is not ed.current:
@@ -514,7 +544,8 @@ class PipelineEnv(gym.Env):
         tail = [min(_CLIP, max(-_CLIP, v)) for v in tail]
         return st, dev, head, tail
 
-    def _info(self, *, kept: bool, edit: str) -> dict[str, Any]:
+    def info(self, *, kept: bool, edit: str) -> dict[str, Any]:
+        """The info of the current state after the edit ``edit``, ``kept`` or not (the class docstring's)."""
         ed = self._editor()
         return {
             "action_mask": ed.mask().astype(np.int8),

@@ -13,9 +13,16 @@ call budget against the one-by-one count). Everything else (masks, the edited ca
 observations, rewards) is each environment's own code, so stepping the vector env is stepping N
 single environments with the same seeds and actions: the same observations, rewards, flags,
 masks, infos and simulator-call counts, in the same order (``tests/env/test_vector_env.py``
-checks it against Gymnasium's ``SyncVectorEnv``). Environments whose ``reset`` / ``step`` are
-``PipelineEnv``'s have their observations and infos stacked column by column; a subclass that
-overrides one of them is reset / stepped through it (one reset after another).
+checks it against Gymnasium's ``SyncVectorEnv``). It runs on ``PipelineEnv``'s public seams only:
+:meth:`~env.pipeline_env.PipelineEnv.would_simulate` (what a step will simulate),
+:meth:`~env.pipeline_env.PipelineEnv.reset_rounds` and
+:meth:`~env.pipeline_env.PipelineEnv.step_core` (reset and step without their observation and info),
+and the evaluators' :meth:`~pipeline.evaluator.Evaluator.remembers` (a result the step adopts, not
+simulated). Environments that reset / step in parts
+(:attr:`~env.pipeline_env.PipelineEnv.resets_in_rounds`,
+:attr:`~env.pipeline_env.PipelineEnv.steps_in_parts`) have their observations and infos stacked
+column by column; a subclass that overrides a part is reset / stepped through its own ``reset`` /
+``step`` (one reset after another).
 
 * Spaces: ``single_observation_space`` / ``single_action_space`` are the single environment's
   (a ``Dict`` of ``Box`` es, ``Discrete(344)``); ``observation_space`` / ``action_space`` their
@@ -45,13 +52,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from env.editor import N_ACTIONS
 from env.pipeline_env import PipelineEnv
 from pipeline.space import Candidate, Evaluator, results_across
 
 __all__ = ["PipelineVectorEnv"]
 
-#: The observation's entries in the order of ``PipelineEnv._obs_parts``.
+#: The observation's entries in the order of ``PipelineEnv.observation_parts``.
 _PARTS = ("stages", "devices", "plan")
 
 
@@ -113,14 +119,10 @@ class PipelineVectorEnv(VectorEnv):
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
         self._obs: list[tuple[np.ndarray, ...] | None] = [None] * self.num_envs
         """Each environment's observation, its arrays in ``_PARTS`` order (never to be written)."""
-        # Environments whose step / reset are PipelineEnv's run their parts here (a subclass that
-        # overrides one is stepped / reset through it).
-        plain = [type(e)._obs is PipelineEnv._obs and type(e)._obs_parts is PipelineEnv._obs_parts
-                 for e in self.envs]
-        self._plain_step = [p and type(e).step is PipelineEnv.step for p, e in zip(plain, self.envs)]
-        self._plain_reset = [p and type(e).reset is PipelineEnv.reset for p, e in zip(plain, self.envs)]
-        self._plain_info = [type(e)._info is PipelineEnv._info for e in self.envs]
-        self._plain_masks = all(type(e).action_masks is PipelineEnv.action_masks for e in self.envs)
+        # Environments that step / reset in parts run them here (the others through step / reset).
+        self._plain_step = [e.steps_in_parts for e in self.envs]
+        self._plain_reset = [e.resets_in_rounds for e in self.envs]
+        self._plain_masks = all(self._plain_step)
         self._sim_seconds = self._reset_seconds = 0.0
         self.batched_calls = 0
         """Native batches run by :meth:`step` (one per step that simulated something)."""
@@ -193,7 +195,7 @@ class PipelineVectorEnv(VectorEnv):
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
         obs = self._obs
-        plain, plain_info = self._plain_step, self._plain_info
+        plain = self._plain_step
         skip = set(ending)
         same_step = mode == AutoresetMode.SAME_STEP
         finals: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]] = []
@@ -201,10 +203,9 @@ class PipelineVectorEnv(VectorEnv):
             if i in skip:
                 continue
             if plain[i]:
-                rewards[i], terms[i], truncs[i], kept, edit = env._step(acts[i])
-                obs[i] = env._obs_parts()
-                # the info is read from the environment's state once every environment stepped
-                info = (kept, edit) if plain_info[i] else env._info(kept=kept, edit=edit)
+                rewards[i], terms[i], truncs[i], kept, edit = env.step_core(acts[i])
+                obs[i] = env.observation_parts()
+                info = (kept, edit)  # the info is read from the environment's state once every one stepped
             else:
                 o, rewards[i], terms[i], truncs[i], info = env.step(acts[i])
                 obs[i] = tuple(o[k] for k in _PARTS)
@@ -235,7 +236,7 @@ class PipelineVectorEnv(VectorEnv):
         """Allowed actions of every environment, ``(num_envs, 344)`` bool (MaskablePPO's masks)."""
         envs = self.envs
         if self._plain_masks:  # PipelineEnv.action_masks copies the editor's mask: one copy, the stack
-            return np.stack([env._editor().mask() for env in envs])
+            return np.stack([env.action_masks(copy=False) for env in envs])
         return np.stack([env.action_masks() for env in envs])
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -249,7 +250,7 @@ class PipelineVectorEnv(VectorEnv):
                 ) -> list[tuple[int, dict[str, Any] | tuple[bool, str]]]:
         """Reset the environments ``which`` (their observations into ``self._obs``) and return their
         infos (or ``(kept, edit)``, read by :meth:`_infos`); with ``batched``, the starting plans of
-        all of them are simulated in native batches (:meth:`env.pipeline_env.PipelineEnv._resetting`),
+        all of them are simulated in native batches (:meth:`env.pipeline_env.PipelineEnv.reset_rounds`),
         the first one together with ``with_batch`` (a step's edited plans)."""
         t0, sims = time.perf_counter(), self._sim_seconds
         infos: dict[int, dict[str, Any] | tuple[bool, str]] = {}
@@ -257,7 +258,7 @@ class PipelineVectorEnv(VectorEnv):
         for i in which:
             env, seed = self.envs[i], None if seeds is None else seeds[i]
             if batched and self._plain_reset[i]:
-                runs.append((i, env._resetting(seed=seed, options=options)))
+                runs.append((i, env.reset_rounds(seed=seed, options=options)))
             else:
                 o, infos[i] = env.reset(seed=seed, options=options)
                 self._obs[i] = tuple(o[k] for k in _PARTS)
@@ -267,9 +268,8 @@ class PipelineVectorEnv(VectorEnv):
             first = []
         for i in which:
             if i not in infos:
-                env = self.envs[i]
-                self._obs[i] = env._obs_parts()
-                infos[i] = (False, "start") if self._plain_info[i] else env._info(kept=False, edit="start")
+                self._obs[i] = self.envs[i].observation_parts()
+                infos[i] = (False, "start")
         self._reset_seconds += time.perf_counter() - t0 - (self._sim_seconds - sims)
         return [(i, infos[i]) for i in which]
 
@@ -286,11 +286,10 @@ class PipelineVectorEnv(VectorEnv):
                 done.append(k)
                 continue
             ev = self.envs[i].editor.ev
-            memo = getattr(ev, "_memo", None)
             for t in hint:
                 if ev.known(t):
                     continue
-                if memo is not None and t in memo:
+                if ev.remembers(t):
                     break
                 requests.append((ev, t))
         for k in reversed(done):
@@ -298,47 +297,27 @@ class PipelineVectorEnv(VectorEnv):
         return requests
 
     def _requests(self, acts: list[int], *, skip: np.ndarray | None) -> list[tuple[Evaluator, Candidate]]:
-        """The new plan each environment's step will ask for.
-
-        A step evaluates exactly one candidate: the target of its action when the action is an
-        allowed edit (``PlanEditor.apply``). Evaluating it beforehand (:meth:`_simulate`), on the
-        environment's own evaluator, counts and caches the call the step would make, so the step
-        finds it ready and nothing else changes (a result the scenario's shared memo holds is left
-        to the step, which adopts it as it would)."""
+        """The new plan each environment's step will simulate (:meth:`PipelineEnv.would_simulate`:
+        the target of an allowed edit, neither known nor remembered by its evaluator). Simulating
+        it beforehand (:meth:`_simulate`), on the environment's own evaluator, counts and caches the
+        call the step would make, so the step finds it ready and nothing else changes."""
         requests: list[tuple[Evaluator, Candidate]] = []
         for i, env in enumerate(self.envs):
-            a = acts[i]
-            if (skip is not None and skip[i]) or not 0 < a < N_ACTIONS:
+            if skip is not None and skip[i]:
                 continue
-            ed = env.editor
-            if ed is None or not ed.mask()[a]:
-                continue
-            t = ed.targets()[a]
-            ev = ed.ev
-            if t is None or ev.known(t):
-                continue
-            memo = getattr(ev, "_memo", None)
-            if memo is not None and t in memo:
-                continue
-            requests.append((ev, t))
+            hit = env.would_simulate(acts[i])
+            if hit is not None:
+                requests.append(hit)
         return requests
 
     def _simulate(self, requests: list[tuple[Evaluator, Candidate]]) -> None:
-        """Simulate ``requests`` in one native batch, each on its evaluator (which counts and caches
-        it as its ``result`` would), and keep each result in the scenario's memo as
-        ``SharedEvaluator.result`` does."""
+        """Simulate ``requests`` in one native batch, each on its evaluator, which counts, caches
+        and remembers it as its ``result`` would (:func:`pipeline.evaluator.results_across`)."""
         if not requests:
             return
         t0 = time.perf_counter()
         self.batched_calls += 1
-        seen: set[tuple[int, Candidate]] = set()
-        for (ev, t), res in zip(requests, results_across(requests, threads=self.engine_threads)):
-            memo = getattr(ev, "_memo", None)
-            if memo is not None and (id(ev), t) not in seen:
-                seen.add((id(ev), t))
-                if len(memo) >= ev.MEMO_LIMIT:
-                    memo.clear()
-                memo[t] = res
+        results_across(requests, threads=self.engine_threads)
         self._sim_seconds += time.perf_counter() - t0
 
     def _batch_obs(self) -> dict[str, np.ndarray]:
@@ -347,15 +326,15 @@ class PipelineVectorEnv(VectorEnv):
 
     def _info_of(self, i: int, info: dict[str, Any] | tuple[bool, str]) -> dict[str, Any]:
         """Environment ``i``'s info dict (``info`` itself, or built from its ``(kept, edit)``)."""
-        return info if isinstance(info, dict) else self.envs[i]._info(kept=info[0], edit=info[1])
+        return info if isinstance(info, dict) else self.envs[i].info(kept=info[0], edit=info[1])
 
     def _infos(self, items: list[tuple[int, dict[str, Any] | tuple[bool, str]]]) -> dict[str, Any]:
         """The vector infos of ``items``: built column by column when every environment gave
-        ``(kept, edit)``, as :meth:`_batch_infos` builds them from ``PipelineEnv._info`` dicts."""
+        ``(kept, edit)``, as :meth:`_batch_infos` builds them from ``PipelineEnv.info`` dicts."""
         n = self.num_envs
         if [i for i, _ in items] != list(range(n)) or not all(type(info) is tuple for _, info in items):
             return self._batch_infos([(i, self._info_of(i, info)) for i, info in items])
-        eds = [env._editor() for env in self.envs]
+        eds = [env.editor for env in self.envs]
 
         def objects(values: list[Any]) -> np.ndarray:
             col = np.empty(n, dtype=object)

@@ -117,10 +117,11 @@ class SavedTensorMeter:
 
     @contextmanager
     def hooks(self) -> Iterator[SavedTensorMeter]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
             yield self
 
-    def _pack(self, t: torch.Tensor) -> Any:
+    def pack(self, t: torch.Tensor) -> Any:
+        """The pack hook of :meth:`hooks`: counts ``t`` for :attr:`stage` (to wrap in another hook)."""
         stage = self.stage
         storage = t.untyped_storage()
         key = storage.data_ptr()
@@ -147,7 +148,8 @@ class SavedTensorMeter:
         return self.kept_level[stage] - before
 
     @staticmethod
-    def _unpack(held: Any) -> torch.Tensor:
+    def unpack(held: Any) -> torch.Tensor:
+        """The unpack hook of :meth:`hooks`: the tensor :meth:`pack` kept."""
         return held.tensor if isinstance(held, _Held) else held
 
 

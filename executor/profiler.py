@@ -159,8 +159,8 @@ class _SavedBytes:
 @contextlib.contextmanager
 def _metering(counter: _SavedBytes, meter: SavedTensorMeter, layer: int) -> Iterator[None]:
     """Count the bytes a forward saves (``counter``) and what stays saved after I (``meter``)."""
-    pack = lambda t: meter._pack(counter.pack(t))  # noqa: E731
-    with torch.autograd.graph.saved_tensors_hooks(pack, meter._unpack), meter.attribute(layer):
+    pack = lambda t: meter.pack(counter.pack(t))  # noqa: E731
+    with torch.autograd.graph.saved_tensors_hooks(pack, meter.unpack), meter.attribute(layer):
         yield
 
 

@@ -4,7 +4,7 @@ repeats (stage costs, splits, results), with batched native calls (:func:`result
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.balance import balanced_sizes, device_balanced_sizes
@@ -101,6 +101,22 @@ class Evaluator:
     def known(self, c: Candidate) -> bool:
         """Whether ``c`` was evaluated already (its result is free)."""
         return c in self._cache
+
+    @property
+    def known_test(self) -> Callable[[Candidate], bool]:
+        """:meth:`known` as a bare predicate for hot loops: the cache's own membership test (no
+        method call per candidate), or :meth:`known` itself where a subclass redefines it."""
+        return self._cache.__contains__ if type(self).known is Evaluator.known else self.known
+
+    def remembers(self, c: Candidate) -> bool:
+        """Whether a result of ``c`` that another evaluator found is at hand, which :meth:`result`
+        would adopt (one call, no simulation). Never here; an evaluator that shares results across
+        episodes (``env.editor.SharedEvaluator``) says whether its memo holds ``c``."""
+        return False
+
+    def remember(self, c: Candidate, result: Result) -> None:
+        """Keep ``result``, which this evaluator just simulated for ``c``, where the evaluators that
+        share its results find it (:meth:`remembers`), as :meth:`result` does. Nothing here."""
 
     def call_number(self, c: Candidate) -> int:
         """The call count right after ``c`` was evaluated (what a one-by-one search would have spent)."""
@@ -255,8 +271,10 @@ def results_across(requests: Sequence[tuple[Evaluator, Candidate]], *, threads: 
     """:meth:`Evaluator.result` of each ``(evaluator, candidate)`` pair, the engine calls of the new
     ones (over every evaluator and problem) in one :func:`pipeline.engine.schedule_and_simulate_many`
     batch on ``threads`` threads (default :data:`pipeline.engine.BATCH_THREADS`): what a batched
-    environment's step needs. Each evaluator counts and caches its new candidates exactly as one
-    ``result`` call each would (a pair repeated counts once)."""
+    environment's step needs. Each evaluator counts, caches and remembers (:meth:`Evaluator.remember`)
+    its new candidates exactly as one ``result`` call each would (a pair repeated counts once); a
+    candidate an evaluator :meth:`~Evaluator.remembers` is simulated here all the same (leave it
+    out to have ``result`` adopt it)."""
     todo: list[tuple[Evaluator, Candidate, _Job]] = []
     seen: set[tuple[int, Candidate]] = set()
     for ev, c in requests:
@@ -273,7 +291,7 @@ def results_across(requests: Sequence[tuple[Evaluator, Candidate]], *, threads: 
             else:
                 job.outcome = outcome
     for ev, c, job in todo:
-        ev._finish(c, job)
+        ev.remember(c, ev._finish(c, job))
     return [ev.result(c) for ev, c in requests]
 
 

@@ -7,6 +7,9 @@
   neither agents nor env. The page's table of layers says the same as :data:`ALLOWED`.
 * No module is over 600 lines unless its docstring has a line starting ``Over 600 lines:``.
 * Public functions taking more than three parameters take the ones past the third by keyword.
+* No module reads, sets or imports a private name (``_name``) of another module of ours, nor
+  imports a private module from outside its package (:func:`private_reads`); the few known
+  exceptions are listed with their reasons in :data:`PRIVATE_OK`, which may not go stale.
 """
 
 from __future__ import annotations
@@ -167,3 +170,170 @@ def test_public_functions_take_keywords_past_the_third(package: str) -> None:
             if len(positional) + len(a.kwonlyargs) > 3 and len(positional) > 3 and key not in POSITIONAL_OK:
                 wrong.append(f"{key}({', '.join(positional)})")
     assert wrong == [], "make the parameters past the third keyword-only (add `*,`):\n" + "\n".join(wrong)
+
+
+# ---------------------------------------------------------------------- private names stay home
+
+#: ``"module: access"`` -> why it may read a private name of another module (see
+#: :func:`private_reads`). An entry that no longer occurs fails the test: delete it.
+PRIVATE_OK = {
+    **dict.fromkeys(
+        ["experiments.cli: parser._actions", "experiments.cli: command._actions",
+         "experiments.commands.train: parser._actions", "experiments.gen_docs: parser._actions"],
+        "argparse's ArgumentParser._actions, not ours (argparse lists a parser's arguments nowhere public); "
+        "seen because agents/vec_adapter.py has an _actions too"),
+    **dict.fromkeys(
+        ["experiments.benchmarks.device_balance: from agents.tuner import _lighten_first_stage",
+         "experiments.benchmarks.learned_speed: engine._check_placement",
+         "experiments.benchmarks.learned_speed: engine._job_args",
+         "experiments.benchmarks.learned_tuner: from agents.tuner import _State",
+         "experiments.benchmarks.learned_tuner: _State._improved"],
+        "a benchmark on the tuner's / engine's internals: issue 46 item 2 (benchmarks import public APIs only)"),
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and len(name) > 1
+
+
+def _binds(tree: ast.Module) -> set[str]:
+    """The private names a module binds: its functions, classes, variables and imported names (at
+    any depth) and the attributes it sets on ``self`` / ``cls``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+    return {name for name in names if _is_private(name)}
+
+
+def private_reads(modules: dict[str, Path], *, root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """``(module, line, access)`` for each place a module of ``modules`` reaches a private name
+    (one leading underscore) of another of them:
+
+    * ``from x import _name`` where ``x`` is another module of ours;
+    * importing a private module (``pipeline._native``, a compiled ``pipeline._engine`` under
+      ``root``) from outside the package it sits in (inside, it is the package's own);
+    * ``obj._name`` (read, set or deleted) and ``getattr/hasattr/setattr/delattr(obj, "_name")``
+      where ``obj`` is not ``self``, ``cls`` or ``super()``, ``_name`` is bound by another module of
+      ours (:func:`_binds`) and not by this one.
+
+    Types are not inferred: a third-party private that shares its name with one of ours is
+    reported (allow it in :data:`PRIVATE_OK`, saying whose it is), and a private of another module
+    that this module also binds under the same name is not."""
+    trees = {module: ast.parse(path.read_text(), str(path)) for module, path in modules.items()}
+    binds = {module: _binds(tree) for module, tree in trees.items()}
+    ours = set().union(*binds.values())
+
+    def is_module(dotted: str) -> bool:
+        if dotted in modules:
+            return True
+        parent, _, name = dotted.rpartition(".")
+        folder = root.joinpath(*parent.split("."))
+        return bool(parent) and ((folder / name).is_dir() or any(folder.glob(f"{name}.*.so")))
+
+    def resolve(name: str) -> str | None:
+        while name and not is_module(name):
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = []
+    for module, tree in trees.items():
+        package = module.split(".") if modules[module].name == "__init__.py" else module.split(".")[:-1]
+        mine = binds[module]
+
+        def add(node: ast.AST, access: str, module: str = module) -> None:
+            found.append((module, node.lineno, access))
+
+        def private_module(node: ast.AST, target: str | None, module: str = module) -> None:
+            parts = (target or "").split(".")
+            for i, part in enumerate(parts[1:], 1):
+                home = ".".join(parts[:i])
+                if _is_private(part) and module != home and not module.startswith(home + "."):
+                    add(node, f"import {target}")
+                    return
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    private_module(node, resolve(alias.name))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    if is_module(full):
+                        private_module(node, full)
+                        continue
+                    target = resolve(base)
+                    private_module(node, target)
+                    if target is not None and target != module and _is_private(alias.name):
+                        add(node, f"from {base} import {alias.name}")
+            else:
+                if isinstance(node, ast.Attribute):
+                    obj, name = node.value, node.attr
+                    access = f"{ast.unparse(obj)}.{name}"
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                        node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) > 1 and \
+                        isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                    obj, name = node.args[0], node.args[1].value
+                    access = f"{node.func.id}({ast.unparse(obj)}, {name!r})"
+                else:
+                    continue
+                if not _is_private(name) or name in mine or name not in ours:
+                    continue
+                if isinstance(obj, ast.Name) and obj.id in ("self", "cls") or \
+                        isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "super":
+                    continue
+                add(node, access)
+    return sorted(found)
+
+
+def test_the_private_check_sees_what_it_checks(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "_hidden = 1\nclass A:\n    def __init__(self):\n        self._state = 0\n"
+                    "    def _step(self):\n        return self._state\n",
+        "pkg/_inner.py": "x = 1\n",
+        "pkg/_native.cpython-311-x86_64-linux-gnu.so": "",
+        "pkg/b.py": "from pkg import _inner, _native\nfrom pkg.a import A\nclass B(A):\n"
+                    "    def _step(self):\n        return super()._step() + self._state\n"
+                    "def peek(a, b):\n    return b._step(), a.__dict__, a._unknown\n",
+        "other/__init__.py": "",
+        "other/c.py": "from pkg.a import _hidden\nimport pkg._inner\nfrom pkg import _inner as inner\n"
+                      "def peek(a):\n    a._state = 1\n    return a._step(), getattr(a, '_state', None)\n"
+                      "from pkg import _native\n",
+    }
+    modules = {}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if name.endswith(".py"):
+            modules[name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")] = path
+    assert private_reads(modules, root=tmp_path) == [
+        ("other.c", 1, "from pkg.a import _hidden"),
+        ("other.c", 2, "import pkg._inner"),
+        ("other.c", 3, "import pkg._inner"),
+        ("other.c", 5, "a._state"),
+        ("other.c", 6, "a._step"),
+        ("other.c", 6, "getattr(a, '_state')"),
+        ("other.c", 7, "import pkg._native"),
+    ]  # pkg.b's own _step, super() and self, dunders and privates of no module of ours pass
+
+
+def test_no_module_reads_another_modules_privates() -> None:
+    found = private_reads(MODULES)
+    new = [f"{module}:{line}: {access}" for module, line, access in found if f"{module}: {access}" not in PRIVATE_OK]
+    assert new == [], ("these read a private name of another module: add a public function, method or "
+                       "property there (or, for a third-party private, a PRIVATE_OK entry saying whose):\n"
+                       + "\n".join(new))
+    stale = sorted(set(PRIVATE_OK) - {f"{module}: {access}" for module, _, access in found})
+    assert stale == [], "PRIVATE_OK entries that no longer occur: delete them:\n" + "\n".join(stale)

@@ -368,8 +368,8 @@ def test_step_pauses_the_collector_and_restores_it():
     seen = []
     vec = PipelineVectorEnv(2, scenario=SMALL)
     vec.reset(seed=0)
-    real = vec.envs[0]._step
-    vec.envs[0]._step = lambda a: seen.append(gc.isenabled()) or real(a)
+    real = vec.envs[0].step_core
+    vec.envs[0].step_core = lambda a: seen.append(gc.isenabled()) or real(a)
     assert gc.isenabled()
     vec.step(_first_allowed(vec))
     assert seen == [False] and gc.isenabled()
