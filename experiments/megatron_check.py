@@ -1,7 +1,8 @@
 """Check a ``megatron_args.txt`` with megatron-core's own layout parser, before a job.
 
-``python -m experiments.megatron_check FILE`` reads the file line by line (``--flag`` alone or
-``--flag value``, values quoted for a shell, as ``search --target megatron`` and the whole-job
+``python -m experiments.megatron_check FILE`` reads the file line by line (``--flag`` alone,
+``--flag value`` or ``--flag value value ...`` for Megatron's list arguments such as
+``--recompute-modules``, values quoted for a shell, as ``search --target megatron`` and the whole-job
 search write them), validates ``--pipeline-model-parallel-layout`` against ``--num-layers`` and
 ``--mtp-num-layers`` with megatron-core (a dev requirement; CPU only) and prints the layout per
 rank. Exit 0 when Megatron accepts it, 2 with one line when not.
@@ -18,15 +19,16 @@ __all__ = ["check_megatron_args", "main", "read_megatron_args"]
 
 
 def read_megatron_args(text: str) -> dict[str, str | None]:
-    """``{flag: value}`` of a megatron_args.txt; a flag without a value maps to None."""
+    """``{flag: value}`` of a megatron_args.txt; a flag without a value maps to None, a list
+    argument's values to one string joined by spaces."""
     out: dict[str, str | None] = {}
     for number, line in enumerate(text.splitlines(), 1):
         words = shlex.split(line)
         if not words:
             continue
-        if not words[0].startswith("--") or len(words) > 2:
-            raise ValueError(f"line {number}: expected '--flag' or '--flag value', got {line!r}")
-        out[words[0]] = words[1] if len(words) == 2 else None
+        if not words[0].startswith("--") or any(w.startswith("--") for w in words[1:]):
+            raise ValueError(f"line {number}: expected one '--flag' and its values, got {line!r}")
+        out[words[0]] = " ".join(words[1:]) if len(words) > 1 else None
     return out
 
 

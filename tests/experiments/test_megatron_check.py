@@ -34,3 +34,13 @@ def test_a_layout_megatron_refuses_is_one_line(tmp_path, capsys) -> None:
     assert main([str(path)]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and "Megatron refuses it" in err[0]
+
+
+def test_list_arguments_and_bad_lines() -> None:
+    """Megatron's list arguments (``--recompute-modules layernorm moe_act``) keep every value; a
+    line with two flags or a value without a flag is one clear error naming the line."""
+    args = read_megatron_args("--recompute-modules layernorm moe_act\n--seq-length 4096\n")
+    assert args == {"--recompute-modules": "layernorm moe_act", "--seq-length": "4096"}
+    for bad in ("--a 1 --b 2\n", "4096\n"):
+        with pytest.raises(ValueError, match="line 1"):
+            read_megatron_args(bad)
