@@ -9,7 +9,7 @@ imports no agent at load time, so no agent module needs to import it back.
 * :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, ``zb-opt`` (the exact schedule at ZB-H2's memory,
   :mod:`agents.exact`), the deployment targets' own searches
   ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.targets`), ``learned`` (the tuner with
-  learned move guidance, :mod:`agents.learned`) and ``adaptis``.
+  learned move guidance, :mod:`agents.tuner.learned`) and ``adaptis``.
 
 :func:`all_methods` is what ``--method all`` runs: every name above (``i1f1b-v2`` for the
 ``i1f1b-vN`` family).
@@ -64,7 +64,7 @@ def _adaptis_torchtitan() -> Searcher:
 
 
 def _learned() -> Searcher:
-    from agents.learned import learned_tuner
+    from agents.tuner.learned import learned_tuner
 
     return learned_tuner()
 

@@ -40,7 +40,7 @@ from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defec
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
            "python_reference", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
            "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
-           "check_schedule"]
+           "check_schedule", "pack_job"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
 _DEFAULT_CONFIG = ListSchedulerConfig()
@@ -289,6 +289,14 @@ def check_schedule(plan: Plan) -> ScheduleDefect | None:
     rows, offsets = schedule_arrays(plan.schedule)
     kind, data = _native.check_schedule(plan.devices, plan.microbatches, list(plan.placement), rows, offsets)
     return (kind, tuple(data)) if kind else None
+
+
+def pack_job(job: ScheduleJob) -> tuple:
+    """What a batch does in Python per job before the compiled engine runs it: the placement checked
+    (a PlanError if the engines cannot index it) and the job packed into the compiled
+    ``schedule_and_simulate``'s positional arguments. Benchmarks time the Python share of a batch with it."""
+    _check_placement(job.costs, job.placement, job.devices)
+    return _job_args(job)
 
 
 # ------------------------------------------------------------------ packing (private)

@@ -182,13 +182,6 @@ PRIVATE_OK = {
          "experiments.commands.train: parser._actions", "experiments.gen_docs: parser._actions"],
         "argparse's ArgumentParser._actions, not ours (argparse lists a parser's arguments nowhere public); "
         "seen because agents/vec_adapter.py has an _actions too"),
-    **dict.fromkeys(
-        ["experiments.benchmarks.device_balance: from agents.tuner import _lighten_first_stage",
-         "experiments.benchmarks.learned_speed: engine._check_placement",
-         "experiments.benchmarks.learned_speed: engine._job_args",
-         "experiments.benchmarks.learned_tuner: from agents.tuner import _State",
-         "experiments.benchmarks.learned_tuner: _State._improved"],
-        "a benchmark on the tuner's / engine's internals: issue 46 item 2 (benchmarks import public APIs only)"),
 }
 
 

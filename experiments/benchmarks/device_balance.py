@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 from agents.base import Budget  # noqa: E402
 from agents.baselines import PLACEMENT_CHOICES  # noqa: E402
 from agents.registry import make_searcher  # noqa: E402
-from agents.tuner import AdaptisTuner, _lighten_first_stage, with_filled_budgets  # noqa: E402
+from agents.tuner import AdaptisTuner, lighten_first_stage, with_filled_budgets  # noqa: E402
 from pipeline.balance import device_loads  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
@@ -74,7 +74,7 @@ def rows(model: str, cluster: Cluster, microbatches: int, *, gpu: str = "h100", 
             row[f"{name}_filled_ms"] = ev.result(filled).iteration_time
             row[f"{name}_no_memory_limit_ms"] = ev.result(replace(filled, budgets=None)).iteration_time
         lighter = [ev.result(with_filled_budgets(c, ev)) for c in
-                   _lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
+                   lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
         row["device_lightened_best_ms"] = min((r.iteration_time for r in lighter if r.feasible), default=float("nan"))
         yield row
     if curve:

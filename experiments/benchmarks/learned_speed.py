@@ -42,8 +42,11 @@ _WORKER = r'''
 import json, sys, time
 import numpy as np
 from agents.base import Budget
-from agents.learned import learned_tuner
 from agents.tuner import AdaptisTuner
+try:
+    from agents.tuner.learned import learned_tuner
+except ImportError:  # a checkout from before agents/tuner/ (issue 46)
+    from agents.learned import learned_tuner
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline.hardware import build_cluster
 from pipeline.space import Scenario
@@ -111,8 +114,8 @@ def _best_of(fn, reps: int = 5) -> float:
 
 def _batches(make, problem, calls: int) -> tuple[list[list], float, int]:
     """The engine batches (job lists) of one search, in order; the seconds its move features took, and their count."""
-    from agents import learned
     from agents.base import Budget
+    from agents.tuner import learned
     from pipeline import evaluator
 
     batches: list[list] = []
@@ -149,8 +152,7 @@ def _replay(batches: list[list]) -> dict:
     many = _best_of(lambda: [engine.schedule_and_simulate_many(b) for b in multi])
     sample = jobs[:500]
     outcomes = [engine.schedule_and_simulate_many([j])[0] for j in sample]
-    python = _best_of(lambda: [(engine._check_placement(j.costs, j.placement, j.devices), engine._job_args(j))
-                               for j in sample])
+    python = _best_of(lambda: [engine.pack_job(j) for j in sample])
     convert = _best_of(lambda: [engine.Outcome(o.ok, o.makespan, tuple(o.busy), tuple(o.peak)) for o in outcomes])
     return {"batches": len(batches), "jobs": len(jobs), "jobs_per_batch": round(len(jobs) / len(batches), 2),
             "mean_stages": round(statistics.mean(len(j.placement) for j in jobs), 1),
@@ -160,8 +162,8 @@ def _replay(batches: list[list]) -> dict:
 
 def anatomy(name: str, *, calls: int) -> list[dict]:
     """One search per method in this tree, its engine batches recorded and replayed (see the docstring)."""
-    from agents.learned import learned_tuner
     from agents.tuner import AdaptisTuner
+    from agents.tuner.learned import learned_tuner
 
     problem = _problem(SCENARIOS[name])
     rows = []

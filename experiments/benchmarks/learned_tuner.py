@@ -43,17 +43,17 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from agents.base import Budget, SearchResult
-from agents.learned import MovePrior, learned_tuner, load_prior, random_prior_tuner
-from agents.tuner import AdaptisTuner, _State
+from agents.tuner import AdaptisTuner, Progress
+from agents.tuner.learned import MovePrior, learned_tuner, load_prior, random_prior_tuner
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline import zoo
 from pipeline.hardware import build_cluster
+from pipeline.simulator import Result
 from pipeline.space import Scenario
 
 __all__ = ["METHODS", "scenarios", "calls_to", "measure", "main"]
@@ -113,23 +113,17 @@ Improvement = tuple[int, float, float, bool]
 """(simulator calls, seconds since the search began, iteration time, fits in memory) of one improvement."""
 
 
-@contextmanager
-def _improvements(log: list[Improvement]):
-    """Record every improvement of a tuner search with its seconds and whether it fits: the search's
-    ``history`` has (calls, time) only, and under tight memory its first entries are plans that do
-    not fit (a plan that fits beats any that does not, however fast)."""
-    original = _State._improved
+def _improvements(log: list[Improvement]) -> Progress:
+    """A tuner's :attr:`~agents.tuner.AdaptisTuner.on_progress` that records every improvement of its
+    search with its seconds and whether it fits: the search's ``history`` has (calls, time) only, and
+    under tight memory its first entries are plans that do not fit (a plan that fits beats any that
+    does not, however fast)."""
     t0 = time.perf_counter()
 
-    def improved(self, plan, result, candidate=None):
-        original(self, plan, result, candidate)
-        log.append((self.history[-1][0], time.perf_counter() - t0, result.iteration_time, bool(result.feasible)))
+    def improved(calls: int, result: Result) -> None:
+        log.append((calls, time.perf_counter() - t0, result.iteration_time, bool(result.feasible)))
 
-    _State._improved = improved
-    try:
-        yield
-    finally:
-        _State._improved = original
+    return improved
 
 
 def calls_to(log: list[Improvement], target: float) -> tuple[int | None, float | None]:
@@ -143,10 +137,12 @@ def calls_to(log: list[Improvement], target: float) -> tuple[int | None, float |
 def _run(make: Callable[[], AdaptisTuner], problem: Scenario, budget: Budget, seed: int
          ) -> tuple[SearchResult, float, list[Improvement]]:
     log: list[Improvement] = []
-    with _improvements(log):
-        t0 = time.perf_counter()
-        res = make().search(problem, budget=budget, seed=seed)
-        wall = time.perf_counter() - t0
+    progress = _improvements(log)  # its seconds count from before the tuner is made, the wall from the search
+    tuner = make()
+    tuner.on_progress = progress
+    t0 = time.perf_counter()
+    res = tuner.search(problem, budget=budget, seed=seed)
+    wall = time.perf_counter() - t0
     return res, wall, log
 
 

@@ -18,7 +18,7 @@ starts on mixed device speeds: what ordering devices by speed buys the policy) a
 rl+tuner's wins), adaptis-no-named (the tuner without its named-schedule phase, built in Python,
 at the tuner's own wall time like rl+tuner, which skips that phase too: what rl+tuner's policy
 adds beyond the time that saves), learned (the tuner with learned guidance of its start order and
-its moves, --budget calls: agents.learned, agents.start_prior) and learned-random-w (the same with
+its moves, --budget calls: agents.tuner.learned, agents.tuner.start_prior) and learned-random-w (the same with
 priors of random weights, --budget calls: what the trained weights add).
 quality = tuner's iteration time / method's (feasible plans; 1.0 = as fast, above 1.0 faster).
 With --repeats N every search runs N times per scenario and each method's median run is kept
@@ -170,7 +170,7 @@ def _searcher(method: str) -> Any:
     if _tuner_calls(method) is not None:
         return make_searcher("adaptis")
     if method == "learned-random-w":  # learned with a prior of random weights: what the trained weights add
-        from agents.learned import random_prior_tuner
+        from agents.tuner.learned import random_prior_tuner
 
         return random_prior_tuner(name="learned-random-w")
     if method == "adaptis-no-named":

@@ -98,16 +98,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --network's default (entity) is MaskablePPO's; PPO trains the mlp unless --network is given (see run)
     net = next(a for a in parser._actions if a.dest == "network")
     net.__class__ = type("NetworkGiven", (type(net),), {"__call__": _note_network})
+    add_prior_arguments(parser)
+    add_output_args(parser)
+
+
+def add_prior_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--prior`` and its two settings: the tuner's priors, trained instead of a policy."""
     priors = parser.add_argument_group("the tuner's priors (trained instead of a policy)")
     priors.add_argument("--prior", choices=PRIORS, default=None,
-                        help="train the tuner's move prior ('moves': agents.learned) or start prior ('starts': "
-                        "agents.start_prior) instead of a policy; writes OUT/learned_prior.json or "
+                        help="train the tuner's move prior ('moves': agents.tuner.learned) or start prior ('starts': "
+                        "agents.tuner.start_prior) instead of a policy; writes OUT/learned_prior.json or "
                         "OUT/learned_starts.json (--out agents/policies remakes the shipped files)")
     priors.add_argument("--prior-scenarios", type=positive_int, default=None,
                         help="training draws for --prior (default: 40 for moves, 300 for starts)")
     priors.add_argument("--prior-calls", type=positive_int, default=1000,
                         help="simulator calls per draw for --prior moves (default: 1000)")
-    add_output_args(parser)
 
 
 def _note_network(self, parser, namespace, values, option_string=None) -> None:
@@ -133,14 +138,14 @@ def train_tuner_prior(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         if args.prior == "starts":
-            from agents.start_training import train_start_prior
+            from agents.tuner.start_training import train_start_prior
 
             with tqdm(total=draws, desc="start phases", unit="scenario", file=sys.stderr,
                       disable=not sys.stderr.isatty()) as bar:
                 meta = train_start_prior(scenarios=draws, seed=args.seed, out=out, command=command,
                                          progress=lambda k: bar.update(k - bar.n)).meta
         else:
-            from agents.learned import train_prior
+            from agents.tuner.learned import train_prior
 
             meta = train_prior(scenarios=draws, calls=args.prior_calls, seed=args.seed, out=out,
                                command=command).meta

@@ -1,4 +1,4 @@
-"""agents.start_prior: the learned order of the tuner's starting plans (part of ``learned``)."""
+"""agents.tuner.start_prior: the learned order of the tuner's starting plans (part of ``learned``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from agents.base import Budget
-from agents.learned import learned_tuner, random_prior_tuner
-from agents.start_prior import (
+from agents.tuner import AdaptisTuner, iter_seed_candidates
+from agents.tuner.learned import learned_tuner, random_prior_tuner
+from agents.tuner.start_prior import (
     DEFAULT_START_PRIOR,
     START_FEATURES,
     NamedStart,
@@ -16,11 +17,10 @@ from agents.start_prior import (
     named_starts,
     start_features,
 )
-from agents.tuner import AdaptisTuner, iter_seed_candidates
 from pipeline.space import Evaluator, Scenario
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
-from tests.agents.prior_files import refuses_corrupt_files
+from tests.agents.tuner.prior_files import refuses_corrupt_files
 
 
 @pytest.fixture(scope="module")

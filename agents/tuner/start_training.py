@@ -1,4 +1,4 @@
-"""Training of the start prior (:mod:`agents.start_prior`): every start of the plain tuner simulated on
+"""Training of the start prior (:mod:`agents.tuner.start_prior`): every start of the plain tuner simulated on
 draws of :data:`env.scenarios.TRAIN_SCENARIO`, and a listwise fit.
 
 ``python -m experiments train --prior starts`` runs :func:`train_start_prior`.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.start_prior import DEFAULT_START_PRIOR, TAU, StartPrior, named_plan, named_starts, start_features
-from agents.tuner import iter_seed_candidates
+from agents.tuner.core import iter_seed_candidates
+from agents.tuner.start_prior import DEFAULT_START_PRIOR, TAU, StartPrior, named_plan, named_starts, start_features
 from env.scenarios import TRAIN_SCENARIO, sample_scenario
 from pipeline.space import Evaluator, Scenario, objective_key
 

@@ -217,13 +217,13 @@ def test_tuner_balances_devices_not_stages() -> None:
     assert r.iteration_time <= 1.01 * bound
 
 
-def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -> None:
+def testlighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -> None:
     """gemma-large with sub-block units and 8 head shards, 16 devices, 4k, 64 micro-batches (issue
     15): device 0 is memory-full; moving units from its first stage (embedding + blocks, whose
     activations stage 0 keeps until its W) to its later stages keeps every device's load and
     gives the list scheduler room: one such plan under memory-filling budgets beats the
     device-balanced plan it came from, and the tuner's seeds hold it."""
-    from agents.tuner import _lighten_first_stage, with_filled_budgets
+    from agents.tuner import lighten_first_stage, with_filled_budgets
     from pipeline.balance import device_loads
     from pipeline.hardware import build_cluster
 
@@ -234,7 +234,7 @@ def test_lighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() -
     base = Candidate(ev.device_balanced_sizes(placement), placement)
     costs = [x.f + x.b + x.w for x in profile.layers]
     top = device_loads(costs, base.sizes, placement, devices=16).max()
-    variants = _lighten_first_stage(base, 0, problem)
+    variants = lighten_first_stage(base, 0, problem)
     assert variants
     for v in variants:
         assert v.sizes[0] < base.sizes[0] and sum(v.sizes) == sum(base.sizes)
@@ -334,7 +334,7 @@ def test_a_seconds_budget_is_kept_at_a_large_size(monkeypatch) -> None:
     else takes time), so the test counts calls: no call starts once the budget is spent, and the search
     ends within one batch of it, a batch no larger than the calls left (bar the first
     probe). experiments.benchmarks.budget_keeping measures the wall time."""
-    from agents.tuner_budget import PROBE_BATCH
+    from agents.tuner.clock import PROBE_BATCH
     from pipeline.hardware import build_cluster
     from pipeline.spec import TrainingConfig
 
@@ -370,7 +370,7 @@ def test_a_seconds_budget_is_kept_at_a_large_size(monkeypatch) -> None:
 def test_a_seconds_budget_probes_before_it_batches(hetero_profile, h100x4) -> None:
     """Under a budget in seconds the first batch of new candidates is small (the time per call is not
     known yet) and the next at most twice the last; under a budget in calls, one batch holds them all."""
-    import agents.tuner_budget as tuner_budget
+    import agents.tuner.clock as tuner_clock
 
     sizes: list[int] = []
     original = Evaluator.results
@@ -383,5 +383,21 @@ def test_a_seconds_budget_probes_before_it_batches(hetero_profile, h100x4) -> No
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Evaluator, "results", results)
         AdaptisTuner().search(problem, budget=Budget(sim_calls=None, seconds=0.3))
-    assert sizes[0] <= tuner_budget.PROBE_BATCH, sizes
-    assert all(b <= 2 * max([*sizes[:k], tuner_budget.PROBE_BATCH]) for k, b in enumerate(sizes) if k), sizes
+    assert sizes[0] <= tuner_clock.PROBE_BATCH, sizes
+    assert all(b <= 2 * max([*sizes[:k], tuner_clock.PROBE_BATCH]) for k, b in enumerate(sizes) if k), sizes
+
+
+def test_on_progress_sees_every_improvement_without_building_plans(hetero_profile, h100x4, monkeypatch) -> None:
+    """``on_progress`` gets (calls, result) at each improvement, the same steps as the history, with
+    whether each fits; unlike ``on_improve`` it builds no plan (the search's plans are the same)."""
+    problem = Scenario(hetero_profile, h100x4, 16)
+    plain = AdaptisTuner().search(problem, budget=BUDGET, seed=1)
+    seen: list[tuple[int, float, bool]] = []
+    built = []
+    plan = Evaluator.plan
+    monkeypatch.setattr(Evaluator, "plan", lambda self, c: built.append(c) or plan(self, c))
+    res = AdaptisTuner(on_progress=lambda calls, r: seen.append((calls, r.iteration_time, bool(r.feasible)))).search(
+        problem, budget=BUDGET, seed=1)
+    assert res.history == plain.history and len(seen) == len(res.history) > 1
+    assert [(c, t) for c, t, _ in seen] == res.history and seen[-1][2]
+    assert len(built) <= 1  # the winner's plan at the end, not one a step

@@ -28,8 +28,8 @@ from typing import Any
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
 from agents.baselines import PLACEMENT_CHOICES
-from agents.start_prior import NamedStart, named_plan, named_starts, ordered_starts, start_features
-from agents.tuner_budget import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
+from agents.tuner.clock import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
+from agents.tuner.start_prior import NamedStart, named_plan, named_starts, ordered_starts, start_features
 from pipeline.balance import device_loads
 from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan
@@ -46,10 +46,13 @@ from pipeline.space import (
     slow_first,
 )
 
-__all__ = ["AdaptisTuner", "seed_candidates", "iter_seed_candidates", "slow_first_seeds", "with_filled_budgets",
-           "with_roomy_budgets"]
+__all__ = ["AdaptisTuner", "Progress", "seed_candidates", "iter_seed_candidates", "slow_first_seeds",
+           "lighten_first_stage", "with_filled_budgets", "with_roomy_budgets"]
 
 Key = tuple[int, float, float]
+#: Called at each improvement of a search with (its simulator calls so far, its result), the plan not
+#: built: the search's ``history`` (calls, time) with the whole result, e.g. whether the plan fits.
+Progress = Callable[[int, Result], None]
 #: Rounds in a row without a new simulator call after which the tuner stops early.
 MAX_IDLE_ROUNDS = 50
 
@@ -94,7 +97,7 @@ def iter_seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, 
                 out.append(filled)
             out.append(with_roomy_budgets(Candidate(sizes, placement, "list"), ev))
             if S > P and sizes == ev.device_balanced_sizes(placement):
-                lighter = _lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)
+                lighter = lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)
                 out += [with_filled_budgets(c, ev) for c in lighter]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
@@ -158,11 +161,11 @@ def _chain_moves(c: Candidate, hot: int, cold: int, problem: Scenario) -> list[C
     return [replace(c, sizes=sizes) for *_, sizes in sorted(scored)[:CHAIN_NEIGHBOURS]]
 
 
-#: Most units :func:`_lighten_first_stage` moves at once.
+#: Most units :func:`lighten_first_stage` moves at once.
 LIGHTEN_UNITS = 4
 
 
-def _lighten_first_stage(c: Candidate, device: int, problem: Scenario) -> list[Candidate]:
+def lighten_first_stage(c: Candidate, device: int, problem: Scenario) -> list[Candidate]:
     """Moves of 1 to :data:`LIGHTEN_UNITS` units from ``device``'s first stage to each of its later
     stages (every boundary in between shifting) that leave the heaviest device's load per
     micro-batch as it is. The first stage's activations live longest (from its forward until the
@@ -224,11 +227,14 @@ class AdaptisTuner:
     schedules (built in Python, each dearer than a native call) for more local search in the
     same time (``evaluate-agent``'s ``adaptis-no-named``)."""
     move_policy: Any = field(default=None, repr=False)
-    """Learned guidance of the local search (:class:`agents.learned.MovePolicy`: which phase next, which
+    """Learned guidance of the local search (:class:`agents.tuner.learned.MovePolicy`: which phase next, which
     neighbours first, how many); None: every phase in order, every neighbour (the plain tuner)."""
     start_prior: Any = field(default=None, repr=False)
-    """A learned order of the named plans and seeds (:class:`agents.start_prior.StartPrior`; under a
+    """A learned order of the named plans and seeds (:class:`agents.tuner.start_prior.StartPrior`; under a
     budget in seconds of the named plans alone); None: the tuner's own order."""
+    on_progress: Progress | None = field(default=None, repr=False)
+    """Called at each improvement (:data:`Progress`): unlike ``on_improve``, no plan is built. Benchmarks
+    log a search's progress with it (experiments.benchmarks.learned_tuner)."""
 
     def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
@@ -246,7 +252,7 @@ class AdaptisTuner:
             ev.share_scenario_caches(scenario_caches)
         clock = TunerClock(budget, ev)
         history: list[tuple[int, float]] = []
-        state = _State(ev, on_improve, history, self.allowed)
+        state = _State(ev, on_improve, history, self.allowed, on_progress=self.on_progress)
 
         # 1. The named schedules, at Megatron's split and at the cost-balanced split (the tuner can only
         #    improve on the best of them), and 2. the candidates the local search can edit, seeded by the
@@ -274,7 +280,7 @@ class AdaptisTuner:
             calls_before = ev.calls
             improved = False
             phases = (self._partition_moves, placement_moves, self._schedule_moves)
-            if self.move_policy is not None:  # learned guidance (agents.learned): which phase, which neighbours
+            if self.move_policy is not None:  # learned guidance (agents.tuner.learned): which phase, which neighbours
                 current, current_key, improved = self.move_policy.round(phases, current, current_key, problem=problem,
                                                                         rng=rng, ev=ev, state=state, clock=clock)
             else:
@@ -359,7 +365,7 @@ class AdaptisTuner:
             yield from _chain_moves(c, hot, cold, problem)
             full = max(range(len(busy)), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
             if result.peak_memory[full] > 0.95 * result.memory_limit[full]:
-                for n in _lighten_first_stage(c, full, problem):
+                for n in lighten_first_stage(c, full, problem):
                     yield with_filled_budgets(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
@@ -472,8 +478,9 @@ class _State:
     plan is built only when it is the best and someone needs it (``on_improve`` or the end)."""
 
     def __init__(self, ev: Evaluator, on_improve: ImproveCallback | None, history: list[tuple[int, float]],
-                 allowed: Callable[[Candidate], bool] | None = None) -> None:
+                 allowed: Callable[[Candidate], bool] | None = None, *, on_progress: Progress | None = None) -> None:
         self.ev = ev
+        self.on_progress = on_progress
         self.allowed = allowed
         self.on_improve = on_improve
         self.history = history
@@ -483,7 +490,7 @@ class _State:
         self._best_is_candidate = False
         self.best_note = ""
         self._seconds_per_call: dict[str, float] = {}
-        """Per kind of candidate (:func:`agents.tuner_budget.candidate_kind`), seconds per new one in its
+        """Per kind of candidate (:func:`agents.tuner.clock.candidate_kind`), seconds per new one in its
         last batch (sizes the batches of a budget in seconds)."""
         self._dearest_read = 0.0
         """The longest one candidate took to make (a placement family's splits: 0.1-0.2 s at 16-32 devices)."""
@@ -511,7 +518,7 @@ class _State:
 
     def set_best(self, key: Key, *, note: str, plan: Plan | None = None, candidate: Candidate | None = None) -> None:
         """Make the best so far ``candidate`` (else ``plan``), reporting nothing: how a reordered start
-        phase (:func:`agents.start_prior.ordered_starts`) leaves the state as the tuner's own order would."""
+        phase (:func:`agents.tuner.start_prior.ordered_starts`) leaves the state as the tuner's own order would."""
         self.best_key, self.best_note, self._best_plan = key, note, plan
         self.best_candidate, self._best_is_candidate = candidate, candidate is not None
 
@@ -589,3 +596,5 @@ class _State:
         self.history.append((calls, result.iteration_time))
         if self.on_improve is not None and plan is not None:
             self.on_improve(plan, result)
+        if self.on_progress is not None:
+            self.on_progress(calls, result)

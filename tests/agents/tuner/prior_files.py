@@ -1,4 +1,5 @@
-"""Shared check of the learned priors' loaders (agents.learned.load_prior, agents.start_prior.load_start_prior)."""
+"""Shared check of the learned priors' loaders (agents.tuner.learned.load_prior,
+agents.tuner.start_prior.load_start_prior)."""
 
 from __future__ import annotations
 

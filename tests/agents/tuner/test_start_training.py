@@ -1,4 +1,4 @@
-"""agents.start_training: the start prior's data (every start simulated) and its listwise fit."""
+"""agents.tuner.start_training: the start prior's data (every start simulated) and its listwise fit."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from agents.start_prior import START_FEATURES, load_start_prior
-from agents.start_training import collect_starts, first_within, fit_start_prior
+from agents.tuner.start_prior import START_FEATURES, load_start_prior
+from agents.tuner.start_training import collect_starts, first_within, fit_start_prior
 from env.scenarios import TRAIN_SCENARIO, sample_scenario
 
 

@@ -1,4 +1,4 @@
-"""agents.learned: the tuner with learned move guidance (method ``learned``), its prior and its bandit."""
+"""agents.tuner.learned: the tuner with learned move guidance (method ``learned``), its prior and its bandit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 import agents.base
 from agents.base import Budget
-from agents.learned import (
+from agents.registry import SEARCHERS, make_searcher
+from agents.tuner import AdaptisTuner
+from agents.tuner.learned import (
     DEFAULT_PRIOR,
     FEATURES,
     MOVE_FAMILIES,
@@ -25,14 +27,12 @@ from agents.learned import (
     move_family,
     random_prior_tuner,
 )
-from agents.registry import SEARCHERS, make_searcher
-from agents.tuner import AdaptisTuner
 from pipeline.errors import ConfigError
 from pipeline.plan import validate_plan
 from pipeline.space import Candidate, Scenario
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
-from tests.agents.prior_files import refuses_corrupt_files
+from tests.agents.tuner.prior_files import refuses_corrupt_files
 
 BUDGET = Budget(sim_calls=150)
 
@@ -97,7 +97,7 @@ def test_without_the_hook_the_tuner_is_unchanged(gemma4: Scenario) -> None:
 
 def test_the_policy_changes_the_path_but_not_the_start(gemma4: Scenario) -> None:
     """The named plans and the seeds come first in both; only the local search differs (the starts in
-    the tuner's order: ``learned`` also orders them, agents.start_prior)."""
+    the tuner's order: ``learned`` also orders them, agents.tuner.start_prior)."""
     plain = AdaptisTuner().search(gemma4, budget=Budget(sim_calls=400), seed=5)
     guided = learned_tuner(starts=None).search(gemma4, budget=Budget(sim_calls=400), seed=5)
     seeds_end = 50  # the first calls are the named plans and the seeds (the plain tuner's history above)
@@ -217,7 +217,7 @@ def test_descents_alternate_between_the_bandit_and_the_tuners_order(monkeypatch)
     memory traffic: on that cost model the best start is already a local optimum there, for every
     seed 0-10, so the first descent has no path to compare); here the bandit's first descent
     improves the start three times before the first stall."""
-    import agents.learned as learned
+    import agents.tuner.learned as learned
 
     problem = Scenario(zoo_profile("gemma-small", seq_len=3072), Cluster(devices=4), 16)
     budget = Budget(sim_calls=600)

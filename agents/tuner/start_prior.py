@@ -23,7 +23,7 @@ The prior is a linear score fitted by a listwise cross-entropy (softmax over the
 against ``softmax(log(best / time) / TAU)`` over the starts that fit) on draws of
 :data:`env.scenarios.TRAIN_SCENARIO`, never the held-out family or sizes:
 ``python -m experiments train --prior starts --out agents/policies`` writes
-``agents/policies/learned_starts.json`` (:func:`agents.start_training.train_start_prior`, deterministic
+``agents/policies/learned_starts.json`` (:func:`agents.tuner.start_training.train_start_prior`, deterministic
 by seed).
 """
 
@@ -50,7 +50,7 @@ __all__ = ["NamedStart", "START_FEATURES", "DEFAULT_START_PRIOR", "TAU", "StartP
            "start_features", "load_start_prior", "read_linear_prior", "named_plan", "ordered_starts"]
 
 #: The shipped prior.
-DEFAULT_START_PRIOR = Path(__file__).parent / "policies" / "learned_starts.json"
+DEFAULT_START_PRIOR = Path(__file__).parents[1] / "policies" / "learned_starts.json"
 START_PRIOR_VERSION = 1
 #: Temperature of the training target (log-time units: 0.005 puts most of the weight within ~0.5% of the best;
 #: 0.005 had the best validation figure of 0.005, 0.02 and 0.05).

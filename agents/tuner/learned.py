@@ -21,7 +21,7 @@ simulates every neighbour of each. ``learned`` (``search --method learned``) is 
   optimum it stops at is one the plain tuner would stop at too.
 
 Before the local search, ``learned`` also simulates the tuner's starting plans (named schedules and
-seeds) in a learned order (:mod:`agents.start_prior`): the same starts and the same local search
+seeds) in a learned order (:mod:`agents.tuner.start_prior`): the same starts and the same local search
 under a budget in calls, the best start sooner.
 
 The prior is trained on the plain tuner's own accepted and rejected moves on draws of
@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agents.start_prior import StartPrior, load_start_prior, read_linear_prior
+from agents.tuner.start_prior import StartPrior, load_start_prior, read_linear_prior
 from pipeline.balance import device_loads
 from pipeline.errors import ConfigError
 from pipeline.simulator import Result
@@ -69,7 +69,7 @@ FEATURES = (
     *(f"knob:{k}" for k in _KNOBS), "bubble_max", "bubble_mean", "memory_max", "stages_per_device", "overflow",
     "fixed_order", "placement_family")
 #: The shipped prior.
-DEFAULT_PRIOR = Path(__file__).parent / "policies" / "learned_prior.json"
+DEFAULT_PRIOR = Path(__file__).parents[1] / "policies" / "learned_prior.json"
 PRIOR_VERSION = 1
 
 
@@ -345,9 +345,9 @@ def learned_tuner(*, prior: MovePrior | str | Path | None = "default", bandit: b
     """The tuner with :class:`MovePolicy` (``prior``: a :class:`MovePrior`, a JSON path, ``"default"``
     for the shipped one, ``None`` for the tuner's own order; ``descents``: see
     :attr:`MovePolicy.descents`) and a learned order of its starting plans (``starts``: a
-    :class:`agents.start_prior.StartPrior`, a JSON path, ``"default"``, ``None`` for the tuner's own
+    :class:`agents.tuner.start_prior.StartPrior`, a JSON path, ``"default"``, ``None`` for the tuner's own
     order)."""
-    from agents.tuner import AdaptisTuner
+    from agents.tuner.core import AdaptisTuner
 
     if isinstance(prior, (str, Path)):
         prior = load_prior(None if prior == "default" else prior)
@@ -359,7 +359,7 @@ def learned_tuner(*, prior: MovePrior | str | Path | None = "default", bandit: b
 
 def random_prior_tuner(*, seed: int = 0, name: str = "learned-random"):
     """The ablation of ``learned``: the same tuner, bandit and chunks with priors of random weights
-    (:meth:`MovePrior.random`, :meth:`agents.start_prior.StartPrior.random`), so what the trained
+    (:meth:`MovePrior.random`, :meth:`agents.tuner.start_prior.StartPrior.random`), so what the trained
     weights add is ``learned`` against it."""
     return learned_tuner(prior=MovePrior.random(seed), starts=StartPrior.random(seed), name=name)
 
@@ -372,7 +372,7 @@ def collect_moves(problems: Sequence[Scenario], *, calls: int = 1000, seed: int 
     family's neighbours in full, in the tuner's order (no prior, no bandit, no chunks), so each visited
     state labels all its moves."""
     from agents.base import Budget
-    from agents.tuner import AdaptisTuner
+    from agents.tuner.core import AdaptisTuner
 
     X: list[list[float]] = []
     y: list[bool] = []
