@@ -57,8 +57,10 @@ class PPOConfig:
     scenario draws."""
     n_envs: int = 8
     """Parallel environments (their steps are batched through the network)."""
-    vec: Literal["dummy", "subproc"] = "subproc"
-    """``dummy`` (one process) or ``subproc`` (one process per environment: every core steps)."""
+    vec: Literal["dummy", "subproc", "batched"] = "subproc"
+    """``dummy`` (one process), ``subproc`` (one process per environment: every core steps) or
+    ``batched`` (``gymnasium.make_vec``'s vector env in this process: every step's simulations in
+    one native batch on the engine's threads, :mod:`env.vector_env`)."""
     network: Literal["entity", "mlp"] = "entity"
     """``entity`` (:class:`agents.rl.net.EntityPolicy`, any size; MaskablePPO only) or ``mlp``
     (SB3's MLP over the flattened, padded observation)."""
@@ -351,8 +353,8 @@ def check_config(config: PPOConfig) -> None:
         raise ConfigError(f"unknown algo {config.algo!r}; use one of {sorted(ALGOS)}", field="--algo")
     if config.network not in ("entity", "mlp"):
         raise ConfigError(f"unknown network {config.network!r}; use entity or mlp", field="--network")
-    if config.vec not in ("dummy", "subproc"):
-        raise ConfigError(f"unknown vectorisation {config.vec!r}; use dummy or subproc", field="--vec")
+    if config.vec not in ("dummy", "subproc", "batched"):
+        raise ConfigError(f"unknown vectorisation {config.vec!r}; use dummy, subproc or batched", field="--vec")
     for name in ("imitation_states", "ranker_scenarios", "eval_every"):
         if getattr(config, name) < 0:
             raise ConfigError(f"must be >= 0 (0: skip it), got {getattr(config, name)}",
@@ -421,8 +423,15 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
     out.mkdir(parents=True, exist_ok=True)
     module, cls_name = ALGOS[config.algo]
     algo_cls = getattr(importlib.import_module(module), cls_name)
-    fns = [_make_env(config, i) if env_fn is None else (lambda i=i: env_fn(i)) for i in range(config.n_envs)]
-    vec = _subproc_vec_env(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
+    if config.vec == "batched" and env_fn is None:
+        from agents.vec_adapter import make_vec_env
+
+        vec = make_vec_env(config.n_envs, max_steps=config.max_steps, max_calls=config.max_calls,
+                           scenario=TRAIN_SCENARIO, repeat_scenario=config.repeat_scenario,
+                           single_start_share=config.single_start_share, allow_stop=config.allow_stop)
+    else:
+        fns = [_make_env(config, i) if env_fn is None else (lambda i=i: env_fn(i)) for i in range(config.n_envs)]
+        vec = _subproc_vec_env(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
     vec = VecMonitor(vec)
     vec.seed(config.seed)
     ckpt = latest_checkpoint(out) if config.resume else None

@@ -164,3 +164,13 @@ def test_the_default_minibatch_fits_any_rollout(n_steps: int, n_envs: int, expec
     assert minibatch_size(config) == expected
     with pytest.raises(ConfigError, match="--batch-size"):
         check_config(PPOConfig(n_steps=n_steps, n_envs=n_envs, batch_size=n_steps * n_envs + 1))
+
+
+def test_the_batched_vector_env_trains_through_the_sb3_adapter(tmp_path: Path) -> None:
+    """``vec="batched"``: adaptis/Pipeline-v0's own vector env (one native batch a step) under MaskablePPO,
+    with the training scenarios; the run reaches its steps and writes the policy."""
+    config = dataclasses.replace(_tiny(tmp_path), vec="batched", n_envs=4, n_steps=16, batch_size=32, timesteps=64,
+                                 max_steps=3, max_calls=6)
+    summary = train(config)
+    assert summary["timesteps"] >= 64 and not summary["interrupted"]
+    assert Path(summary["policy"]).is_file()
