@@ -12,15 +12,18 @@ preset, :func:`search_job`
    spread evenly over its ``pp`` devices); configurations that cannot fit are dropped;
 3. builds Megatron-LM's usual choice for every configuration in bound order (its even split, 1F1B
    or interleaved 1F1B at its best chunk count, :func:`pipeline.parallelism.megatron_job_plan`;
-   with full recomputation where it does not fit without),
+   in the lightest activation-checkpointing mode of ``ac_modes`` that fits: none, selective, full),
    skipping those whose bound is already above the best Megatron step found: the best of these is
    **Megatron's best even-split configuration**, the baseline;
 4. runs the AdaPtis tuner (:class:`agents.tuner.AdaptisTuner`, ``calls_per_config`` simulator
    calls) on the ``tune_top`` configurations with the fastest Megatron steps, and on no
-   configuration whose bound is above the best tuned step found so far;
+   configuration whose bound is above the best tuned step found so far, in Megatron's row's AC
+   mode and the next lighter one (an uneven plan may fit where the even split does not);
 5. returns every evaluated configuration as a row (``tp, pp, dp, cp, ep, microbatch_size,
    microbatches, tokens_per_s_per_gpu, mfu, peak_memory_gb``, the method and the plan), the best
-   first, beside Megatron's row for the same degrees.
+   first, beside Megatron's row for the same degrees; with ``reference`` (``--reference``,
+   :func:`parse_reference`), that configuration priced as Megatron runs it
+   (:func:`price_reference`) joins them as method ``reference``.
 
 Outer configurations are independent: ``workers > 1`` fans them out over local processes
 (:class:`concurrent.futures.ProcessPoolExecutor`), ``ray_address`` over a Ray cluster (Ray is an
@@ -49,21 +52,26 @@ from agents.tuner import AdaptisTuner
 from pipeline.arch import Architecture
 from pipeline.bounds import lower_bound
 from pipeline.errors import AdaptisError, ConfigError
+from pipeline.megatron import megatron_chunk_counts
 from pipeline.parallelism import (
+    AC_MODES,
+    DEFAULT_MOE_IMBALANCE,
+    ZERO_STAGES,
     JobEstimate,
     Parallelism,
     estimate_job,
     job_cluster,
     job_profile,
     megatron_job_plan,
+    selective_savings,
     validate_job,
 )
 from pipeline.plan import Plan
 from pipeline.space import Scenario
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
-__all__ = ["DEFAULT_CALLS_PER_CONFIG", "DEFAULT_TUNE_TOP", "JobConfig", "JobRow", "JobSearchResult",
-           "candidate_degrees", "job_setup", "plan_summary", "search_job"]
+__all__ = ["DEFAULT_CALLS_PER_CONFIG", "DEFAULT_TUNE_TOP", "JobConfig", "JobRow", "JobSearchResult", "Reference",
+           "candidate_degrees", "job_setup", "parse_reference", "plan_summary", "price_reference", "search_job"]
 
 #: Simulator calls the tuner spends on one configuration (small: many configurations are tuned).
 DEFAULT_CALLS_PER_CONFIG = 1000
@@ -98,6 +106,133 @@ class JobConfig:
     calls_per_config: int = DEFAULT_CALLS_PER_CONFIG
     tune_top: int = DEFAULT_TUNE_TOP
     seed: int = 0
+    ac_modes: tuple[str, ...] = AC_MODES
+    """Activation-checkpointing modes to try, lightest first: each configuration takes the first
+    in which Megatron's plan fits (:data:`pipeline.parallelism.AC_MODES`)."""
+    moe_imbalance: float = DEFAULT_MOE_IMBALANCE
+    """The busiest expert's tokens over the mean (:attr:`pipeline.parallelism.Parallelism.moe_imbalance`)."""
+    reference: Reference | None = None
+    """A configuration to price beside the search's (the one the authors published)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A given configuration (``--reference``): its degrees, schedule and, if stated, AC mode."""
+
+    par: Parallelism
+    chunks: int | None = None
+    """Chunks per device: 1 for 1F1B; None: interleaved at Megatron's fastest count that fits."""
+    ac: str | None = None
+    """Activation checkpointing; None: the lightest of the search's modes that fits."""
+    text: str = ""
+    schedule: str | None = None
+    """``1f1b``, ``interleaved`` or None (Megatron's fastest that fits, either)."""
+
+    def describe(self) -> str:
+        sched = self.schedule or "Megatron's fastest schedule"
+        if self.chunks and self.chunks > 1:
+            sched += f":{self.chunks}"
+        p = self.par
+        ac = f", ac={self.ac}" if self.ac else ""
+        return (f"{self.text}: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep} mbs={p.microbatch_size}{ac}, "
+                f"{sched}")
+
+    def chunk_choices(self, allowed: list[int]) -> list[int]:
+        """The chunk counts this reference allows among Megatron's ``allowed`` ones."""
+        if self.chunks is not None:
+            return [self.chunks]
+        return [v for v in allowed if v > 1] if self.schedule == "interleaved" else list(allowed)
+
+
+_REFERENCE_HELP = ("give comma-separated tpN, ppN, dpN, cpN, epN (dp may be left out), optional mbs=N, ac=none|"
+                   "selective|full, zero=" + "|".join(ZERO_STAGES) + ", and 1f1b or interleaved[:v], e.g. "
+                   "tp8,pp8,dp8,interleaved")
+
+
+def parse_reference(text: str, cfg: JobConfig) -> Reference:
+    """The :class:`Reference` of ``--reference`` text for ``cfg`` (see :data:`_REFERENCE_HELP`);
+    a :class:`ConfigError` naming ``--reference`` and the fix on bad input."""
+    import re
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{text!r}: {why}; {_REFERENCE_HELP}", field="--reference")
+
+    degrees: dict[str, int] = {}
+    mbs, chunks, ac, zero, schedule = 1, None, None, cfg.zero_stage, None
+    for raw in (t.strip().lower() for t in text.split(",")):
+        if not raw:
+            continue
+        m = re.fullmatch(r"(tp|pp|dp|cp|ep)=?(\d+)", raw)
+        if m:
+            if m.group(1) in degrees:
+                raise bad(f"{m.group(1)} given twice")
+            degrees[m.group(1)] = int(m.group(2))
+            continue
+        m = re.fullmatch(r"(1f1b|interleaved)(?::(\d+))?", raw)
+        if m:
+            if schedule is not None:
+                raise bad("two schedules")
+            schedule = m.group(1)
+            chunks = 1 if schedule == "1f1b" else (int(m.group(2)) if m.group(2) else None)
+            if schedule == "1f1b" and m.group(2):
+                raise bad("1f1b takes no chunk count")
+            if chunks is not None and schedule == "interleaved" and chunks < 2:
+                raise bad("interleaved needs at least 2 chunks per device")
+            continue
+        key, _, value = raw.partition("=")
+        if key == "mbs" and value.isdigit() and int(value) >= 1:
+            mbs = int(value)
+        elif key == "ac" and value in AC_MODES:
+            ac = value
+        elif key == "zero" and value in ZERO_STAGES:
+            zero = ZERO_STAGES[value]
+        else:
+            raise bad(f"cannot read {raw!r}")
+    if any(v < 1 for v in degrees.values()):
+        raise bad("degrees must be >= 1")
+    tp, pp, cp, ep = (degrees.get(k, 1) for k in ("tp", "pp", "cp", "ep"))
+    dp = degrees.get("dp")
+    if dp is None:
+        if cfg.gpus % (tp * pp * cp):
+            raise bad(f"tp*pp*cp = {tp * pp * cp} does not divide {cfg.gpus} GPUs")
+        dp = cfg.gpus // (tp * pp * cp)
+    if tp * pp * dp * cp != cfg.gpus:
+        fix = (f"use dp{cfg.gpus // (tp * pp * cp)} or leave dp out" if cfg.gpus % (tp * pp * cp) == 0
+               else "choose degrees whose product is the number of GPUs")
+        raise bad(f"tp*pp*dp*cp = {tp * pp * dp * cp}, not the {cfg.gpus} GPUs of --gpus ({fix})")
+    par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs, global_batch=cfg.global_batch,
+                      zero_stage=zero, moe_imbalance=cfg.moe_imbalance)
+    try:
+        validate_job(cfg.arch, par, seq_len=cfg.seq_len, gpus=cfg.gpus)
+    except ConfigError as exc:
+        raise ConfigError(f"{text!r}: {exc}", field="--reference") from None
+    if schedule == "interleaved" and pp == 1:
+        raise bad("an interleaved schedule needs pp >= 2")
+    return Reference(par, chunks, ac, text, schedule)
+
+
+def price_reference(cfg: JobConfig, ref: Reference) -> JobRow:
+    """Megatron's plan of ``ref`` on ``cfg``'s model and GPUs (its even split at the schedule given),
+    in its AC mode or the lightest of ``cfg.ac_modes`` that fits; method ``reference``."""
+    modes = (ref.ac,) if ref.ac else cfg.ac_modes
+    row: JobRow | None = None
+    for mode in modes:
+        par = ref.par.with_ac(mode)
+        profile, cluster, training = job_setup(cfg, par)
+        allowed = megatron_chunk_counts(profile, par.pp, par.microbatches)
+        tries = ref.chunk_choices(allowed)
+        if not tries or any(v not in allowed for v in tries):
+            raise ConfigError(f"{ref.text!r}: Megatron cannot run {tries or 'interleaving'} chunks per device here "
+                              f"(it can: {allowed}; interleaving needs micro-batches divisible by pp and a block "
+                              "per chunk); give one of those as interleaved:v, or 1f1b", field="--reference")
+        plan = megatron_job_plan(profile, cluster, par, training=training, chunks=tries)
+        est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=cfg.gpu,
+                           gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
+        row = JobRow(par, "reference", est, 0.0, note=f"{ref.text}, ac={mode}")
+        if est.fits:
+            break
+    assert row is not None
+    return row
 
 
 @dataclass
@@ -137,7 +272,8 @@ class JobRow:
 @dataclass
 class JobSearchResult:
     rows: list[JobRow]
-    """Best feasible plan per tuned configuration (method ``adaptis``) and Megatron's per evaluated one."""
+    """Best feasible plan per tuned configuration (method ``adaptis``), Megatron's per evaluated one,
+    and the reference's (method ``reference``) when one was given."""
     configurations: int
     """Configurations enumerated (valid degrees)."""
     pruned_memory: int
@@ -146,6 +282,14 @@ class JobSearchResult:
     best: JobRow | None = None
     megatron_best: JobRow | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    reference: JobRow | None = None
+    """The given configuration (``JobConfig.reference``) priced on the same model, method ``reference``."""
+
+    def speedup_over(self, row: JobRow | None) -> float | None:
+        """The best step's speedup over ``row``'s (None without both)."""
+        if self.best is None or row is None or not self.best.feasible or row.estimate is None:
+            return None
+        return row.iteration_s / self.best.iteration_s
 
     @property
     def speedup(self) -> float | None:
@@ -186,7 +330,8 @@ def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
                 for ep in eps:
                     for mbs in cfg.microbatch_sizes:
                         par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs,
-                                          global_batch=cfg.global_batch, zero_stage=cfg.zero_stage)
+                                          global_batch=cfg.global_batch, zero_stage=cfg.zero_stage,
+                                          moe_imbalance=cfg.moe_imbalance)
                         try:
                             validate_job(arch, par, seq_len=cfg.seq_len, gpus=cfg.gpus)
                         except ConfigError:
@@ -206,13 +351,23 @@ def job_setup(cfg: JobConfig, par: Parallelism) -> tuple[ModelProfile, Cluster, 
     return profile, cluster, _training(cfg, par)
 
 
-def _memory_need(profile: Any, cluster: Any, training: TrainingConfig, par: Parallelism) -> tuple[float, float]:
+def _memory_need(profile: Any, cluster: Any, training: TrainingConfig, par: Parallelism, *,
+                 saved: float = 0.0) -> tuple[float, float]:
     """(bytes the average device of ``par`` holds at least, the least device's limit): its stages'
     weights and state, and at some moment at least one micro-batch of their activations (a
-    recomputing stage reserves one too); the average device bounds the fullest."""
+    recomputing stage reserves one too; ``saved``: what selective recomputation does not keep of
+    them); the average device bounds the fullest."""
+    act = max(0.0, sum(x.act_bytes for x in profile.layers) - saved)
     static = (training.param_bytes * sum(x.params for x in profile.layers)
-              + training.activation_scale * sum(x.act_bytes for x in profile.layers)) / par.pp
+              + training.activation_scale * act) / par.pp
     return static, min(cluster.memory_limits_bytes)
+
+
+def _saved(cfg: JobConfig, par: Parallelism) -> float:
+    """Activation bytes of one micro-batch that the lightest-memory mode tried does not keep."""
+    if "selective" not in cfg.ac_modes:
+        return 0.0
+    return selective_savings(cfg.arch, par, gpu=cfg.gpu, seq_len=cfg.seq_len)
 
 
 def _bound(cfg: JobConfig, par: Parallelism) -> tuple[float, bool]:
@@ -220,7 +375,7 @@ def _bound(cfg: JobConfig, par: Parallelism) -> tuple[float, bool]:
     profile, cluster, training = job_setup(cfg, par)
     shards = training.data_parallel if training.zero_stage >= 1 else 1
     lb = lower_bound(profile, cluster, par.microbatches, runtime=training.runtime, optimizer_shards=shards)
-    need, limit = _memory_need(profile, cluster, training, par)
+    need, limit = _memory_need(profile, cluster, training, par, saved=_saved(cfg, par))
     return lb.value * profile.seconds_per_unit, need <= limit
 
 
@@ -230,7 +385,7 @@ def no_fit_advice(cfg: JobConfig) -> str:
     needs = []
     for par in candidate_degrees(cfg):
         profile, cluster, training = job_setup(cfg, par)
-        need, limit = _memory_need(profile, cluster, training, par)
+        need, limit = _memory_need(profile, cluster, training, par, saved=_saved(cfg, par))
         needs.append((need / limit, need, limit, par))
     if not needs:
         return "no valid degrees to try"
@@ -239,46 +394,74 @@ def no_fit_advice(cfg: JobConfig) -> str:
     tips = []
     if ratio > 1:
         tips.append(f"about {math.ceil(ratio * cfg.gpus)} GPUs (--gpus)")
+    if "full" not in cfg.ac_modes:
+        tips.append("--ac none,selective,full (recompute where it does not fit)")
     if cfg.zero_stage < 3:
         tips.append("--zero fsdp (weights and optimizer state sharded over data parallel)")
     tips.append("a smaller --seq-len or --microbatch-sizes 1")
     return (f"the leanest configuration ({par.describe()}) needs at least {need / gib:.1f} GiB per GPU against "
-            f"{limit / gib:.1f} GiB usable (Megatron's rows already tried full recompute); use "
+            f"{limit / gib:.1f} GiB usable (Megatron's rows already tried the --ac modes); use "
             + ", or ".join(tips))
 
 
 def _megatron(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
+    """Megatron's plan of one configuration in the lightest AC mode of ``cfg.ac_modes`` that fits
+    (what a Megatron user does: selective, then ``--recompute-granularity full``); the last mode's
+    row when none fits."""
     cfg, par, bound = task
+    row: JobRow | None = None
     try:
-        profile, cluster, training = job_setup(cfg, par)
-        plan = megatron_job_plan(profile, cluster, par, training=training)
-        est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=cfg.gpu,
-                           gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
-        if not est.fits:  # what a Megatron user does next: --recompute-granularity full
-            redo = replace(par, recompute=True)
+        for k, mode in enumerate(cfg.ac_modes):
+            redo = par.with_ac(mode)
+            profile, cluster, training = job_setup(cfg, redo)
             plan = megatron_job_plan(profile, cluster, redo, training=training)
-            again = estimate_job(profile, cluster, plan, par=redo, training=training, gpu=cfg.gpu,
-                                 gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
-            if again.fits:
-                return JobRow(par, "megatron", again, bound, note="full recomputation: it does not fit without")
+            est = estimate_job(profile, cluster, plan, par=redo, training=training, gpu=cfg.gpu,
+                               gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
+            note = "" if k == 0 else f"{mode} recomputation: it does not fit with less"
+            if row is None or est.fits:
+                row = JobRow(par, "megatron", est, bound, note=note)
+            if est.fits:
+                break
     except AdaptisError as exc:
         return JobRow(par, "megatron", None, bound, note=str(exc))
-    return JobRow(par, "megatron", est, bound)
+    assert row is not None
+    return row
 
 
 def _tune(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
+    """The tuner on one configuration, in the AC mode of ``par`` (Megatron's row's) and, where that
+    recomputes, also in the next lighter mode tried (an uneven plan may fit where the even split
+    did not); the faster feasible plan."""
     cfg, par, bound = task
+    modes = [par.ac]
+    k = cfg.ac_modes.index(par.ac) if par.ac in cfg.ac_modes else 0
+    if k > 0:
+        modes.insert(0, cfg.ac_modes[k - 1])
+    best: JobRow | None = None
+    for mode in modes:
+        row = _tune_one(cfg, par.with_ac(mode), bound)
+        if best is None or _key(row) < _key(best):
+            best = row
+    assert best is not None
+    best.par = par.with_ac("none")  # the configuration's key, as Megatron's row has it
+    return best
+
+
+def _tune_one(cfg: JobConfig, par: Parallelism, bound: float) -> JobRow:
     try:
         profile, cluster, training = job_setup(cfg, par)
         problem = Scenario(profile, cluster, par.microbatches, training)
         found = AdaptisTuner().search(problem, budget=Budget(sim_calls=cfg.calls_per_config), seed=cfg.seed)
         if found.plan is None:
             return JobRow(par, "adaptis", None, bound, note=found.note or "no plan")
-        est = estimate_job(profile, cluster, found.plan, par=par, training=training, gpu=cfg.gpu,
+        plan = found.plan
+        if par.recompute and plan.recompute is None:  # full recomputation: every stage
+            plan = replace(plan, recompute=(True,) * plan.num_stages)
+        est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=cfg.gpu,
                            gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
     except AdaptisError as exc:
         return JobRow(par, "adaptis", None, bound, note=str(exc))
-    return JobRow(par, "adaptis", est, bound, note=f"{found.sim_calls} calls")
+    return JobRow(par, "adaptis", est, bound, note=f"{found.sim_calls} calls, ac={par.ac}")
 
 
 def _ray(address: str):
@@ -315,6 +498,7 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
     """Search the degrees and the pipeline plan of one job (see the module docstring); ``ray_address``:
     run the configurations as Ray tasks on that cluster (``local`` starts one here)."""
     t0 = time.perf_counter()
+    reference = price_reference(cfg, cfg.reference) if cfg.reference is not None else None
     pars = candidate_degrees(cfg)
     if not pars and cfg.tp_choices is not None:
         heads = cfg.arch.num_attention_heads
@@ -354,7 +538,8 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
     order = sorted(megatron, key=_key)
     tuned: list[JobRow] = []
     best_t = min((r.iteration_s for r in megatron if r.feasible), default=math.inf)
-    todo = [(cfg, r.par, r.bound_s) for r in order[:cfg.tune_top] if r.bound_s < best_t or not r.feasible]
+    todo = [(cfg, r.estimate.par if r.estimate is not None else r.par, r.bound_s) for r in order[:cfg.tune_top]
+            if r.bound_s < best_t or not r.feasible]
     for k in range(0, len(todo), wave):
         batch = [t for t in todo[k:k + wave] if t[2] < best_t]
         pruned += len(todo[k:k + wave]) - len(batch)
@@ -362,7 +547,8 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
             tuned.append(row)
             if row.feasible:
                 best_t = min(best_t, row.iteration_s)
-    rows = sorted(tuned + megatron, key=_key)
-    best = min((r for r in rows if r.feasible), key=lambda r: r.iteration_s, default=None)
+    rows = sorted(tuned + megatron + ([reference] if reference is not None else []), key=_key)
+    best = min((r for r in tuned + megatron if r.feasible), key=lambda r: r.iteration_s, default=None)
     m_best = min((r for r in megatron if r.feasible), key=lambda r: r.iteration_s, default=None)
-    return JobSearchResult(rows, len(pars), pruned_memory, pruned, time.perf_counter() - t0, best, m_best)
+    return JobSearchResult(rows, len(pars), pruned_memory, pruned, time.perf_counter() - t0, best, m_best,
+                           reference=reference)

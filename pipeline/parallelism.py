@@ -18,14 +18,24 @@ this module adds what the other degrees do to it (docs/whole-job.md):
     overlapped with the attention core (only what exceeds the core's time is exposed);
   - EP all-to-all: dispatch and combine of the ``T * top_k`` routed tokens' hidden states in F and
     again in I, per MoE layer, not overlapped;
+  - MoE load imbalance (:attr:`Parallelism.moe_imbalance`, the busiest expert's tokens over the
+    mean): the busiest expert-parallel rank (:func:`expert_rank_imbalance`) runs that many times the
+    mean routed rows, in its expert GEMMs, activation, permutes and all-to-all;
+  - activation checkpointing (:data:`AC_MODES`): ``selective`` drops each block's norm outputs and
+    MoE activation output and re-runs their kernels in I; ``full`` recomputes whole stages (the
+    plan's ``recompute``);
   - the stage-to-stage tensor is split ``tp`` ways (Megatron's scatter/gather optimisation, or
     sequence parallelism's sharded activations) and each TP rank sends its share on its own link;
 
 * **memory** (:meth:`Parallelism.training`): the per-parameter state sharded over the ``dp * cp``
-  ranks by ZeRO stage (:attr:`pipeline.spec.TrainingConfig.zero_stage`);
+  ranks by ZeRO stage (:attr:`pipeline.spec.TrainingConfig.zero_stage`), routed experts' over the
+  expert-data-parallel ``dp * cp / ep`` ranks (an MoE layer's ``params`` is the memory-equivalent
+  count; ``extra["dense_params"]`` and ``extra["expert_params"]`` hold the real ones);
 * **the data-parallel tail** (:func:`dp_tail`): gradient all-reduce (ZeRO-0) or reduce-scatter
   plus parameter all-gather (ZeRO-1/2), or FSDP's gathers and reduce-scatter (ZeRO-3), priced on
-  the DP group's links (hierarchical: NVLink inside a node, the NIC across nodes), overlapped with
+  the DP group's links (hierarchical: NVLink inside a node, the NIC across nodes) with NCCL's ring,
+  tree or PAT latency per gradient bucket (:func:`collective_seconds`), routed experts' gradients
+  over the expert-data-parallel group, overlapped with
   the last micro-batch's backward on the device as ``--overlap-grad-reduce`` does (the last bucket
   never overlaps). The optimizer step itself is the runtime's (``Runtime.optimizer_bytes_per_param``,
   divided by ``dp * cp`` under ZeRO >= 1 through :meth:`Parallelism.training`).
@@ -41,27 +51,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipeline.arch import Architecture
-from pipeline.costs import CostOptions, LayerWork, PassWork, architecture_work, layer_cost
+from pipeline.arch import Architecture, LayerSpec
+from pipeline.collectives import (
+    GRAD_BUCKET_PARAMS,
+    GRAD_BUCKET_PARAMS_PER_RANK,
+    bucket_params,
+    collective_seconds,
+    gradient_buckets,
+    group_link,
+)
+from pipeline.costs import CostOptions, LayerWork, PassWork, architecture_work, layer_cost, layer_work
 from pipeline.errors import ConfigError
 from pipeline.hardware import GPUSpec, build_cluster, get_gpu
+from pipeline.job_layers import SELECTIVE_MODULES, expert_rank_imbalance, selective_recompute
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Plan, interleaved_placement, sequential_placement
 from pipeline.simulator import Result, simulate
-from pipeline.spec import Cluster, ModelProfile, TrainingConfig
+from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
 
-__all__ = ["Parallelism", "ZERO_STAGES", "validate_job", "job_profile", "job_cluster", "dp_tail", "DPTail",
-           "JobEstimate", "estimate_job", "megatron_job_plan", "model_flops", "group_link", "GRAD_BUCKET_PARAMS",
-           "GRAD_BYTES"]
+__all__ = ["Parallelism", "ZERO_STAGES", "AC_MODES", "SELECTIVE_MODULES", "DEFAULT_MOE_IMBALANCE",
+           "expert_rank_imbalance", "collective_seconds", "selective_savings", "validate_job", "job_profile",
+           "job_cluster", "dp_tail", "DPTail", "JobEstimate", "estimate_job", "megatron_job_plan", "model_flops",
+           "group_link", "GRAD_BUCKET_PARAMS", "GRAD_BUCKET_PARAMS_PER_RANK", "GRAD_BYTES"]
 
 #: ZeRO stage by name (``--zero``): none, Megatron's distributed optimizer (ZeRO-1), ZeRO-2, FSDP.
 ZERO_STAGES = {"none": 0, "zero1": 1, "dist-opt": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
-#: Megatron-core's gradient bucket (``bucket_size``: max(40M, 1M * dp) parameters); the last one
-#: is reduced after the backward, never overlapped.
-GRAD_BUCKET_PARAMS = 40_000_000
 #: Bytes per gradient element in the data-parallel reduction (bf16: ``grad_reduce_in_fp32`` off).
 GRAD_BYTES = 2.0
+#: Activation-checkpointing modes the job search tries (``--ac``).
+AC_MODES = ("none", "selective", "full")
+#: The busiest expert's routed tokens over the mean (``moe_imbalance``): Switch Transformer's
+#: training capacity factor 1.25 (Fedus et al. 2022, JMLR 23, section 2.2 and Table 1), the load
+#: a token-dropping router provisions each expert for; a dropless router is bounded only by its
+#: balancing loss, so 1.25 is a typical figure, not a bound.
+DEFAULT_MOE_IMBALANCE = 1.25
 
 
 @dataclass(frozen=True)
@@ -94,10 +118,33 @@ class Parallelism:
     """TP communication overlapped with the matmuls (``--tp-comm-overlap``)."""
     recompute: bool = False
     """Full activation recomputation on every stage (``--recompute-granularity full``)."""
+    selective_recompute: bool = False
+    """Selective recomputation (:data:`SELECTIVE_MODULES`, Megatron-core's output-discarding
+    ``--recompute-modules layernorm moe_act``): each block's two norm outputs and its MoE activation
+    output are not saved but recomputed in the backward. Ignored under :attr:`recompute`."""
+    moe_imbalance: float = DEFAULT_MOE_IMBALANCE
+    """Busiest expert's routed tokens over the mean expert's (``>= 1``); the busiest expert-parallel
+    rank's load follows from it (:func:`expert_rank_imbalance`)."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def ac(self) -> str:
+        """The activation-checkpointing mode: ``none``, ``selective`` or ``full`` (:data:`AC_MODES`)."""
+        return "full" if self.recompute else "selective" if self.selective_recompute else "none"
+
+    def with_ac(self, mode: str) -> Parallelism:
+        """This job with activation-checkpointing ``mode`` (one of :data:`AC_MODES`)."""
+        if mode not in AC_MODES:
+            raise ConfigError(f"unknown mode {mode!r}; use one of {', '.join(AC_MODES)}", field="ac")
+        return replace(self, recompute=mode == "full", selective_recompute=mode == "selective")
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Ranks that hold the same experts (Megatron's expert-data-parallel group): ``dp * cp / ep``."""
+        return max(1, self.replicas // self.ep)
 
     @property
     def replicas(self) -> int:
@@ -119,13 +166,13 @@ class Parallelism:
 
     def describe(self) -> str:
         return (f"tp={self.tp} pp={self.pp} dp={self.dp} cp={self.cp} ep={self.ep} mbs={self.microbatch_size} "
-                f"m={self.microbatches}")
+                f"m={self.microbatches} ac={self.ac}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep,
                 "microbatch_size": self.microbatch_size, "microbatches": self.microbatches,
                 "global_batch": self.batch, "sequence_parallel": self.sequence_parallel and self.tp > 1,
-                "zero_stage": self.zero_stage, "recompute": self.recompute}
+                "zero_stage": self.zero_stage, "recompute": self.recompute, "ac": self.ac}
 
 
 def _whole(value: Any, name: str) -> int:
@@ -139,6 +186,10 @@ def validate_job(arch: Architecture, par: Parallelism, *, seq_len: int, gpus: in
     for name in ("tp", "pp", "dp", "cp", "ep", "microbatch_size"):
         _whole(getattr(par, name), name)
     _whole(seq_len, "seq_len")
+    imb = par.moe_imbalance
+    if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not imb >= 1.0:
+        raise ConfigError(f"must be a number >= 1 (the busiest expert's tokens over the mean; 1: perfectly "
+                          f"balanced), got {imb!r}", field="moe_imbalance")
     if par.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"must be 0, 1, 2 or 3 (or one of {', '.join(ZERO_STAGES)}), got {par.zero_stage!r}",
                           field="zero_stage")
@@ -187,29 +238,6 @@ def validate_job(arch: Architecture, par: Parallelism, *, seq_len: int, gpus: in
                               "data-parallel ranks); raise dp or lower ep", field="ep")
 
 
-def group_link(size: int, stride: int, *, gpu: GPUSpec, gpus_per_node: int | None) -> tuple[float, float]:
-    """(bytes/s, latency s) of a group of ``size`` ranks ``stride`` apart: NVLink when it fits in a node."""
-    if gpus_per_node is None or size * stride <= gpus_per_node:
-        return gpu.nvlink_gbps * 1e9, gpu.nvlink_latency_us * 1e-6
-    return gpu.inter_node_gbps * 1e9, gpu.inter_node_latency_us * 1e-6
-
-
-def _ring_seconds(nbytes: float, size: int, stride: int, gpu: GPUSpec, gpus_per_node: int | None, *,
-                  factor: float) -> float:
-    """A ring collective moving ``factor * (n-1)/n * nbytes`` per rank (2 all-reduce, 1 RS or AG),
-    hierarchical across nodes: inside a node over NVLink among the ``k`` members there, across
-    the ``N`` nodes over the NIC on a ``1/k`` share."""
-    if size <= 1 or nbytes <= 0:
-        return 0.0
-    if gpus_per_node is None or size * stride <= gpus_per_node:
-        return gpu.nvlink_latency_us * 1e-6 + factor * (size - 1) / size * nbytes / (gpu.nvlink_gbps * 1e9)
-    k = max(1, min(size, gpus_per_node // stride))
-    nodes = math.ceil(size / k)
-    intra = factor * (k - 1) / k * nbytes / (gpu.nvlink_gbps * 1e9) if k > 1 else 0.0
-    inter = factor * (nodes - 1) / nodes * (nbytes / k) / (gpu.inter_node_gbps * 1e9)
-    return gpu.nvlink_latency_us * 1e-6 * (k > 1) + gpu.inter_node_latency_us * 1e-6 + intra + inter
-
-
 def _kv_width(arch: Architecture, mixer: str) -> int:
     """Elements per token of K and V together that ring attention exchanges."""
     if mixer == "mla":
@@ -229,49 +257,165 @@ def _pass_seconds(p: PassWork, gpu: GPUSpec, *, tp_link: tuple[float, float], ov
     return compute + tp_comm + max(0.0, ring_s - core) + a2a_s
 
 
+def _routed_seconds(arch: Architecture, spec_layer: Any, work: LayerWork, par: Parallelism, *, gpu: GPUSpec,
+                    seq_len: int, options: CostOptions | None) -> tuple[float, float, float]:
+    """(F, I, W) seconds one more ``top_k`` of routed rows per token adds to an MoE layer: the layer
+    priced at ``top_k + dk`` routed experts per token less at ``top_k``, over ``dk`` (``dk = top_k`` where
+    the experts allow, else the experts left), times ``top_k``: the routed rows' own time."""
+    k, experts = arch.num_experts_per_tok, arch.num_experts
+    dk = min(k, experts - k)
+    if dk < 1:
+        return 0.0, 0.0, 0.0
+    more = replace(arch, num_experts_per_tok=k + dk)
+    index = arch.layers.index(spec_layer)
+    other = layer_work(more, index, seq_len=seq_len, microbatch_size=par.microbatch_size, tp=par.tp,
+                       options=options, cp=par.cp, ep=par.ep,
+                       sequence_parallel=par.sequence_parallel and par.tp > 1)
+    scale = k / dk
+    return tuple(max(0.0, scale * (getattr(other, x).seconds(gpu) - getattr(work, x).seconds(gpu)))
+                 for x in ("f", "i", "w"))  # type: ignore[return-value]
+
+
+def _selective(arch: Architecture, layer: LayerSpec, par: Parallelism, *, gpu: GPUSpec,
+               tokens: int) -> tuple[float, float]:
+    return selective_recompute(arch, layer, tokens=tokens, tp=par.tp, sequence_parallel=par.sequence_parallel,
+                               gpu=gpu)
+
+
+def selective_savings(arch: Architecture, par: Parallelism, *, gpu: str | GPUSpec, seq_len: int) -> float:
+    """Activation bytes of one micro-batch on one rank (all of its layers) that selective
+    recomputation does not keep (:func:`_selective`)."""
+    spec = get_gpu(gpu)
+    tokens = par.microbatch_size * (seq_len // par.cp)
+    memo: dict[Any, float] = {}
+    total = 0.0
+    for layer in arch.layers:
+        if layer.kind == "block":
+            if layer not in memo:
+                memo[layer] = _selective(arch, layer, par, gpu=spec, tokens=tokens)[0]
+            total += memo[layer]
+    return total
+
+
 def job_profile(arch: Architecture, par: Parallelism, *, gpu: str | GPUSpec, seq_len: int,
                 gpus_per_node: int | None = 8, options: CostOptions | None = None,
                 name: str | None = None) -> ModelProfile:
-    """Per-layer costs (ms) of one TP x CP rank of ``arch`` under ``par`` (see the module docstring)."""
+    """Per-layer costs (ms) of one TP x CP rank of ``arch`` under ``par`` (see the module docstring).
+    Layers of the same spec cost the same: each spec is priced once."""
     spec = get_gpu(gpu)
     validate_job(arch, par, seq_len=seq_len)
-    sp = par.sequence_parallel and par.tp > 1
-    s_local = seq_len // par.cp
-    works = architecture_work(arch, seq_len=s_local, microbatch_size=par.microbatch_size, tp=par.tp,
-                              options=options, cp=par.cp, ep=par.ep, sequence_parallel=sp)
-    tp_link = group_link(par.tp, 1, gpu=spec, gpus_per_node=gpus_per_node)
-    cp_bw, cp_lat = group_link(par.cp, par.tp, gpu=spec, gpus_per_node=gpus_per_node)
-    ep_bw, ep_lat = group_link(par.ep, par.tp * par.cp, gpu=spec, gpus_per_node=gpus_per_node)
-    tokens = par.microbatch_size * s_local
+    names, params_total = _model_facts(arch, options)
+    ctx = _JobContext(arch, par, spec, seq_len // par.cp, gpus_per_node, options)
+    priced: dict[Any, LayerCost] = {}
     layers = []
-    for spec_layer, work in zip(arch.layers, works, strict=True):
+    for index, spec_layer in enumerate(arch.layers):
+        cost = priced.get(spec_layer)
+        if cost is None:
+            cost = priced[spec_layer] = ctx.layer(index, names[index])
+        layers.append(cost if cost.name == names[index] else replace(cost, name=names[index]))
+    return ModelProfile(
+        name=name or f"{arch.name}-{par.describe().replace(' ', '-')}",
+        layers=tuple(layers), time_unit="ms", seq_len=ctx.s_local, microbatch_size=par.microbatch_size,
+        extra={"model_type": arch.model_type, "gpu": spec.name, "source": "analytic", **par.as_dict(),
+               "params_total": params_total, "seq_len_total": seq_len, "moe_rank_imbalance": ctx.rank_imb},
+    )
+
+
+#: id(arch) -> (arch, layer names, parameter count) of :func:`_model_facts`.
+_FACTS: dict[tuple[int, Any], tuple[Architecture, list[str], int]] = {}
+
+
+def _model_facts(arch: Architecture, options: CostOptions | None) -> tuple[list[str], int]:
+    """The layers' names and the model's parameter count (kept per architecture object)."""
+    key = (id(arch), options)
+    hit = _FACTS.get(key)
+    if hit is None or hit[0] is not arch:
+        if len(_FACTS) > 64:
+            _FACTS.clear()
+        whole = _whole_model(arch, options)
+        hit = _FACTS[key] = (arch, [w.name for w in whole], sum(w.unique_params for w in whole))
+    return hit[1], hit[2]
+
+
+class _JobContext:
+    """What :func:`job_profile` prices every layer with: the degrees' links, the expert rank's
+    imbalance, the selective recomputation and the experts' state sharding."""
+
+    def __init__(self, arch: Architecture, par: Parallelism, spec: GPUSpec, s_local: int,
+                 gpus_per_node: int | None, options: CostOptions | None) -> None:
+        self.arch, self.par, self.spec, self.s_local, self.options = arch, par, spec, s_local, options
+        self.sp = par.sequence_parallel and par.tp > 1
+        self.tp_link = group_link(par.tp, 1, gpu=spec, gpus_per_node=gpus_per_node)
+        self.cp_link = group_link(par.cp, par.tp, gpu=spec, gpus_per_node=gpus_per_node)
+        self.ep_link = group_link(par.ep, par.tp * par.cp, gpu=spec, gpus_per_node=gpus_per_node)
+        self.tokens = par.microbatch_size * s_local
+        self.rank_imb = expert_rank_imbalance(par.moe_imbalance, arch.num_experts, par.ep)
+        self.selective = par.selective_recompute and not par.recompute
+        self.expert_state = _expert_state_scale(par)
+
+    def layer(self, index: int, name: str) -> LayerCost:
+        """The :class:`LayerCost` of layer ``index`` under the job's degrees."""
+        arch, par, spec, tokens = self.arch, self.par, self.spec, self.tokens
+        spec_layer = arch.layers[index]
+        work = layer_work(arch, index, seq_len=self.s_local, microbatch_size=par.microbatch_size, tp=par.tp,
+                          options=self.options, name=name, cp=par.cp, ep=par.ep, sequence_parallel=self.sp)
         ring_f = ring_i = a2a = 0.0
         if par.cp > 1 and spec_layer.kind == "block" and spec_layer.mixer in ("attention", "sliding_attention",
                                                                                 "mla"):
+            cp_bw, cp_lat = self.cp_link
             kv = 2.0 * tokens * _kv_width(arch, spec_layer.mixer) / par.tp
             ring_f = (par.cp - 1) * (cp_lat + kv / cp_bw)
             ring_i = (par.cp - 1) * (cp_lat + 2 * kv / cp_bw)
-        if par.ep > 1 and spec_layer.kind == "block" and spec_layer.ffn == "moe":
-            routed = 2.0 * tokens * arch.num_experts_per_tok * arch.hidden_size / (par.tp if sp else 1)
-            a2a = 2 * (ep_lat + (par.ep - 1) / par.ep * routed / ep_bw)  # dispatch + combine
+        moe = spec_layer.kind == "block" and spec_layer.ffn == "moe"
+        extra_f = extra_i = extra_w = 0.0
+        if moe and self.rank_imb > 1.0:  # the busiest expert rank runs rank_imb times the mean routed rows
+            routed_s = _routed_seconds(arch, spec_layer, work, par, gpu=spec, seq_len=self.s_local,
+                                       options=self.options)
+            extra_f, extra_i, extra_w = ((self.rank_imb - 1.0) * x for x in routed_s)
+        if par.ep > 1 and moe:
+            ep_bw, ep_lat = self.ep_link
+            routed = 2.0 * tokens * arch.num_experts_per_tok * arch.hidden_size / (par.tp if self.sp else 1)
+            a2a = 2 * (ep_lat + (par.ep - 1) / par.ep * self.rank_imb * routed / ep_bw)  # dispatch + combine
         cost = layer_cost(work, spec)
-        overlap = par.tp_comm_overlap
-        f = _pass_seconds(work.f, spec, tp_link=tp_link, overlap_tp=overlap, ring_s=ring_f, a2a_s=a2a)
-        i = _pass_seconds(work.i, spec, tp_link=tp_link, overlap_tp=overlap, ring_s=ring_i, a2a_s=a2a)
-        w = _pass_seconds(work.w, spec, tp_link=tp_link, overlap_tp=overlap)
-        layers.append(replace(cost, f=f * 1e3, b=i * 1e3, w=w * 1e3, out_bytes=int(cost.out_bytes // par.tp),
-                              extra={**cost.extra, "expert": bool(spec_layer.ffn == "moe")}))
-    return ModelProfile(
-        name=name or f"{arch.name}-{par.describe().replace(' ', '-')}",
-        layers=tuple(layers), time_unit="ms", seq_len=s_local, microbatch_size=par.microbatch_size,
-        extra={"model_type": arch.model_type, "gpu": spec.name, "source": "analytic", **par.as_dict(),
-               "params_total": sum(w.unique_params for w in _whole_model(arch, options)),
-               "seq_len_total": seq_len},
-    )
+        overlap, link = par.tp_comm_overlap, self.tp_link
+        f = _pass_seconds(work.f, spec, tp_link=link, overlap_tp=overlap, ring_s=ring_f, a2a_s=a2a) + extra_f
+        i = _pass_seconds(work.i, spec, tp_link=link, overlap_tp=overlap, ring_s=ring_i, a2a_s=a2a) + extra_i
+        w = _pass_seconds(work.w, spec, tp_link=link, overlap_tp=overlap) + extra_w
+        act = cost.act_bytes
+        extra: dict[str, Any] = {**cost.extra, "expert": bool(moe)}
+        if self.selective and spec_layer.kind == "block":
+            freed, redo = _selective(arch, spec_layer, par, gpu=spec, tokens=tokens)
+            act = max(0, int(round(act - freed)))
+            i += redo
+            extra["recompute_s"] = redo
+        params = cost.params
+        if moe:
+            experts = _expert_params(arch, par)
+            extra["expert_params"] = experts
+            extra["dense_params"] = params - experts
+            # the memory-equivalent count: expert state is sharded over dp*cp/ep ranks, not dp*cp
+            params = int(round(params - experts + experts * self.expert_state))
+        return replace(cost, f=f * 1e3, b=i * 1e3, w=w * 1e3, out_bytes=int(cost.out_bytes // par.tp),
+                       params=params, act_bytes=act, w_act_bytes=min(act, cost.w_act_bytes), extra=extra)
 
 
 def _whole_model(arch: Architecture, options: CostOptions | None) -> list[LayerWork]:
     return architecture_work(arch, seq_len=1, options=options)
+
+
+def _expert_params(arch: Architecture, par: Parallelism) -> int:
+    """Routed-expert parameters one rank holds in one MoE layer (``E / ep`` experts, split ``tp`` ways)."""
+    f = arch.moe_intermediate_size
+    width = 2 * f if arch.gated_mlp else f
+    return int(math.ceil(arch.num_experts // par.ep * (arch.hidden_size * width + f * arch.hidden_size) / par.tp))
+
+
+def _expert_state_scale(par: Parallelism) -> float:
+    """Bytes per expert parameter over bytes per dense parameter: expert state is sharded over the
+    expert-data-parallel group (``dp * cp / ep`` ranks) where ZeRO shards the rest over ``dp * cp``."""
+    dense = par.training().param_bytes
+    expert = replace(par.training(), data_parallel=par.expert_data_parallel).param_bytes
+    return expert / dense if dense > 0 else 1.0
 
 
 def job_cluster(par: Parallelism, *, gpu: str | GPUSpec, gpus_per_node: int | None = 8,
@@ -301,41 +445,55 @@ class DPTail:
 def dp_tail(profile: ModelProfile, plan: Plan, par: Parallelism, *, gpu: str | GPUSpec,
             gpus_per_node: int | None = 8) -> DPTail:
     """The data-parallel tail of ``plan`` (see the module docstring): per device, its collectives
-    and what the backward of its last micro-batch (FSDP: its whole step's compute) leaves exposed."""
+    (:func:`collective_seconds`: ring or tree, per-bucket latency) and what the backward of its last
+    micro-batch (FSDP: its whole step's compute) leaves exposed. Dense gradients reduce over the
+    ``dp * cp`` replicas, routed experts' over the expert-data-parallel group (``dp * cp / ep``
+    ranks ``tp * ep`` apart), one after the other."""
     spec = get_gpu(gpu)
-    n, stride = par.replicas, par.tp
     unit = profile.seconds_per_unit
     devices = plan.devices
-    params = [0.0] * devices
+    dense = [0.0] * devices
+    expert = [0.0] * devices
     window = [0.0] * devices
     busy = [0.0] * devices
     for s, (a, b) in enumerate(plan.partition):
         d = plan.placement[s]
+        redo = par.recompute or (plan.recompute is not None and plan.recompute[s])
         for layer in profile.layers[a:b]:
-            params[d] += layer.params
-            window[d] += (layer.b + layer.w + (layer.f if par.recompute else 0.0)) * unit
+            e = float(layer.extra.get("expert_params", 0.0))
+            dense[d] += float(layer.extra.get("dense_params", layer.params - e))
+            expert[d] += e
+            window[d] += (layer.b + layer.w + (layer.f if redo else 0.0)) * unit
             busy[d] += (layer.f + layer.b + layer.w) * unit * plan.microbatches
+    groups = ((par.replicas, par.tp, dense), (par.expert_data_parallel, par.tp * par.ep, expert))
     comm, exposed = [], []
     for d in range(devices):
-        grads = GRAD_BYTES * params[d]
-        bucket = GRAD_BYTES * min(params[d], GRAD_BUCKET_PARAMS)
-        if par.zero_stage == 0:
-            c = _ring_seconds(grads, n, stride, spec, gpus_per_node, factor=2.0)
-            tail = _ring_seconds(bucket, n, stride, spec, gpus_per_node, factor=2.0)
-            gather = 0.0
-        else:
-            c = _ring_seconds(grads, n, stride, spec, gpus_per_node, factor=1.0)
-            tail = _ring_seconds(bucket, n, stride, spec, gpus_per_node, factor=1.0)
-            gather = _ring_seconds(2.0 * params[d], n, stride, spec, gpus_per_node, factor=1.0)
+        c = tail = gather = g_first = 0.0
+        for n, stride, params in groups:
+            p = params[d]
+            if p <= 0 or n <= 1:
+                continue
+            buckets = gradient_buckets(p, n)
+            first = min(p, bucket_params(n))
+
+            def run(nbytes: float, kind: str, count: int, n: int = n, stride: int = stride) -> float:
+                return collective_seconds(nbytes, n, stride, gpu=spec, gpus_per_node=gpus_per_node, kind=kind,
+                                          buckets=count)
+            if par.zero_stage == 0:
+                c += run(GRAD_BYTES * p, "all_reduce", buckets)
+                tail += run(GRAD_BYTES * first, "all_reduce", 1)
+            else:
+                c += run(GRAD_BYTES * p, "reduce_scatter", buckets)
+                tail += run(GRAD_BYTES * first, "reduce_scatter", 1)
+                gather += run(2.0 * p, "all_gather", buckets)
+                g_first += run(2.0 * first, "all_gather", 1)
         if par.zero_stage == 3:  # gathered for F and again for the backward, gradients reduce-scattered
             total = c + 2 * gather
             e = max(tail, total - busy[d])
             comm.append(total)
         else:
             e = max(tail, c - window[d]) if par.overlap_grad_reduce else c
-            g_exposed = _ring_seconds(2.0 * min(params[d], GRAD_BUCKET_PARAMS), n, stride, spec, gpus_per_node,
-                                      factor=1.0) if par.overlap_param_gather else gather
-            e += g_exposed if par.zero_stage else 0.0
+            e += (g_first if par.overlap_param_gather else gather) if par.zero_stage else 0.0
             comm.append(c + gather)
         exposed.append(e)
     return DPTail(tuple(comm), tuple(exposed))

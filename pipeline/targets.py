@@ -103,7 +103,8 @@ def model_reason(target: str, profile: ModelProfile) -> str | None:
     if kinds[-1] != "head" or kinds.count("head") != 1:
         return f"{target} needs exactly one head (loss) layer, last; this profile's layers end with {kinds[-2:]}"
     if target == "torchtitan" and "mtp" in kinds:
-        return "torchtitan's decoder (tok_embeddings, layers, norm, lm_head) has no MTP layers; this model has them"
+        return ("torchtitan 0.3.0 runs MTP layers without pipeline parallelism only (its MTPDecoder refuses pp > 1); "
+                "this model has them: drop them (torchtitan's default) or use --target megatron or executor")
     if target == "megatron" and "mtp" in kinds:
         first = kinds.index("mtp")
         if any(k != "mtp" for k in kinds[first:-1]):

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from agents.job_search import (
@@ -23,14 +24,17 @@ from agents.job_search import (
     JobSearchResult,
     job_setup,
     no_fit_advice,
+    parse_reference,
     plan_summary,
     search_job,
 )
 from pipeline.arch import Architecture
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.hardware import get_gpu
-from pipeline.job_targets import megatron_job_args, torchtitan_job_fragment
-from pipeline.parallelism import ZERO_STAGES
+from pipeline.job_targets import job_ac_mode, megatron_job_args, torchtitan_job_fragment
+from pipeline.parallelism import AC_MODES, DEFAULT_MOE_IMBALANCE, ZERO_STAGES, Parallelism
+from pipeline.plan import Plan
+from pipeline.spec import ModelProfile
 
 __all__ = ["add_job_arguments", "config_from_args", "run_job", "write_job_exports", "main"]
 
@@ -43,6 +47,25 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers >= 1 separated by commas, e.g. 1,2,4")
     return values
+
+
+def _ac_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [m for m in modes if m not in AC_MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: give modes among {', '.join(AC_MODES)} separated by commas, "
+                                         "e.g. none,selective,full")
+    return tuple(m for m in AC_MODES if m in modes)  # lightest recomputation first
+
+
+def _imbalance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give e.g. 1.25") from None
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1 (1: perfectly balanced experts), e.g. 1.25")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -80,6 +103,16 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                        help="run the configurations as Ray tasks on the cluster at ADDRESS (auto: the running one; "
                             "local: start one here); needs the optional ray package and this checkout on the workers")
     group.add_argument("--top", type=_positive, default=5, help="configurations to print")
+    group.add_argument("--ac", type=_ac_modes, default=AC_MODES,
+                       help="activation-checkpointing modes to try, comma-separated (default none,selective,full): "
+                            "each configuration takes the lightest in which it fits")
+    group.add_argument("--moe-imbalance", type=_imbalance, default=DEFAULT_MOE_IMBALANCE,
+                       help="MoE load imbalance: the busiest expert's tokens over the mean (default "
+                            f"{DEFAULT_MOE_IMBALANCE}, Switch Transformer's capacity factor; 1: balanced)")
+    group.add_argument("--reference", metavar="CONFIG", default=None,
+                       help="a configuration to price beside the search's, e.g. tp8,pp8,dp8,interleaved: degrees "
+                            "tpN,ppN,dpN,cpN,epN (dp may be left out), optional mbs=N, ac=MODE, zero=NAME, and "
+                            "1f1b or interleaved[:v] (default Megatron's fastest that fits)")
 
 
 def _architecture(args: argparse.Namespace) -> Architecture:
@@ -105,13 +138,18 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     arch = _architecture(args)
     seq_len = getattr(args, "seq_len", None) or arch.seq_len or 4096
     gpu = get_gpu(getattr(args, "gpu", None) or "h100").name
-    return JobConfig(arch=arch, gpus=args.gpus, global_batch=args.global_batch, seq_len=seq_len, gpu=gpu,
-                     gpus_per_node=getattr(args, "gpus_per_node", None) or 8,
-                     memory_gb=getattr(args, "memory_gb", None), runtime=getattr(args, "runtime", None) or "megatron",
-                     zero_stage=ZERO_STAGES[args.zero], microbatch_sizes=tuple(args.microbatch_sizes),
-                     max_cp=args.max_cp, pp_choices=args.pp, tp_choices=args.tp,
-                     calls_per_config=args.calls_per_config, tune_top=args.tune_top,
-                     seed=getattr(args, "seed", 0) or 0)
+    cfg = JobConfig(arch=arch, gpus=args.gpus, global_batch=args.global_batch, seq_len=seq_len, gpu=gpu,
+                    gpus_per_node=getattr(args, "gpus_per_node", None) or 8,
+                    memory_gb=getattr(args, "memory_gb", None), runtime=getattr(args, "runtime", None) or "megatron",
+                    zero_stage=ZERO_STAGES[args.zero], microbatch_sizes=tuple(args.microbatch_sizes),
+                    max_cp=args.max_cp, pp_choices=args.pp, tp_choices=args.tp,
+                    calls_per_config=args.calls_per_config, tune_top=args.tune_top,
+                    seed=getattr(args, "seed", 0) or 0, ac_modes=getattr(args, "ac", AC_MODES),
+                    moe_imbalance=getattr(args, "moe_imbalance", DEFAULT_MOE_IMBALANCE))
+    text = getattr(args, "reference", None)
+    if text:
+        cfg = replace(cfg, reference=parse_reference(text, cfg))
+    return cfg
 
 
 def _fmt(row: JobRow) -> str:
@@ -120,7 +158,8 @@ def _fmt(row: JobRow) -> str:
         return f"{row.method:9} tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep} mbs={p.microbatch_size}: {row.note}"
     e = row.estimate
     return (f"{row.method:9} tp={p.tp} pp={p.pp:<2} dp={p.dp:<2} cp={p.cp} ep={p.ep} mbs={p.microbatch_size} "
-            f"m={p.microbatches:<4} {1e3 * e.iteration_s:9.1f} ms {e.tokens_per_s_per_gpu:8.0f} tok/s/GPU "
+            f"m={p.microbatches:<4} ac={e.par.ac:<9} {1e3 * e.iteration_s:9.1f} ms "
+            f"{e.tokens_per_s_per_gpu:8.0f} tok/s/GPU "
             f"MFU {100 * e.mfu:4.1f}% {e.peak_memory_gb:5.1f} GiB{'' if e.fits else ' (over memory)'}  "
             f"{plan_summary(e.plan)}")
 
@@ -145,7 +184,9 @@ def run_job(args: argparse.Namespace) -> int:
                           "pruned_memory": found.pruned_memory, "pruned_bound": found.pruned_bound,
                           "seconds": found.seconds, "speedup_over_megatron": found.speedup,
                           "best": found.best.as_dict() if found.best else None,
-                          "megatron_best": found.megatron_best.as_dict() if found.megatron_best else None}))
+                          "megatron_best": found.megatron_best.as_dict() if found.megatron_best else None,
+                          "reference": found.reference.as_dict() if found.reference else None,
+                          "speedup_over_reference": found.speedup_over(found.reference)}))
     else:
         print(f"{cfg.arch.name}: {cfg.gpus} x {cfg.gpu}, global batch {cfg.global_batch} x {cfg.seq_len} tokens; "
               f"{found.configurations} configurations, {found.pruned_memory} cannot fit, {found.pruned_bound} "
@@ -158,9 +199,16 @@ def run_job(args: argparse.Namespace) -> int:
                 print("  same degrees, " + _fmt(same))
         if found.megatron_best is not None:
             print("Megatron's best even-split configuration:\n  " + _fmt(found.megatron_best))
+        if found.reference is not None:
+            print(f"the reference configuration ({cfg.reference.describe() if cfg.reference else ''}):\n  "
+                  + _fmt(found.reference))
         if found.speedup is not None:
-            print(f"best: {found.best.par.describe()} {found.best.method}, {found.speedup:.2f}x Megatron's best "
-                  "configuration on the same GPUs")
+            best = found.best.estimate.par.describe() if found.best.estimate else found.best.par.describe()
+            print(f"best: {best} {found.best.method}, {found.speedup:.2f}x Megatron's best configuration on the "
+                  "same GPUs")
+        ref_speedup = found.speedup_over(found.reference)
+        if ref_speedup is not None:
+            print(f"best vs the reference: {ref_speedup:.2f}x")
     if out and found.best is not None:
         files = write_job_exports(Path(out), cfg, found)
         if not getattr(args, "json", False):
@@ -171,11 +219,25 @@ def run_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def _megatron_text(cfg: JobConfig, plan: Plan, profile: ModelProfile, *, par: Parallelism) -> tuple[str, str | None]:
+    """``megatron_args.txt`` with the model's flags, or without them and why where Megatron-LM's flags
+    cannot describe the model (the parallel flags still hold)."""
+    try:
+        return megatron_job_args(plan, profile, par, seq_len=cfg.seq_len, arch=cfg.arch), None
+    except ConfigError as exc:
+        if exc.field != "model_flags":
+            raise
+        return megatron_job_args(plan, profile, par, seq_len=cfg.seq_len), f"model flags not written: {exc}"
+
+
 def write_job_exports(out: Path, cfg: JobConfig, found: JobSearchResult) -> list[str]:
     """``job_rows.jsonl`` (every row), ``job.json`` (the best, with its plan), ``plan.json`` and
     ``plan.csv`` of the best plan, ``megatron_args.txt`` (the best plan if Megatron-LM can run it,
-    else Megatron's best configuration) and ``torchtitan.toml`` (the best plan, where torchtitan
-    can run it). Returns the names written."""
+    else Megatron's best configuration; with the model's own flags) and ``torchtitan.toml`` (the best
+    plan where torchtitan can run it, else Megatron's best configuration with its CSV in
+    ``megatron_plan.csv``; the degrees, batch, activation checkpointing and module names).
+    ``job.json``'s ``exports`` says which row each file holds, or why it is missing. Returns the
+    names written."""
     out.mkdir(parents=True, exist_ok=True)
     best = found.best
     assert best is not None and best.estimate is not None
@@ -188,24 +250,41 @@ def write_job_exports(out: Path, cfg: JobConfig, found: JobSearchResult) -> list
     for row in (best, found.megatron_best):
         if row is None or row.estimate is None:
             continue
-        profile = job_setup(cfg, row.par)[0]
+        profile = job_setup(cfg, row.estimate.par)[0]  # the estimate's degrees carry its AC mode; row.par is the key
         try:
-            (out / "megatron_args.txt").write_text(megatron_job_args(row.estimate.plan, profile, row.estimate.par,
-                                                                     seq_len=cfg.seq_len))
+            text, flags_note = _megatron_text(cfg, row.estimate.plan, profile, par=row.estimate.par)
+            (out / "megatron_args.txt").write_text(text)
+            if flags_note:
+                exports["megatron_model_flags_note"] = flags_note
         except ConfigError as exc:
-            exports.setdefault("megatron_args_note", f"the best plan: {exc}")
+            which = "the best plan" if row is best else "Megatron's best configuration"
+            exports.setdefault("megatron_args_note", f"{which}: {exc}")
             continue
         exports["megatron_args.txt"] = "the best plan" if row is best else "Megatron's best configuration"
         files.append("megatron_args.txt")
         break
-    try:
-        (out / "torchtitan.toml").write_text(torchtitan_job_fragment(plan, job_setup(cfg, best.par)[0], best.par,
-                                                                     csv_path=str(out / "plan.csv"),
-                                                                     seq_len=cfg.seq_len))
-        exports["torchtitan.toml"] = "the best plan"
+    for row in (best, found.megatron_best):  # Megatron's even split is loop-style: torchtitan runs it too
+        if row is None or row.estimate is None:
+            continue
+        which = "the best plan" if row is best else "Megatron's best configuration"
+        csv = out / ("plan.csv" if row is best else "megatron_plan.csv")
+        par = row.estimate.par
+        try:
+            text = torchtitan_job_fragment(row.estimate.plan, job_setup(cfg, par)[0], par, csv_path=str(csv),
+                                           seq_len=cfg.seq_len, arch=cfg.arch)
+        except ConfigError as exc:
+            exports.setdefault("torchtitan_note", f"{which}: {exc}")
+            continue
+        if row is not best:
+            row.estimate.plan.save_csv(csv)
+            files.append(csv.name)
+        (out / "torchtitan.toml").write_text(text)
+        exports["torchtitan.toml"] = which
         files.append("torchtitan.toml")
-    except ConfigError as exc:
-        exports["torchtitan_note"] = str(exc)
+        break
+    ac_note = job_ac_mode(plan, best.estimate.par)[1]
+    if ac_note:
+        exports["activation_checkpoint_note"] = ac_note
     (out / "job.json").write_text(json.dumps({**best.as_dict(with_plan=True), "exports": exports,
                                               "speedup_over_megatron": found.speedup}, indent=1))
     return files

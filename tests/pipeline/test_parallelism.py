@@ -133,7 +133,8 @@ def test_expert_parallelism_holds_fewer_experts_and_pays_an_all_to_all() -> None
     arch = moe(8)
     one = job_profile(arch, Parallelism(dp=4), gpu="h100", seq_len=1024)
     four = job_profile(arch, Parallelism(dp=4, ep=4), gpu="h100", seq_len=1024)
-    assert four.layers[1].params < one.layers[1].params / 2
+    held_one, held_four = (x.layers[1].extra["expert_params"] for x in (one, four))
+    assert held_four == held_one // 4 and one.layers[1].extra["dense_params"] == four.layers[1].extra["dense_params"]
     assert four.layers[0].params == one.layers[0].params  # the embedding is not an expert
     dense = profile_from_architecture(arch, gpu="h100", seq_len=1024)
     assert one.layers[1].f == pytest.approx(dense.layers[1].f)
