@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -494,9 +495,13 @@ def _key(row: JobRow) -> tuple[int, float]:
     return (0 if row.feasible else 1, row.iteration_s)
 
 
-def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = None) -> JobSearchResult:
+def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> JobSearchResult:
     """Search the degrees and the pipeline plan of one job (see the module docstring); ``ray_address``:
-    run the configurations as Ray tasks on that cluster (``local`` starts one here)."""
+    run the configurations as Ray tasks on that cluster (``local`` starts one here). ``progress``
+    is called after each wave with the phase (``"megatron"``, ``"tuner"``), the configurations
+    that phase has settled (priced or pruned) and its total."""
+    report = progress or (lambda phase, done, total: None)
     t0 = time.perf_counter()
     reference = price_reference(cfg, cfg.reference) if cfg.reference is not None else None
     pars = candidate_degrees(cfg)
@@ -534,6 +539,7 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
             megatron.append(row)
             if row.feasible:
                 best_m = min(best_m, row.iteration_s)
+        report("megatron", i, len(fitting))
     # the tuner on the most promising configurations
     order = sorted(megatron, key=_key)
     tuned: list[JobRow] = []
@@ -547,6 +553,7 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
             tuned.append(row)
             if row.feasible:
                 best_t = min(best_t, row.iteration_s)
+        report("tuner", min(k + wave, len(todo)), len(todo))
     rows = sorted(tuned + megatron + ([reference] if reference is not None else []), key=_key)
     best = min((r for r in tuned + megatron if r.feasible), key=lambda r: r.iteration_s, default=None)
     m_best = min((r for r in megatron if r.feasible), key=lambda r: r.iteration_s, default=None)

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,12 +165,36 @@ def _fmt(row: JobRow) -> str:
             f"{plan_summary(e.plan)}")
 
 
+@contextmanager
+def _progress_bars():
+    """One tqdm bar per phase of the job search on stderr (only on a terminal)."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+    names = {"megatron": "Megatron's choice", "tuner": "AdaPtis tuner"}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        bar = bars.get(phase)
+        if bar is None:
+            bar = bars[phase] = tqdm(total=total, desc=names.get(phase, phase), unit="config", file=sys.stderr,
+                                     disable=not sys.stderr.isatty(), leave=False)
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
 def run_job(args: argparse.Namespace) -> int:
     """Run the job search from parsed arguments; print the best configurations; 0 on success, 3 (with
     one line of advice, also the JSON summary's ``why``) when no configuration fits in memory."""
     try:
         cfg = config_from_args(args)
-        found = search_job(cfg, workers=args.workers, ray_address=getattr(args, "ray", None))
+        with _progress_bars() as progress:
+            found = search_job(cfg, workers=args.workers, ray_address=getattr(args, "ray", None), progress=progress)
     except AdaptisError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

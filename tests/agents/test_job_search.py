@@ -83,3 +83,13 @@ def test_megatrons_row_recomputes_when_it_does_not_fit_without() -> None:
 def test_the_degrees_tried_can_be_restricted() -> None:
     pars = candidate_degrees(cfg(pp_choices=(2,), tp_choices=(1, 2)))
     assert pars and {p.pp for p in pars} == {2} and {p.tp for p in pars} <= {1, 2}
+
+
+def test_progress_reports_each_phase_up_to_its_total() -> None:
+    seen: list[tuple[str, int, int]] = []
+    found = search_job(cfg(), progress=lambda phase, done, total: seen.append((phase, done, total)))
+    assert found.best is not None
+    for phase in ("megatron", "tuner"):
+        mine = [(d, t) for p, d, t in seen if p == phase]
+        assert mine, phase
+        assert [d for d, _ in mine] == sorted(d for d, _ in mine) and mine[-1][0] == mine[-1][1]
