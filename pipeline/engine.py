@@ -14,7 +14,7 @@ Both give bit-identical schedules, times and memory peaks (tests/pipeline/
 test_engine_differential.py). Build the compiled one with ``make engine`` (or
 ``python -m pipeline._native.build``); ``make run`` and ``make test`` build it first.
 :func:`python_reference` switches to the reference inside a block (benchmarks and differential
-tests compare the two in one process).
+tests compare the two in one process), :func:`compiled_build` to another build of the compiled one.
 
 Schedules cross the boundary as flat arrays (:func:`schedule_arrays`): an ``(N, 3)`` int32 array
 of ``(stage, op, micro-batch)`` rows, device after device, and ``devices + 1`` offsets.
@@ -22,6 +22,8 @@ of ``(stage, op, micro-batch)`` rows, device after device, and ``devices + 1`` o
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -38,7 +40,7 @@ from pipeline.list_scheduler import ListSchedulerConfig, list_schedule_python
 from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defect
 
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
-           "python_reference", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
+           "python_reference", "compiled_build", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
            "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
            "check_schedule", "pack_job"]
 
@@ -84,6 +86,50 @@ def python_reference() -> Iterator[None]:
         yield
     finally:
         _native = saved
+
+
+_builds: dict[str, ModuleType] = {}
+
+
+@contextmanager
+def compiled_build(path: str | os.PathLike[str]) -> Iterator[ModuleType]:
+    """Run another build of the compiled engine inside the block (which gets its module): ``path`` is
+    its ``_engine*.so`` (e.g. an older checkout's, after ``make engine`` there). Benchmarks time two
+    builds in one process with it. Not thread-safe: it swaps the module-level engine."""
+    global _native
+    lib = os.path.realpath(path)
+    if _native is not None and os.path.realpath(getattr(_native, "__file__", "")) == lib:
+        raise ValueError(f"{path}: that is the compiled engine in use; give another build's _engine*.so")
+    if lib not in _builds:
+        if not os.path.isfile(lib):
+            raise FileNotFoundError(f"{path}: no compiled engine there; build one with 'make engine' in that "
+                                    "checkout and give its pipeline/_engine*.so")
+        loader = importlib.machinery.ExtensionFileLoader("_engine", lib)
+        spec = importlib.util.spec_from_loader("_engine", loader)
+        if spec is None:
+            raise ImportError(f"{path}: cannot load it as an extension module")
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        mine = getattr(_load_compiled(), "ABI", None)
+        if getattr(module, "ABI", None) != mine:
+            raise ImportError(f"{path}: engine ABI {getattr(module, 'ABI', None)} differs from this checkout's "
+                              f"({mine}); its arguments would not match")
+        _builds[lib] = module
+    saved = _native
+    _native = _builds[lib]
+    try:
+        yield _native
+    finally:
+        _native = saved
+
+
+def _load_compiled() -> ModuleType | None:
+    """This checkout's compiled module whatever ``ADAPTIS_ENGINE`` says (None when not built)."""
+    try:
+        from pipeline import _engine
+    except ImportError:
+        return None
+    return _engine
 
 
 @dataclass(eq=False)  # each block its own clock, even where two read alike

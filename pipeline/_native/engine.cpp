@@ -1,9 +1,10 @@
 // The planning engine's hot path in C++: the memory-aware list scheduler and the event simulator.
 //
-// This file is a line-for-line port of the readable Python reference in pipeline/list_scheduler.py
-// and pipeline/simulator.py (read those first). Every floating-point operation happens in the same
-// order as there, so both give bit-identical times, orders and memory peaks; tests/pipeline/
-// test_engine_differential.py proves it on generated cases. Build: python -m pipeline._native.build.
+// This file ports the readable Python reference in pipeline/list_scheduler.py and
+// pipeline/simulator.py (read those first): the simulator line for line, the list scheduler with
+// the same decisions kept incrementally (see ListScheduler). Every floating-point operation happens
+// in the same order as there, so both give bit-identical times, orders and memory peaks; tests/
+// pipeline/test_engine_differential.py proves it on generated cases. Build: python -m pipeline._native.build.
 //
 // Data crosses the boundary as flat arrays: per-stage costs as float64 vectors, the schedule as an
 // (N, 3) int32 array of (stage, op, micro-batch) rows with per-device offsets; op codes are
@@ -20,7 +21,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -66,219 +67,373 @@ struct Order {
 
 // ------------------------------------------------------------------ list scheduler
 
+// One device's best next action: start time, priority (backward 0, forward 1, deferred W 2, or 0
+// once max_pending_w wait), stage, kind (0 forward, 1 backward: I or B, 2 deferred W).
 struct Choice {
   double start;
   int prio;
   int stage;
-  int kind;  // 0 forward, 1 backward (I or B), 2 deferred W
+  int kind;
 };
+
+constexpr Choice NO_CHOICE{INF, 9, -1, -1};
 
 bool tuple_less(int p1, int s1, int k1, int p2, int s2, int k2) {
   return std::tie(p1, s1, k1) < std::tie(p2, s2, k2);
 }
 
-Order list_schedule(const StageCosts& c, const std::vector<int>& placement, int devices, int M,
-                    const ListConfig& cfg) {
-  const int S = static_cast<int>(placement.size());
-  const int last = S - 1;
-  std::vector<double> caps = cfg.caps;
-  if (caps.empty()) caps.assign(devices, INF);
-  std::vector<std::vector<int>> stages_of(devices);
-  for (int s = 0; s < S; ++s) stages_of[placement[s]].push_back(s);
-  std::vector<double> need(S, 0.0);
-  for (int s = 0; s < S; ++s) {
-    double acc = 0.0;
-    for (int x = s; x < S; ++x)
-      if (placement[x] == placement[s]) acc += c.act[x];
-    need[s] = acc;
+// The list scheduler of pipeline/list_scheduler.py, structured for its hot loop. Per step it picks
+// the device whose cached best action starts earliest (lowest index on ties) and runs that action;
+// only the (at most two) devices the action touched get a new best action. The reference (and the
+// scan this replaced) paid per step a pass over every device plus a pass over each touched
+// device's stages gathering from the (stage, micro-batch) tables; profiled on the tuner's jobs,
+// that was ~85% of a schedule-and-simulate job, the simulation the rest. What is incremental:
+//
+// * Ready times per stage. `bready[j]` / `fready[j]` hold when the next backward / forward of the
+//   stage in slot j may start (-1: none is ready). They depend only on that stage's counters and
+//   on the end times its neighbours wrote, so an action refreshes just the slots it changed (F at s:
+//   s's two and s+1's forward; I/B at s: s's backward and s-1's backward), with the very expressions
+//   the reference evaluates in best(). best(d) then reads one contiguous run of slots (device after
+//   device, in the order the reference scans them) instead of gathering from the (stage,
+//   micro-batch) tables.
+// * The earliest device: a tournament tree over the devices' cached starts (winner: lower start,
+//   lower index on ties, as the reference's heap of (start, device) pops). Refreshing a device
+//   walks one leaf-to-root path, log2(devices) steps, instead of scanning every device per step.
+// * The neighbour device (the one whose stage the action fed) keeps its cached best action when
+//   the action cannot have changed it (stale(): a new candidate that starts strictly later), so
+//   it needs neither best() nor a tree walk.
+// * No allocation per step: the deferred W's of each device wait in its own span of one array (a
+//   device queues at most stages x micro-batches of them), and the order is written straight into
+//   the output rows at per-device cursors (each device's action count is known up front).
+//
+// Every floating-point operation is the reference's, on the same values, in the same order: the
+// results are bit-identical (tests/pipeline/test_engine_differential.py).
+class ListScheduler {
+ public:
+  ListScheduler(const StageCosts& c, const std::vector<int>& placement, int devices, int M, const ListConfig& cfg)
+      : c_(c), placement_(placement), D_(devices), M_(M), S_(static_cast<int>(placement.size())), last_(S_ - 1),
+        split_(cfg.split), eager_(cfg.eager), count_w_(cfg.count_w),
+        max_w_(cfg.max_pending_w >= 0 ? cfg.max_pending_w : (1LL << 30)) {
+    const int S = S_;
+    // Slots: the stages of each device, in the order the reference scans them (depth-first: later
+    // stage first), device after device.
+    std::vector<std::vector<int>> stages_of(D_);
+    for (int s = 0; s < S; ++s) stages_of[placement[s]].push_back(s);
+    if (cfg.depth)
+      for (auto& lst : stages_of) std::reverse(lst.begin(), lst.end());
+    first_slot_.assign(D_ + 1, 0);
+    slot_stage_.reserve(S);
+    slot_of_.assign(S, 0);
+    for (int d = 0; d < D_; ++d) {
+      for (int s : stages_of[d]) {
+        slot_of_[s] = static_cast<int>(slot_stage_.size());
+        slot_stage_.push_back(s);
+      }
+      first_slot_[d + 1] = static_cast<int>(slot_stage_.size());
+    }
+    // A forward admits a micro-batch to the rest of the device's stages: it needs room for all.
+    need_.assign(S, 0.0);
+    for (int s = 0; s < S; ++s) {
+      double acc = 0.0;
+      for (int x = s; x < S; ++x)
+        if (placement[x] == placement[s]) acc += c.act[x];
+      need_[slot_of_[s]] = acc;
+    }
+    std::vector<double> caps = cfg.caps;
+    if (caps.empty()) caps.assign(D_, INF);
+    cap_tol_.resize(D_);
+    for (int d = 0; d < D_; ++d) cap_tol_[d] = caps[d] * (1 + 1e-9);
+    fend_.assign(static_cast<size_t>(S) * M, -1.0);
+    iend_.assign(static_cast<size_t>(S) * M, -1.0);
+    nf_.assign(S, 0);
+    nb_.assign(S, 0);
+    bready_.assign(S, -1.0);
+    fready_.assign(S, -1.0);
+    free_at_.assign(D_, 0.0);
+    mem_.assign(D_, 0.0);
+    remaining_.resize(D_);
+    const int per = split_ ? 3 : 2;
+    out_.offsets.assign(D_ + 1, 0);
+    wq_base_.assign(D_, 0);
+    size_t wq_size = 0;
+    for (int d = 0; d < D_; ++d) {
+      const long long n_stages = first_slot_[d + 1] - first_slot_[d];
+      remaining_[d] = n_stages * M * per;
+      total_ += remaining_[d];
+      out_.offsets[d + 1] = out_.offsets[d] + remaining_[d];
+      wq_base_[d] = wq_size;
+      wq_size += static_cast<size_t>(n_stages) * M;
+    }
+    wq_.resize(split_ && !eager_ ? wq_size : 0);
+    wq_head_ = wq_base_;
+    wq_tail_ = wq_base_;
+    out_.rows.resize(static_cast<size_t>(total_) * 3);
+    cursor_.resize(D_);
+    for (int d = 0; d < D_; ++d) cursor_[d] = static_cast<size_t>(out_.offsets[d]) * 3;
+    for (int s = 0; s < S; ++s) {
+      refresh_forward(s);
+      refresh_backward(s);
+    }
+    leaves_ = 1;
+    while (leaves_ < D_) leaves_ *= 2;
+    cache_.assign(D_, NO_CHOICE);
+    tree_.assign(2 * static_cast<size_t>(leaves_), Entry{});
+    for (int i = 0; i < leaves_; ++i) tree_[leaves_ + i] = entry(INF, i);  // padding never wins a tie
+    for (int d = 0; d < D_; ++d) tree_[leaves_ + d] = leaf(d);
+    for (int i = leaves_ - 1; i >= 1; --i) tree_[i] = std::min(tree_[2 * i], tree_[2 * i + 1]);
   }
-  const long long max_w = cfg.max_pending_w >= 0 ? cfg.max_pending_w : (1LL << 30);
-  if (cfg.depth)
-    for (auto& lst : stages_of) std::reverse(lst.begin(), lst.end());
-  std::vector<double> fend(static_cast<size_t>(S) * M, -1.0), iend(static_cast<size_t>(S) * M, -1.0);
-  std::vector<int> nf(S, 0), nb(S, 0);
-  std::vector<std::deque<std::pair<int, int>>> wq(devices);
-  std::vector<double> free_at(devices, 0.0), mem(devices, 0.0);
-  std::vector<std::vector<int32_t>> order(devices);
-  std::vector<long long> remaining(devices);
-  long long total = 0;
-  const int per = cfg.split ? 3 : 2;
-  for (int d = 0; d < devices; ++d) {
-    remaining[d] = static_cast<long long>(stages_of[d].size()) * M * per;
-    total += remaining[d];
-    order[d].reserve(static_cast<size_t>(remaining[d]) * 3);
-  }
-  std::vector<double> cap_tol(devices);
-  for (int d = 0; d < devices; ++d) cap_tol[d] = caps[d] * (1 + 1e-9);
 
-  auto best = [&](int d, bool force) -> Choice {
-    const double t = free_at[d];
-    double b_st = INF, f_st = INF;
-    int b_s = -1, f_s = -1;
-    const double room = cap_tol[d] - mem[d];
-    const bool empty = mem[d] < 1.0;
-    for (int s : stages_of[d]) {
-      int m = nb[s];
-      if (m < nf[s]) {
-        const double fe = fend[static_cast<size_t>(s) * M + m];
-        double ready;
-        if (s == last) {
-          ready = fe;
-        } else {
-          const double g = iend[static_cast<size_t>(s + 1) * M + m];
-          ready = g < 0 ? -1.0 : (fe > g + c.comm[s] ? fe : g + c.comm[s]);
-        }
-        if (ready >= 0) {
-          const double st = ready > t ? ready : t;
-          if (st < b_st) {
-            b_st = st;
-            b_s = s;
+  Order run() {
+    long long done = 0;
+    while (done < total_) {
+      int pick_d = device_of(tree_[1]);
+      Choice pick = tree_[1] < NONE_ ? cache_[pick_d] : NO_CHOICE;
+      if (pick.start == INF) {
+        // Every device waits on its memory cap: let the earliest forward through.
+        pick_d = -1;
+        for (int d = 0; d < D_; ++d) {
+          if (remaining_[d]) {
+            const Choice ch = best(d, true);
+            if (pick_d < 0 || ch.start < pick.start) {
+              pick = ch;
+              pick_d = d;
+            }
           }
         }
-      }
-      m = nf[s];
-      if (m < M) {
-        double ready;
-        if (s == 0) {
-          ready = 0.0;
-        } else {
-          const double pe = fend[static_cast<size_t>(s - 1) * M + m];
-          ready = pe < 0 ? -1.0 : pe + c.comm[s - 1];
+        if (pick_d < 0 || pick.start == INF) {
+          out_.error = "list scheduler is stuck; the placement may not form a pipeline";
+          return std::move(out_);
         }
-        if (ready >= 0 && (force || need[s] <= room || empty)) {
-          const double st = ready > t ? ready : t;
-          if (st < f_st) {
-            f_st = st;
-            f_s = s;
+      }
+      const int d = pick_d;
+      const double start = pick.start;
+      int s = pick.stage;
+      int other = -1;                        // the neighbour stage's device, if any
+      double before = -1.0, after = -1.0;    // its slot's ready time before and after this action
+      double end;
+      if (pick.kind == 0) {
+        const int m = nf_[s]++;
+        end = start + c_.f[s];
+        fend_[static_cast<size_t>(s) * M_ + m] = end;
+        mem_[d] += c_.act[s];
+        emit(d, s, OP_F, m);
+        refresh_forward(s);
+        refresh_backward(s);
+        if (s < last_) {
+          before = fready_[slot_of_[s + 1]];
+          refresh_forward(s + 1);
+          after = fready_[slot_of_[s + 1]];
+          other = placement_[s + 1];
+        }
+      } else if (pick.kind == 1) {
+        const int m = nb_[s]++;
+        if (split_) {
+          end = start + c_.i[s];
+          mem_[d] -= count_w_ ? c_.act[s] - c_.keep[s] : c_.act[s];
+          emit(d, s, OP_I, m);
+          if (eager_) {
+            end += c_.w[s];
+            if (count_w_) mem_[d] -= c_.keep[s];
+            emit(d, s, OP_W, m);
+            remaining_[d] -= 1;
+            done += 1;
+          } else {
+            wq_[wq_tail_[d]++] = {s, m};
           }
-        }
-      }
-    }
-    const auto& q = wq[d];
-    const double w_st = q.empty() ? INF : t;
-    const double start = std::min(std::min(b_st, f_st), w_st);
-    Choice choice{INF, 9, -1, -1};
-    if (start == INF) return choice;
-    if (b_st <= start) choice = Choice{b_st, 0, b_s, 1};
-    if (f_st <= start && tuple_less(1, f_s, 0, choice.prio, choice.stage, choice.kind))
-      choice = Choice{f_st, 1, f_s, 0};
-    if (w_st <= start) {
-      const int w_prio = static_cast<long long>(q.size()) < max_w ? 2 : 0;
-      if (tuple_less(w_prio, q.front().first, 2, choice.prio, choice.stage, choice.kind))
-        choice = Choice{w_st, w_prio, q.front().first, 2};
-    }
-    return choice;
-  };
-
-  // The Python reference keeps a heap of (start, device, version) with stale entries skipped: it
-  // picks the device with the earliest cached start, the lowest index on ties, among devices with
-  // work left. A scan of one contiguous array of those starts gives the same pick, and is faster
-  // than a heap or a tournament tree for the few dozen devices of a pipeline.
-  std::vector<Choice> cache(devices, Choice{INF, 9, -1, -1});
-  std::vector<double> key(devices, INF);  // cached start of each device with work left; INF otherwise
-  auto update = [&](int d) {
-    if (remaining[d]) {
-      cache[d] = best(d, false);
-      key[d] = cache[d].start;
-    } else {
-      key[d] = INF;
-    }
-  };
-  for (int d = 0; d < devices; ++d) update(d);
-  long long done = 0;
-  Order out;
-  while (done < total) {
-    int pick_d = -1;
-    double least = INF;
-    for (int d = 0; d < devices; ++d) {
-      if (key[d] < least) {
-        least = key[d];
-        pick_d = d;
-      }
-    }
-    Choice pick = pick_d >= 0 ? cache[pick_d] : Choice{INF, 9, -1, -1};
-    if (pick_d < 0 || pick.start == INF) {
-      // Every device waits on its memory cap: let the earliest forward through.
-      pick_d = -1;
-      for (int d = 0; d < devices; ++d) {
-        if (remaining[d]) {
-          Choice ch = best(d, true);
-          if (pick_d < 0 || ch.start < pick.start) {
-            pick = ch;
-            pick_d = d;
-          }
-        }
-      }
-      if (pick_d < 0 || pick.start == INF) {
-        out.error = "list scheduler is stuck; the placement may not form a pipeline";
-        return out;
-      }
-    }
-    const int d = pick_d;
-    const double start = pick.start;
-    int s = pick.stage;
-    int touched[2] = {d, -1};
-    double end;
-    auto emit = [&](int stage, int op, int m) {
-      order[d].push_back(stage);
-      order[d].push_back(op);
-      order[d].push_back(m);
-    };
-    if (pick.kind == 0) {
-      const int m = nf[s]++;
-      end = start + c.f[s];
-      fend[static_cast<size_t>(s) * M + m] = end;
-      mem[d] += c.act[s];
-      emit(s, OP_F, m);
-      if (s < last) touched[1] = placement[s + 1];
-    } else if (pick.kind == 1) {
-      const int m = nb[s]++;
-      if (cfg.split) {
-        end = start + c.i[s];
-        mem[d] -= cfg.count_w ? c.act[s] - c.keep[s] : c.act[s];
-        emit(s, OP_I, m);
-        if (cfg.eager) {
-          end += c.w[s];
-          if (cfg.count_w) mem[d] -= c.keep[s];
-          emit(s, OP_W, m);
-          remaining[d] -= 1;
-          done += 1;
         } else {
-          wq[d].emplace_back(s, m);
+          end = start + c_.backward[s];
+          mem_[d] -= c_.act[s];
+          emit(d, s, OP_B, m);
+        }
+        iend_[static_cast<size_t>(s) * M_ + m] = (split_ && eager_) ? end - c_.w[s] : end;
+        refresh_backward(s);
+        if (s > 0) {
+          before = bready_[slot_of_[s - 1]];
+          refresh_backward(s - 1);
+          after = bready_[slot_of_[s - 1]];
+          other = placement_[s - 1];
         }
       } else {
-        end = start + c.backward[s];
-        mem[d] -= c.act[s];
-        emit(s, OP_B, m);
+        const auto [ws, wm] = wq_[wq_head_[d]++];
+        s = ws;
+        end = start + c_.w[s];
+        if (count_w_) mem_[d] -= c_.keep[s];
+        emit(d, s, OP_W, wm);
       }
-      iend[static_cast<size_t>(s) * M + m] = (cfg.split && cfg.eager) ? end - c.w[s] : end;
-      if (s > 0) touched[1] = placement[s - 1];
-    } else {
-      const auto [ws, wm] = wq[d].front();
-      wq[d].pop_front();
-      s = ws;
-      end = start + c.w[s];
-      if (cfg.count_w) mem[d] -= c.keep[s];
-      emit(s, OP_W, wm);
+      free_at_[d] = end;
+      remaining_[d] -= 1;
+      done += 1;
+      touch(d);
+      // The reference recomputes both devices ({d, other}); where the other's best action cannot
+      // have changed, its cached one is that result already.
+      if (other >= 0 && other != d && stale(other, before, after)) touch(other);
     }
-    free_at[d] = end;
-    remaining[d] -= 1;
-    done += 1;
-    for (int k = 0; k < 2; ++k) {
-      const int e = touched[k];
-      if (e < 0 || (k == 1 && e == d)) continue;  // the Python reference uses a set {d, other}
-      update(e);
+    return std::move(out_);
+  }
+
+ private:
+  // When stage s's next backward may start, as the reference's best() computes it (-1: none ready).
+  void refresh_backward(int s) {
+    const int m = nb_[s];
+    double ready = -1.0;
+    if (m < nf_[s]) {
+      const double fe = fend_[static_cast<size_t>(s) * M_ + m];
+      if (s == last_) {
+        ready = fe;
+      } else {
+        const double g = iend_[static_cast<size_t>(s + 1) * M_ + m];
+        ready = g < 0 ? -1.0 : (fe > g + c_.comm[s] ? fe : g + c_.comm[s]);
+      }
+    }
+    bready_[slot_of_[s]] = ready;
+  }
+
+  // When stage s's next forward may start (-1: none ready or none left).
+  void refresh_forward(int s) {
+    const int m = nf_[s];
+    double ready = -1.0;
+    if (m < M_) {
+      if (s == 0) {
+        ready = 0.0;
+      } else {
+        const double pe = fend_[static_cast<size_t>(s - 1) * M_ + m];
+        ready = pe < 0 ? -1.0 : pe + c_.comm[s - 1];
+      }
+    }
+    fready_[slot_of_[s]] = ready;
+  }
+
+  // Device d's best next action (the reference's best(d, force)): the earliest-starting candidate
+  // wins; among those that can start then, the lowest (priority, stage, kind).
+  Choice best(int d, bool force) const {
+    const double t = free_at_[d];
+    double b_st = INF, f_st = INF;
+    int b_j = -1, f_j = -1;
+    const double room = cap_tol_[d] - mem_[d];
+    const bool empty = mem_[d] < 1.0;
+    for (int j = first_slot_[d], end = first_slot_[d + 1]; j < end; ++j) {
+      const double br = bready_[j];
+      if (br >= 0) {
+        const double st = br > t ? br : t;
+        if (st < b_st) {
+          b_st = st;
+          b_j = j;
+        }
+      }
+      const double fr = fready_[j];
+      if (fr >= 0 && (force || need_[j] <= room || empty)) {
+        const double st = fr > t ? fr : t;
+        if (st < f_st) {
+          f_st = st;
+          f_j = j;
+        }
+      }
+    }
+    const size_t queued = wq_tail_[d] - wq_head_[d];
+    const double w_st = queued ? t : INF;
+    const double start = std::min(std::min(b_st, f_st), w_st);
+    Choice choice = NO_CHOICE;
+    if (start == INF) return choice;
+    if (b_st <= start) choice = Choice{b_st, 0, slot_stage_[b_j], 1};
+    if (f_st <= start && tuple_less(1, slot_stage_[f_j], 0, choice.prio, choice.stage, choice.kind))
+      choice = Choice{f_st, 1, slot_stage_[f_j], 0};
+    if (w_st <= start) {
+      const int w_prio = static_cast<long long>(queued) < max_w_ ? 2 : 0;
+      const int w_stage = wq_[wq_head_[d]].first;
+      if (tuple_less(w_prio, w_stage, 2, choice.prio, choice.stage, choice.kind))
+        choice = Choice{w_st, w_prio, w_stage, 2};
+    }
+    return choice;
+  }
+
+  // Whether device e's cached best action may differ from best(e, false) now that one of its
+  // slots' ready times went from `before` to `after` (nothing else of e changed). Not when the
+  // slot is as it was, nor when a slot with no candidate gains one that starts strictly after the
+  // cached choice: the earliest start stays, and so do the candidates that start then (a later
+  // one cannot tie). Any other change (a candidate lost or moved, NaN) recomputes.
+  bool stale(int e, double before, double after) const {
+    if (before == after) return false;
+    if (before >= 0) return true;
+    if (!(after >= 0)) return false;
+    const double t = free_at_[e];
+    const double st = after > t ? after : t;
+    return !(st > cache_[e].start);
+  }
+
+  // A tree entry: (start, device) packed into one integer whose order is the pick's order: the
+  // start's bits mapped so that unsigned order is the doubles' order, then the device (lower wins
+  // ties). One compare and a conditional move per tree level, no branch to mispredict.
+#ifdef __SIZEOF_INT128__
+  using Entry = unsigned __int128;
+  static Entry pack(uint64_t bits, int d) { return (static_cast<Entry>(bits) << 32) | static_cast<uint32_t>(d); }
+  static int device_of(Entry e) { return static_cast<int>(static_cast<uint32_t>(e)); }
+#else  // the same order, compared as a pair where the compiler has no 128-bit integers
+  using Entry = std::pair<uint64_t, uint32_t>;
+  static Entry pack(uint64_t bits, int d) { return {bits, static_cast<uint32_t>(d)}; }
+  static int device_of(Entry e) { return static_cast<int>(e.second); }
+#endif
+
+  static Entry entry(double start, int d) {
+    if (!(start == start)) start = INF;  // the reference never picks a NaN start: as if none
+    start += 0.0;                        // -0 ties with +0, as under the reference's `<`
+    uint64_t bits;
+    std::memcpy(&bits, &start, sizeof bits);
+    bits ^= (bits >> 63) ? ~uint64_t{0} : (uint64_t{1} << 63);
+    return pack(bits, d);
+  }
+
+  // Cache device d's best action; its entry holds that start, INF when it has nothing left.
+  Entry leaf(int d) {
+    if (!remaining_[d]) return entry(INF, d);
+    cache_[d] = best(d, false);
+    return entry(cache_[d].start, d);
+  }
+
+  // Refresh device d's best action and its leaf-to-root path.
+  void touch(int d) {
+    size_t i = static_cast<size_t>(leaves_) + d;
+    Entry cur = leaf(d);
+    tree_[i] = cur;
+    for (; i > 1; i >>= 1) {
+      const Entry sib = tree_[i ^ 1];
+      cur = sib < cur ? sib : cur;
+      tree_[i >> 1] = cur;
     }
   }
-  out.offsets.assign(devices + 1, 0);
-  size_t n = 0;
-  for (int d = 0; d < devices; ++d) n += order[d].size();
-  out.rows.reserve(n);
-  for (int d = 0; d < devices; ++d) {
-    out.rows.insert(out.rows.end(), order[d].begin(), order[d].end());
-    out.offsets[d + 1] = out.offsets[d] + static_cast<int64_t>(order[d].size() / 3);
+
+  void emit(int d, int stage, int op, int m) {
+    int32_t* row = out_.rows.data() + cursor_[d];
+    row[0] = stage;
+    row[1] = op;
+    row[2] = m;
+    cursor_[d] += 3;
   }
-  return out;
+
+  const StageCosts& c_;
+  const std::vector<int>& placement_;
+  const int D_, M_, S_, last_;
+  const bool split_, eager_, count_w_;
+  const long long max_w_;
+  const Entry NONE_ = entry(INF, 0);  // an entry below it has a finite start
+  long long total_ = 0;
+  std::vector<int> first_slot_, slot_stage_, slot_of_;  // device -> slots; slot -> stage; stage -> slot
+  std::vector<double> need_, bready_, fready_;          // per slot
+  std::vector<double> cap_tol_, free_at_, mem_;         // per device
+  std::vector<long long> remaining_;                    // per device: actions left
+  std::vector<double> fend_, iend_;                     // per (stage, micro-batch): end times, -1 not yet
+  std::vector<int> nf_, nb_;                            // per stage: forwards / backwards run
+  std::vector<std::pair<int, int>> wq_;                 // deferred W's (stage, micro-batch), per-device spans
+  std::vector<size_t> wq_base_, wq_head_, wq_tail_;
+  std::vector<Choice> cache_;                           // per device: its best action
+  int leaves_ = 1;
+  std::vector<Entry> tree_;                             // tournament tree: node -> winning (start, device)
+  std::vector<size_t> cursor_;                          // per device: next row in out_.rows (x3)
+  Order out_;
+};
+
+Order list_schedule(const StageCosts& c, const std::vector<int>& placement, int devices, int M,
+                    const ListConfig& cfg) {
+  return ListScheduler(c, placement, devices, M, cfg).run();
 }
 
 // ------------------------------------------------------------------ simulator

@@ -71,3 +71,45 @@ def test_a_bad_engine_name_is_refused() -> None:
 def test_the_python_engine_can_be_chosen_even_when_built() -> None:
     proc = run(["-c", SIMULATE], ADAPTIS_ENGINE="python")
     assert proc.returncode == 0 and proc.stdout.split()[0] == "python"
+
+
+def test_another_build_runs_inside_compiled_build_and_the_own_one_after(tmp_path: Path) -> None:
+    """engine_speed --against: a second build (here a copy of this one's library) runs in the block."""
+    if not engine.compiled():
+        pytest.skip("the compiled engine is not built here")
+    from pipeline import _engine
+    from pipeline.event_sim import StageCosts
+
+    other = tmp_path / Path(_engine.__file__).name
+    shutil.copy(_engine.__file__, other)
+    costs = StageCosts((1.0, 2.0), (1.0, 1.5), (0.5, 0.5), (1.0, 1.0), (0.5, 0.5), (0.1, 0.0), (0.0, 0.0),
+                       (1e9, 1e9))
+    mine = engine.schedule_and_simulate(costs, (0, 1), 2, microbatches=4)
+    calls: list[int] = []
+    with engine.compiled_build(other) as module:
+        assert module is not _engine and Path(module.__file__) == other
+        real = module.schedule_and_simulate
+
+        def counted(*args: object) -> object:
+            calls.append(1)
+            return real(*args)
+
+        module.schedule_and_simulate = counted
+        try:
+            assert engine.schedule_and_simulate(costs, (0, 1), 2, microbatches=4) == mine
+        finally:
+            module.schedule_and_simulate = real
+    assert calls == [1]
+    engine.schedule_and_simulate(costs, (0, 1), 2, microbatches=4)
+    assert calls == [1]  # this checkout's build again
+
+
+def test_compiled_build_refuses_a_missing_library_and_the_one_in_use(tmp_path: Path) -> None:
+    if not engine.compiled():
+        pytest.skip("the compiled engine is not built here")
+    from pipeline import _engine
+
+    with pytest.raises(FileNotFoundError, match="make engine"), engine.compiled_build(tmp_path / "missing.so"):
+        pass
+    with pytest.raises(ValueError, match="in use"), engine.compiled_build(_engine.__file__):
+        pass

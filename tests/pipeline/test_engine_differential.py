@@ -1,9 +1,10 @@
 """The compiled engine against the Python reference: identical orders, times, peaks and errors.
 
 Generated cases (hypothesis, a fixed seed so CI is repeatable) cover placements beyond loop and V
-(wave and arbitrary mappings), multi-node links with latency, memory caps that bind, fused-B
-times, per-action overhead, all-distinct costs, every list-scheduler knob, and broken plans
-(deadlocks, missing, repeated and misplaced actions). ``ADAPTIS_DIFF_EXAMPLES`` sets the total
+(wave and arbitrary mappings), multi-node links with latency, memory caps that bind (and caps so
+tight that every device waits), tied starts and zero-time actions, fused-B times, per-action
+overhead, all-distinct costs, every list-scheduler knob, and broken plans (deadlocks, missing,
+repeated and misplaced actions). ``ADAPTIS_DIFF_EXAMPLES`` sets the total
 number of cases (default 10,000).
 """
 
@@ -31,7 +32,7 @@ if not engine.compiled() and os.environ.get("CI"):
 pytestmark = pytest.mark.skipif(not engine.compiled(), reason="the compiled engine is not built (make engine)")
 
 TOTAL = int(os.environ.get("ADAPTIS_DIFF_EXAMPLES", "10000"))
-SHARES = {"schedule": 0.45, "simulate": 0.35, "profile": 0.2}
+SHARES = {"schedule": 0.3, "ties": 0.075, "simulate": 0.35, "profile": 0.2}  # "ties": each of two tests
 
 
 def examples(kind: str) -> settings:
@@ -139,6 +140,48 @@ def test_list_schedule_and_simulation_agree(devices: int, chunks: int, M: int, k
     assert engine.schedule_and_simulate(costs, placement, devices, microbatches=M, config=config) == two_pass
     job = engine.ScheduleJob(costs, placement, devices, M, config)
     assert engine.schedule_and_simulate_many([job, job], threads=1) == [two_pass, two_pass]
+
+
+def grid_costs(S: int, devices: int, rng: random.Random, *, fused: bool) -> StageCosts:
+    """Costs from a few round values, zero included: devices reach the same start time at once, and a
+    zero-time action makes work ready at the very time it starts (the pick's tie rule decides)."""
+    def vals(*choices: float) -> tuple[float, ...]:
+        return tuple(rng.choice(choices) for _ in range(S))
+
+    act = vals(1.0, 2.0, 4.0)
+    return StageCosts(vals(0.0, 1.0, 2.0), vals(0.0, 1.0, 2.0), vals(0.0, 1.0), act,
+                      tuple(a * rng.choice((0.0, 0.5, 1.0)) for a in act), vals(0.0, 0.0, 1.0)[:-1] + (0.0,),
+                      tuple(0.0 for _ in range(devices)), tuple(float("inf") for _ in range(devices)),
+                      vals(0.0, 1.0, 3.0) if fused else None)
+
+
+@examples("ties")
+@given(devices=st.integers(1, 6), chunks=st.integers(1, 3), M=st.integers(1, 8), kind=PLACEMENTS,
+       fused=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_tied_starts_and_zero_time_actions_agree(devices: int, chunks: int, M: int, kind: str, fused: bool,
+                                                 seed: int) -> None:
+    """The compiled scheduler's tournament tree breaks ties between devices as the reference's heap."""
+    rng = random.Random(seed)
+    placement = placement_of(kind, devices, chunks, rng)
+    costs = grid_costs(len(placement), devices, rng, fused=fused)
+    config = random_config(devices, costs, placement, rng)
+    reference, native = both_orders(costs, placement, devices, M, config)
+    assert reference == native
+
+
+@examples("ties")
+@given(devices=st.integers(1, 6), chunks=st.integers(1, 3), M=st.integers(1, 10),
+       kind=st.sampled_from(["interleaved", "v", "wave", "random"]), grid=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_caps_that_stop_every_device_agree(devices: int, chunks: int, M: int, kind: str, grid: bool, seed: int) -> None:
+    """Caps below a micro-batch's activations: every device waits on its cap, and the scheduler lets
+    the earliest forward through (budget caps never get there; most of these cases do)."""
+    rng = random.Random(seed)
+    placement = placement_of(kind, devices, chunks, rng)
+    costs = (grid_costs if grid else random_costs)(len(placement), devices, rng, fused=rng.random() < 0.3)
+    config = replace(random_config(devices, costs, placement, rng),
+                     caps=tuple(rng.uniform(0.3, 3.0) * max(costs.act) for _ in range(devices)))
+    reference, native = both_orders(costs, placement, devices, M, config)
+    assert reference == native
 
 
 def _break(order: list[list[Action]], rng: random.Random, how: str, S: int, M: int) -> None:
