@@ -51,6 +51,7 @@ SHRINK: list[tuple[str, str]] = [
 #: (command regex, flags appended when the flag is not already there): small budgets.
 APPEND: list[tuple[str, str]] = [
     (r"-m experiments (search|run)(?=\s|$)", "--budget 20"),
+    (r"-m experiments search\b.*--gpus\b", "--calls-per-config 30 --tune-top 2"),  # the job search's tuner
     (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 2 --max-seconds 10 "
                                      "--calibration-plans 4 --candidates 2"),
     (r"-m (experiments replay|executor\.launch)(?=\s|$)", "--steps 2 --warmup 1"),
