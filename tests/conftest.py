@@ -75,3 +75,21 @@ def hetero_profile() -> ModelProfile:
 @pytest.fixture
 def h100x4() -> Cluster:
     return Cluster.load(ROOT / "experiments/configs/clusters/h100x4.json")
+
+
+#: Node ids that take 1 s or more, measured (tests/slow_tests.txt): marked slow, so `make test-fast`
+#: leaves them out and `make test` runs them.
+SLOW_TESTS_FILE = Path(__file__).with_name("slow_tests.txt")
+
+
+def measured_slow_tests() -> set[str]:
+    """The node ids listed in :data:`SLOW_TESTS_FILE` (comments after ``#`` dropped)."""
+    lines = (line.split("#", 1)[0].strip() for line in SLOW_TESTS_FILE.read_text().splitlines())
+    return {line for line in lines if line}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = measured_slow_tests()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)

@@ -330,3 +330,18 @@ def test_no_module_reads_another_modules_privates() -> None:
                        + "\n".join(new))
     stale = sorted(set(PRIVATE_OK) - {f"{module}: {access}" for module, _, access in found})
     assert stale == [], "PRIVATE_OK entries that no longer occur: delete them:\n" + "\n".join(stale)
+
+
+def test_every_measured_slow_test_exists() -> None:
+    """Each node id of tests/slow_tests.txt names a test function in its file (a renamed or deleted
+    test leaves a stale line, which this catches)."""
+    from tests.conftest import measured_slow_tests
+
+    stale = []
+    for node in sorted(measured_slow_tests()):
+        path, _, name = node.partition("::")
+        func = name.split("[", 1)[0]
+        file = ROOT / path
+        if not file.is_file() or not re.search(rf"^def {re.escape(func)}\(", file.read_text(), re.MULTILINE):
+            stale.append(node)
+    assert stale == [], f"stale lines in tests/slow_tests.txt (delete them): {stale}"
