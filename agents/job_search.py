@@ -311,6 +311,16 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def nearest_global_batch(cfg: JobConfig, *, reach: int = 4096) -> int | None:
+    """The global batch nearest ``cfg.global_batch`` (the smaller on a tie, within ``reach``) for which
+    :func:`candidate_degrees` has a configuration, or None."""
+    for step in range(1, reach + 1):
+        for batch in (cfg.global_batch - step, cfg.global_batch + step):
+            if batch >= 1 and candidate_degrees(replace(cfg, global_batch=batch)):
+                return batch
+    return None
+
+
 def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
     """Every valid (tp, pp, dp, cp, ep, micro-batch size) for ``cfg`` (see the module docstring)."""
     arch = cfg.arch
@@ -513,9 +523,11 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
                               f"and {heads} attention heads (and fits a node of {cfg.gpus_per_node}); use a --tp "
                               f"that divides both", field="--tp")
     if not pars:
+        near = nearest_global_batch(cfg)
+        hint = f"the nearest that has one is {near}" if near is not None else "use other GPU counts"
         raise ConfigError(f"no valid (tp, pp, dp, cp, ep, micro-batch size) for {cfg.gpus} GPUs and a global batch "
-                          f"of {cfg.global_batch}: use a global batch divisible by the data-parallel degrees, "
-                          "or other GPU counts", field="global_batch")
+                          f"of {cfg.global_batch} (it must split into data-parallel replicas of whole micro-batches): "
+                          f"{hint}", field="global_batch")
     bounds = [(par, *_bound(cfg, par)) for par in pars]
     fitting = sorted(((par, b) for par, b, fits in bounds if fits), key=lambda x: x[1])
     pruned_memory = len(bounds) - len(fitting)

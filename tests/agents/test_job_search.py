@@ -48,8 +48,9 @@ def test_search_returns_rows_with_the_degrees_and_beats_or_ties_megatron() -> No
 
 def test_a_batch_no_degrees_can_split_is_one_error() -> None:
     from pipeline.errors import ConfigError
-    with pytest.raises(ConfigError, match="global_batch"):
+    with pytest.raises(ConfigError, match="global_batch") as err:
         search_job(cfg(global_batch=3, microbatch_sizes=(2,)))
+    assert "the nearest that has one is 2" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_workers_give_the_same_result_as_one_process() -> None:
