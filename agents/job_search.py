@@ -522,6 +522,11 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
             raise ConfigError(f"no tensor-parallel degree among {list(cfg.tp_choices)} divides both {cfg.gpus} GPUs "
                               f"and {heads} attention heads (and fits a node of {cfg.gpus_per_node}); use a --tp "
                               f"that divides both", field="--tp")
+    if not pars and cfg.pp_choices is not None and not any(cfg.gpus % p == 0 for p in cfg.pp_choices):
+        divisors = [d for d in range(1, cfg.gpus + 1) if cfg.gpus % d == 0]
+        near = sorted({min(divisors, key=lambda d: (abs(d - p), d)) for p in cfg.pp_choices})
+        raise ConfigError(f"no pipeline degree among {list(cfg.pp_choices)} divides {cfg.gpus} GPUs; the nearest "
+                          f"that do: --pp {','.join(map(str, near))}", field="--pp")
     if not pars:
         near = nearest_global_batch(cfg)
         hint = f"the nearest that has one is {near}" if near is not None else "use other GPU counts"

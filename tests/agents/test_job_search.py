@@ -51,6 +51,9 @@ def test_a_batch_no_degrees_can_split_is_one_error() -> None:
     with pytest.raises(ConfigError, match="global_batch") as err:
         search_job(cfg(global_batch=3, microbatch_sizes=(2,)))
     assert "the nearest that has one is 2" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="--pp 8") as err:
+        search_job(cfg(pp_choices=(7,)))
+    assert err.value.field == "--pp"
 
 
 def test_workers_give_the_same_result_as_one_process() -> None:
