@@ -141,7 +141,7 @@ def _prepare(plan: Any, arch: Any, args: argparse.Namespace, rank: int, device: 
     import torch
 
     from executor.model import make_batch
-    from executor.runtime import PipelineExecutor
+    from executor.pipeline_executor import PipelineExecutor
 
     ex = PipelineExecutor(plan, arch, rank=rank, device=device, seed=args.seed, dtype=getattr(torch, args.dtype),
                           lowering=args.lowering)

@@ -214,7 +214,7 @@ def run_runtime_here(plan: Plan, order: Sequence[Action], arch: Any, *, tokens: 
     micro-batches."""
     import torch.distributed as dist
 
-    from executor.runtime import PipelineExecutor
+    from executor.pipeline_executor import PipelineExecutor
 
     device = torch.device(device)
     one = Plan(1, plan.microbatches, plan.partition, tuple(0 for _ in plan.partition), (tuple(order),))

@@ -32,10 +32,10 @@ ALLOWED = {
 }
 MAX_LINES = 600
 #: "path:qualified name" -> why it keeps more than three positional parameters.
-POSITIONAL_OK = {
-    "executor/runtime.py:TimedStage.forward_one_chunk": "overrides torch's stage method; torch calls it positionally",
-    "executor/runtime.py:TimedStage.backward_one_chunk": "overrides torch's stage method; torch calls it positionally",
-}
+POSITIONAL_OK = dict.fromkeys(
+    ["executor/pipeline_executor.py:TimedStage.forward_one_chunk",
+     "executor/pipeline_executor.py:TimedStage.backward_one_chunk"],
+    "overrides torch's stage method; torch calls it positionally")
 
 
 def _modules() -> dict[str, Path]:

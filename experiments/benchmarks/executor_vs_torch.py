@@ -52,7 +52,7 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import schedules as ts
 
     from executor.model import build_stage, make_batch, resolve_architecture
-    from executor.runtime import PipelineExecutor, passthrough_loss
+    from executor.pipeline_executor import PipelineExecutor, passthrough_loss
     from pipeline.orders import one_f_one_b_order
     from pipeline.plan import Plan, even_partition, parse_action
 

@@ -17,7 +17,7 @@ import torch.distributed.pipelining.schedules as ts  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 
 from executor.model import build_stage, resolve_architecture  # noqa: E402
-from executor.runtime import PipelineExecutor, passthrough_loss  # noqa: E402
+from executor.pipeline_executor import PipelineExecutor, passthrough_loss  # noqa: E402
 from pipeline.plan import Plan, even_partition, parse_action  # noqa: E402
 
 
