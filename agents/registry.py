@@ -8,7 +8,7 @@ imports no agent at load time, so no agent module needs to import it back.
   chunk count), each also with ``+dp`` (the cost-aware DP split instead of the even one);
 * :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, ``zb-opt`` (the exact schedule at ZB-H2's memory,
   :mod:`agents.exact`), the deployment targets' own searches
-  ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.targets`), ``learned`` (the tuner with
+  ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.target_search`), ``learned`` (the tuner with
   learned move guidance, :mod:`agents.tuner.learned`) and ``adaptis``.
 
 :func:`all_methods` is what ``--method all`` runs: every name above (``i1f1b-v2`` for the
@@ -52,13 +52,13 @@ def _zb_opt() -> Searcher:
 
 
 def _megatron_layout() -> Searcher:
-    from agents.targets import MegatronLayoutSearch
+    from agents.target_search import MegatronLayoutSearch
 
     return MegatronLayoutSearch()
 
 
 def _adaptis_torchtitan() -> Searcher:
-    from agents.targets import torchtitan_tuner
+    from agents.target_search import torchtitan_tuner
 
     return torchtitan_tuner()
 

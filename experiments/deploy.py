@@ -1,7 +1,7 @@
 """Deployment targets on the command line: ``--target`` and ``--trace``, the exports and the table.
 
 ``search`` and ``run`` take ``--target {executor,torchtitan,megatron}``: the target's own search
-method joins the methods (:data:`agents.targets.TARGET_METHODS`), the best plan is the fastest
+method joins the methods (:data:`agents.target_search.TARGET_METHODS`), the best plan is the fastest
 feasible one the target can run, and the output folder receives, for the fastest plan each
 runtime can run, ``megatron_args.txt`` (Megatron-LM's arguments) and ``torchtitan.toml`` (its
 ``[parallelism]`` fragment, beside the plan's CSV), or a one-line reason. ``--trace FILE.json``
@@ -43,7 +43,7 @@ def add_trace_argument(parser: argparse.ArgumentParser, what: str = "the plan's 
 def with_target_method(methods: Sequence[str], target: str) -> list[str]:
     """``methods`` plus the target's own search method (once; the executor's, ``adaptis``, only
     when asked for: every plan runs there)."""
-    from agents.targets import TARGET_METHODS
+    from agents.target_search import TARGET_METHODS
 
     out = list(methods)
     if target != "executor" and TARGET_METHODS[target] not in out:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from agents.base import Budget
-from agents.targets import target_searcher
+from agents.target_search import target_searcher
 from pipeline import zoo
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster

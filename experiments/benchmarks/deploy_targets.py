@@ -5,11 +5,11 @@ small/medium/large on 4/8/16 devices; 2k and 4k tokens) it runs the Megatron bas
 1F1B at Megatron's even split, best chunk count), then each target's own search at the same
 budget: ``megatron+layout`` (Megatron's order at a searched uneven layout), ``adaptis@torchtitan``
 (loop or V placement, any order) and ``adaptis`` (anything). A target's figure is the fastest
-feasible plan among all searched plans that it can run (``agents.targets.target_rows``), so a more
+feasible plan among all searched plans that it can run (``agents.target_search.target_rows``), so a more
 flexible runtime is never shown slower than a stricter one. Prints per-case speedups and the
 geometric means, and with ``--out DIR`` writes ``targets.md``, ``targets.jsonl`` and ``targets.png``.
 
-  python -m experiments.benchmarks.targets [--budget 400] [--families gemma] [--sizes small] [--out DIR]
+  python -m experiments.benchmarks.deploy_targets [--budget 400] [--families gemma] [--sizes small] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from agents.base import Budget
 from agents.baselines import NamedSearcher
-from agents.targets import TARGET_METHODS, target_rows, target_searcher
+from agents.target_search import TARGET_METHODS, target_rows, target_searcher
 from pipeline.hardware import build_cluster
 from pipeline.space import Scenario
 from pipeline.targets import TARGETS
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{c['model']:<17} {seq:>5} {c['devices']:>2} dev  " + "  ".join(
                         f"{t} {c[f'{t}_speedup']:.3f}x" if c[f"{t}_speedup"] else f"{t} n/a" for t in TARGETS),
                         file=sys.stdout, flush=True)
-    command = "python -m experiments.benchmarks.targets " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m experiments.benchmarks.deploy_targets " + " ".join(argv if argv is not None else sys.argv[1:])
     means = {t: _geomean([c[f"{t}_speedup"] for c in cases if c[f"{t}_speedup"]]) for t in TARGETS}
     if args.out:
         means = write_outputs(Path(args.out), cases, command.strip())

@@ -11,7 +11,7 @@ import pytest
 
 from agents.base import Budget
 from agents.baselines import NamedSearcher
-from agents.targets import MegatronLayoutSearch, target_rows, target_searcher
+from agents.target_search import MegatronLayoutSearch, target_rows, target_searcher
 from pipeline import zoo
 from pipeline.hardware import build_cluster
 from pipeline.space import Scenario, objective_key
@@ -113,7 +113,7 @@ def test_megatron_layout_stops_before_a_step_would_end_past_a_seconds_budget(mon
     """Under a budget in seconds the layout search counts the budget spent once the next step and the
     final plan's build (each as dear as the dearest step so far) would end past it (it overran by
     one ~0.15 s step at 32 devices); a budget in calls is untouched."""
-    import agents.targets as targets
+    import agents.target_search as targets
 
     now = [100.0]
     monkeypatch.setattr(targets.time, "perf_counter", lambda: now[0])
