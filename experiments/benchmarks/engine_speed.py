@@ -69,17 +69,18 @@ def bench_profile(layers: int) -> ModelProfile:
 def _median_seconds(fn: Callable[[], Any], repeats: int, min_time: float = 0.2) -> float:
     """Median over ``repeats`` windows of the mean time of one call (each window >= ``min_time``)."""
     fn()  # warm caches
-    out = []
-    for _ in range(repeats):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= min_time:
-                break
-        out.append(elapsed / n)
-    return statistics.median(out)
+    return statistics.median(_window(fn, min_time) for _ in range(repeats))
+
+
+def _window(fn: Callable[[], Any], min_time: float) -> float:
+    """The mean time of one call of ``fn`` over a window of at least ``min_time`` seconds."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_time:
+            return elapsed / n
 
 
 def _build(against: str | None) -> contextlib.AbstractContextManager[None]:
@@ -95,15 +96,9 @@ def _paired_median_seconds(fn: Callable[[], Any], repeats: int, builds: Sequence
     for k in range(repeats + 1):  # the first round warms caches
         for b in (range(len(builds)) if k % 2 else reversed(range(len(builds)))):
             with _build(builds[b]):
-                n, t0 = 0, time.perf_counter()
-                while True:
-                    fn()
-                    n += 1
-                    elapsed = time.perf_counter() - t0
-                    if elapsed >= min_time:
-                        break
+                mean = _window(fn, min_time)
             if k:
-                windows[b].append(elapsed / n)
+                windows[b].append(mean)
     return [statistics.median(w) for w in windows]
 
 

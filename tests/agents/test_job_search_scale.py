@@ -6,21 +6,9 @@ from __future__ import annotations
 import pytest
 
 from agents.job_search import JobConfig, candidate_degrees, parse_reference, price_reference, search_job
-from pipeline.arch import Architecture, LayerSpec
 from pipeline.errors import ConfigError
 from pipeline.zoo import load_zoo_architecture
-
-
-def small() -> Architecture:
-    layers = (LayerSpec("embedding"),) + (LayerSpec(),) * 12 + (LayerSpec("head"),)
-    return Architecture("small", "gpt", 1024, 128000, layers, num_attention_heads=8, num_key_value_heads=8,
-                        intermediate_size=4096, gated_mlp=False, seq_len=2048)
-
-
-def cfg(**kw) -> JobConfig:
-    base = dict(arch=small(), gpus=8, global_batch=32, seq_len=2048, calls_per_config=60, tune_top=2,
-                microbatch_sizes=(1, 2))
-    return JobConfig(**{**base, **kw})
+from tests.agents.test_job_search import cfg
 
 
 def test_a_reference_is_read_with_its_schedule_and_defaults() -> None:
