@@ -41,9 +41,10 @@ The command line (``search --gpus N --global-batch B``) is :mod:`experiments.com
 from __future__ import annotations
 
 import math
+import multiprocessing
+import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -497,8 +498,14 @@ def _map(fn, tasks: list, workers: int, ray_address: str | None = None) -> list:
         return ray.get([remote.remote(t) for t in tasks])
     if workers <= 1 or len(tasks) <= 1:
         return [fn(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
-        return list(pool.map(fn, tasks))
+    # workers ignore Ctrl-C (it reaches the whole process group): the parent stops, and leaving the
+    # block terminates them, where a ProcessPoolExecutor waited for its broken workers forever
+    with multiprocessing.Pool(min(workers, len(tasks)), initializer=_ignore_sigint) as pool:
+        return pool.map(fn, tasks, chunksize=1)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _key(row: JobRow) -> tuple[int, float]:

@@ -29,6 +29,7 @@ from agents.job_search import (
     plan_summary,
     search_job,
 )
+from experiments.common import interrupted
 from pipeline.arch import Architecture
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.hardware import get_gpu
@@ -198,6 +199,8 @@ def run_job(args: argparse.Namespace) -> int:
     except AdaptisError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:
+        return interrupted(stop, "nothing written (the job search writes its files when it ends)")
     out = getattr(args, "out", None)
     m_by_par = {r.par: r for r in found.rows if r.method == "megatron"}
     why = None if found.best is not None else (

@@ -219,3 +219,20 @@ def test_interrupted_reproduce_keeps_its_finished_cases(tmp_path) -> None:
     assert {r["seq_len"] for r in kept} == {2048} and {r["method"] for r in kept} == {"megatron", "adaptis"}
     assert (out / "reproduce.md").is_file() and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("interrupted: kept the rows of 1 finished case of 3")
+
+
+@pytest.mark.slow  # a 405B job search, interrupted a few seconds in
+def test_ctrl_c_ends_the_job_search_and_its_workers(tmp_path) -> None:
+    """Ctrl-C reaches the whole process group: the job search's worker processes ignore it, the
+    parent stops, terminates them and ends with one line (its pool of workers used to wait forever)."""
+    cmd = [sys.executable, "-m", "experiments", "search", "--model", "llama3.1-405b", "--gpus", "512",
+           "--global-batch", "1024", "--seq-len", "8192", "--workers", "2", "--out", str(tmp_path / "job")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=sigint_default)
+    with reaped(proc):
+        time.sleep(6)
+        _, err = exit_after(proc, lambda: os.killpg(proc.pid, signal.SIGINT), timeout=60)
+    assert ended_by_ctrl_c(proc.returncode), err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines[-1].startswith("interrupted:") and "Traceback" not in err
+    assert not (tmp_path / "job" / "job.json").exists()
