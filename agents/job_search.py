@@ -26,7 +26,7 @@ preset, :func:`search_job`
    (:func:`price_reference`) joins them as method ``reference``.
 
 Outer configurations are independent: ``workers > 1`` fans them out over local processes
-(:class:`concurrent.futures.ProcessPoolExecutor`), ``ray_address`` over a Ray cluster (Ray is an
+(a :class:`multiprocessing.pool.Pool` whose workers ignore Ctrl-C), ``ray_address`` over a Ray cluster (Ray is an
 optional dependency, imported only then), in waves of :data:`WAVE`; results do not depend on either.
 
 The tuner optimises the pipeline's step; the data-parallel tail (gradient reduce-scatter and the
