@@ -26,8 +26,9 @@ preset, :func:`search_job`
    (:func:`price_reference`) joins them as method ``reference``.
 
 Outer configurations are independent: ``workers > 1`` fans them out over local processes
-(a :class:`multiprocessing.pool.Pool` whose workers ignore Ctrl-C), ``ray_address`` over a Ray cluster (Ray is an
-optional dependency, imported only then), in waves of :data:`WAVE`; results do not depend on either.
+(:class:`concurrent.futures.ProcessPoolExecutor`, its workers ignoring Ctrl-C), ``ray_address``
+over a Ray cluster (Ray is an optional dependency, imported only then), in waves of :data:`WAVE`;
+results do not depend on either.
 
 The tuner optimises the pipeline's step; the data-parallel tail (gradient reduce-scatter and the
 parameter all-gather, :func:`pipeline.parallelism.dp_tail`) is added to every plan afterwards.
@@ -41,10 +42,10 @@ The command line (``search --gpus N --global-batch B``) is :mod:`experiments.com
 from __future__ import annotations
 
 import math
-import multiprocessing
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -498,10 +499,16 @@ def _map(fn, tasks: list, workers: int, ray_address: str | None = None) -> list:
         return ray.get([remote.remote(t) for t in tasks])
     if workers <= 1 or len(tasks) <= 1:
         return [fn(t) for t in tasks]
-    # workers ignore Ctrl-C (it reaches the whole process group): the parent stops, and leaving the
-    # block terminates them, where a ProcessPoolExecutor waited for its broken workers forever
-    with multiprocessing.Pool(min(workers, len(tasks)), initializer=_ignore_sigint) as pool:
-        return pool.map(fn, tasks, chunksize=1)
+    # workers ignore Ctrl-C (it reaches the whole process group; a worker it broke left the pool
+    # waiting forever): the parent stops, cancels what has not started and does not wait
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_ignore_sigint)
+    try:
+        out = list(pool.map(fn, tasks))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return out
 
 
 def _ignore_sigint() -> None:

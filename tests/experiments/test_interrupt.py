@@ -224,7 +224,8 @@ def test_interrupted_reproduce_keeps_its_finished_cases(tmp_path) -> None:
 @pytest.mark.slow  # a 405B job search, interrupted a few seconds in
 def test_ctrl_c_ends_the_job_search_and_its_workers(tmp_path) -> None:
     """Ctrl-C reaches the whole process group: the job search's worker processes ignore it, the
-    parent stops, terminates them and ends with one line (its pool of workers used to wait forever)."""
+    parent stops, cancels what has not started and ends with one line (a worker the signal broke used
+    to leave the pool waiting forever)."""
     cmd = [sys.executable, "-m", "experiments", "search", "--model", "llama3.1-405b", "--gpus", "512",
            "--global-batch", "1024", "--seq-len", "8192", "--workers", "2", "--out", str(tmp_path / "job")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
