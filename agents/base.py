@@ -118,22 +118,22 @@ class SearchResult:
 
 
 class Searcher(Protocol):
-    """A search method: given a problem, return its best plan within a budget."""
+    """A search method: given a scenario, return its best plan within a budget."""
 
     name: str
 
-    def search(self, problem: Scenario, *, budget: Budget, seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget, seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult: ...
 
 
-def finish(method: str, problem: Scenario, plan: Plan | None, *, evaluator: Evaluator,
+def finish(method: str, scenario: Scenario, plan: Plan | None, *, evaluator: Evaluator,
            history: list[tuple[int, float]], note: str = "") -> SearchResult:
     """Re-simulate the winner with validation and its timeline, and package the result."""
     result = None
     if plan is not None:
         plan = Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                     {**plan.meta, "method": method}, recompute=plan.recompute)
-        result = simulate(plan, problem.profile, problem.cluster, training=problem.training)
+        result = simulate(plan, scenario.profile, scenario.cluster, training=scenario.training)
     return SearchResult(method, plan, result, evaluator.calls, evaluator.seconds, history, note,
                         *history_marks(evaluator, history))
 

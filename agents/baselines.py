@@ -28,10 +28,10 @@ class NamedSearcher:
     def name(self) -> str:
         return f"{self.method}+dp" if self.balanced else self.method
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
-        ev = Evaluator(problem)
-        p = problem
+        ev = Evaluator(scenario)
+        p = scenario
         try:
             partition = None
             if self.balanced and self.method != "megatron":
@@ -45,7 +45,7 @@ class NamedSearcher:
         result = ev.simulate_plan(plan)
         if on_improve is not None and result.valid:
             on_improve(plan, result)
-        return finish(self.name, problem, plan, evaluator=ev, history=[(1, result.iteration_time)])
+        return finish(self.name, scenario, plan, evaluator=ev, history=[(1, result.iteration_time)])
 
 
 def _ranges(sizes):
@@ -55,15 +55,15 @@ def _ranges(sizes):
         start += n
 
 
-def random_candidate(problem: Scenario, rng: random.Random, *, evaluator: Evaluator | None = None) -> Candidate:
+def random_candidate(scenario: Scenario, rng: random.Random, *, evaluator: Evaluator | None = None) -> Candidate:
     """A random point of the plan space: placement family, partition near balanced, list-scheduler knobs
     (``evaluator``: reuse its cached balanced splits)."""
-    P, L = problem.devices, problem.profile.num_layers
+    P, L = scenario.devices, scenario.profile.num_layers
     choices = [(k, c) for k, c in PLACEMENT_CHOICES if P * c <= L]
     kind, chunks = rng.choice(choices)
     placement = make_placement(kind, P, chunks)
     sizes = list(evaluator.balanced_sizes(placement) if evaluator is not None else
-                 balanced_sizes(problem.profile, placement, problem.cluster))
+                 balanced_sizes(scenario.profile, placement, scenario.cluster))
     for _ in range(rng.randint(0, 2 * len(sizes))):
         s = rng.randrange(len(sizes) - 1) if len(sizes) > 1 else 0
         if len(sizes) > 1:
@@ -83,16 +83,16 @@ class RandomSearcher:
 
     name: str = "random"
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         rng = random.Random(seed)
-        ev = Evaluator(problem)
+        ev = Evaluator(scenario)
         clock = BudgetClock(budget, ev)
         best, best_key, history = None, None, []
         tries = 0
         while not clock.spent() and tries < 50 * (budget.sim_calls or 1000):
             tries += 1
-            c = random_candidate(problem, rng, evaluator=ev)
+            c = random_candidate(scenario, rng, evaluator=ev)
             result = ev.result(c)
             key = objective_key(result)
             if result.valid and (best_key is None or key < best_key):
@@ -100,5 +100,5 @@ class RandomSearcher:
                 history.append((ev.calls, result.iteration_time))
                 if on_improve is not None:
                     on_improve(ev.plan(c), result)
-        return finish(self.name, problem, ev.plan(best) if best is not None else None, evaluator=ev,
+        return finish(self.name, scenario, ev.plan(best) if best is not None else None, evaluator=ev,
                       history=history)

@@ -44,10 +44,10 @@ class ZbOptSearcher:
     name: str = "zb-opt"
     max_actions: int = MAX_ACTIONS
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
-        ev = Evaluator(problem)
-        p = problem
+        ev = Evaluator(scenario)
+        p = scenario
         try:
             base = build_plan("zb-h2", p.profile, p.cluster, microbatches=p.microbatches, training=p.training)
         except PlanError as exc:
@@ -55,7 +55,7 @@ class ZbOptSearcher:
         result = ev.simulate_plan(base)
         actions = sum(len(a) for a in base.schedule)
         if actions > self.max_actions:
-            return finish(self.name, problem, base, evaluator=ev, history=[(1, result.iteration_time)],
+            return finish(self.name, scenario, base, evaluator=ev, history=[(1, result.iteration_time)],
                           note=f"{actions} actions is above zb-opt's limit of {self.max_actions}; "
                                "kept zb-h2's schedule")
         costs = stage_costs(p.profile, p.cluster, base.partition, placement=base.placement, training=p.training)
@@ -66,11 +66,11 @@ class ZbOptSearcher:
             proof = prove(base, p.profile, p.cluster, training=p.training, seconds=solver_seconds(budget),
                           caps=caps, seed=seed)
         except PlanError as exc:
-            return finish(self.name, problem, base, evaluator=ev, history=[(1, result.iteration_time)],
+            return finish(self.name, scenario, base, evaluator=ev, history=[(1, result.iteration_time)],
                           note=f"kept zb-h2's schedule: {exc}")
         if on_improve is not None and proof.result.valid:
             on_improve(proof.plan, proof.result)
         note = (f"gap {100 * proof.gap:.2f}% to the proven bound ({proof.status}); zb-h2 "
                 f"{100 * (proof.plan_time / proof.best_time - 1):.2f}% slower at the same memory")
-        return finish(self.name, problem, proof.plan, evaluator=ev,
+        return finish(self.name, scenario, proof.plan, evaluator=ev,
                       history=[(1, result.iteration_time), (2, proof.best_time)], note=note)

@@ -103,10 +103,10 @@ class MegatronLayoutSearch:
 
     name: str = "megatron+layout"
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
-        ev = Evaluator(problem)
-        profile, P, M = problem.profile, problem.devices, problem.microbatches
+        ev = Evaluator(scenario)
+        profile, P, M = scenario.profile, scenario.devices, scenario.microbatches
         reason = model_reason("megatron", profile)
         if reason:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=reason)
@@ -153,7 +153,7 @@ class MegatronLayoutSearch:
                 break
             self._climb(start, ev, offer, clock)
         plan = ev.plan(best[1]) if best is not None else None
-        return finish(self.name, problem, plan, evaluator=ev, history=history,
+        return finish(self.name, scenario, plan, evaluator=ev, history=history,
                       note=best[1].describe() if best is not None else "no chunk count fits the model")
 
     @staticmethod
@@ -195,25 +195,25 @@ def target_searcher(target: str, devices: int):
     return AdaptisTuner()
 
 
-def target_rows(results: Sequence[SearchResult], problem: Scenario, reference: float | None) -> list[dict]:
+def target_rows(results: Sequence[SearchResult], scenario: Scenario, reference: float | None) -> list[dict]:
     """For each target: the fastest feasible plan among ``results`` that it can run, its method,
     iteration time and speedup over ``reference`` (the Megatron baseline's time)."""
     rows = []
     for target in TARGETS:
         ok = [r for r in results if r.ok and r.result.feasible
-              and target_reason(target, r.plan, problem.profile) is None]
+              and target_reason(target, r.plan, scenario.profile) is None]
         best = min(ok, key=lambda r: r.iteration_time, default=None)
         row = {"target": target, "method": best.method if best else None,
                "iteration_time": best.iteration_time if best else None,
                "speedup": (reference / best.iteration_time) if best and reference else None}
         if best is None:
-            row["reason"] = model_reason(target, problem.profile) or "no feasible plan this target runs"
+            row["reason"] = model_reason(target, scenario.profile) or "no feasible plan this target runs"
         rows.append(row)
     return rows
 
 
 class _TorchtitanAllowed:
-    """Loop or V placement, for any device count (the registry builds searchers before the problem
+    """Loop or V placement, for any device count (the registry builds searchers before the scenario
     is known; every candidate places a stage on every device, so the devices are its largest + 1)."""
 
     def __call__(self, c: Candidate) -> bool:

@@ -178,12 +178,12 @@ def score(result: Result, reference: float) -> float:
     return reference / result.iteration_time
 
 
-def portfolio(problem: Scenario, sizes_of=None) -> list[Candidate]:
+def portfolio(scenario: Scenario, sizes_of=None) -> list[Candidate]:
     """Cheap starting candidates: a few placement families under schedule-budget presets,
     each with the DP-balanced split. The editor starts from the best of them."""
-    P, L = problem.devices, problem.profile.num_layers
+    P, L = scenario.devices, scenario.profile.num_layers
     if sizes_of is None:
-        sizes_of = Evaluator(problem).balanced_sizes
+        sizes_of = Evaluator(scenario).balanced_sizes
     picks = (("sequential", 1, "zb-h2"), ("v", 2, "zbv"), ("interleaved", 2, "zb-h2"), ("sequential", 1, "zb-h1"),
              ("v", 2, "v-half"), ("interleaved", 3, "zb-h1"), ("wave", 3, "zbv"), ("interleaved", 2, "zb-h1"),
              ("interleaved", 4, "zb-h1"), ("sequential", 1, "unlimited"))
@@ -206,10 +206,10 @@ class SharedEvaluator(Evaluator):
 
     MEMO_LIMIT = 100_000
 
-    def __init__(self, problem: Scenario, *, share: SharedEvaluator | None = None, results: bool = True) -> None:
-        super().__init__(problem)
+    def __init__(self, scenario: Scenario, *, share: SharedEvaluator | None = None, results: bool = True) -> None:
+        super().__init__(scenario)
         self._memo: dict[Candidate, Result] = {}
-        if share is not None and share.problem is problem:
+        if share is not None and share.scenario is scenario:
             self.share_scenario_caches(share)
             if results:
                 self._memo = share._memo
@@ -237,15 +237,15 @@ class SharedEvaluator(Evaluator):
 
 
 class PlanEditor:
-    """Greedy plan editing for one problem (see the module docstring)."""
+    """Greedy plan editing for one scenario (see the module docstring)."""
 
-    def __init__(self, problem: Scenario, *, evaluator: Evaluator | None = None, reference: float | None = None,
+    def __init__(self, scenario: Scenario, *, evaluator: Evaluator | None = None, reference: float | None = None,
                  max_calls: int | None = None, prefix: np.ndarray | None = None) -> None:
-        if problem.devices > MAX_DEVICES:
-            raise PlanError(f"the environment holds at most {MAX_DEVICES} devices, got {problem.devices}",
+        if scenario.devices > MAX_DEVICES:
+            raise PlanError(f"the environment holds at most {MAX_DEVICES} devices, got {scenario.devices}",
                             field="devices")
-        self.problem = problem
-        self.ev = evaluator if evaluator is not None else Evaluator(problem)
+        self.scenario = scenario
+        self.ev = evaluator if evaluator is not None else Evaluator(scenario)
         self.max_calls = max_calls
         self.reference = reference
         self.repair_starts = 2
@@ -254,11 +254,11 @@ class PlanEditor:
         """``False``: stop is masked while an edit is left (the episode runs to its step or call budget)."""
         """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
         if prefix is None:
-            prefix = np.concatenate([[0.0], np.cumsum([x.f + x.b + x.w for x in problem.profile.layers])])
+            prefix = np.concatenate([[0.0], np.cumsum([x.f + x.b + x.w for x in scenario.profile.layers])])
         self.prefix = prefix
         """Prefix sums of the layers' ``f + b + w``."""
         self._prefix_list = self.prefix.tolist()
-        self.speeds = problem.cluster.speeds
+        self.speeds = scenario.cluster.speeds
         self.current: Candidate | None = None
         self.result: Result | None = None
         self.key: tuple[int, float, float] | None = None
@@ -300,9 +300,9 @@ class PlanEditor:
         """:meth:`start`, run step by step: before each round of evaluations it yields the
         candidates that round surely evaluates, in order, so a caller can simulate them beforehand
         in one batch (:class:`env.vector_env.PipelineVectorEnv`); what it does is :meth:`start`'s."""
-        cands = list(candidates) if candidates is not None else portfolio(self.problem, self.balanced)
+        cands = list(candidates) if candidates is not None else portfolio(self.scenario, self.balanced)
         if not cands:
-            raise PlanError("no starting candidate fits this problem", field="start")
+            raise PlanError("no starting candidate fits this scenario", field="start")
         # The call count as a start evaluating one candidate after another has it (the batch run
         # at the yield is ahead of it): what the call budget is checked against.
         calls = self.ev.calls
@@ -359,7 +359,7 @@ class PlanEditor:
 
     def target(self, a: int) -> Candidate | None:
         """The candidate action ``a`` leads to, or ``None`` where it does not apply."""
-        c, p = self.current, self.problem
+        c, p = self.current, self.scenario
         assert c is not None and self.result is not None
         e = ACTIONS[a]
         P, S = p.devices, c.num_stages
@@ -449,14 +449,14 @@ class PlanEditor:
             assert c is not None
             found: list[tuple[int, Candidate | None]] = []  # (action, its candidate) where it applies
             add = found.append
-            S, P = c.num_stages, self.problem.devices
+            S, P = c.num_stages, self.scenario.devices
             sizes = c.sizes
             for i in range(S - 1):
                 if sizes[i + 1] > 1:
                     add((GROW_LEFT + i, _move(c, i + 1, i)))
                 if sizes[i] > 1:
                     add((GROW_RIGHT + i, _move(c, i, i + 1)))
-            p = self.problem
+            p = self.scenario
             bal = self.ev.balanced_sizes
             for k, placement in enumerate(_family_placements(P, p.profile.num_layers)):
                 if placement is not None:
@@ -559,7 +559,7 @@ def fit_memory(c: Candidate, result: Result, ev: Evaluator) -> Candidate | None:
     P = len(result.peak_memory)
     costs = ev.costs(c.sizes, c.placement)
     per_mb = microbatch_bytes(costs, c.placement, P, split_backward=c.split_backward)
-    cur = c.budgets if c.budgets is not None else (float(ev.problem.microbatches),) * P
+    cur = c.budgets if c.budgets is not None else (float(ev.scenario.microbatches),) * P
     out = []
     for d in range(P):
         room = result.memory_limit[d] - costs.static_bytes[d]

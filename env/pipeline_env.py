@@ -68,11 +68,11 @@ def observation_space() -> spaces.Dict:
     return spaces.Dict({"stages": box(MAX_STAGES, _NS), "devices": box(MAX_DEVICES, _ND), "plan": box(_NG)})
 
 
-def megatron_time(problem: Scenario) -> tuple[float, int]:
+def megatron_time(scenario: Scenario) -> tuple[float, int]:
     """Iteration time of the Megatron baseline and the simulator calls it took (one per chunk count)."""
     from pipeline.megatron import megatron_chunk_counts
 
-    p = problem
+    p = scenario
     plan = build_plan("megatron", p.profile, p.cluster, microbatches=p.microbatches, training=p.training)
     res = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
     return res.iteration_time, len(megatron_chunk_counts(p.profile, p.devices, p.microbatches))
@@ -81,19 +81,19 @@ def megatron_time(problem: Scenario) -> tuple[float, int]:
 class _Prep:
     """What an episode needs that depends on the scenario only (kept while the scenario repeats)."""
 
-    def __init__(self, problem: Scenario) -> None:
-        self.problem = problem
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
         self.references: dict[str, float] = {}
-        self.evaluator = SharedEvaluator(problem)
-        layers = problem.profile.layers
-        cl = problem.cluster
-        P = problem.devices
+        self.evaluator = SharedEvaluator(scenario)
+        layers = scenario.profile.layers
+        cl = scenario.cluster
+        P = scenario.devices
         self.cost = np.array([x.f + x.b + x.w for x in layers], dtype=np.float64)
         act = np.array([x.act_bytes for x in layers], dtype=np.float64)
         self.act_prefix = np.concatenate([[0.0], np.cumsum(act)])
         self.prefix = np.concatenate([[0.0], np.cumsum(self.cost)])
         self.portfolio: list[Candidate] | None = None
-        self.bound = lower_bound(problem.profile, cl, problem.microbatches, packing=False).value
+        self.bound = lower_bound(scenario.profile, cl, scenario.microbatches, packing=False).value
         self.speeds = np.asarray(cl.speeds, dtype=np.float64)
         self.limits = np.asarray(cl.memory_limits_bytes, dtype=np.float64)
         gpn = cl.gpus_per_node or P
@@ -101,8 +101,8 @@ class _Prep:
         nodes = int(self.node[-1]) + 1
         total = max(float(self.cost.sum()), 1e-12)
         comm = sum(cl.transfer_seconds(0, min(1, P - 1), x.out_bytes) for x in layers)
-        static = sum(x.params for x in layers) * problem.training.bytes_per_param / P
-        self.consts = (comm / problem.profile.seconds_per_unit / total, float(self.cost[-1]) / total,
+        static = sum(x.params for x in layers) * scenario.training.bytes_per_param / P
+        self.consts = (comm / scenario.profile.seconds_per_unit / total, float(self.cost[-1]) / total,
                        static / float(self.limits.mean()), float(nodes > 1),
                        float(self.speeds.max() / self.speeds.min() - 1.0))
         dev = np.zeros((MAX_DEVICES, _ND), np.float32)
@@ -118,7 +118,7 @@ class _Prep:
         hit = self.references.get(kind)
         if hit is None:
             if kind == "megatron":
-                hit = megatron_time(self.problem)[0]
+                hit = megatron_time(self.scenario)[0]
             elif kind == "bound":
                 hit = self.bound
             else:
@@ -131,7 +131,7 @@ class _Prep:
         hit = self._placements.get(placement)
         if hit is None:
             pl = np.asarray(placement, dtype=np.int64)
-            P = self.problem.devices
+            P = self.scenario.devices
             per_dev = np.bincount(pl, minlength=P).astype(np.float64)
             seen = np.zeros(P, dtype=np.int64)
             chunk = np.zeros(len(pl))
@@ -148,17 +148,17 @@ class _Prep:
         return hit
 
 
-#: The preparation of each scenario object some environment holds (``id(problem)`` -> its
+#: The preparation of each scenario object some environment holds (``id(scenario)`` -> its
 #: ``_Prep``, kept while an environment keeps it): environments handed one scenario object (a
 #: vector env of a fixed scenario) share its pure caches (stage costs, DP splits, observations
 #: and, with ``share_results``, simulated results, each still counting as a call of the episode).
 _PREPS: weakref.WeakValueDictionary[int, _Prep] = weakref.WeakValueDictionary()
 
 
-def _prep_of(problem: Scenario) -> _Prep:
-    hit = _PREPS.get(id(problem))
-    if hit is None or hit.problem is not problem:  # (a prep holds its problem: its id is not reused meanwhile)
-        hit = _PREPS[id(problem)] = _Prep(problem)
+def _prep_of(scenario: Scenario) -> _Prep:
+    hit = _PREPS.get(id(scenario))
+    if hit is None or hit.scenario is not scenario:  # (a prep holds its scenario: its id is not reused meanwhile)
+        hit = _PREPS[id(scenario)] = _Prep(scenario)
     return hit
 
 
@@ -239,7 +239,7 @@ class PipelineEnv(gym.Env):
     ## Starting State
 
     A scenario drawn by :func:`env.scenarios.sample_scenario` from ``self.np_random`` (seeded by
-    ``reset(seed=...)``), or given by ``options``: ``{"problem": Scenario}`` or
+    ``reset(seed=...)``), or given by ``options``: ``{"scenario": Scenario}`` (or ``"problem"``) or
     ``{"profile": ModelProfile, "cluster": Cluster | int, "microbatches": int}``;
     ``{"start": Candidate | [Candidate, ...] | "single" | "portfolio"}`` picks the start;
     ``{"evaluator": Evaluator}`` shares a simulator-call counter and cache (the RL searcher's);
@@ -362,33 +362,33 @@ class PipelineEnv(gym.Env):
         round surely simulates (:meth:`env.editor.PlanEditor.starting`), for a batch to simulate first."""
         super().reset(seed=seed)
         options = dict(options or {})
-        problem = _problem_from(options)
-        if problem is None:
+        scenario = _scenario_from(options)
+        if scenario is None:
             if seed is not None or self._drawn is None or self._drawn_uses >= self.repeat_scenario:
                 self._drawn, self._drawn_uses = sample_scenario(self.np_random, self.scenario), 0
             self._drawn_uses += 1
-            problem = self._drawn
+            scenario = self._drawn
         evaluator = options.get("evaluator")
-        if evaluator is not None and evaluator.problem is not problem:
-            problem = evaluator.problem
-        prep = self._prep if self._prep is not None and self._prep.problem is problem else _prep_of(problem)
+        if evaluator is not None and evaluator.scenario is not scenario:
+            scenario = evaluator.scenario
+        prep = self._prep if self._prep is not None and self._prep.scenario is scenario else _prep_of(scenario)
         self._prep = prep
         self.reference = prep.reference(options.get("reference", "bound"))
         self._scored = None
         if evaluator is None:
-            evaluator = SharedEvaluator(problem, share=prep.evaluator, results=self.share_results)
+            evaluator = SharedEvaluator(scenario, share=prep.evaluator, results=self.share_results)
         max_calls = options.get("max_calls", self.max_calls)
-        self.editor = PlanEditor(problem, evaluator=evaluator, reference=self.reference, max_calls=max_calls,
+        self.editor = PlanEditor(scenario, evaluator=evaluator, reference=self.reference, max_calls=max_calls,
                                  prefix=prep.prefix)
         self.editor.allow_stop = self.allow_stop
         start = options.get("start")
         if start is None and self.single_start_share > 0 and self.np_random.random() < self.single_start_share:
             start = "single"
         if start == "single":
-            start = zero_shot_starts(problem, evaluator)
+            start = zero_shot_starts(scenario, evaluator)
         elif start is None or start == "portfolio":
             if prep.portfolio is None:
-                prep.portfolio = portfolio(problem, prep.evaluator.balanced_sizes)
+                prep.portfolio = portfolio(scenario, prep.evaluator.balanced_sizes)
             start = prep.portfolio
         elif isinstance(start, Candidate):
             start = [start]
@@ -437,7 +437,7 @@ class PipelineEnv(gym.Env):
             gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'rgb_array'")
             return None
         ed = self._editor()
-        p = ed.problem
+        p = ed.scenario
         res = simulate(ed.plan, p.profile, p.cluster, training=p.training)
         title = f"{p.profile.name}: {ed.current.describe()}"
         if self.render_mode == "ansi":
@@ -482,7 +482,7 @@ class PipelineEnv(gym.Env):
         ed = self._editor()
         prep = self._prep
         assert prep is not None
-        p, c, res = ed.problem, ed.current, ed.result
+        p, c, res = ed.scenario, ed.current, ed.result
         P, M, S = p.devices, p.microbatches, c.num_stages
         pl, chunk, cross, per_dev = prep.placement(c.placement)
         sizes = np.asarray(c.sizes, dtype=np.float64)
@@ -561,11 +561,12 @@ class PipelineEnv(gym.Env):
         }
 
 
-def _problem_from(options: dict[str, Any]) -> Scenario | None:
-    if options.get("problem") is not None:
-        return options["problem"]
+def _scenario_from(options: dict[str, Any]) -> Scenario | None:
+    for key in ("scenario", "problem"):  # (its name before 6 Dec 2026, still read)
+        if options.get(key) is not None:
+            return options[key]
     if options.get("evaluator") is not None:
-        return options["evaluator"].problem
+        return options["evaluator"].scenario
     profile = options.get("profile")
     if profile is None:
         return None

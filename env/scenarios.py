@@ -195,15 +195,15 @@ def sample_scenario(rng: np.random.Generator, config: ScenarioConfig = ScenarioC
     return Scenario(profile, cluster, M)
 
 
-def zero_shot_starts(problem: Scenario, evaluator) -> list[Candidate]:
+def zero_shot_starts(scenario: Scenario, evaluator) -> list[Candidate]:
     """The one or two plans a zero-shot episode starts from, chosen without a simulator call: one
     stage per device (ZB-H1 budgets) and the better of V and interleaved (ZB-V budgets), each at
     the DP-balanced split, with each device's activation budget cut to what its memory holds
     after the static share; a layout whose static memory leaves no room for one micro-batch is
     skipped, and V/interleaved only when cutting keeps at least a quarter of their budgets
-    (``evaluator``: an :class:`~pipeline.space.Evaluator` of ``problem``, for its DP splits and
+    (``evaluator``: an :class:`~pipeline.space.Evaluator` of ``scenario``, for its DP splits and
     stage costs)."""
-    P, L = problem.devices, problem.profile.num_layers
+    P, L = scenario.devices, scenario.profile.num_layers
     found: list[tuple[float, Candidate]] = []
     fallback = None
     for kind, chunks, preset in (("sequential", 1, "zb-h1"), ("v", 2, "zbv"), ("interleaved", 2, "zbv")):

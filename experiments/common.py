@@ -34,7 +34,7 @@ __all__ = [
     "interrupt_code",
     "interrupted",
     "memory_advice",
-    "resolve_problem",
+    "resolve_scenario",
     "output_folder",
     "positive_int",
     "positive_float",
@@ -440,7 +440,7 @@ def memory_advice(cluster: Cluster, profile: ModelProfile | None = None,
             f"{cluster.memory_reserve_gb:g} GiB reserve): {advice}")
 
 
-def resolve_problem(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:
+def resolve_scenario(args: argparse.Namespace) -> tuple[ModelProfile, Cluster]:
     """:func:`resolve_profile` and :func:`resolve_cluster`, checked together (:func:`check_devices`)."""
     profile = resolve_profile(args)
     cluster = resolve_cluster(args)

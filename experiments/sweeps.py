@@ -1,11 +1,11 @@
 """Sweeps without a server: a grid (or, when installed, Optuna) over search and agent settings.
 
-Each trial searches one problem with one method under one combination of settings and is logged
+Each trial searches one scenario with one method under one combination of settings and is logged
 as its own offline W&B run in the sweep's group; :func:`run_sweep` returns every trial, best first.
 
 Settings (``--param KEY=V1,V2``):
 
-* problem: ``microbatches``, ``memory_gb``, ``devices``, ``runtime``;
+* scenario: ``microbatches``, ``memory_gb``, ``devices``, ``runtime``;
 * search: ``budget`` (simulator calls, or seconds as ``30s``), ``seed``, ``method``;
 * anything else is an attribute of the method's searcher, e.g. ``perturb_moves`` (the tuner),
   ``samples`` or ``max_calls`` (the RL policy); unknown names, values of another type than the
@@ -32,11 +32,11 @@ from pipeline.errors import ConfigError
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import GIB, Cluster, ModelProfile, TrainingConfig
 
-__all__ = ["PROBLEM_KEYS", "SEARCH_KEYS", "Trial", "parse_params", "grid", "check_params", "run_trial", "run_sweep",
+__all__ = ["SCENARIO_KEYS", "SEARCH_KEYS", "Trial", "parse_params", "grid", "check_params", "run_trial", "run_sweep",
            "save_trials", "infeasible_reason"]
 
-#: Settings that change the problem, not the searcher.
-PROBLEM_KEYS = ("microbatches", "memory_gb", "devices", "runtime")
+#: Settings that change the scenario, not the searcher.
+SCENARIO_KEYS = ("microbatches", "memory_gb", "devices", "runtime")
 #: Settings of the search call itself.
 SEARCH_KEYS = ("budget", "seed", "method")
 
@@ -128,11 +128,11 @@ def check_params(params: dict[str, list[Any]], default_method: str) -> None:
         elif key == "memory_gb" and not all((_is_int(v) or isinstance(v, float)) and 0 < v < math.inf
                                             for v in values):
             raise ConfigError(f"memory_gb takes positive numbers, got {values}", field="--param memory_gb")
-        elif key not in PROBLEM_KEYS + SEARCH_KEYS:
+        elif key not in SCENARIO_KEYS + SEARCH_KEYS:
             for m in methods:
                 kind = setting_type(make_searcher(str(m)), key)
                 if kind is None:
-                    raise ConfigError(f"{key!r} is neither a problem setting ({', '.join(PROBLEM_KEYS)}), a search "
+                    raise ConfigError(f"{key!r} is neither a scenario setting ({', '.join(SCENARIO_KEYS)}), a search "
                                       f"setting ({', '.join(SEARCH_KEYS)}) nor a setting of method {m!r}",
                                       field=f"--param {key}")
                 _check_setting(key, values, kind, str(m))
@@ -146,7 +146,7 @@ class Trial:
     params: dict[str, Any]
     method: str
     found: MethodRow | None = None
-    """The search's row: speedup over the Megatron baseline of the same problem (None before it ran)."""
+    """The search's row: speedup over the Megatron baseline of the same scenario (None before it ran)."""
     plan: Any = field(default=None, repr=False)
     run_dir: str | None = None
     reason: str | None = None
@@ -195,18 +195,18 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
     if "memory_gb" in params:
         cl = cl.with_memory(float(params["memory_gb"]))
     rt = str(params.get("runtime", runtime))
-    problem = Scenario(profile, cl, mb, TrainingConfig(runtime=rt))
+    scenario = Scenario(profile, cl, mb, TrainingConfig(runtime=rt))
     name = str(params.get("method", method))
-    settings = {k: v for k, v in params.items() if k not in PROBLEM_KEYS + SEARCH_KEYS}
+    settings = {k: v for k, v in params.items() if k not in SCENARIO_KEYS + SEARCH_KEYS}
     ref_key = (mb, cl.devices, cl.memory_gb, rt)
     first = [BASELINE] if ref_key not in references else []
     spend = Budget.parse(str(params.get("budget", budget)))
-    *mega, res = run_methods(problem, [*first, name], budget=lambda m, _: Budget(1) if m in first else spend,
+    *mega, res = run_methods(scenario, [*first, name], budget=lambda m, _: Budget(1) if m in first else spend,
                              seed=int(params.get("seed", seed)), settings={name: settings})
     if mega:
         references[ref_key] = mega[0].iteration_time if mega[0].ok else None
     trial = Trial(index, dict(params), name, MethodRow.of(res, references[ref_key]), plan=res.plan)
-    trial.reason = infeasible_reason(res, cl, profile, training=problem.training)
+    trial.reason = infeasible_reason(res, cl, profile, training=scenario.training)
     return trial
 
 

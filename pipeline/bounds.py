@@ -160,7 +160,7 @@ def packing_load(costs: Sequence[float], speeds: Sequence[float]) -> float:
     feasibility test is an exact dynamic program over layer-cost types (few distinct costs: a model
     repeats its blocks). When the types' count vectors outnumber :data:`MAX_PACKING_STATES` or the
     program runs past the call's :data:`MAX_PACKING_WORK`, costs within 0.2%, 0.5%, ... 50% of
-    each other are merged into their group's smallest cost (a merged problem is never harder, so
+    each other are merged into their group's smallest cost (a merged scenario is never harder, so
     it stays a valid bound), and the best bound proven so far is returned when the work runs out. Exact when the program
     completes on unmerged costs (to a relative ``1e-6``)."""
     c = np.sort(np.asarray(costs, dtype=np.float64))[::-1]

@@ -169,16 +169,16 @@ def list_config(c: Candidate, costs: StageCosts, devices: int) -> ListSchedulerC
                                depth_first=c.depth_first, max_pending_w=c.max_pending_w, cap_counts_w=c.cap_counts_w)
 
 
-def materialize(c: Candidate, problem: Scenario, *, costs: StageCosts | None = None) -> Plan:
+def materialize(c: Candidate, scenario: Scenario, *, costs: StageCosts | None = None) -> Plan:
     """The plan a candidate describes (``costs``: its stage costs, when already known)."""
-    P, M = problem.devices, problem.microbatches
+    P, M = scenario.devices, scenario.microbatches
     partition = partition_from_sizes(c.sizes)
     if c.recompute is not None and len(c.recompute) != c.num_stages:
         raise PlanError(f"has {len(c.recompute)} entries for {c.num_stages} stages", field="recompute")
     if c.order == "list":
         if costs is None:
-            costs = stage_costs(problem.profile, problem.cluster, partition, placement=c.placement,
-                                training=problem.training, recompute=c.recompute)
+            costs = stage_costs(scenario.profile, scenario.cluster, partition, placement=c.placement,
+                                training=scenario.training, recompute=c.recompute)
         order = list_schedule(costs, c.placement, P, microbatches=M, config=list_config(c, costs, P))
     else:
         order = _fixed_order(c, P, M)

@@ -1,4 +1,4 @@
-"""The :class:`Evaluator`: simulates a problem's candidates, counts simulator calls and caches
+"""The :class:`Evaluator`: simulates a scenario's candidates, counts simulator calls and caches
 repeats (stage costs, splits, results), with batched native calls (:func:`results_across`)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipeline.simulator import Result, StageCosts, simulate, stage_costs
 __all__ = ["Evaluator", "results_across"]
 
 class Evaluator:
-    """Simulates candidates for one problem; counts simulator calls and caches repeats.
+    """Simulates candidates for one scenario; counts simulator calls and caches repeats.
 
     :meth:`result` is the search's hot path: a ``list`` candidate is scheduled and simulated in one
     engine call (:func:`pipeline.engine.schedule_and_simulate_many`) and no Python plan is built;
@@ -29,8 +29,8 @@ class Evaluator:
     Results are identical on either engine and with or without batching.
     """
 
-    def __init__(self, problem: Scenario) -> None:
-        self.problem = problem
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
         self.calls = 0
         self.started = time.perf_counter()
         self._cache: dict[Candidate, Result] = {}
@@ -44,7 +44,7 @@ class Evaluator:
         """Per call (call n at index n - 1): seconds since :attr:`started` at its end, its iteration time,
         whether its plan was valid and fit in memory."""
         # Overlapped iterations are timed on the order itself (simulator.steady_period): plans are built.
-        self._overlap = runtime_named(problem.training.runtime).overlap_iterations
+        self._overlap = runtime_named(scenario.training.runtime).overlap_iterations
 
     @property
     def seconds(self) -> float:
@@ -53,14 +53,14 @@ class Evaluator:
     def share_scenario_caches(self, other: Evaluator) -> None:
         """Use ``other``'s caches of what depends on the scenario alone (stage costs, DP-balanced and
         device-balanced splits); simulated results and call counts stay this evaluator's own."""
-        if other.problem is not self.problem:
-            raise ValueError("share_scenario_caches needs an evaluator of the same problem object")
+        if other.scenario is not self.scenario:
+            raise ValueError("share_scenario_caches needs an evaluator of the same scenario object")
         self._costs, self._balanced, self._device_balanced = other._costs, other._balanced, other._device_balanced
 
     def simulate_plan(self, plan: Plan) -> Result:
         """Simulate a plan built outside the candidate space (a named schedule from
         :func:`pipeline.schedules.build_plan`), counting one simulator call; not cached."""
-        p = self.problem
+        p = self.scenario
         self.calls += 1
         result = simulate(plan, p.profile, p.cluster, training=p.training, validate=False, record_timeline=False)
         self._record(result)
@@ -68,7 +68,7 @@ class Evaluator:
 
     def adopt(self, c: Candidate, result: Result) -> Result:
         """Take ``result`` of ``c``, found elsewhere (a memo shared across evaluators of the same
-        problem), as this evaluator's own: it counts one call, as evaluating it here would."""
+        scenario), as this evaluator's own: it counts one call, as evaluating it here would."""
         self.calls += 1
         self._record(result)
         self._cache[c] = result
@@ -128,7 +128,7 @@ class Evaluator:
         key = (sizes, placement, recompute)
         hit = self._costs.get(key)
         if hit is None:
-            p = self.problem
+            p = self.scenario
             if len(self._costs) > 4096:
                 self._costs.clear()
             hit = self._costs[key] = stage_costs(p.profile, p.cluster, partition_from_sizes(sizes), placement=placement,
@@ -136,12 +136,12 @@ class Evaluator:
         return hit
 
     def balanced_sizes(self, placement: tuple[int, ...]) -> tuple[int, ...]:
-        """:func:`balanced_sizes` of the problem for ``placement`` (cached, by placement and by the
+        """:func:`balanced_sizes` of the scenario for ``placement`` (cached, by placement and by the
         speeds of its stages, all the split depends on: on a cluster of one speed, every placement
         of as many stages has the same split)."""
         hit = self._balanced.get(placement)
         if hit is None:
-            p = self.problem
+            p = self.scenario
             speeds = p.cluster.speeds
             if len(placement) > p.profile.num_layers or not all(0 <= d < len(speeds) for d in placement):
                 return balanced_sizes(p.profile, placement, p.cluster)  # its error, or its answer
@@ -154,13 +154,13 @@ class Evaluator:
 
     def device_balanced_sizes(self, placement: tuple[int, ...], start: tuple[int, ...] | None = None
                               ) -> tuple[int, ...]:
-        """:func:`pipeline.balance.device_balanced_sizes` of the problem for ``placement`` from
+        """:func:`pipeline.balance.device_balanced_sizes` of the scenario for ``placement`` from
         ``start`` (default: :meth:`balanced_sizes`), cached."""
         start = self.balanced_sizes(placement) if start is None else start
         key = (placement, start)
         hit = self._device_balanced.get(key)
         if hit is None:
-            p = self.problem
+            p = self.scenario
             if len(self._device_balanced) > 1024:
                 self._device_balanced.clear()
             hit = self._device_balanced[key] = device_balanced_sizes(p.profile, placement, p.cluster, start=start)
@@ -168,12 +168,12 @@ class Evaluator:
 
     def memory_budgets(self, c: Candidate) -> tuple[float, ...]:
         """:func:`memory_budgets` of a candidate's partition and placement."""
-        return memory_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices,
+        return memory_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.scenario.devices,
                               split_backward=c.split_backward)
 
     def roomy_budgets(self, c: Candidate) -> tuple[float, ...]:
         """:func:`roomy_budgets` of a candidate's partition and placement."""
-        return roomy_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.problem.devices)
+        return roomy_budgets(self.costs(c.sizes, c.placement, c.recompute), c.placement, self.scenario.devices)
 
     def result(self, c: Candidate) -> Result:
         """The simulated result of a candidate; an impossible candidate gives an invalid result."""
@@ -203,7 +203,7 @@ class Evaluator:
         if hit is not None:
             return hit
         self.result(c)  # a new candidate counts as a call once, as in evaluate()
-        p = self.problem
+        p = self.scenario
         try:
             costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
             plan = materialize(c, p, costs=costs)
@@ -226,7 +226,7 @@ class Evaluator:
 
     def _start(self, c: Candidate) -> _Job:
         """Everything up to the engine call: costs, caps, the job (or an error, or a plan)."""
-        p = self.problem
+        p = self.scenario
         try:
             costs = self.costs(c.sizes, c.placement, c.recompute) if c.order == "list" else None
             if costs is not None and not self._overlap:
@@ -237,7 +237,7 @@ class Evaluator:
             return _Job(error=str(exc))
 
     def _finish(self, c: Candidate, job: _Job) -> Result:
-        p = self.problem
+        p = self.scenario
         if job.job is not None and job.outcome is None and job.error is None:
             job = _run_job(job)
         if job.outcome is not None and not job.outcome[0]:
@@ -269,7 +269,7 @@ class Evaluator:
 
 def results_across(requests: Sequence[tuple[Evaluator, Candidate]], *, threads: int | None = None) -> list[Result]:
     """:meth:`Evaluator.result` of each ``(evaluator, candidate)`` pair, the engine calls of the new
-    ones (over every evaluator and problem) in one :func:`pipeline.engine.schedule_and_simulate_many`
+    ones (over every evaluator and scenario) in one :func:`pipeline.engine.schedule_and_simulate_many`
     batch on ``threads`` threads (default :data:`pipeline.engine.BATCH_THREADS`): what a batched
     environment's step needs. Each evaluator counts, caches and remembers (:meth:`Evaluator.remember`)
     its new candidates exactly as one ``result`` call each would (a pair repeated counts once); a

@@ -278,9 +278,9 @@ def validate_plan(plan: Plan, *, num_layers: int | None = None, devices: int | N
     its forward) is checked by the simulator, which names the actions it could not run.
     """
     validate_layout(plan, num_layers=num_layers, devices=devices, source=source)
-    problem = schedule_defect(plan)
-    if problem is not None:
-        raise_schedule_defect(plan, problem, source=source)
+    scenario = schedule_defect(plan)
+    if scenario is not None:
+        raise_schedule_defect(plan, scenario, source=source)
 
 
 def validate_layout(plan: Plan, *, num_layers: int | None = None, devices: int | None = None,

@@ -444,9 +444,9 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, training: T
     if validate:
         try:
             validate_layout(plan, num_layers=profile.num_layers, devices=cluster.devices)
-            problem = engine.check_schedule(plan)
-            if problem is not None:
-                raise_schedule_defect(plan, problem)
+            scenario = engine.check_schedule(plan)
+            if scenario is not None:
+                raise_schedule_defect(plan, scenario)
         except PlanError as exc:
             dummy = StageCosts((), (), (), (), (), (), tuple(0.0 for _ in range(P)),
                                tuple(cluster.memory_limits_bytes[:P]) if cluster.devices >= P else

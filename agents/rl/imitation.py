@@ -73,8 +73,8 @@ def collect_states(n_states: int, *, seed: int, oracle_share: float = 0.5, max_s
     oracle: Evaluator | None = None
     while len(rows["mask"]) < n_states:
         ed = env.editor
-        if oracle is None or oracle.problem is not ed.problem:
-            oracle = Evaluator(ed.problem)
+        if oracle is None or oracle.scenario is not ed.scenario:
+            oracle = Evaluator(ed.scenario)
         mask = env.action_masks()
         allowed = np.flatnonzero(mask[1:]) + 1
         if not len(allowed):

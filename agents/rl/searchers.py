@@ -60,38 +60,38 @@ def _policy(path: str | Path | None) -> tuple[Any, dict[str, Any]]:
     return _POLICIES[key]
 
 
-def beyond_reach(problem: Scenario) -> str | None:
-    """Why the policy cannot plan ``problem`` (its action table and observation hold at most
+def beyond_reach(scenario: Scenario) -> str | None:
+    """Why the policy cannot plan ``scenario`` (its action table and observation hold at most
     :data:`env.editor.MAX_DEVICES` devices), or None when it can: the one-line note of a skipped row."""
     from env.editor import MAX_DEVICES
 
-    if problem.devices > MAX_DEVICES:
-        return f"skipped: rl plans up to {MAX_DEVICES} devices, got {problem.devices}"
+    if scenario.devices > MAX_DEVICES:
+        return f"skipped: rl plans up to {MAX_DEVICES} devices, got {scenario.devices}"
     return None
 
 
-def rollout(policy: Any, env: Any, *, problem: Scenario, evaluator: Evaluator, max_calls: int,
+def rollout(policy: Any, env: Any, *, scenario: Scenario, evaluator: Evaluator, max_calls: int,
             deterministic: bool, rng: np.random.Generator | None = None,
             start: list[Candidate] | str | None = None, deadline: float | None = None
             ) -> tuple[Candidate, Plan, Result]:
-    """One episode of ``policy`` on ``problem`` in ``env``; returns the best (candidate, plan, result)
+    """One episode of ``policy`` on ``scenario`` in ``env``; returns the best (candidate, plan, result)
     (the plan is built by ``evaluator.plan`` and cached there).
     ``policy=None`` picks uniformly among the allowed edits (the baseline a policy must beat).
     ``deadline`` (a ``time.perf_counter()`` value) ends the episode early."""
-    _run_episode(policy, env, problem=problem, evaluator=evaluator, max_calls=max_calls, deterministic=deterministic,
+    _run_episode(policy, env, scenario=scenario, evaluator=evaluator, max_calls=max_calls, deterministic=deterministic,
                  rng=rng, start=start, deadline=deadline)
     ed = env.editor
     return ed.best, ed.best_plan, ed.best_result
 
 
-def _run_episode(policy: Any, env: Any, *, problem: Scenario, evaluator: Evaluator, max_calls: int,
+def _run_episode(policy: Any, env: Any, *, scenario: Scenario, evaluator: Evaluator, max_calls: int,
                  deterministic: bool, rng: np.random.Generator | None = None,
                  start: list[Candidate] | str | None = None, deadline: float | None = None) -> None:
     import time
 
     import torch as th
 
-    options: dict[str, Any] = {"problem": problem, "evaluator": evaluator, "max_calls": max_calls,
+    options: dict[str, Any] = {"scenario": scenario, "evaluator": evaluator, "max_calls": max_calls,
                                "reference": "bound"}
     if start:
         options["start"] = start
@@ -142,7 +142,7 @@ def _predict(policy: Any, obs: dict, mask: np.ndarray, *, deterministic: bool) -
     return int(np.argmax(probs)), None
 
 
-def start_candidates(problem: Scenario) -> list[Candidate]:
+def start_candidates(scenario: Scenario) -> list[Candidate]:
     """Where the policy's rollouts start: the zero-shot starts (:func:`env.scenarios.zero_shot_starts`,
     memory-aware), the environment's portfolio (list-scheduled families), the hand-built orders
     of the named schedules (ZB-V, interleaved 1F1B, 1F1B) and interleaved placements of 2-4
@@ -152,10 +152,10 @@ def start_candidates(problem: Scenario) -> list[Candidate]:
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
     from pipeline.space import preset_budgets
 
-    P, L = problem.devices, problem.profile.num_layers
-    ev = Evaluator(problem)
-    out = zero_shot_starts(problem, ev)
-    out += [c for c in portfolio(problem, ev.balanced_sizes) if c not in out]
+    P, L = scenario.devices, scenario.profile.num_layers
+    ev = Evaluator(scenario)
+    out = zero_shot_starts(scenario, ev)
+    out += [c for c in portfolio(scenario, ev.balanced_sizes) if c not in out]
     named: list[tuple[str, tuple[int, ...]]] = [("1f1b", sequential_placement(P))]
     if P >= 2 and 2 * P <= L:
         named += [("zbv", v_placement(P)), ("interleaved", interleaved_placement(P, 2))]
@@ -213,7 +213,7 @@ class RLSearcher:
     extra_starts: list[Candidate] = field(default_factory=list, repr=False)
     """Candidates to start from besides the ranker's (e.g. the tuner's best plan, to polish)."""
     scenario_caches: Evaluator | None = field(default=None, repr=False)
-    """An evaluator of the same problem whose stage costs and splits to reuse."""
+    """An evaluator of the same scenario whose stage costs and splits to reuse."""
     named_arms: bool = True
     """Simulate the ranker's named hand-built schedules too (off when a tuner simulated them already)."""
     lazy: bool = False
@@ -221,15 +221,15 @@ class RLSearcher:
     best: tuple | None = field(default=None, repr=False)
     """After a search: (key, candidate or None, named plan or None, result) of the best plan."""
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         from env.pipeline_env import PipelineEnv
 
-        if (why := beyond_reach(problem)) is not None:
+        if (why := beyond_reach(scenario)) is not None:
             return SearchResult(self.name, None, None, note=why)
 
         policy, meta = (None, {"config": {"allow_stop": False}}) if self.random_edits else _policy(self.policy_path)
-        ev = self.evaluator = Evaluator(problem)
+        ev = self.evaluator = Evaluator(scenario)
         if self.scenario_caches is not None:
             ev.share_scenario_caches(self.scenario_caches)
         max_calls, samples = (min(5, self.max_calls), 0) if self.zero_shot else (self.max_calls, self.samples)
@@ -240,7 +240,7 @@ class RLSearcher:
         history: list[tuple[int, float]] = []
         best_key = None
         deadline = None if budget.seconds is None else time.perf_counter() + budget.seconds
-        starts = self._starts(problem, ev, found, cap, deadline)
+        starts = self._starts(scenario, ev, found, cap, deadline)
         if self.extra_starts:
             starts = list(dict.fromkeys(self.extra_starts + (starts if isinstance(starts, list) else [])))
         for key, _, plan, res in found:
@@ -253,7 +253,7 @@ class RLSearcher:
             if k and (ev.calls >= cap or (deadline is not None and time.perf_counter() >= deadline)):
                 break
             calls_before = ev.calls
-            c, res = _rollout_best(policy, env, problem=problem, evaluator=ev, max_calls=cap,
+            c, res = _rollout_best(policy, env, scenario=scenario, evaluator=ev, max_calls=cap,
                                    deterministic=k == 0, rng=rng, start=starts, deadline=deadline)
             key = objective_key(res)
             found.append((key, c, None, res))
@@ -276,7 +276,7 @@ class RLSearcher:
         if self.lazy:
             return SearchResult(self.name, None, None, ev.calls, ev.seconds, history, note,
                                 *history_marks(ev, history))
-        return finish(self.name, problem, self.best_plan(), evaluator=ev, history=history, note=note)
+        return finish(self.name, scenario, self.best_plan(), evaluator=ev, history=history, note=note)
 
     def best_plan(self) -> Plan | None:
         """The plan of the last search's best (built on demand), None when it found no valid plan."""
@@ -294,7 +294,7 @@ class RLSearcher:
             return None
         return load_ranker(path)
 
-    def _starts(self, problem: Scenario, ev: Evaluator, found: list, cap: int,
+    def _starts(self, scenario: Scenario, ev: Evaluator, found: list, cap: int,
                 deadline: float | None = None) -> list[Candidate] | str:
         """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
         ``found``), or without a ranker file the hand-written starts."""
@@ -303,17 +303,17 @@ class RLSearcher:
 
         ranker = self.ranker()
         if ranker is None:
-            return "single" if self.zero_shot else start_candidates(problem)
+            return "single" if self.zero_shot else start_candidates(scenario)
         k = self.start_arms
         if self.zero_shot:
-            mixed = self.speed_twins and slow_first(problem.cluster.speeds) is not None
+            mixed = self.speed_twins and slow_first(scenario.cluster.speeds) is not None
             k = 3 if mixed else self.zero_shot_starts
-        arms = ranked_starts(problem, ev, ranker, k=k, deadline=deadline, speed_twins=self.speed_twins)
+        arms = ranked_starts(scenario, ev, ranker, k=k, deadline=deadline, speed_twins=self.speed_twins)
         cands = [a.candidate for a in arms if a.candidate is not None]
         for arm in arms:
             if (arm.method is not None and self.named_arms and ev.calls < cap - (1 if cands else 0)
                     and (deadline is None or time.perf_counter() < deadline)):
-                plan, res = named_result(arm, problem, ev)
+                plan, res = named_result(arm, scenario, ev)
                 if res is not None:
                     found.append((objective_key(res), None, plan, res))
         if cands:
@@ -321,7 +321,7 @@ class RLSearcher:
             return cands
         from env.scenarios import zero_shot_starts
 
-        return zero_shot_starts(problem, ev)
+        return zero_shot_starts(scenario, ev)
 
 
 @dataclass
@@ -356,30 +356,30 @@ class RLTunerSearcher:
     ``tuner-first``: the tuner runs its own search with all but ``rl_share`` of the budget, then the
     policy starts from the tuner's best plan and the ranker's recipes with the rest."""
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         if self.order not in ("tuner-first", "policy-first"):
             raise ValueError(f"order {self.order!r}: use tuner-first or policy-first")
-        if (why := beyond_reach(problem)) is not None:
+        if (why := beyond_reach(scenario)) is not None:
             return SearchResult(self.name, None, None, note=why)
         rl = RLSearcher(policy_path=self.policy_path, ranker_path=self.ranker_path, samples=self.samples,
                         max_calls=self.max_calls, start_arms=self.start_arms)
         _policy(self.policy_path)  # loading the policy and ranker files is not search time
         rl.ranker()
         if self.order == "tuner-first":
-            return self._tuner_first(rl, problem, budget=budget, seed=seed, on_improve=on_improve)
+            return self._tuner_first(rl, scenario, budget=budget, seed=seed, on_improve=on_improve)
         from agents.tuner import AdaptisTuner
 
         t0 = time.perf_counter()
         share = Budget(None if budget.sim_calls is None else max(5, int(self.rl_share * budget.sim_calls)),
                        None if budget.seconds is None else self.rl_share * budget.seconds)
-        first = rl.search(problem, budget=share, seed=seed, on_improve=on_improve)
+        first = rl.search(scenario, budget=share, seed=seed, on_improve=on_improve)
         used = time.perf_counter() - t0
         rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - first.sim_calls),
                       seconds=None if budget.seconds is None else max(0.0, budget.seconds - used))
         start = list(dict.fromkeys(rl.best_candidates[:self.seeds] + rl.start_list))
         own = self.own_seeds or not rl.start_list  # without a ranker, the tuner keeps its own seeds
-        tuned = AdaptisTuner().search(problem, budget=rest, seed=seed, on_improve=on_improve,
+        tuned = AdaptisTuner().search(scenario, budget=rest, seed=seed, on_improve=on_improve,
                                       start=start, own_seeds=own, scenario_caches=rl.evaluator,
                                       named_plans=not rl.start_list)
         parts = [first, tuned]
@@ -389,16 +389,16 @@ class RLTunerSearcher:
         return SearchResult(self.name, _renamed(best.plan, self.name), best.result, first.sim_calls + tuned.sim_calls,
                             time.perf_counter() - t0, history, best.note, seconds, fits)
 
-    def _tuner_first(self, rl: RLSearcher, problem: Scenario, *, budget: Budget, seed: int,
+    def _tuner_first(self, rl: RLSearcher, scenario: Scenario, *, budget: Budget, seed: int,
                      on_improve: ImproveCallback | None) -> SearchResult:
         from agents.tuner import AdaptisTuner
 
         t0 = time.perf_counter()
         keep = 1.0 - self.rl_share
         tuner = AdaptisTuner()
-        tuned = tuner.search(problem, budget=Budget(None if budget.sim_calls is None else
-                                                    max(1, int(keep * budget.sim_calls)),
-                                                    None if budget.seconds is None else keep * budget.seconds),
+        tuned = tuner.search(scenario, budget=Budget(None if budget.sim_calls is None else
+                                                     max(1, int(keep * budget.sim_calls)),
+                                                     None if budget.seconds is None else keep * budget.seconds),
                              seed=seed, on_improve=on_improve)
         used = time.perf_counter() - t0
         rest = Budget(sim_calls=None if budget.sim_calls is None else max(1, budget.sim_calls - tuned.sim_calls),
@@ -407,13 +407,13 @@ class RLTunerSearcher:
         rl.scenario_caches = tuner.evaluator
         rl.lazy = True  # the tuner's plan is built already; the policy's only if it is better
         rl.named_arms = False  # the tuner simulated the named schedules already
-        polished = rl.search(problem, budget=rest, seed=seed, on_improve=on_improve)
+        polished = rl.search(scenario, budget=rest, seed=seed, on_improve=on_improve)
         history, seconds, fits = _stitched(tuned, polished, used)
         calls = tuned.sim_calls + polished.sim_calls
         better = rl.best is not None and rl.best[3].valid and (
             tuned.result is None or not tuned.result.valid or rl.best[0] < objective_key(tuned.result))
         if better:
-            out = finish(self.name, problem, rl.best_plan(), evaluator=rl.evaluator, history=history,
+            out = finish(self.name, scenario, rl.best_plan(), evaluator=rl.evaluator, history=history,
                          note=polished.note)
             return SearchResult(self.name, out.plan, out.result, calls, time.perf_counter() - t0, history,
                                 polished.note, seconds, fits)

@@ -100,7 +100,7 @@ DEFAULT_RANKER = Path(__file__).resolve().parents[1] / "policies" / "default_sta
 
 @dataclass(frozen=True)
 class Arm:
-    """One recipe on one problem: a candidate (editable) or a named plan (``method``, ``balanced``)."""
+    """One recipe on one scenario: a candidate (editable) or a named plan (``method``, ``balanced``)."""
 
     name: str
     candidate: Candidate | None = None
@@ -108,16 +108,16 @@ class Arm:
     balanced: bool = False
 
 
-def scenario_features(problem: Scenario) -> np.ndarray:
-    """:data:`FEATURES` of a problem: sizes, how heavy the head, embedding and largest layer are
+def scenario_features(scenario: Scenario) -> np.ndarray:
+    """:data:`FEATURES` of a scenario: sizes, how heavy the head, embedding and largest layer are
     against an even stage, how uneven the layers are, link cost, how much memory the weights take
     and how many micro-batches of activations fit, nodes, device speeds, layer kinds."""
-    prof, cl = problem.profile, problem.cluster
-    P, M, L = problem.devices, problem.microbatches, prof.num_layers
+    prof, cl = scenario.profile, scenario.cluster
+    P, M, L = scenario.devices, scenario.microbatches, prof.num_layers
     cost = np.array([x.f + x.b + x.w for x in prof.layers], dtype=np.float64)
     stage = max(float(cost.sum()) / P, 1e-12)
     act = float(sum(x.act_bytes for x in prof.layers))
-    static = sum(x.params for x in prof.layers) * problem.training.bytes_per_param / P
+    static = sum(x.params for x in prof.layers) * scenario.training.bytes_per_param / P
     limit = float(np.mean(cl.memory_limits_bytes))
     room = limit - static
     fit = room / max(act / P, 1.0) if room > 0 else 0.0
@@ -144,24 +144,24 @@ def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ..
     return cut_budgets(ev.costs(sizes, placement, recompute), placement, budgets, split_backward=recompute is None)
 
 
-def _split_sizes(problem: Scenario, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:
+def _split_sizes(scenario: Scenario, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:
     if split == "dp":
         return ev.balanced_sizes(placement)
     if split == "megatron":
-        return tuple(b - a for a, b in megatron_partition(problem.profile, len(placement)))
-    return ev.device_balanced_sizes(placement) if len(placement) > problem.devices else None
+        return tuple(b - a for a, b in megatron_partition(scenario.profile, len(placement)))
+    return ev.device_balanced_sizes(placement) if len(placement) > scenario.devices else None
 
 
-def build_arm(name: str, problem: Scenario, ev: Evaluator) -> Arm | None:
-    """The recipe ``name`` (one of :data:`ARMS`) on ``problem``, or None where it does not apply.
+def build_arm(name: str, scenario: Scenario, ev: Evaluator) -> Arm | None:
+    """The recipe ``name`` (one of :data:`ARMS`) on ``scenario``, or None where it does not apply.
     Only what this recipe needs is computed (its split, its costs)."""
-    P, L = problem.devices, problem.profile.num_layers
+    P, L = scenario.devices, scenario.profile.num_layers
     parts = name.split(":")
     if parts[0] == "named":
         return Arm(name, method=parts[1], balanced=parts[2] == "dp")
     order = None
     if parts[-1] == SLOW_FIRST:  # pipeline positions by device speed, fastest last
-        order = slow_first(problem.cluster.speeds)
+        order = slow_first(scenario.cluster.speeds)
         if order is None:
             return None
         parts = parts[:-1]
@@ -173,7 +173,7 @@ def build_arm(name: str, problem: Scenario, ev: Evaluator) -> Arm | None:
     placement = make_placement(kind, P, chunks)
     if order is not None:
         placement = tuple(order[d] for d in placement)
-    sizes = _split_sizes(problem, ev, placement, parts[2])
+    sizes = _split_sizes(scenario, ev, placement, parts[2])
     if sizes is None:
         return None
     if parts[0] == "fixed":
@@ -206,13 +206,13 @@ def build_arm(name: str, problem: Scenario, ev: Evaluator) -> Arm | None:
                                max_pending_w=P if not counts_w else None))
 
 
-def arm_candidates(problem: Scenario, ev: Evaluator) -> dict[str, Arm]:
-    """Every recipe that applies to ``problem``, by name (a subset of :data:`ARMS`)."""
-    arms = ((name, build_arm(name, problem, ev)) for name in ARMS)
+def arm_candidates(scenario: Scenario, ev: Evaluator) -> dict[str, Arm]:
+    """Every recipe that applies to ``scenario``, by name (a subset of :data:`ARMS`)."""
+    arms = ((name, build_arm(name, scenario, ev)) for name in ARMS)
     return {name: arm for name, arm in arms if arm is not None}
 
 
-def named_result(arm: Arm, problem: Scenario, ev: Evaluator):
+def named_result(arm: Arm, scenario: Scenario, ev: Evaluator):
     """(plan, result) of a named arm (one counted simulator call), or (None, None) when it does not apply."""
     from pipeline.plan import partition_from_sizes
     from pipeline.schedules import build_plan, method_placement
@@ -220,18 +220,18 @@ def named_result(arm: Arm, problem: Scenario, ev: Evaluator):
     try:
         partition = None
         if arm.balanced:
-            partition = partition_from_sizes(ev.balanced_sizes(method_placement(arm.method, problem.devices)))
-        plan = build_plan(arm.method, problem.profile, problem.cluster, microbatches=problem.microbatches,
-                          partition=partition, training=problem.training)
+            partition = partition_from_sizes(ev.balanced_sizes(method_placement(arm.method, scenario.devices)))
+        plan = build_plan(arm.method, scenario.profile, scenario.cluster, microbatches=scenario.microbatches,
+                          partition=partition, training=scenario.training)
     except PlanError:
         return None, None
     return plan, ev.simulate_plan(plan)
 
 
-def _arm_times(problem: Scenario) -> np.ndarray:
-    """Iteration time of every arm on ``problem`` (inf: infeasible; nan: does not apply)."""
-    ev = Evaluator(problem)
-    arms = arm_candidates(problem, ev)
+def _arm_times(scenario: Scenario) -> np.ndarray:
+    """Iteration time of every arm on ``scenario`` (inf: infeasible; nan: does not apply)."""
+    ev = Evaluator(scenario)
+    arms = arm_candidates(scenario, ev)
     out = np.full(len(ARMS), np.nan)
     cands = [a.candidate for a in arms.values() if a.candidate is not None]
     ev.results(cands)
@@ -239,7 +239,7 @@ def _arm_times(problem: Scenario) -> np.ndarray:
         arm = arms.get(name)
         if arm is None:
             continue
-        res = ev.result(arm.candidate) if arm.candidate is not None else named_result(arm, problem, ev)[1]
+        res = ev.result(arm.candidate) if arm.candidate is not None else named_result(arm, scenario, ev)[1]
         if res is None:
             continue
         out[i] = res.iteration_time if res.feasible else np.inf
@@ -254,11 +254,11 @@ def collect_arm_labels(n: int, *, seed: int, progress: Callable[[int], None] | N
     rng = np.random.default_rng(seed)
     feats, times = [], []
     while len(feats) < n:
-        problem = sample_scenario(rng, TRAIN_SCENARIO)
-        t = _arm_times(problem)
+        scenario = sample_scenario(rng, TRAIN_SCENARIO)
+        t = _arm_times(scenario)
         if not np.isfinite(t).any():
             continue  # nothing fits: no ranking to learn
-        feats.append(scenario_features(problem))
+        feats.append(scenario_features(scenario))
         times.append(t)
         if progress is not None:
             progress(1)
@@ -440,10 +440,10 @@ def holds_one_microbatch(c: Candidate | None, ev: Evaluator) -> bool:
     if c is None:
         return False
     costs = ev.costs(c.sizes, c.placement, c.recompute)
-    return cut_budgets(costs, c.placement, (1.0,) * ev.problem.devices, split_backward=c.split_backward) is not None
+    return cut_budgets(costs, c.placement, (1.0,) * ev.scenario.devices, split_backward=c.split_backward) is not None
 
 
-def ranked_starts(problem: Scenario, ev: Evaluator, ranker: StartRanker, *, k: int,
+def ranked_starts(scenario: Scenario, ev: Evaluator, ranker: StartRanker, *, k: int,
                   deadline: float | None = None, speed_twins: bool = True) -> list[Arm]:
     """The ``k`` applicable arms the ranker scores highest, best first, one of them a recipe that
     fits by construction (:func:`fits_by_construction`, on a layout that holds one micro-batch:
@@ -454,7 +454,7 @@ def ranked_starts(problem: Scenario, ev: Evaluator, ranker: StartRanker, *, k: i
     followed by its :data:`SLOW_FIRST` twin (the same recipe with the devices ordered slowest
     first, fastest last; not scored: the ranker learns the recipes in index order only), so up to
     ``2 k`` arms come back and the starts cover both device orders."""
-    scores = ranker.scores(scenario_features(problem)[None])[0]
+    scores = ranker.scores(scenario_features(scenario)[None])[0]
     out: list[Arm] = []
     safe = False
     for i in np.argsort(-scores, kind="stable"):
@@ -464,7 +464,7 @@ def ranked_starts(problem: Scenario, ev: Evaluator, ranker: StartRanker, *, k: i
         last = len(out) == k - 1 and k > 1 and not safe
         if last and not fits_by_construction(name):
             continue
-        arm = build_arm(name, problem, ev)
+        arm = build_arm(name, scenario, ev)
         if arm is None:
             continue
         sure = fits_by_construction(name) and holds_one_microbatch(arm.candidate, ev)
@@ -474,7 +474,7 @@ def ranked_starts(problem: Scenario, ev: Evaluator, ranker: StartRanker, *, k: i
         safe = safe or sure
         if len(out) == k:
             break
-    if speed_twins and slow_first(problem.cluster.speeds) is not None:
-        twins = (build_arm(f"{a.name}:{SLOW_FIRST}", problem, ev) if a.name.startswith("list:") else None for a in out)
+    if speed_twins and slow_first(scenario.cluster.speeds) is not None:
+        twins = (build_arm(f"{a.name}:{SLOW_FIRST}", scenario, ev) if a.name.startswith("list:") else None for a in out)
         out = [x for a, t in zip(out, twins) for x in (a, t) if x is not None]
     return out

@@ -174,21 +174,21 @@ def _subproc_vec_env(fns: list[Callable[[], Any]]) -> Any:
 _WORKER_GONE = (EOFError, ConnectionResetError, BrokenPipeError)
 
 
-def tuner_times(problems: list, *, calls: int, seed: int = 0) -> list[float]:
-    """Iteration time of the AdaPtis tuner's plan for each problem (``inf`` when none fits)."""
+def tuner_times(scenarios: list, *, calls: int, seed: int = 0) -> list[float]:
+    """Iteration time of the AdaPtis tuner's plan for each scenario (``inf`` when none fits)."""
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
 
     out = []
-    for p in problems:
+    for p in scenarios:
         r = AdaptisTuner().search(p, budget=Budget(calls), seed=seed)
         out.append(r.iteration_time if r.feasible else float("inf"))
     return out
 
 
-def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_steps: int = 24,
+def evaluate_policy_on(policy: Any, scenarios: list, *, max_calls: int = 40, max_steps: int = 24,
                        tuner: list[float] | None = None, allow_stop: bool = True) -> dict[str, float]:
-    """Deterministic rollouts on ``problems`` from the hand-written starts
+    """Deterministic rollouts on ``scenarios`` from the hand-written starts
     (:func:`agents.rl.searchers.start_candidates`, no ranker: the edits alone): mean gain over the best start,
     and, given the tuner's times, the geometric-mean quality (tuner time / policy time) at
     ``max_calls`` calls and zero-shot (one start plan, at most 5 calls)."""
@@ -199,17 +199,17 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
 
     env = PipelineEnv(max_steps=max_steps, allow_stop=allow_stop)
     gains, calls, quality, zero = [], [], [], []
-    for i, p in enumerate(problems):
+    for i, p in enumerate(scenarios):
         starts = start_candidates(p)  # the hand-written, memory-aware starts (no ranker: the edits alone)
         first = SharedEvaluator(p)
-        env.reset(options={"problem": p, "evaluator": first, "max_calls": max_calls, "start": starts})
+        env.reset(options={"scenario": p, "evaluator": first, "max_calls": max_calls, "start": starts})
         start = env.editor.result
         # The rollout's own evaluator: the starts come from ``first``'s memo, counted as its calls, so the
         # rollout starts from the plan ``start`` measured. (Reusing ``first``, whose calls the starts had
         # spent already, cut the rollout's start short when the budget is below the starts' count, and
         # its result could be slower than ``start``.)
         ev = SharedEvaluator(p, share=first)
-        _, _, res = rollout(policy, env, problem=p, evaluator=ev, max_calls=max_calls, deterministic=True,
+        _, _, res = rollout(policy, env, scenario=p, evaluator=ev, max_calls=max_calls, deterministic=True,
                             start=starts)
         ok = res.feasible and start.feasible
         gains.append(start.iteration_time / res.iteration_time if ok else float(res.feasible))
@@ -217,7 +217,7 @@ def evaluate_policy_on(policy: Any, problems: list, *, max_calls: int = 40, max_
         if tuner is not None and np.isfinite(tuner[i]):
             quality.append(tuner[i] / res.iteration_time if res.feasible else 1e-3)
             ev0 = Evaluator(p)
-            _, _, res0 = rollout(policy, env, problem=p, evaluator=ev0, max_calls=5, deterministic=True,
+            _, _, res0 = rollout(policy, env, scenario=p, evaluator=ev0, max_calls=5, deterministic=True,
                                  start="single")
             zero.append(tuner[i] / res0.iteration_time if res0.feasible else 1e-3)
     out = {"eval/gain_over_start": float(np.mean(gains)), "eval/sim_calls": float(np.mean(calls))}
@@ -237,9 +237,9 @@ def _held_out(config: PPOConfig) -> tuple[list, list[float] | None]:
         return [], None
     key = (config.eval_scenarios, config.eval_tuner_calls)
     if key not in _HELD_OUT:
-        problems = [sample_scenario(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
-                    for i in range(config.eval_scenarios)]
-        _HELD_OUT[key] = (problems, tuner_times(problems, calls=config.eval_tuner_calls))
+        scenarios = [sample_scenario(np.random.default_rng(10_000 + i), HELDOUT_SCENARIO)
+                     for i in range(config.eval_scenarios)]
+        _HELD_OUT[key] = (scenarios, tuner_times(scenarios, calls=config.eval_tuner_calls))
     return _HELD_OUT[key]
 
 
@@ -248,12 +248,12 @@ def _imitate(policy: Any, config: PPOConfig, tracker: Any, out: Path) -> dict[st
     and after it, and of random edits, written to ``eval.jsonl`` (``phase`` column) and W&B."""
     from agents.rl.imitation import ImitationConfig, pretrain
 
-    problems, tuner = _held_out(config)
+    scenarios, tuner = _held_out(config)
 
     def record(phase: str, who: Any) -> None:
-        if not problems:
+        if not scenarios:
             return
-        metrics = evaluate_policy_on(who, problems, max_calls=config.max_calls, max_steps=config.max_steps,
+        metrics = evaluate_policy_on(who, scenarios, max_calls=config.max_calls, max_steps=config.max_steps,
                                      tuner=tuner, allow_stop=config.allow_stop)
         with open(out / "eval.jsonl", "a") as fh:
             fh.write(json.dumps({"timesteps": 0, "phase": phase, **metrics}) + "\n")
@@ -277,7 +277,7 @@ def _imitate(policy: Any, config: PPOConfig, tracker: Any, out: Path) -> dict[st
 def _callbacks(config: PPOConfig, tracker: Any, out: Path, stop: dict[str, bool]):
     from stable_baselines3.common.callbacks import BaseCallback
 
-    problems, tuner = _held_out(config)
+    scenarios, tuner = _held_out(config)
 
     class Periodic(BaseCallback):
         """Checkpoints, evaluation and the stop flag set by SIGINT/SIGTERM."""
@@ -301,7 +301,7 @@ def _callbacks(config: PPOConfig, tracker: Any, out: Path, stop: dict[str, bool]
             return path
 
         def evaluate(self) -> None:
-            metrics = evaluate_policy_on(self.model.policy, problems, max_calls=config.max_calls,
+            metrics = evaluate_policy_on(self.model.policy, scenarios, max_calls=config.max_calls,
                                          max_steps=config.max_steps, tuner=tuner, allow_stop=config.allow_stop)
             elapsed = time.perf_counter() - t0
             steps = self.model.num_timesteps - self.first_step

@@ -110,10 +110,10 @@ class NamedTimer:
         self.first = 0.0
         """Seconds the first named plan took (built and simulated)."""
 
-    def megatron_chunks(self, problem: Scenario) -> list[int | None]:
+    def megatron_chunks(self, scenario: Scenario) -> list[int | None]:
         if self.clock.budget.seconds is None:
             return [None]
-        return list(megatron_chunk_counts(problem.profile, problem.devices, problem.microbatches))
+        return list(megatron_chunk_counts(scenario.profile, scenario.devices, scenario.microbatches))
 
     def room(self) -> bool:
         seconds = self.clock.budget.seconds

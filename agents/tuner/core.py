@@ -57,23 +57,23 @@ Progress = Callable[[int, Result], None]
 MAX_IDLE_ROUNDS = 50
 
 
-def seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, *,
+def seed_candidates(scenario: Scenario, evaluator: Evaluator | None = None, *,
                     speed_order: bool = True) -> list[Candidate]:
     """Starting points: every placement family with Megatron's, the DP-balanced and (several
     stages per device) the device-balanced split, under the activation budgets of the named
     schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited) and under budgets that fill each
     device's memory; with ``speed_order``, on mixed device speeds, :func:`slow_first_seeds` too."""
-    return list(iter_seed_candidates(problem, evaluator, speed_order=speed_order))
+    return list(iter_seed_candidates(scenario, evaluator, speed_order=speed_order))
 
 
-def iter_seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, *,
+def iter_seed_candidates(scenario: Scenario, evaluator: Evaluator | None = None, *,
                          speed_order: bool = True, fits_first: bool = False) -> Iterator[Candidate]:
     """:func:`seed_candidates` one placement family at a time, so a search under a budget in seconds
     evaluates the first ones before it spends time splitting the later ones (the device-balanced
     splits of 32 devices were 0.4-0.8 s). ``fits_first``: each family's memory-filling candidates
     first (a short budget at a large size then has a plan that fits before its time is up)."""
-    P, L = problem.devices, problem.profile.num_layers
-    ev = evaluator if evaluator is not None else Evaluator(problem)
+    P, L = scenario.devices, scenario.profile.num_layers
+    ev = evaluator if evaluator is not None else Evaluator(scenario)
     for kind, chunks in PLACEMENT_CHOICES:
         out: list[Candidate] = []
         S = P * chunks
@@ -81,7 +81,7 @@ def iter_seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, 
             continue
         placement = make_placement(kind, P, chunks)
         splits = {ev.balanced_sizes(placement),
-                  tuple(b - a for a, b in megatron_partition(problem.profile, S))}
+                  tuple(b - a for a, b in megatron_partition(scenario.profile, S))}
         if S > P:
             splits.add(ev.device_balanced_sizes(placement))
         for sizes in sorted(splits):
@@ -97,22 +97,22 @@ def iter_seed_candidates(problem: Scenario, evaluator: Evaluator | None = None, 
                 out.append(filled)
             out.append(with_roomy_budgets(Candidate(sizes, placement, "list"), ev))
             if S > P and sizes == ev.device_balanced_sizes(placement):
-                lighter = lighten_first_stage(Candidate(sizes, placement, "list"), 0, problem)
+                lighter = lighten_first_stage(Candidate(sizes, placement, "list"), 0, scenario)
                 out += [with_filled_budgets(c, ev) for c in lighter]
             if kind == "interleaved" or chunks == 1:
                 out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
         yield from out
     if speed_order:
-        yield from slow_first_seeds(problem, ev)
+        yield from slow_first_seeds(scenario, ev)
 
 
-def slow_first_seeds(problem: Scenario, ev: Evaluator) -> list[Candidate]:
+def slow_first_seeds(scenario: Scenario, ev: Evaluator) -> list[Candidate]:
     """On a cluster of mixed speeds, every placement family again with the devices in
     :func:`pipeline.space.slow_first` order (fastest last), at its DP-balanced and (several stages
     per device) device-balanced split, under ZB-V's budgets, memory-filling and roomy ones. Empty
     where every device is as fast."""
-    P, L = problem.devices, problem.profile.num_layers
-    order = slow_first(problem.cluster.speeds)
+    P, L = scenario.devices, scenario.profile.num_layers
+    order = slow_first(scenario.cluster.speeds)
     if order is None:
         return []
     out: list[Candidate] = []
@@ -134,13 +134,13 @@ def slow_first_seeds(problem: Scenario, ev: Evaluator) -> list[Candidate]:
 CHAIN_NEIGHBOURS = 4
 
 
-def _chain_moves(c: Candidate, hot: int, cold: int, problem: Scenario) -> list[Candidate]:
+def _chain_moves(c: Candidate, hot: int, cold: int, scenario: Scenario) -> list[Candidate]:
     """Up to :data:`CHAIN_NEIGHBOURS` moves of one or two units from a stage of the ``hot`` device to
     a stage of the ``cold`` one, every boundary in between shifting with them (the stages between
     keep their sizes): those that lower the heaviest device's load per micro-batch the most."""
-    cost = [x.f + x.b + x.w for x in problem.profile.layers]
-    speeds = problem.cluster.speeds
-    P = problem.devices
+    cost = [x.f + x.b + x.w for x in scenario.profile.layers]
+    speeds = scenario.cluster.speeds
+    P = scenario.devices
     now = device_loads(cost, c.sizes, c.placement, devices=P, speeds=speeds)
     scored = []
     for s, d in enumerate(c.placement):
@@ -165,7 +165,7 @@ def _chain_moves(c: Candidate, hot: int, cold: int, problem: Scenario) -> list[C
 LIGHTEN_UNITS = 4
 
 
-def lighten_first_stage(c: Candidate, device: int, problem: Scenario) -> list[Candidate]:
+def lighten_first_stage(c: Candidate, device: int, scenario: Scenario) -> list[Candidate]:
     """Moves of 1 to :data:`LIGHTEN_UNITS` units from ``device``'s first stage to each of its later
     stages (every boundary in between shifting) that leave the heaviest device's load per
     micro-batch as it is. The first stage's activations live longest (from its forward until the
@@ -174,9 +174,9 @@ def lighten_first_stage(c: Candidate, device: int, problem: Scenario) -> list[Ca
     stages = [s for s, d in enumerate(c.placement) if d == device]
     if len(stages) < 2:
         return []
-    cost = [x.f + x.b + x.w for x in problem.profile.layers]
-    speeds = problem.cluster.speeds
-    P = problem.devices
+    cost = [x.f + x.b + x.w for x in scenario.profile.layers]
+    speeds = scenario.cluster.speeds
+    P = scenario.devices
     top = device_loads(cost, c.sizes, c.placement, devices=P, speeds=speeds).max()
     first = stages[0]
     out = []
@@ -236,17 +236,17 @@ class AdaptisTuner:
     """Called at each improvement (:data:`Progress`): unlike ``on_improve``, no plan is built. Benchmarks
     log a search's progress with it (experiments.benchmarks.learned_tuner)."""
 
-    def search(self, problem: Scenario, *, budget: Budget = Budget(), seed: int = 0,
+    def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None, start: Iterable[Candidate] = (),
                own_seeds: bool = True, scenario_caches: Evaluator | None = None,
                named_plans: bool | None = None) -> SearchResult:
         """Search within ``budget``. ``start``: extra candidates to start from (e.g. an RL policy's);
         ``own_seeds=False`` starts from ``start`` alone (a short refinement of given plans).
-        ``scenario_caches``: an evaluator of the same problem whose stage costs and splits to reuse
+        ``scenario_caches``: an evaluator of the same scenario whose stage costs and splits to reuse
         (its results and calls are not). ``named_plans``: whether to simulate the named schedules
         first (default: with ``own_seeds``; a caller that simulated them already passes False)."""
         rng = random.Random(seed)
-        ev = self.evaluator = Evaluator(problem)
+        ev = self.evaluator = Evaluator(scenario)
         self.best_candidate = None
         if scenario_caches is not None:
             ev.share_scenario_caches(scenario_caches)
@@ -259,19 +259,19 @@ class AdaptisTuner:
         #    caller (e.g. an RL policy) and by us; the best of those is where the local search starts.
         named_plans = self.named_plans if named_plans is None else named_plans
         named_plans = own_seeds if named_plans is None else named_plans
-        named = named_starts(problem) if named_plans else []
-        seeds = chain(start, iter_seed_candidates(problem, ev, speed_order=self.speed_order,
+        named = named_starts(scenario) if named_plans else []
+        seeds = chain(start, iter_seed_candidates(scenario, ev, speed_order=self.speed_order,
                                                   fits_first=budget.seconds is not None) if own_seeds else ())
         if self.start_prior is not None and budget.seconds is None:  # learned: the likeliest starts first
             current, current_key = ordered_starts(
-                self.start_prior, named, list(seeds), problem=problem, ev=ev, state=state, clock=clock,
-                build=lambda s: named_plan(problem, ev, s, allowed=self.allowed))
+                self.start_prior, named, list(seeds), scenario=scenario, ev=ev, state=state, clock=clock,
+                build=lambda s: named_plan(scenario, ev, s, allowed=self.allowed))
         else:
             if self.start_prior is not None and named:  # in seconds: the named plans (the dear ones) best-scored first
-                named = [named[i] for i in self.start_prior.order(start_features(problem, ev, named))]
-            current, current_key = self._plain_starts(named, seeds, problem=problem, ev=ev, state=state, clock=clock)
+                named = [named[i] for i in self.start_prior.order(start_features(scenario, ev, named))]
+            current, current_key = self._plain_starts(named, seeds, scenario=scenario, ev=ev, state=state, clock=clock)
         if current is None:
-            return finish(self.name, problem, state.best_plan, evaluator=ev, history=history)
+            return finish(self.name, scenario, state.best_plan, evaluator=ev, history=history)
         # 3. Phases until the budget is spent; perturb when a round finds nothing.
         stall = 0
         idle_rounds = 0
@@ -281,14 +281,14 @@ class AdaptisTuner:
             improved = False
             phases = (self._partition_moves, placement_moves, self._schedule_moves)
             if self.move_policy is not None:  # learned guidance (agents.tuner.learned): which phase, which neighbours
-                current, current_key, improved = self.move_policy.round(phases, current, current_key, problem=problem,
+                current, current_key, improved = self.move_policy.round(phases, current, current_key, scenario=scenario,
                                                                         rng=rng, ev=ev, state=state, clock=clock)
             else:
                 for phase in phases:
                     if clock.spent():
                         break
                     result = ev.result(current)
-                    neighbours = phase(current, result, problem, rng, ev)  # read lazily: see offer_all
+                    neighbours = phase(current, result, scenario, rng, ev)  # read lazily: see offer_all
                     best_n, best_k = None, current_key
                     for n, k in state.offer_all(neighbours, clock):
                         if k < best_k:
@@ -303,25 +303,25 @@ class AdaptisTuner:
             if clock.spent():
                 break
             base = state.best_candidate or current
-            current = self._perturb(base, problem, rng, strength=self.perturb_moves + stall % 4)
+            current = self._perturb(base, scenario, rng, strength=self.perturb_moves + stall % 4)
             current_key = state.offer(current)
             # A small plan space can run out of new candidates (every one cached): stop then.
             idle_rounds = idle_rounds + 1 if ev.calls == calls_before else 0
         note = state.best_note
         self.best_candidate = state.best_candidate if state.best_is_candidate else None
-        return finish(self.name, problem, state.best_plan, evaluator=ev, history=history, note=note)
+        return finish(self.name, scenario, state.best_plan, evaluator=ev, history=history, note=note)
 
-    def _plain_starts(self, named: list[NamedStart], seeds: Iterable[Candidate], *, problem: Scenario,
+    def _plain_starts(self, named: list[NamedStart], seeds: Iterable[Candidate], *, scenario: Scenario,
                       ev: Evaluator, state: _State, clock: TunerClock) -> tuple[Candidate | None, Key | None]:
         """The named schedules, then the seeds, in the tuner's own order; the best seed and its key.
         Under a budget in seconds the named ones stop at their share of it (:class:`NamedTimer`)."""
         timed = NamedTimer(clock)
         for s in named:
-            for chunks in timed.megatron_chunks(problem) if s.method == "megatron" else (None,):
+            for chunks in timed.megatron_chunks(scenario) if s.method == "megatron" else (None,):
                 if not timed.room():  # a budget in seconds: leave most of it to the local search
                     break
                 t0 = clock.now()
-                plan = named_plan(problem, ev, s, chunks=chunks, allowed=self.allowed)
+                plan = named_plan(scenario, ev, s, chunks=chunks, allowed=self.allowed)
                 if plan is None:
                     continue
                 state.offer_plan(plan, ev.simulate_plan(plan), note=s.describe())
@@ -337,7 +337,7 @@ class AdaptisTuner:
     # ------------------------------------------------------------------ phases
 
     @staticmethod
-    def _partition_moves(c: Candidate, result: Result, problem: Scenario, rng: random.Random, ev: Evaluator):
+    def _partition_moves(c: Candidate, result: Result, scenario: Scenario, rng: random.Random, ev: Evaluator):
         """Move boundary layers of the busiest device's stages (and into the idlest device's)."""
         if not result.valid:
             return
@@ -361,21 +361,21 @@ class AdaptisTuner:
             new[src] -= 1
             new[dst] += 1
             yield replace(c, sizes=tuple(new))
-        if problem.devices < S:  # several stages per device: balance devices, not stages
-            yield from _chain_moves(c, hot, cold, problem)
+        if scenario.devices < S:  # several stages per device: balance devices, not stages
+            yield from _chain_moves(c, hot, cold, scenario)
             full = max(range(len(busy)), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
             if result.peak_memory[full] > 0.95 * result.memory_limit[full]:
-                for n in lighten_first_stage(c, full, problem):
+                for n in lighten_first_stage(c, full, scenario):
                     yield with_filled_budgets(n, ev) if c.order == "list" and c.budgets is not None else n
 
     @staticmethod
-    def _placement_moves(c: Candidate, result: Result, problem: Scenario, rng: random.Random, ev: Evaluator, *,
+    def _placement_moves(c: Candidate, result: Result, scenario: Scenario, rng: random.Random, ev: Evaluator, *,
                          speed_order: bool = True):
         """Other placement families (balanced split; with ``speed_order`` on mixed speeds, each
         also with the devices slowest first), and swapping two stages' devices."""
-        P, L = problem.devices, problem.profile.num_layers
+        P, L = scenario.devices, scenario.profile.num_layers
         order_knobs = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zbv", P))
-        fastest_last = slow_first(problem.cluster.speeds) if speed_order else None
+        fastest_last = slow_first(scenario.cluster.speeds) if speed_order else None
         device_orders = [None] if fastest_last is None else [None, fastest_last]
         # another placement family has other stages: per-stage recomputation does not carry over
         # (recomputing every stage does: recompute_for)
@@ -405,9 +405,9 @@ class AdaptisTuner:
                     yield replace(order_knobs, placement=tuple(pl))
 
     @staticmethod
-    def _schedule_moves(c: Candidate, result: Result, problem: Scenario, rng: random.Random, ev: Evaluator):
+    def _schedule_moves(c: Candidate, result: Result, scenario: Scenario, rng: random.Random, ev: Evaluator):
         """Activation budgets per device (warm-up depth), W deferral, fused B, forward priority."""
-        P = problem.devices
+        P = scenario.devices
         base = c if c.order == "list" else replace(c, order="list", budgets=preset_budgets("zb-h1", P),
                                                    cap_counts_w=False, max_pending_w=P)
         if c.order != "list":
@@ -445,7 +445,7 @@ class AdaptisTuner:
                 yield replace(base, max_pending_w=mpw)
 
     @staticmethod
-    def _perturb(c: Candidate, problem: Scenario, rng: random.Random, strength: int) -> Candidate:
+    def _perturb(c: Candidate, scenario: Scenario, rng: random.Random, strength: int) -> Candidate:
         sizes = list(c.sizes)
         S = len(sizes)
         for _ in range(strength):
@@ -457,7 +457,7 @@ class AdaptisTuner:
                 sizes[src] -= 1
                 sizes[dst] += 1
         out = replace(c, sizes=tuple(sizes))
-        P = problem.devices
+        P = scenario.devices
         if S > 1 and P > 1 and (sizes == list(c.sizes) or rng.random() < 0.3):
             # Swap the devices of two stages (also when no layer could move: 1-layer stages).
             a, b = rng.sample(range(S), 2)

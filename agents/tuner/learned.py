@@ -104,10 +104,10 @@ class _Context:
     """``loads.max()``."""
 
     @classmethod
-    def of(cls, c: Candidate, result: Result, problem: Scenario) -> _Context:
-        costs = np.array([x.f + x.b + x.w for x in problem.profile.layers])
-        P = problem.devices
-        speeds = problem.cluster.speeds
+    def of(cls, c: Candidate, result: Result, scenario: Scenario) -> _Context:
+        costs = np.array([x.f + x.b + x.w for x in scenario.profile.layers])
+        P = scenario.devices
+        speeds = scenario.cluster.speeds
         loads = device_loads(costs, c.sizes, c.placement, devices=P, speeds=speeds)
         prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=float))]).tolist()
         if result.valid:
@@ -262,7 +262,7 @@ class MovePolicy:
         if self.descents not in DESCENTS:
             raise ConfigError(f"descents must be one of {DESCENTS}, got {self.descents!r}", field="descents")
 
-    def round(self, phases: Sequence[Callable], current: Candidate, current_key: tuple, *, problem: Scenario,
+    def round(self, phases: Sequence[Callable], current: Candidate, current_key: tuple, *, scenario: Scenario,
               rng: random.Random, ev: Evaluator, state: Any, clock: Any) -> tuple[Candidate, tuple, bool]:
         """Try families until one move improves ``current`` (returned with its key and True) or every
         family's neighbours are spent without a gain (``current``, its key, False)."""
@@ -271,14 +271,14 @@ class MovePolicy:
             self._stalls = 0
         use_bandit = self.bandit and (self.descents == "bandit" or self._stalls % 2 == 0)
         result = ev.result(current)
-        ctx = _Context.of(current, result, problem)
+        ctx = _Context.of(current, result, scenario)
         made: dict[int, list[Candidate]] = {}
         queues: dict[str, list[Candidate]] = {}
         open_families = list(MOVE_FAMILIES)
         while open_families and not clock.spent():
             family = self._bandit.pick(open_families) if use_bandit else open_families[0]
             if family not in queues:
-                queues[family] = self._ranked(family, phases, made, current, result, problem, rng, ev, ctx)
+                queues[family] = self._ranked(family, phases, made, current, result, scenario, rng, ev, ctx)
             queue = queues[family]
             take = len(queue) if self.chunk is None else self.chunk
             batch, new = [], 0
@@ -308,11 +308,11 @@ class MovePolicy:
         return current, current_key, False
 
     def _ranked(self, family: str, phases: Sequence[Callable], made: dict[int, list[Candidate]], current: Candidate,
-                result: Result, problem: Scenario, rng: random.Random, ev: Evaluator, ctx: _Context) -> list:
+                result: Result, scenario: Scenario, rng: random.Random, ev: Evaluator, ctx: _Context) -> list:
         """The family's neighbours as a stack (the next to simulate last)."""
         p = _PHASE[family]
         if p not in made:
-            made[p] = list(phases[p](current, result, problem, rng, ev))
+            made[p] = list(phases[p](current, result, scenario, rng, ev))
         mine, seen = [], set()
         for n in made[p]:
             if n not in seen and move_family(current, n) == family:
@@ -367,8 +367,8 @@ def random_prior_tuner(*, seed: int = 0, name: str = "learned-random"):
 # ------------------------------------------------------------------ training
 
 
-def collect_moves(problems: Sequence[Scenario], *, calls: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(features, improved) of every move the tuner's local search simulates on ``problems``: every
+def collect_moves(scenarios: Sequence[Scenario], *, calls: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(features, improved) of every move the tuner's local search simulates on ``scenarios``: every
     family's neighbours in full, in the tuner's order (no prior, no bandit, no chunks), so each visited
     state labels all its moves."""
     from agents.base import Budget
@@ -377,8 +377,8 @@ def collect_moves(problems: Sequence[Scenario], *, calls: int = 1000, seed: int 
     X: list[list[float]] = []
     y: list[bool] = []
     policy = MovePolicy(prior=None, bandit=False, chunk=None, record=lambda f, ok: (X.append(f), y.append(ok)))
-    for i, problem in enumerate(problems):
-        AdaptisTuner(move_policy=policy).search(problem, budget=Budget(sim_calls=calls), seed=seed + i)
+    for i, scenario in enumerate(scenarios):
+        AdaptisTuner(move_policy=policy).search(scenario, budget=Budget(sim_calls=calls), seed=seed + i)
     return np.asarray(X, dtype=float).reshape(-1, len(FEATURES)), np.asarray(y, dtype=float)
 
 
@@ -409,13 +409,13 @@ def train_prior(*, scenarios: int = 40, calls: int = 1000, seed: int = 0, out: s
     report its ranking on the held-back tenth; write it to ``out``."""
     from env.scenarios import TRAIN_SCENARIO, sample_scenario
 
-    problems = [sample_scenario(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
+    drawn = [sample_scenario(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
     cut = max(1, scenarios - max(1, scenarios // 10))
-    X, y = collect_moves(problems[:cut], calls=calls, seed=seed)
+    X, y = collect_moves(drawn[:cut], calls=calls, seed=seed)
     if len(y) == 0 or y.min() == y.max():
         raise ConfigError(f"{scenarios} draws of {calls} calls labelled {len(y)} moves, not both kept and rejected "
                           "ones: raise --prior-scenarios or --prior-calls", field="--prior-calls")
-    Xv, yv = collect_moves(problems[cut:], calls=calls, seed=seed + cut)
+    Xv, yv = collect_moves(drawn[cut:], calls=calls, seed=seed + cut)
     prior = fit_prior(X, y)
     s = prior.scores(Xv) if len(Xv) else np.zeros(0)
     auc = _auc(s, yv) if len(yv) and 0 < yv.sum() < len(yv) else float("nan")

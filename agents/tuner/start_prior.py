@@ -79,19 +79,19 @@ class NamedStart:
         return f"{self.method}+dp" if self.balanced else self.method
 
 
-def named_starts(problem: Scenario) -> list[NamedStart]:
+def named_starts(scenario: Scenario) -> list[NamedStart]:
     """The named schedules the tuner starts with, in its own order (Megatron's split first; megatron
     only at its own split)."""
     return [NamedStart(m, b) for b in (False, True) for m in NAMED_METHODS if not (b and m == "megatron")]
 
 
-def _scenario_row(problem: Scenario) -> list[float]:
-    prof, cl = problem.profile, problem.cluster
-    P, M = problem.devices, problem.microbatches
+def _scenario_row(scenario: Scenario) -> list[float]:
+    prof, cl = scenario.profile, scenario.cluster
+    P, M = scenario.devices, scenario.microbatches
     cost = np.array([x.f + x.b + x.w for x in prof.layers], dtype=np.float64)
     stage = max(float(cost.sum()) / P, 1e-12)
     act = float(sum(x.act_bytes for x in prof.layers))
-    static = sum(x.params for x in prof.layers) * problem.training.bytes_per_param / P
+    static = sum(x.params for x in prof.layers) * scenario.training.bytes_per_param / P
     limit = float(np.mean(cl.memory_limits_bytes))
     fit = (limit - static) / max(act / P, 1.0) if limit > static else 0.0
     speeds = np.asarray(cl.speeds, dtype=np.float64)
@@ -103,19 +103,19 @@ def _placement_kind(placement: tuple[int, ...], refs: dict[tuple[int, ...], str]
     return refs.get(placement, "other")
 
 
-def start_features(problem: Scenario, ev: Evaluator, starts: Sequence[NamedStart | Candidate]) -> np.ndarray:
+def start_features(scenario: Scenario, ev: Evaluator, starts: Sequence[NamedStart | Candidate]) -> np.ndarray:
     """:data:`START_FEATURES` of each start (rows), from the scenario and the start alone: no simulation
     (the seeds' stage costs and DP splits, which the search computes anyway, are read from ``ev``)."""
-    P = problem.devices
-    cost = [x.f + x.b + x.w for x in problem.profile.layers]
-    speeds = problem.cluster.speeds
+    P = scenario.devices
+    cost = [x.f + x.b + x.w for x in scenario.profile.layers]
+    speeds = scenario.cluster.speeds
     refs: dict[tuple[int, ...], str] = {}
     for kind, chunks in reversed(PLACEMENT_CHOICES):  # sequential last: chunks 1 of any kind is sequential
         try:
             refs[make_placement(kind, P, chunks)] = kind
         except PlanError:
             continue
-    scen = _scenario_row(problem)
+    scen = _scenario_row(scenario)
     rows = []
     for s in starts:
         f = dict.fromkeys(_OWN, 0.0)
@@ -127,7 +127,7 @@ def start_features(problem: Scenario, ev: Evaluator, starts: Sequence[NamedStart
                 if s.balanced:
                     sizes = ev.balanced_sizes(placement)
                 else:
-                    sizes = tuple(b - a for a, b in megatron_partition(problem.profile, len(placement)))
+                    sizes = tuple(b - a for a, b in megatron_partition(scenario.profile, len(placement)))
             except PlanError:  # more stages than layers: it will not build either
                 sizes = ()
             f["split_dp"] = float(s.balanced)
@@ -219,7 +219,7 @@ def load_start_prior(path: str | Path | None = None) -> StartPrior:
 Key = tuple[int, float, float]
 
 
-def named_plan(problem: Scenario, ev: Evaluator, start: NamedStart, *, chunks: int | None = None,
+def named_plan(scenario: Scenario, ev: Evaluator, start: NamedStart, *, chunks: int | None = None,
                allowed: Callable[[Candidate], bool] | None = None) -> Plan | None:
     """The plan of a named start (megatron at ``chunks`` chunks per device, None: its own choice);
     None where it cannot be built or ``allowed`` refuses its sizes and placement."""
@@ -227,16 +227,16 @@ def named_plan(problem: Scenario, ev: Evaluator, start: NamedStart, *, chunks: i
     try:
         partition = None
         if start.balanced:
-            partition = partition_from_sizes(ev.balanced_sizes(method_placement(method, problem.devices)))
+            partition = partition_from_sizes(ev.balanced_sizes(method_placement(method, scenario.devices)))
         if chunks is not None:  # megatron one chunk count at a time (see NamedTimer)
             name = "1f1b" if chunks == 1 else f"i1f1b-v{chunks}"
-            plan = build_plan(name, problem.profile, problem.cluster, microbatches=problem.microbatches,
-                              partition=megatron_partition(problem.profile, problem.devices * chunks),
-                              training=problem.training)
+            plan = build_plan(name, scenario.profile, scenario.cluster, microbatches=scenario.microbatches,
+                              partition=megatron_partition(scenario.profile, scenario.devices * chunks),
+                              training=scenario.training)
             plan = replace(plan, meta={"method": "megatron", "chunks": chunks})
         else:
-            plan = build_plan(method, problem.profile, problem.cluster, microbatches=problem.microbatches,
-                              partition=partition, training=problem.training)
+            plan = build_plan(method, scenario.profile, scenario.cluster, microbatches=scenario.microbatches,
+                              partition=partition, training=scenario.training)
     except PlanError:
         return None
     if allowed is not None and not allowed(Candidate(plan.stage_sizes, plan.placement)):
@@ -244,7 +244,7 @@ def named_plan(problem: Scenario, ev: Evaluator, start: NamedStart, *, chunks: i
     return plan
 
 
-def ordered_starts(prior: StartPrior, named: Sequence[NamedStart], seeds: Sequence[Candidate], *, problem: Scenario,
+def ordered_starts(prior: StartPrior, named: Sequence[NamedStart], seeds: Sequence[Candidate], *, scenario: Scenario,
                    ev: Evaluator, state: Any, clock: Any, build: Callable[[NamedStart], Any]
                    ) -> tuple[Candidate | None, Key | None]:
     """Simulate ``named`` (``build`` makes each one's plan, None if it cannot be built or is not allowed)
@@ -257,7 +257,7 @@ def ordered_starts(prior: StartPrior, named: Sequence[NamedStart], seeds: Sequen
     first_index: dict[Candidate, int] = {}
     for i, c in enumerate(seeds):
         first_index.setdefault(c, i)
-    order = prior.order(start_features(problem, ev, items)) if items else []
+    order = prior.order(start_features(scenario, ev, items)) if items else []
     current: tuple[Key, int, Candidate] | None = None  # the best seed, valid or not: where the search starts
     best_seed: tuple[Key, int, Candidate] | None = None  # the best valid seed
     best_named: tuple[Key, int, Any, str] | None = None

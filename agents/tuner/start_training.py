@@ -21,23 +21,23 @@ from pipeline.space import Evaluator, Scenario, objective_key
 __all__ = ["collect_starts", "fit_start_prior", "first_within", "train_start_prior"]
 
 
-def collect_starts(problems: Sequence[Scenario], *, progress: Callable[[int], None] | None = None
+def collect_starts(scenarios: Sequence[Scenario], *, progress: Callable[[int], None] | None = None
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per problem, (features, times) of every start of the plain tuner (named plans and seeds), each
+    """Per scenario, (features, times) of every start of the plain tuner (named plans and seeds), each
     simulated; a start that cannot be built or does not fit in memory has time ``inf``."""
     out = []
-    for k, problem in enumerate(problems):
-        ev = Evaluator(problem)
-        named = named_starts(problem)
-        seeds = list(iter_seed_candidates(problem, ev))
+    for k, scenario in enumerate(scenarios):
+        ev = Evaluator(scenario)
+        named = named_starts(scenario)
+        seeds = list(iter_seed_candidates(scenario, ev))
         times = []
         for s in named:
-            plan = named_plan(problem, ev, s)
+            plan = named_plan(scenario, ev, s)
             r = ev.simulate_plan(plan) if plan is not None else None
             times.append(r.iteration_time if r is not None and r.valid and r.feasible else math.inf)
         for r in ev.results(seeds):
             times.append(r.iteration_time if r.valid and r.feasible and objective_key(r)[0] == 0 else math.inf)
-        out.append((start_features(problem, ev, [*named, *seeds]), np.asarray(times, dtype=float)))
+        out.append((start_features(scenario, ev, [*named, *seeds]), np.asarray(times, dtype=float)))
         if progress is not None:
             progress(k + 1)
     return out
@@ -96,8 +96,8 @@ def train_start_prior(*, scenarios: int = 300, seed: int = 0, out: str | Path | 
     simulate every start of each (:func:`collect_starts`), fit on 90% of them and report, on the
     held-back tenth, the geometric mean of the calls to the first start within 0.5% of the best, the
     prior's order against the tuner's own; write it to ``out``."""
-    problems = [sample_scenario(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
-    groups = collect_starts(problems, progress=progress)
+    drawn = [sample_scenario(np.random.default_rng(seed + i), TRAIN_SCENARIO) for i in range(scenarios)]
+    groups = collect_starts(drawn, progress=progress)
     cut = max(1, scenarios - max(1, scenarios // 10))
     prior = fit_start_prior(groups[:cut])
     ratios = []

@@ -3,7 +3,7 @@
 For each method (``--methods``: the AdaPtis tuner and Megatron's layout search by default), size
 (small to gemma-large on 32 devices, 256 micro-batches, sub-layer units) and budget (0.5 s, 1 s,
 3 s by default) it runs the search as ``search --method NAME`` does: the
-same problem, and the command's own writer of OUT/plan.json at every improvement (a temporary
+same scenario, and the command's own writer of OUT/plan.json at every improvement (a temporary
 folder). It prints the budget, the wall time of ``search()`` itself (not the profile's set-up),
 their ratio and the plan found (iteration time; ``fits``: runs whose plan fits in memory), each
 the median of ``--repeats`` runs. Target: the ratio <= 1.10
@@ -48,7 +48,7 @@ class Size:
         units = "" if self.granularity == "layer" else f", {self.granularity}"
         return f"{self.model}/{self.devices}/{self.microbatches}{units}"
 
-    def problem(self) -> Scenario:
+    def scenario(self) -> Scenario:
         profile = zoo.zoo_profile(self.model, gpu="h100", granularity=self.granularity)
         return Scenario(profile, build_cluster("h100", devices=self.devices), self.microbatches,
                         TrainingConfig(runtime="pytorch"))
@@ -61,14 +61,14 @@ SIZES = (Size("gemma-small", 4, 32), Size("gemma-medium", 8, 32), Size("gemma-la
 
 def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0, method: str = "adaptis") -> dict:
     """Median wall time of ``method``'s search under ``seconds``, with the search command's plan writer."""
-    problem = size.problem()
+    scenario = size.scenario()
     walls, times, calls, fits = [], [], [], 0
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
             writer = BestPlanWriter(Path(tmp))
             searcher = make_searcher(method)
             t0 = time.perf_counter()
-            res = searcher.search(problem, budget=Budget(sim_calls=None, seconds=seconds), seed=seed,
+            res = searcher.search(scenario, budget=Budget(sim_calls=None, seconds=seconds), seed=seed,
                                   on_improve=functools.partial(writer, method))
             walls.append(time.perf_counter() - t0)
         times.append(res.iteration_time)
@@ -78,7 +78,7 @@ def measure(size: Size, seconds: float, *, repeats: int, seed: int = 0, method: 
     return {"method": method, "size": size.label(), "budget_s": seconds, "wall_s": round(wall, 3),
             "ratio": round(wall / seconds, 3),
             "max_ratio": round(max(walls) / seconds, 3), "sim_calls": int(statistics.median(calls)),
-            "iteration_time": round(statistics.median(times), 1), "time_unit": problem.profile.time_unit,
+            "iteration_time": round(statistics.median(times), 1), "time_unit": scenario.profile.time_unit,
             "fits": f"{fits}/{repeats}"}
 
 

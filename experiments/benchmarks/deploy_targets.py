@@ -42,17 +42,17 @@ def run_case(model: str, devices: int, seq_len: int, *, gpu: str, microbatches: 
              seed: int) -> dict[str, Any]:
     """One case: the baseline, each target's search, each target's best speedup."""
     profile = zoo_profile(model, gpu=gpu, seq_len=seq_len)
-    problem = Scenario(profile, build_cluster(gpu, devices=devices, gpus_per_node=8), microbatches)
-    mega = NamedSearcher("megatron").search(problem)
+    scenario = Scenario(profile, build_cluster(gpu, devices=devices, gpus_per_node=8), microbatches)
+    mega = NamedSearcher("megatron").search(scenario)
     results = [mega]
     seconds = {}
     for target in TARGETS:
         t0 = time.perf_counter()
-        results.append(target_searcher(target, devices).search(problem, budget=budget, seed=seed))
+        results.append(target_searcher(target, devices).search(scenario, budget=budget, seed=seed))
         seconds[target] = round(time.perf_counter() - t0, 2)
     # As in reproduce.md: the baseline's time is the reference even where it overflows memory.
     reference = mega.iteration_time if mega.ok else None
-    rows = {r["target"]: r for r in target_rows(results, problem, reference)}
+    rows = {r["target"]: r for r in target_rows(results, scenario, reference)}
     return {"model": model, "seq_len": seq_len, "devices": devices, "megatron": reference,
             "megatron_fits": bool(mega.ok and mega.result.feasible),
             **{f"{t}_speedup": rows[t]["speedup"] for t in TARGETS},

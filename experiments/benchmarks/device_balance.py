@@ -59,8 +59,8 @@ def rows(model: str, cluster: Cluster, microbatches: int, *, gpu: str = "h100", 
     if runtime == "weight-store":  # what I keeps for W: the matmuls' inputs plus their output gradients
         profile = replace(profile, layers=tuple(
             replace(x, w_act_bytes=x.w_retained + max(0, x.w_graph - x.act_bytes)) for x in profile.layers))
-    problem = Scenario(profile, cluster, M, training)
-    ev = Evaluator(problem)
+    scenario = Scenario(profile, cluster, M, training)
+    ev = Evaluator(scenario)
     costs = [x.f + x.b + x.w for x in profile.layers]
     mean = sum(costs) / P
     for kind, chunks in PLACEMENT_CHOICES:
@@ -74,7 +74,7 @@ def rows(model: str, cluster: Cluster, microbatches: int, *, gpu: str = "h100", 
             row[f"{name}_filled_ms"] = ev.result(filled).iteration_time
             row[f"{name}_no_memory_limit_ms"] = ev.result(replace(filled, budgets=None)).iteration_time
         lighter = [ev.result(with_filled_budgets(c, ev)) for c in
-                   lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, problem)]
+                   lighten_first_stage(Candidate(ev.device_balanced_sizes(placement), placement), 0, scenario)]
         row["device_lightened_best_ms"] = min((r.iteration_time for r in lighter if r.feasible), default=float("nan"))
         yield row
     if curve:
@@ -87,7 +87,7 @@ def rows(model: str, cluster: Cluster, microbatches: int, *, gpu: str = "h100", 
                 r = ev.result(Candidate(sizes, placement, "list", (float(mb),) * P, cap_counts_w=True))
                 yield {"curve": f"{kind}-{chunks}", "budget_microbatches": mb, "ms": r.iteration_time,
                        "peak_gib": max(r.peak_memory) / GIB}
-    found = AdaptisTuner().search(problem, budget=Budget.parse(budget), seed=0)
+    found = AdaptisTuner().search(scenario, budget=Budget.parse(budget), seed=0)
     res = simulate(found.plan, profile, cluster, training=training, record_timeline=True)
     T = res.iteration_time
     yield {"tuner_ms": T, "speedup": mega.iteration_time / T, "megatron_ms": mega.iteration_time, "plan": found.note}

@@ -189,11 +189,11 @@ def _tuner_rows(with_python: bool, against: str | None = None) -> list[dict[str,
     rows = []
     profile = zoo_profile("gemma-large", gpu="h100", seq_len=4096)
     for P, M in ((16, 64), (32, 256)):
-        problem = Scenario(profile, build_cluster("h100", devices=P, gpus_per_node=8), M)
+        scenario = Scenario(profile, build_cluster("h100", devices=P, gpus_per_node=8), M)
 
-        def run(problem: Scenario = problem) -> tuple[float, float]:
+        def run(scenario: Scenario = scenario) -> tuple[float, float]:
             t0 = time.perf_counter()
-            found = AdaptisTuner().search(problem, budget=Budget(sim_calls=400), seed=0)
+            found = AdaptisTuner().search(scenario, budget=Budget(sim_calls=400), seed=0)
             return time.perf_counter() - t0, found.iteration_time
 
         if against:

@@ -25,7 +25,7 @@ __all__ = ["CASES", "env_factory", "measure", "main"]
 CASES = ("default", "small", "small-fresh", "train")
 
 
-def _small_problem():
+def _small_scenario():
     from env.scenarios import sample_architecture
     from pipeline.costs import profile_from_architecture
     from pipeline.hardware import build_cluster
@@ -40,11 +40,11 @@ def env_factory(case: str):
     from env.pipeline_env import PipelineEnv
 
     if case in ("small", "small-fresh"):
-        problem = _small_problem()
+        scenario = _small_scenario()
 
         class Fixed(PipelineEnv):
             def reset(self, *, seed=None, options=None):
-                return super().reset(seed=seed, options={"problem": problem, **(options or {})})
+                return super().reset(seed=seed, options={"scenario": scenario, **(options or {})})
 
         return lambda: Fixed(share_results=case == "small")
     if case == "default":

@@ -72,9 +72,9 @@ def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, 
         from agents.registry import make_searcher
         from pipeline.space import Scenario
 
-        problem = Scenario(profile, cluster, microbatches)
+        scenario = Scenario(profile, cluster, microbatches)
         for method in ("adaptis", "rl"):
-            found = make_searcher(method).search(problem, budget=Budget(sim_calls=tuner_calls), seed=0)
+            found = make_searcher(method).search(scenario, budget=Budget(sim_calls=tuner_calls), seed=0)
             if found.ok and found.plan is not None:
                 plans.append((method, replace(found.plan, meta={**found.plan.meta, "method": method})))
     partition = partition_from_sizes([3, 1, 2, 2]) if profile.num_layers == 8 else None

@@ -90,7 +90,7 @@ class _Worker:
         self.proc.wait(timeout=60)
 
 
-def _problem(spec: tuple):
+def _scenario(spec: tuple):
     import numpy as np
 
     from env.scenarios import HELDOUT_SCENARIO, sample_scenario
@@ -112,7 +112,7 @@ def _best_of(fn, reps: int = 5) -> float:
     return min(out)
 
 
-def _batches(make, problem, calls: int) -> tuple[list[list], float, int]:
+def _batches(make, scenario, calls: int) -> tuple[list[list], float, int]:
     """The engine batches (job lists) of one search, in order; the seconds its move features took, and their count."""
     from agents.base import Budget
     from agents.tuner import learned
@@ -136,7 +136,7 @@ def _batches(make, problem, calls: int) -> tuple[list[list], float, int]:
 
     evaluator.schedule_and_simulate_many, learned.move_features = record, timed
     try:
-        make().search(problem, budget=Budget(sim_calls=calls), seed=0)
+        make().search(scenario, budget=Budget(sim_calls=calls), seed=0)
     finally:
         evaluator.schedule_and_simulate_many, learned.move_features = original, move_features
     return batches, features[0], features[1]
@@ -165,10 +165,10 @@ def anatomy(name: str, *, calls: int) -> list[dict]:
     from agents.tuner import AdaptisTuner
     from agents.tuner.learned import learned_tuner
 
-    problem = _problem(SCENARIOS[name])
+    scenario = _scenario(SCENARIOS[name])
     rows = []
     for method, make in (("adaptis", AdaptisTuner), ("learned", learned_tuner)):
-        batches, seconds, moves = _batches(make, problem, calls)
+        batches, seconds, moves = _batches(make, scenario, calls)
         rows.append({"scenario": name, "method": method, **_replay(batches), "moves_featured": moves,
                      "features_ms": round(1e3 * seconds, 1)})
     return rows

@@ -75,8 +75,8 @@ class ReseededTuner(AdaptisTuner):
 
     name: str = "adaptis-reseeded"
 
-    def search(self, problem: Scenario, *, seed: int = 0, **kwargs) -> SearchResult:
-        return super().search(problem, seed=seed + RESEED, **kwargs)
+    def search(self, scenario: Scenario, *, seed: int = 0, **kwargs) -> SearchResult:
+        return super().search(scenario, seed=seed + RESEED, **kwargs)
 
 
 def _methods(prior: MovePrior) -> dict[str, Callable[[], AdaptisTuner]]:
@@ -134,14 +134,14 @@ def calls_to(log: list[Improvement], target: float) -> tuple[int | None, float |
     return None, None
 
 
-def _run(make: Callable[[], AdaptisTuner], problem: Scenario, budget: Budget, seed: int
+def _run(make: Callable[[], AdaptisTuner], scenario: Scenario, budget: Budget, seed: int
          ) -> tuple[SearchResult, float, list[Improvement]]:
     log: list[Improvement] = []
     progress = _improvements(log)  # its seconds count from before the tuner is made, the wall from the search
     tuner = make()
     tuner.on_progress = progress
     t0 = time.perf_counter()
-    res = tuner.search(problem, budget=budget, seed=seed)
+    res = tuner.search(scenario, budget=budget, seed=seed)
     wall = time.perf_counter() - t0
     return res, wall, log
 
@@ -150,14 +150,14 @@ def _final(res: SearchResult) -> float:
     return res.iteration_time if res.feasible else math.inf
 
 
-def measure(name: str, problem: Scenario, *, methods: dict[str, Callable[[], AdaptisTuner]], seeds: int, calls: int,
+def measure(name: str, scenario: Scenario, *, methods: dict[str, Callable[[], AdaptisTuner]], seeds: int, calls: int,
             within: float, walls: list[float]) -> dict:
     """One scenario's row (see the module docstring)."""
-    runs = {m: [_run(f, problem, Budget(sim_calls=calls), s) for s in range(seeds)] for m, f in methods.items()}
+    runs = {m: [_run(f, scenario, Budget(sim_calls=calls), s) for s in range(seeds)] for m, f in methods.items()}
     finals = {m: [_final(r) for r, _, _ in rs] for m, rs in runs.items()}
     ref = statistics.median(finals["adaptis"])
-    row: dict = {"scenario": name, "devices": problem.devices, "microbatches": problem.microbatches,
-                 "reference": round(ref, 4), "time_unit": problem.profile.time_unit}
+    row: dict = {"scenario": name, "devices": scenario.devices, "microbatches": scenario.microbatches,
+                 "reference": round(ref, 4), "time_unit": scenario.profile.time_unit}
     if not math.isfinite(ref):
         row["note"] = "no feasible adaptis plan"
         return row
@@ -172,7 +172,7 @@ def measure(name: str, problem: Scenario, *, methods: dict[str, Callable[[], Ada
                   "wall": round(statistics.median(w for _, w, _ in rs), 3)}
     for w in walls:
         budget = Budget(sim_calls=None, seconds=w)
-        times = {m: statistics.median(_final(_run(methods[m], problem, budget, s)[0]) for s in range(seeds))
+        times = {m: statistics.median(_final(_run(methods[m], scenario, budget, s)[0]) for s in range(seeds))
                  for m in ("adaptis", "learned") if m in methods}
         if len(times) == 2:
             a, b = times["adaptis"], times["learned"]
@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_zoo:
         cases = [c for c in cases if not c[0].endswith("/8") or "#" in c[0]]
     rows = []
-    for name, problem in cases:
-        row = measure(name, problem, methods={m: known[m] for m in methods}, seeds=args.seeds, calls=args.calls,
+    for name, scenario in cases:
+        row = measure(name, scenario, methods={m: known[m] for m in methods}, seeds=args.seeds, calls=args.calls,
                       within=args.within, walls=walls)
         rows.append(row)
         if args.json:

@@ -35,19 +35,19 @@ def scenario_rows(scenarios: int, *, seed: int = 50_000, budget: int = 400) -> I
     order and in speed order and their ratio (unrounded), or which of the two found no feasible plan
     (``feasible``); draws whose devices all have one speed are left out."""
     for i in range(scenarios):
-        problem = sample_scenario(np.random.default_rng(seed + i), HELDOUT_MIXED_SPEEDS)
-        speeds = problem.cluster.speeds
+        scenario = sample_scenario(np.random.default_rng(seed + i), HELDOUT_MIXED_SPEEDS)
+        speeds = scenario.cluster.speeds
         if max(speeds) == min(speeds):  # every device drew the same speed: nothing to order
             continue
         times = {}
         for speed_order in (False, True):
-            found = AdaptisTuner(speed_order=speed_order).search(problem, budget=Budget(budget), seed=0)
+            found = AdaptisTuner(speed_order=speed_order).search(scenario, budget=Budget(budget), seed=0)
             times[speed_order] = found.iteration_time if found.feasible else math.inf
-        row = {"scenario": f"{problem.profile.name}#{i}", "devices": problem.devices}
+        row = {"scenario": f"{scenario.profile.name}#{i}", "devices": scenario.devices}
         if not math.isfinite(times[False]) or not math.isfinite(times[True]):
             yield {**row, "feasible": [math.isfinite(times[False]), math.isfinite(times[True])]}
             continue
-        yield {**row, "microbatches": problem.microbatches, "slowest": min(speeds), "index_order_ms": times[False],
+        yield {**row, "microbatches": scenario.microbatches, "slowest": min(speeds), "index_order_ms": times[False],
                "speed_order_ms": times[True], "ratio": times[False] / times[True]}
 
 

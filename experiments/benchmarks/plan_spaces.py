@@ -35,8 +35,8 @@ class NoRecomputeTuner(AdaptisTuner):
     """The tuner without its recompute move."""
 
     @staticmethod
-    def _schedule_moves(c: Candidate, result, problem: Scenario, rng, ev) -> Iterator[Candidate]:  # type: ignore[override]
-        return (n for n in AdaptisTuner._schedule_moves(c, result, problem, rng, ev) if n.recompute is None)
+    def _schedule_moves(c: Candidate, result, scenario: Scenario, rng, ev) -> Iterator[Candidate]:  # type: ignore[override]
+        return (n for n in AdaptisTuner._schedule_moves(c, result, scenario, rng, ev) if n.recompute is None)
 
 
 def _case(text: str) -> tuple[str, int, int, float | None]:

@@ -78,30 +78,31 @@ def published_cases(path: Path = PUBLISHED) -> Iterator[tuple[str, Scenario]]:
                                                                  TrainingConfig(runtime="zb-sync"))
 
 
-def prove_case(name: str, problem: Scenario, *, seconds: float, budget: int) -> dict[str, Any]:
+def prove_case(name: str, scenario: Scenario, *, seconds: float, budget: int) -> dict[str, Any]:
     """Tune, then prove the tuner's plan: one row of the table."""
-    tuned = make_searcher("adaptis").search(problem, budget=Budget(sim_calls=budget), seed=0)
+    tuned = make_searcher("adaptis").search(scenario, budget=Budget(sim_calls=budget), seed=0)
     if not tuned.feasible:
         return {"case": name, "error": tuned.note or "the tuner found no feasible plan"}
-    proof = prove(tuned.plan, problem.profile, problem.cluster, training=problem.training, seconds=seconds)
+    proof = prove(tuned.plan, scenario.profile, scenario.cluster, training=scenario.training, seconds=seconds)
     s = proof.summary()
     won = max((("solver", proof.solver_bound or 0.0), ("pipeline.bounds", proof.analytic_bound),
                ("device load", proof.load_bound)), key=lambda kv: kv[1])[0]
-    return {"case": name, "devices": problem.devices, "microbatches": problem.microbatches,
-            "stages": tuned.plan.num_stages, "actions": proof.actions, "runtime": problem.training.runtime,
+    return {"case": name, "devices": scenario.devices, "microbatches": scenario.microbatches,
+            "stages": tuned.plan.num_stages, "actions": proof.actions, "runtime": scenario.training.runtime,
             "tuner_ms": s["plan_ms"], "best_ms": s["best_ms"], "bound_ms": s["bound_ms"], "gap": s["gap"],
             "tuner_vs_best": s["plan_vs_best"], "status": proof.status, "source": proof.source,
             "bound_from": won, "solver_makespan_ms": s["solver_makespan_ms"], "solver_order_ms": s["solver_order_ms"],
             "seconds": s["seconds"], "formulation": proof.formulation}
 
 
-def zb_opt_case(name: str, problem: Scenario, *, seconds: float) -> dict[str, Any]:
+def zb_opt_case(name: str, scenario: Scenario, *, seconds: float) -> dict[str, Any]:
     """``zb-h2`` and ``zb-opt`` at ``zb-h2``'s own peak memory (the device limit lifted so that ``zb-h2``,
     whose budget of 2(p - d) - 1 micro-batches counts only those before their I, fits)."""
-    problem = Scenario(problem.profile, problem.cluster.with_memory(1000.0), problem.microbatches, problem.training)
-    h2 = make_searcher("zb-h2").search(problem, budget=Budget(sim_calls=1))
-    opt = ZbOptSearcher().search(problem, budget=Budget(sim_calls=None, seconds=seconds))
-    unit = problem.profile.seconds_per_unit * 1e3
+    sc = scenario
+    scenario = Scenario(sc.profile, sc.cluster.with_memory(1000.0), sc.microbatches, sc.training)
+    h2 = make_searcher("zb-h2").search(scenario, budget=Budget(sim_calls=1))
+    opt = ZbOptSearcher().search(scenario, budget=Budget(sim_calls=None, seconds=seconds))
+    unit = scenario.profile.seconds_per_unit * 1e3
     return {"case": name, "zb_h2_ms": h2.iteration_time * unit, "zb_opt_ms": opt.iteration_time * unit,
             "speedup": h2.iteration_time / opt.iteration_time,
             "peak_gib_h2": max(h2.result.peak_memory_gb), "peak_gib_opt": max(opt.result.peak_memory_gb),
@@ -125,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.json:
         print(f"{'case':18} {'dev':>3} {'M':>3} {'stg':>3} {'acts':>5} {'tuner ms':>10} {'best ms':>10} "
               f"{'bound ms':>10} {'gap':>7} {'tuner/best':>10}  status    bound from")
-    for name, problem in cases:
-        row = prove_case(name, problem, seconds=args.seconds, budget=args.budget)
+    for name, scenario in cases:
+        row = prove_case(name, scenario, seconds=args.seconds, budget=args.budget)
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)
@@ -147,8 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.zb_opt:
         if not args.json:
             print(f"\n{'case':18} {'zb-h2 ms':>10} {'zb-opt ms':>10} {'speedup':>8} {'peak GiB h2/opt':>16}  note")
-        for name, problem in published_cases():
-            row = zb_opt_case(name, problem, seconds=args.seconds)
+        for name, scenario in published_cases():
+            row = zb_opt_case(name, scenario, seconds=args.seconds)
             extra.append(row)
             if args.json:
                 print(json.dumps(row), flush=True)

@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         profile = zoo_profile(model, seq_len=args.seq_len)
         cluster = build_cluster("h100", devices=devices)
         for mbs in (int(x) for x in args.microbatches.split(",")):
-            problem = Scenario(profile, cluster, mbs)
+            scenario = Scenario(profile, cluster, mbs)
             bound = lower_bound(profile, cluster, mbs).value
-            mega = NamedSearcher("megatron").search(problem).iteration_time
+            mega = NamedSearcher("megatron").search(scenario).iteration_time
             for calls in (int(x) for x in args.budgets.split(",")):
                 stamps: list[tuple[float, float]] = []
                 t0 = time.perf_counter()
-                res = AdaptisTuner().search(problem, budget=Budget(sim_calls=calls),
+                res = AdaptisTuner().search(scenario, budget=Budget(sim_calls=calls),
                                             on_improve=lambda _p, r, s=stamps, t0=t0: s.append(
                                                 (time.perf_counter() - t0, r.iteration_time)))
                 seconds = time.perf_counter() - t0

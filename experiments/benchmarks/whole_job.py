@@ -45,9 +45,9 @@ def memory_rows(*, dp: int, budget: int, runtime: str = "ideal") -> list[dict]:
         for label, training in (("pipeline only (18 B/param)", TrainingConfig(runtime=runtime)),
                                 (f"dp={dp}, distributed optimizer",
                                  TrainingConfig(runtime=runtime, data_parallel=dp, zero_stage=1))):
-            problem = Scenario(profile, cluster, 64, training)
+            scenario = Scenario(profile, cluster, 64, training)
             for method in METHODS:
-                found = make_searcher(method).search(problem, budget=Budget(sim_calls=budget), seed=0)
+                found = make_searcher(method).search(scenario, budget=Budget(sim_calls=budget), seed=0)
                 res = found.result
                 rows.append({"model": model, "seq_len": seq, "memory": label, "method": method,
                              "iteration_ms": res.iteration_time if res is not None and res.valid else None,

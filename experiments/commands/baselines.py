@@ -23,7 +23,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_problem,
+    resolve_scenario,
     resolve_training,
 )
 from experiments.results import MethodRow, method_rows
@@ -49,21 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
-def compare(problem: Scenario, methods: Sequence[str]) -> tuple[list[MethodRow], list[SearchResult]]:
-    """Each named method on ``problem``, ``megatron`` added last when missing (the speedups are over it):
+def compare(scenario: Scenario, methods: Sequence[str]) -> tuple[list[MethodRow], list[SearchResult]]:
+    """Each named method on ``scenario``, ``megatron`` added last when missing (the speedups are over it):
     the rows ``baselines`` prints (:func:`experiments.results.method_rows`, sorted) and the search
     results, in ``methods``' order."""
-    results = run_methods(problem, with_baseline(methods, first=False), budget=Budget())
-    bound = lower_bound(problem.profile, problem.cluster, problem.microbatches, runtime=problem.training.runtime).value
+    results = run_methods(scenario, with_baseline(methods, first=False), budget=Budget())
+    sc = scenario
+    bound = lower_bound(sc.profile, sc.cluster, sc.microbatches, runtime=sc.training.runtime).value
     return method_rows(results, bound), results
 
 
 def run(args: argparse.Namespace) -> int:
-    profile, cluster = resolve_problem(args)
+    profile, cluster = resolve_scenario(args)
     check_microbatches(args.microbatches, cluster.devices)
     methods = with_baseline([m.strip() for m in args.methods.split(",") if m.strip()], first=False)
-    problem = Scenario(profile, cluster, args.microbatches, resolve_training(args))
-    rows, results = compare(problem, methods)
+    scenario = Scenario(profile, cluster, args.microbatches, resolve_training(args))
+    rows, results = compare(scenario, methods)
     config = {"profile": profile.name, "devices": cluster.devices, "microbatches": args.microbatches,
               "methods": methods}
     with tracked_run(args, command=NAME, config=config) as tracker:

@@ -287,20 +287,20 @@ def _evaluate(scenarios: list[tuple[str, Any]], methods: list[str], timed: tuple
         return budget
 
     settings = _settings(args)
-    for name, problem in tqdm(scenarios, desc=f"evaluate-agent {label}", unit="scenario", file=sys.stderr,
-                              disable=None):
+    for name, scenario in tqdm(scenarios, desc=f"evaluate-agent {label}", unit="scenario", file=sys.stderr,
+                               disable=None):
         runs: dict[str, list] = {m: [] for m in methods}
         for _ in range(args.repeats):
-            done = run_methods(problem, methods, budget=spend, seed=args.seed, settings=settings, policy=args.policy,
+            done = run_methods(scenario, methods, budget=spend, seed=args.seed, settings=settings, policy=args.policy,
                                ranker=args.ranker, make=_searcher)
             for m, r in zip(methods, done):
                 runs[m].append(r)
         results = {m: _median_run(rs) for m, rs in runs.items()}
         ref = results.get("adaptis")
-        bound = lower_bound(problem.profile, problem.cluster, problem.microbatches).value
+        bound = lower_bound(scenario.profile, scenario.cluster, scenario.microbatches).value
         scenario_rows = []
         for m, r in results.items():
-            row = {"scenario": name, "devices": problem.devices, "mb": problem.microbatches, "budget": label,
+            row = {"scenario": name, "devices": scenario.devices, "mb": scenario.microbatches, "budget": label,
                    **MethodRow.of(r, None, bound).as_dict(), "method": m}
             skipped = r.result is None and r.note.startswith("skipped")  # e.g. rl past its device limit
             if ref is not None and ref.feasible:

@@ -133,9 +133,9 @@ def run(args: argparse.Namespace) -> int:
             profile = zoo_profile(model, gpu=args.gpu, seq_len=seq)
             cluster = build_cluster(args.gpu, devices=devices, gpus_per_node=8)
             training = TrainingConfig(runtime=args.runtime)
-            problem = Scenario(profile, cluster, args.microbatches, training)
+            scenario = Scenario(profile, cluster, args.microbatches, training)
             bound = lower_bound(profile, cluster, args.microbatches, runtime=args.runtime).value
-            results = dict(zip(methods, run_methods(problem, methods, budget=budget, seed=args.seed)))
+            results = dict(zip(methods, run_methods(scenario, methods, budget=budget, seed=args.seed)))
             mega = results["megatron"]
             rich: dict[str, Any] = {}
             if richer:

@@ -58,7 +58,7 @@ from experiments.common import (
     prediction_meta,
     print_json_lines,
     print_table,
-    resolve_problem,
+    resolve_scenario,
     resolve_training,
 )
 from experiments.deploy import (
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         return run_job(args)
     if args.devices is None:
         args.devices = DEFAULT_DEVICES
-    profile, cluster = resolve_problem(args)
+    profile, cluster = resolve_scenario(args)
     if args.profile and profile.extra.get("measured") and "runtime_scales" not in profile.extra:
         print(f"note: {args.profile} is measured but not calibrated (profile --calibrate N, or run's "
               "calibrated_profile.json): it leaves out the runtime's overheads and contention, which put one "
@@ -181,18 +181,18 @@ def run(args: argparse.Namespace) -> int:
     out = output_folder(args.out or
                         f"runs/search-{args.model or (Path(args.profile).stem if args.profile else DEFAULT_MODEL)}",
                         command=NAME, inputs=args)
-    problem = Scenario(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
-    bound = lower_bound(profile, cluster, args.microbatches, runtime=problem.training.runtime)
+    scenario = Scenario(profile, cluster, args.microbatches, resolve_training(args, target=args.target))
+    bound = lower_bound(profile, cluster, args.microbatches, runtime=scenario.training.runtime)
     def predicted(result: Result) -> dict:
         return prediction_meta(result.iteration_time, profile=profile, cluster=cluster,
-                               runtime=problem.training.runtime, profile_file=args.profile)
+                               runtime=scenario.training.runtime, profile_file=args.profile)
 
     writer = BestPlanWriter(out, lambda plan: target_reason(args.target, plan, profile) is None, predicted)
     title = (f"{profile.name}: {len(profile.layers)} layers on {cluster.devices} devices, {args.microbatches} "
              f"micro-batches, {cluster.memory_gb:g} GiB per device ({cluster.memory_reserve_gb:g} GiB reserved) "
              f"(time in {profile.time_unit}; lower bound {bound.value:.4g}, {bound.binding})")
     try:
-        results = run_methods(problem, methods, budget=budget, seed=args.seed, policy=args.policy,
+        results = run_methods(scenario, methods, budget=budget, seed=args.seed, policy=args.policy,
                               ranker=args.ranker, on_improve=writer, progress="search")
     except Interrupted as stop:
         return _keep_interrupted(stop.stop, out, stop.results, writer, bound.value, args=args, title=title)
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         if smallest is not None:  # last: the same words as a sweep trial's reason (experiments.sweeps)
             peak = max(smallest.result.peak_memory) / GIB
             msg += (f"; the smallest peak found is {peak:.2f} GiB ({smallest.method}) "
-                    f"{memory_advice(cluster, profile, problem.training)}")
+                    f"{memory_advice(cluster, profile, scenario.training)}")
         print(msg, file=sys.stderr)
         return 3
     if not args.json:
@@ -256,16 +256,16 @@ def run(args: argparse.Namespace) -> int:
               f"{best.iteration_time / bound.value:.3f}x the lower bound -> {out / 'plan.json'}, {out / 'plan.csv'}, "
               f"{out / 'gantt_best.png'}")
     if args.prove > 0 and best.feasible:
-        _print_proof(best, profile, cluster, problem, seconds=args.prove, out=out, as_json=args.json)
+        _print_proof(best, profile, cluster, scenario, seconds=args.prove, out=out, as_json=args.json)
     return 0
 
 
-def _print_proof(best: SearchResult, profile: ModelProfile, cluster: Cluster, problem: Scenario, *, seconds: float,
+def _print_proof(best: SearchResult, profile: ModelProfile, cluster: Cluster, scenario: Scenario, *, seconds: float,
                  out: Path, as_json: bool) -> None:
     """``--prove``: the best plan's proven gap (pipeline.exact), one line (or one JSON object)."""
     from pipeline.exact import prove
 
-    proof = prove(best.plan, profile, cluster, training=problem.training, seconds=seconds)
+    proof = prove(best.plan, profile, cluster, training=scenario.training, seconds=seconds)
     summary = {"proof": True, "method": best.method, **proof.summary()}
     if proof.best_time < proof.plan_time * (1 - 1e-6):  # a faster order, not rounding
         proof.plan.save(out / "proven_plan.json")

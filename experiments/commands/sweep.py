@@ -11,7 +11,7 @@ The sampler is a plain grid (Optuna is not a dependency). With Optuna installed,
 lets its TPE sampler choose --max-trials combinations among the same values. W&B's own sweeps
 need a W&B server (the sweep controller lives there); use them when you have one.
 
-Settings (--param KEY=V1,V2, repeatable): problem settings microbatches, memory_gb, devices, runtime
+Settings (--param KEY=V1,V2, repeatable): scenario settings microbatches, memory_gb, devices, runtime
 (the runtime model every trial's plan and its Megatron reference are priced on; default --runtime);
 search settings budget (calls, or seconds as 30s), seed, method; and any setting of the method's
 searcher, e.g. perturb_moves (adaptis) or samples, max_calls (rl).
@@ -42,7 +42,7 @@ from experiments.common import (
     positive_int,
     print_json_lines,
     print_table,
-    resolve_problem,
+    resolve_scenario,
     resolve_training,
 )
 from pipeline.runtime import runtime_named
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         Budget.parse(args.budget)
     except ValueError as exc:
         raise ConfigError(str(exc), field="--budget") from None
-    profile, cluster = resolve_problem(args)
+    profile, cluster = resolve_scenario(args)
     mbs = [v for v in params.get("microbatches", [args.microbatches]) if isinstance(v, int)]
     devs = [v for v in params.get("devices", [cluster.devices]) if isinstance(v, int)]
     check_microbatches(max(mbs, default=1), max(devs, default=1),

@@ -6,7 +6,7 @@
   per-action overhead that the search then prices plans with (the measurements fed back).
 * :func:`analytic_costs` — the analytic per-layer costs for a named GPU and its cluster.
 * :func:`train_policy` — a short RL training run (its curves go to the given tracker).
-* :func:`search_methods` — every method on one problem, the RL policy included when it loads.
+* :func:`search_methods` — every method on one scenario, the RL policy included when it loads.
 * :func:`replay` — run plans through the executor and pair each with its prediction.
 
 No module here prints to stdout: progress goes to the ``log`` callable (stderr in the commands).
@@ -153,13 +153,13 @@ def analytic_costs(*, model: str | None, hf_config: str | None, profile_path: st
                    seq_len: int | None, microbatch_size: int, memory_reserve_gb: float | None = None,
                    granularity: str = "layer", head_shards: int = 1) -> Costs:
     """Analytic costs of a zoo model / HF config on ``gpu`` (or the given profile / cluster files)."""
-    from experiments.common import resolve_problem
+    from experiments.common import resolve_scenario
 
     ns = argparse.Namespace(model=model, hf_config=hf_config, profile=profile_path, cluster=cluster_path, gpu=gpu,
                             devices=devices, gpus_per_node=gpus_per_node, memory_gb=memory_gb, seq_len=seq_len,
                             microbatch_size=microbatch_size, memory_reserve_gb=memory_reserve_gb,
                             granularity=granularity, head_shards=head_shards)
-    profile, cluster = resolve_problem(ns)
+    profile, cluster = resolve_scenario(ns)
     return Costs(profile, cluster, "file" if profile_path else "analytic", False)
 
 
@@ -182,11 +182,11 @@ def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log
     return str(summary["policy"])
 
 
-def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed: int,
+def search_methods(scenario: Any, methods: Sequence[str], *, budget: Budget, seed: int,
                    settings: dict[str, dict[str, Any]] | None = None, policy: str | None = None,
                    log: Log = print, on_result: Callable[[list[SearchResult]], None] | None = None,
                    ) -> list[SearchResult]:
-    """Run every method on ``problem`` (:func:`agents.run_methods.run_methods`); an RL method that
+    """Run every method on ``scenario`` (:func:`agents.run_methods.run_methods`); an RL method that
     cannot run (e.g. no policy yet) gets a note instead of a plan.
 
     ``settings`` maps a method name to settings of its searcher, e.g.
@@ -208,12 +208,12 @@ def search_methods(problem: Any, methods: Sequence[str], *, budget: Budget, seed
         if res.note.startswith("skipped:") and res.plan is None:
             log(f"  {res.method:<10} {res.note}")
         else:
-            shown = f"{res.iteration_time:.4g} {problem.profile.time_unit}" if res.ok else "no valid plan"
+            shown = f"{res.iteration_time:.4g} {scenario.profile.time_unit}" if res.ok else "no valid plan"
             log(f"  {res.method:<10} {shown}  ({res.sim_calls} simulator calls, {res.seconds:.1f} s)")
         if on_result is not None:
             on_result(outcomes)
 
-    return run_methods(problem, methods, budget=budget, seed=seed, settings=settings, policy=policy, skip=skip,
+    return run_methods(scenario, methods, budget=budget, seed=seed, settings=settings, policy=policy, skip=skip,
                        on_result=each)
 
 

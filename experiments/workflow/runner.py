@@ -250,9 +250,9 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     methods = with_target_method(with_baseline(cfg.methods), cfg.target)
     log(f"searching {len(methods)} methods for {profile.name} on {cluster.devices} devices, {microbatches} "
         f"micro-batches (budget {cfg.budget}, at most {budget.seconds:g} s each)")
-    problem = Scenario(profile, cluster, microbatches)
+    scenario = Scenario(profile, cluster, microbatches)
     settings = {"adaptis": {"perturb_moves": cfg.perturb_moves}} if cfg.perturb_moves is not None else {}
-    outcomes = search_methods(problem, methods, budget=budget, seed=cfg.seed, settings=settings, policy=policy,
+    outcomes = search_methods(scenario, methods, budget=budget, seed=cfg.seed, settings=settings, policy=policy,
                               log=log, on_result=lambda done: _write_rows(out / SEARCH_ROWS, done, profile.time_unit))
     notes += [f"{o.method}: {o.note}" for o in outcomes if o.plan is None and o.note]
     feasible = [o for o in outcomes if o.feasible]
@@ -269,7 +269,7 @@ def run_workflow(cfg: WorkflowConfig, *, log: Log = _stderr) -> WorkflowReport:
     def save_best(o: SearchResult, **meta: str) -> None:
         """``plan.json`` and ``plan.csv``: ``o``'s plan, with its method and prediction in its meta."""
         o.plan = replace(o.plan, meta={**o.plan.meta, "method": o.method, **meta, "predicted": prediction_meta(
-            o.iteration_time, profile=profile, cluster=cluster, runtime=problem.training.runtime,
+            o.iteration_time, profile=profile, cluster=cluster, runtime=scenario.training.runtime,
             profile_file=str(out / ("calibrated_profile.json" if costs.scales else "profile.json")))})
         o.plan.save(out / "plan.json")
         o.plan.save_csv(out / "plan.csv")

@@ -299,11 +299,11 @@ def unit_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> li
     from pipeline.space import Candidate, Scenario, materialize
 
     P, L = cluster.devices, profile.num_layers
-    problem = Scenario(profile, cluster, microbatches)
+    scenario = Scenario(profile, cluster, microbatches)
     out = []
     for name, split in (("unit-split", True), ("unit-fused", False)):
         cand = Candidate((1,) * L, tuple(s % P for s in range(L)), "list", None, split_backward=split)
-        plan = materialize(cand, problem)
+        plan = materialize(cand, scenario)
         out.append((name, Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                                {"method": name})))
     return out
@@ -474,7 +474,7 @@ def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int
 
     rng = random.Random(seed)
     P, L = cluster.devices, profile.num_layers
-    problem = Scenario(profile, cluster, microbatches)
+    scenario = Scenario(profile, cluster, microbatches)
     out: list[tuple[str, Plan]] = []
     for _ in range(100 * max(1, count)):
         if len(out) >= count:
@@ -490,7 +490,7 @@ def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int
             continue
         cand = Candidate(sizes, placement, "list", None, split_backward=rng.random() < 0.6,
                          eager_w=rng.random() < 0.3)
-        plan = materialize(cand, problem)
+        plan = materialize(cand, scenario)
         name = f"calib{len(out)}"
         out.append((name, Plan(plan.devices, plan.microbatches, plan.partition, plan.placement, plan.schedule,
                                {"method": name})))

@@ -40,8 +40,8 @@ def test_a_tuner_search_records_when_each_improvement_came_and_whether_it_fits()
     from pipeline.spec import Cluster
     from pipeline.zoo import zoo_profile
 
-    problem = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
-    res = AdaptisTuner().search(problem, budget=Budget(sim_calls=80), seed=0)
+    scenario = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+    res = AdaptisTuner().search(scenario, budget=Budget(sim_calls=80), seed=0)
     assert len(res.history_seconds) == len(res.history) == len(res.history_fits)
     assert res.history_seconds == sorted(res.history_seconds) and res.history_seconds[-1] <= res.seconds
     assert all(f is not None for f in res.history_fits) and res.history_fits[-1] is True

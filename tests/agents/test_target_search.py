@@ -69,12 +69,12 @@ def _check_with_megatron(plan, profile) -> PipelineParallelLayerLayout:
 @pytest.mark.parametrize("model", MODELS)
 def test_megatron_target_layout_is_accepted_by_megatron_core(model: str, devices: int) -> None:
     profile = _profile(model)
-    problem = Scenario(profile, build_cluster("h100", devices=devices), MICROBATCHES)
-    found = MegatronLayoutSearch().search(problem, budget=Budget(sim_calls=12))
+    scenario = Scenario(profile, build_cluster("h100", devices=devices), MICROBATCHES)
+    found = MegatronLayoutSearch().search(scenario, budget=Budget(sim_calls=12))
     assert found.ok, found.note
     assert target_reason("megatron", found.plan, profile) is None
     _check_with_megatron(found.plan, profile)
-    base = NamedSearcher("megatron").search(problem)
+    base = NamedSearcher("megatron").search(scenario)
     # Megatron's even split is one of its seeds: never worse (feasible first, then least overflow, then time)
     assert objective_key(found.result) <= objective_key(base.result)
 
@@ -85,8 +85,8 @@ def test_megatron_target_keeps_mtp_layers_where_megatron_wants_them() -> None:
     mtp = replace(layers[-2], name="mtp0", kind="mtp")
     profile = replace(base, layers=tuple(layers[:-1] + [mtp, layers[-1]]))
     assert isinstance(mtp, LayerCost)
-    problem = Scenario(profile, build_cluster("h100", devices=4), MICROBATCHES)
-    found = MegatronLayoutSearch().search(problem, budget=Budget(sim_calls=40))
+    scenario = Scenario(profile, build_cluster("h100", devices=4), MICROBATCHES)
+    found = MegatronLayoutSearch().search(scenario, budget=Budget(sim_calls=40))
     assert found.ok
     layout = _check_with_megatron(found.plan, profile)
     assert layout.flatten_layout.count(LayerType.mtp) == 1
@@ -94,14 +94,14 @@ def test_megatron_target_keeps_mtp_layers_where_megatron_wants_them() -> None:
 
 def test_torchtitan_target_stays_loop_or_v_and_targets_rank_by_flexibility() -> None:
     profile = _profile("gemma-small")
-    problem = Scenario(profile, build_cluster("h100", devices=4), MICROBATCHES)
+    scenario = Scenario(profile, build_cluster("h100", devices=4), MICROBATCHES)
     budget = Budget(sim_calls=60)
-    mega = NamedSearcher("megatron").search(problem)
-    results = [mega, target_searcher("megatron", 4).search(problem, budget=budget),
-               target_searcher("torchtitan", 4).search(problem, budget=budget),
-               target_searcher("executor", 4).search(problem, budget=budget)]
+    mega = NamedSearcher("megatron").search(scenario)
+    results = [mega, target_searcher("megatron", 4).search(scenario, budget=budget),
+               target_searcher("torchtitan", 4).search(scenario, budget=budget),
+               target_searcher("executor", 4).search(scenario, budget=budget)]
     assert target_reason("torchtitan", results[2].plan, profile) is None
-    rows = {r["target"]: r for r in target_rows(results, problem, mega.iteration_time)}
+    rows = {r["target"]: r for r in target_rows(results, scenario, mega.iteration_time)}
     # a more flexible runtime runs every plan a stricter one does: never slower
     assert rows["executor"]["iteration_time"] <= rows["torchtitan"]["iteration_time"] <= \
         rows["megatron"]["iteration_time"] <= mega.iteration_time * (1 + 1e-9)
@@ -117,16 +117,16 @@ def test_megatron_layout_stops_before_a_step_would_end_past_a_seconds_budget(mon
 
     now = [100.0]
     monkeypatch.setattr(targets.time, "perf_counter", lambda: now[0])
-    problem = Scenario(zoo.zoo_profile("gemma-small"), build_cluster("h100", devices=4), 8)
+    scenario = Scenario(zoo.zoo_profile("gemma-small"), build_cluster("h100", devices=4), 8)
     from pipeline.space import Evaluator
 
-    clock = targets._StepClock(Budget(sim_calls=None, seconds=1.0), Evaluator(problem))
+    clock = targets._StepClock(Budget(sim_calls=None, seconds=1.0), Evaluator(scenario))
     with clock.step():
         now[0] += 0.3  # one step took 0.3 s
     assert not clock.spent()  # 0.3 elapsed + 2 x 0.3 = 0.9 <= 1
     now[0] += 0.15
     assert clock.spent()  # 0.45 + 0.6 > 1: the next step and the plan's build would overrun
-    by_calls = targets._StepClock(Budget(sim_calls=10), Evaluator(problem))
+    by_calls = targets._StepClock(Budget(sim_calls=10), Evaluator(scenario))
     with by_calls.step():
         now[0] += 50.0
     assert not by_calls.spent()

@@ -80,10 +80,10 @@ def test_would_simulate_names_the_call_a_step_makes():
 
 def test_would_simulate_leaves_a_remembered_plan_to_the_step():
     """A plan the scenario's memo holds (an earlier episode found it) is adopted, not simulated."""
-    problem = sample_scenario(np.random.default_rng(2), SMALL)
+    scenario = sample_scenario(np.random.default_rng(2), SMALL)
     first, second = PipelineEnv(), PipelineEnv()
-    first.reset(seed=0, options={"problem": problem})
-    second.reset(seed=0, options={"problem": problem})
+    first.reset(seed=0, options={"scenario": scenario})
+    second.reset(seed=0, options={"scenario": scenario})
     a = _allowed_edits(first)[0]
     target = first.would_simulate(a)[1]
     first.step(a)
@@ -125,23 +125,23 @@ def test_what_runs_in_parts(cls, steps, resets):
 
 
 def test_evaluators_remember_what_they_share():
-    problem = sample_scenario(np.random.default_rng(1), SMALL)
-    c, d = portfolio(problem)[:2]
-    plain = Evaluator(problem)
+    scenario = sample_scenario(np.random.default_rng(1), SMALL)
+    c, d = portfolio(scenario)[:2]
+    plain = Evaluator(scenario)
     plain.remember(c, plain.result(c))
     assert not plain.remembers(c)  # nothing shared: nothing remembered
-    first = SharedEvaluator(problem)
-    later = SharedEvaluator(problem, share=first)
+    first = SharedEvaluator(scenario)
+    later = SharedEvaluator(scenario, share=first)
     results_across([(first, c), (later, d)])  # remembers each, as result would
     assert first.remembers(d) and later.remembers(c) and not later.known(c)
     assert later.result(c) is first.cached(c) and later.calls == 2  # d simulated, c adopted
-    assert not SharedEvaluator(problem, share=first, results=False).remembers(c)
+    assert not SharedEvaluator(scenario, share=first, results=False).remembers(c)
 
 
 def test_known_test_is_known():
-    problem = sample_scenario(np.random.default_rng(1), SMALL)
-    c, d = portfolio(problem)[:2]
-    for ev in (Evaluator(problem), SharedEvaluator(problem)):
+    scenario = sample_scenario(np.random.default_rng(1), SMALL)
+    c, d = portfolio(scenario)[:2]
+    for ev in (Evaluator(scenario), SharedEvaluator(scenario)):
         ev.result(c)
         assert [ev.known_test(x) for x in (c, d)] == [True, False]
 
@@ -149,7 +149,7 @@ def test_known_test_is_known():
         def known(self, c):
             return False
 
-    assert Picky(problem).known_test.__func__ is Picky.known  # a redefined known is used
+    assert Picky(scenario).known_test.__func__ is Picky.known  # a redefined known is used
 
 
 def test_reset_needed_before_masks():

@@ -33,21 +33,21 @@ from tests.conftest import ROOT, ideal_cluster, uniform_profile
 
 PROFILE = ModelProfile.load(ROOT / "experiments/configs/profiles/hetero-head-16.json")
 CLUSTER = Cluster.load(ROOT / "experiments/configs/clusters/h100x4.json")
-PROBLEM = Scenario(PROFILE, CLUSTER, 8)
+SCENARIO = Scenario(PROFILE, CLUSTER, 8)
 
 
-def _editor(problem: Scenario = PROBLEM, **kw) -> PlanEditor:
-    editor = PlanEditor(problem, **kw)
+def _editor(scenario: Scenario = SCENARIO, **kw) -> PlanEditor:
+    editor = PlanEditor(scenario, **kw)
     editor.start()
     return editor
 
 
-def _check_candidate(c: Candidate, problem: Scenario) -> None:
-    assert sum(c.sizes) == problem.profile.num_layers and min(c.sizes) >= 1
-    assert len(c.placement) == c.num_stages and set(c.placement) <= set(range(problem.devices))
+def _check_candidate(c: Candidate, scenario: Scenario) -> None:
+    assert sum(c.sizes) == scenario.profile.num_layers and min(c.sizes) >= 1
+    assert len(c.placement) == c.num_stages and set(c.placement) <= set(range(scenario.devices))
     if c.budgets is not None:
-        assert len(c.budgets) == problem.devices
-        assert all(1.0 <= b <= max(problem.microbatches, 1) for b in c.budgets)
+        assert len(c.budgets) == scenario.devices
+        assert all(1.0 <= b <= max(scenario.microbatches, 1) for b in c.budgets)
 
 
 def test_the_action_table_has_one_entry_per_edit() -> None:
@@ -65,30 +65,30 @@ def test_the_action_table_has_one_entry_per_edit() -> None:
 
 def test_start_takes_the_best_starting_plan() -> None:
     editor = _editor()
-    starts = portfolio(PROBLEM)
+    starts = portfolio(SCENARIO)
     assert editor.ev.calls >= len(starts)
     assert all(editor.key <= objective_key(editor.ev.result(c)) for c in starts)
     assert editor.best == editor.current and editor.best_result is editor.result
     assert editor.plan.num_layers == PROFILE.num_layers and editor.best_plan == editor.plan
     for c in starts:
-        kind, chunks = PLACEMENT_FAMILIES[family_of(c, PROBLEM.devices)]
-        assert len(c.placement) == chunks * PROBLEM.devices
+        kind, chunks = PLACEMENT_FAMILIES[family_of(c, SCENARIO.devices)]
+        assert len(c.placement) == chunks * SCENARIO.devices
     with pytest.raises(PlanError, match="no starting candidate"):
-        PlanEditor(PROBLEM).start([])
+        PlanEditor(SCENARIO).start([])
 
 
 def test_every_allowed_edit_leads_to_a_valid_new_plan() -> None:
     editor = _editor()
     mask = editor.mask()
     assert mask.dtype == bool and mask.shape == (N_ACTIONS,) and mask[0] and mask[1:].any()
-    fresh = Evaluator(PROBLEM)
+    fresh = Evaluator(SCENARIO)
     targets = editor.targets()
     for a in np.flatnonzero(mask[1:]) + 1:
         t = targets[a]
         assert t is not None and t != editor.current and not editor.ev.known(t)
-        _check_candidate(t, PROBLEM)
+        _check_candidate(t, SCENARIO)
         plan = fresh.plan(t)
-        validate_plan(plan, num_layers=PROFILE.num_layers, devices=PROBLEM.devices)
+        validate_plan(plan, num_layers=PROFILE.num_layers, devices=SCENARIO.devices)
         assert simulate(plan, PROFILE, CLUSTER).valid
     for a in np.flatnonzero(~mask):
         assert targets[a] is None
@@ -147,8 +147,8 @@ def test_the_call_budget_leaves_only_stop() -> None:
 
 def test_fit_memory_cuts_budgets_to_what_memory_holds() -> None:
     profile = uniform_profile(8, act=2**30, params=10**6)  # 1 GiB of activations per layer and micro-batch
-    problem = Scenario(profile, ideal_cluster(4, memory_gb=6.0), 16)
-    ev = Evaluator(problem)
+    scenario = Scenario(profile, ideal_cluster(4, memory_gb=6.0), 16)
+    ev = Evaluator(scenario)
     c = Candidate((2, 2, 2, 2), (0, 1, 2, 3), "list", (16.0,) * 4)
     res = ev.result(c)
     assert res.valid and not res.feasible
@@ -169,36 +169,36 @@ def test_score_ranks_fast_over_slow_over_overflowing_over_invalid() -> None:
     tight = Scenario(uniform_profile(8, act=2**30), ideal_cluster(4, memory_gb=2.0), 16)
     over = Evaluator(tight).result(Candidate((2, 2, 2, 2), (0, 1, 2, 3), "list", (16.0,) * 4))
     assert -2.0 <= score(over, 1.0) < -1.0
-    bad = Evaluator(PROBLEM).result(Candidate((15, 1), (0, 1), "zbv"))  # ZB-V needs a V placement
+    bad = Evaluator(SCENARIO).result(Candidate((15, 1), (0, 1), "zbv"))  # ZB-V needs a V placement
     assert not bad.valid and score(bad, 1.0) == -3.0
 
 
 def test_shared_evaluator_shares_the_scenarios_caches_and_still_counts_calls() -> None:
-    first = SharedEvaluator(PROBLEM)
-    c = portfolio(PROBLEM)[0]
+    first = SharedEvaluator(SCENARIO)
+    c = portfolio(SCENARIO)[0]
     r = first.result(c)
-    second = SharedEvaluator(PROBLEM, share=first)
+    second = SharedEvaluator(SCENARIO, share=first)
     assert not second.known(c) and second.calls == 0
     assert second.result(c) is r and second.calls == 1 and second.known(c)  # from the memo, counted
     assert second.result(c) is r and second.calls == 1  # then this episode's own cache: free
     assert second.costs(c.sizes, c.placement) is first.costs(c.sizes, c.placement)
     assert second.balanced_sizes(c.placement) is first.balanced_sizes(c.placement)
-    own = SharedEvaluator(PROBLEM, share=first, results=False)  # splits and costs shared, results not
+    own = SharedEvaluator(SCENARIO, share=first, results=False)  # splits and costs shared, results not
     assert own.costs(c.sizes, c.placement) is first.costs(c.sizes, c.placement)
     again = own.result(c)
     assert again is not r and again.iteration_time == r.iteration_time and own.calls == 1
-    other = SharedEvaluator(Scenario(PROFILE, CLUSTER, 8), share=first)  # an equal problem, not the same object
+    other = SharedEvaluator(Scenario(PROFILE, CLUSTER, 8), share=first)  # an equal scenario, not the same object
     assert other.costs(c.sizes, c.placement) is not first.costs(c.sizes, c.placement)
     assert other.result(c) is not r
 
 
 def test_the_memo_is_bounded(monkeypatch) -> None:
     monkeypatch.setattr(SharedEvaluator, "MEMO_LIMIT", 2)
-    ev = SharedEvaluator(PROBLEM)
-    starts = portfolio(PROBLEM)[:3]
+    ev = SharedEvaluator(SCENARIO)
+    starts = portfolio(SCENARIO)[:3]
     for c in starts:
         ev.result(c)
-    later = SharedEvaluator(PROBLEM, share=ev)
+    later = SharedEvaluator(SCENARIO, share=ev)
     later.result(starts[0])
     assert later.result(starts[0]) is not ev.cached(starts[0])  # cleared when full: simulated again
 
@@ -216,10 +216,10 @@ def test_an_editor_decides_the_same_with_a_shared_evaluator() -> None:
             path.append((a, editor.apply(a)[0]))
         return path, editor.best, editor.ev.calls
 
-    fresh = episode(Evaluator(PROBLEM))
-    warm = SharedEvaluator(PROBLEM)
+    fresh = episode(Evaluator(SCENARIO))
+    warm = SharedEvaluator(SCENARIO)
     assert episode(warm) == fresh
-    assert episode(SharedEvaluator(PROBLEM, share=warm)) == fresh
+    assert episode(SharedEvaluator(SCENARIO, share=warm)) == fresh
 
 
 def test_too_many_devices_is_refused() -> None:

@@ -59,7 +59,7 @@ def test_masks_only_allow_valid_plans(seed):
         ed = e.editor
         mask = e.action_masks()
         assert mask[0] and mask.dtype == bool
-        p = ed.problem
+        p = ed.scenario
         for a in np.flatnonzero(mask[1:]) + 1:
             cand = ed.targets()[a]
             assert cand is not None, ACTIONS[a]
@@ -102,11 +102,11 @@ def test_seeding_gives_identical_episodes():
     assert episode(11) != episode(12)
 
 
-def test_fixed_problem_and_start_options():
-    problem = Scenario(uniform_profile(12), ideal_cluster(4), 8)
+def test_fixed_scenario_and_start_options():
+    scenario = Scenario(uniform_profile(12), ideal_cluster(4), 8)
     start = Candidate((9, 1, 1, 1), (0, 1, 2, 3), "list", (4.0, 3.0, 2.0, 1.0))
     e = _small_env()
-    obs, info = e.reset(options={"problem": problem, "start": start, "reference": "megatron"})
+    obs, info = e.reset(options={"scenario": scenario, "start": start, "reference": "megatron"})
     assert info["candidate"] == start and info["sim_calls"] == 1
     assert observation_space().contains(obs)
     rebalance = next(i for i, a in enumerate(ACTIONS) if a.kind == "rebalance")
@@ -114,7 +114,7 @@ def test_fixed_problem_and_start_options():
     assert info["kept"] and reward > 0.5  # 9 layers on one device -> 3 each: about 2.5x faster
     assert info["best_candidate"].sizes == (3, 3, 3, 3) and e.editor.best_plan.stage_sizes == (3, 3, 3, 3)
     obs, info = e.reset(options={"profile": uniform_profile(20), "cluster": ideal_cluster(3), "microbatches": 6})
-    assert e.editor.problem.devices == 3 and e.editor.problem.microbatches == 6
+    assert e.editor.scenario.devices == 3 and e.editor.scenario.microbatches == 6
 
 
 def test_max_calls_truncates():
@@ -157,9 +157,9 @@ def test_env_edits_plans_over_finer_units():
     from pipeline.zoo import zoo_profile
 
     fine = zoo_profile("tiny-hybrid", granularity="sublayer", head_shards=2)
-    problem = Scenario(fine, ideal_cluster(2), 4)
+    scenario = Scenario(fine, ideal_cluster(2), 4)
     env = _small_env()
-    obs, info = env.reset(seed=0, options={"problem": problem})
+    obs, info = env.reset(seed=0, options={"scenario": scenario})
     rng = np.random.default_rng(0)
     for _ in range(6):
         obs, reward, terminated, truncated, info = env.step(_random_allowed(env, rng))
@@ -209,11 +209,11 @@ def test_repeated_scenario_counts_calls_as_a_fresh_one():
 
     shared = _small_env(repeat_scenario=2, max_steps=8)
     first = episode(shared, seed=4)
-    problem = shared.editor.problem
+    scenario = shared.editor.scenario
     second = episode(shared)
-    assert shared.editor.problem is problem
+    assert shared.editor.scenario is scenario
     assert second == first
-    assert episode(_small_env(max_steps=8), options={"problem": problem}) == second
+    assert episode(_small_env(max_steps=8), options={"scenario": scenario}) == second
 
 
 @pytest.mark.parametrize("devices", [2, 32])
@@ -222,9 +222,9 @@ def test_one_layout_serves_2_to_32_devices(devices):
 
     cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=40, max_blocks=40,
                          microbatches=(64,))
-    problem = sample_scenario(np.random.default_rng(0), cfg)
+    scenario = sample_scenario(np.random.default_rng(0), cfg)
     e = PipelineEnv(max_calls=14)
-    obs, info = e.reset(options={"problem": problem, "start": "single"})
+    obs, info = e.reset(options={"scenario": scenario, "start": "single"})
     assert info["sim_calls"] <= 2 and observation_space().contains(obs)
     S = e.editor.current.num_stages
     assert obs["stages"][:, 0].sum() == S and obs["devices"][:, 0].sum() == devices
@@ -266,12 +266,12 @@ def test_fit_memory_repairs_a_plan_that_overflows():
     from env.editor import fit_memory
     from pipeline.space import Evaluator
 
-    problem = Scenario(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
-    ev = Evaluator(problem)
+    scenario = Scenario(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
+    ev = Evaluator(scenario)
     free = Candidate((3, 3, 3, 3), (0, 1, 2, 3), "list", None)
     res = ev.result(free)
     need = max(res.peak_memory)
-    tight = Scenario(problem.profile, problem.cluster.with_memory(0.6 * need / 2**30), 16)
+    tight = Scenario(scenario.profile, scenario.cluster.with_memory(0.6 * need / 2**30), 16)
     ev = Evaluator(tight)
     res = ev.result(free)
     assert res.valid and not res.feasible

@@ -147,13 +147,13 @@ def test_zoo_family_and_the_memory_estimate() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_zero_shot_starts_cost_no_simulator_call(seed: int) -> None:
-    problem = sample_scenario(np.random.default_rng(seed), TRAIN_SCENARIO)
-    ev = Evaluator(problem)
-    starts = zero_shot_starts(problem, ev)
+    scenario = sample_scenario(np.random.default_rng(seed), TRAIN_SCENARIO)
+    ev = Evaluator(scenario)
+    starts = zero_shot_starts(scenario, ev)
     assert ev.calls == 0 and 1 <= len(starts) <= 2
-    P = problem.devices
+    P = scenario.devices
     for c in starts:
-        assert sum(c.sizes) == problem.profile.num_layers and min(c.sizes) >= 1
+        assert sum(c.sizes) == scenario.profile.num_layers and min(c.sizes) >= 1
         assert c.order == "list" and len(c.placement) == c.num_stages
     assert starts[0].num_stages == P or len(starts) == 1
     if starts[0].num_stages == P:  # one stage per device: ZB-H1's budgets, cut to what memory holds

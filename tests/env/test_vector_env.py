@@ -347,19 +347,19 @@ def test_subclass_overriding_reset_is_reset_through_it():
     """An env_factory's subclass that overrides reset (a fixed scenario) is reset by its own reset."""
     from env.scenarios import sample_scenario
 
-    problem = sample_scenario(np.random.default_rng(2), SMALL)
+    scenario = sample_scenario(np.random.default_rng(2), SMALL)
 
     class Fixed(PipelineEnv):
         def reset(self, *, seed=None, options=None):
-            return super().reset(seed=seed, options={"problem": problem, **(options or {})})
+            return super().reset(seed=seed, options={"scenario": scenario, **(options or {})})
 
     vec = PipelineVectorEnv(3, env_factory=lambda: Fixed(max_steps=2))
     vec.reset(seed=0)
-    assert all(e.editor.problem is problem for e in vec.envs)
+    assert all(e.editor.scenario is scenario for e in vec.envs)
     rng = np.random.default_rng(0)
     for _ in range(4):
         vec.step(_actions(vec.action_masks(), rng))
-    assert all(e.editor.problem is problem for e in vec.envs)
+    assert all(e.editor.scenario is scenario for e in vec.envs)
 
 
 def test_step_pauses_the_collector_and_restores_it():
@@ -392,17 +392,17 @@ def test_environments_of_one_scenario_object_share_its_caches_and_nothing_else(s
 
     from env.scenarios import sample_scenario
 
-    problem = sample_scenario(np.random.default_rng(4), SMALL)
+    scenario = sample_scenario(np.random.default_rng(4), SMALL)
 
     def fixed(p):
         class Fixed(PipelineEnv):
             def reset(self, *, seed=None, options=None):
-                return super().reset(seed=seed, options={"problem": p, **(options or {})})
+                return super().reset(seed=seed, options={"scenario": p, **(options or {})})
 
         return Fixed(max_steps=4, share_results=share_results)
 
-    vec = PipelineVectorEnv(4, env_factory=lambda: fixed(problem))
-    ref = SyncVectorEnv([lambda: fixed(replace(problem)) for _ in range(4)])
+    vec = PipelineVectorEnv(4, env_factory=lambda: fixed(scenario))
+    ref = SyncVectorEnv([lambda: fixed(replace(scenario)) for _ in range(4)])
     (o1, _), (o2, _) = vec.reset(seed=1), ref.reset(seed=1)
     assert len({id(e._prep) for e in vec.envs}) == 1 and len({id(e._prep) for e in ref.envs}) == 4
     rng = np.random.default_rng(1)

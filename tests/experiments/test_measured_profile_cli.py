@@ -52,8 +52,8 @@ def test_baselines_never_beat_the_bound(measured_profile: ModelProfile) -> None:
 
 
 def test_search_and_simulate_never_beat_the_bound(measured_profile: ModelProfile) -> None:
-    problem = Scenario(measured_profile, CLUSTER, 16)
-    results = [make_searcher(m).search(problem, budget=Budget(60), seed=0) for m in ("megatron", "zbv", "adaptis")]
+    scenario = Scenario(measured_profile, CLUSTER, 16)
+    results = [make_searcher(m).search(scenario, budget=Budget(60), seed=0) for m in ("megatron", "zbv", "adaptis")]
     rows = method_rows(results, _bound(measured_profile))
     assert all(r.vs_lower_bound >= 1.0 for r in rows if r.vs_lower_bound is not None), rows
     plans = [r.plan for r in results if r.ok]

@@ -20,11 +20,11 @@ def _rows(text: str) -> list[dict]:
 
 
 def test_the_commands_rows_share_field_names(tmp_path, capsys) -> None:
-    problem = ["--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8"]
-    assert main(["search", *problem, "--method", "zbv,adaptis", "--budget", "20", "--out", str(tmp_path / "s"),
+    scenario = ["--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8"]
+    assert main(["search", *scenario, "--method", "zbv,adaptis", "--budget", "20", "--out", str(tmp_path / "s"),
                  "--json"]) == 0
     search = _rows(capsys.readouterr().out)
-    assert main(["baselines", *problem, "--methods", "zbv,1f1b", "--json"]) == 0
+    assert main(["baselines", *scenario, "--methods", "zbv,1f1b", "--json"]) == 0
     baselines = _rows(capsys.readouterr().out)
     assert main(["evaluate-agent", "--models", "gemma-small", "--devices", "4", "--heldout", "1", "--budget", "20",
                  "--methods", "adaptis,zbv", "--out", str(tmp_path / "e"), "--json"]) == 0

@@ -107,10 +107,10 @@ def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts() 
     from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
-    problem = Scenario(ModelProfile.load(root / "profiles" / "zb-1.5b-stages.json"),
-                       Cluster.load(root / "clusters" / "zb-a100x8-stages.json"), 24,
-                       TrainingConfig(runtime="megatron"))
-    rows, _ = compare(problem, ["1f1b"])
+    scenario = Scenario(ModelProfile.load(root / "profiles" / "zb-1.5b-stages.json"),
+                        Cluster.load(root / "clusters" / "zb-a100x8-stages.json"), 24,
+                        TrainingConfig(runtime="megatron"))
+    rows, _ = compare(scenario, ["1f1b"])
     one_f_one_b = next(r for r in rows if r.method == "1f1b")
     per_gpu = 144 / (one_f_one_b.iteration_time / 1e3) / 8  # 24 micro-batches of 6 samples, 8 GPUs
     rows = json.loads(DEV.read_text())["rows"]

@@ -17,7 +17,7 @@ CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
 REQUIRED = {"method", "iteration_time", "bubble", "peak_memory_gb", "feasible", "sim_calls", "seconds"}
 
 
-def _problem():
+def _scenario():
     from pipeline.space import Scenario
     from pipeline.spec import Cluster, ModelProfile
 
@@ -87,7 +87,7 @@ def test_baselines_compares_every_named_schedule_fastest_first() -> None:
     from experiments.commands.baselines import compare
     from pipeline.schedules import NAMED_METHODS
 
-    rows, results = compare(_problem(), NAMED_METHODS)
+    rows, results = compare(_scenario(), NAMED_METHODS)
     assert {r.method for r in rows} == set(NAMED_METHODS) == {r.method for r in results}
     assert all(r.bubble is not None and r.peak_memory_gb for r in rows if r.valid)
     feasible = [r.iteration_time for r in rows if r.feasible]
@@ -135,8 +135,8 @@ def test_every_method_rl_included_finds_a_plan() -> None:
     from agents.base import Budget
     from agents.registry import all_methods, make_searcher
 
-    problem = _problem()
-    found = {m: make_searcher(m).search(problem, budget=Budget(20), seed=0) for m in all_methods()}
+    scenario = _scenario()
+    found = {m: make_searcher(m).search(scenario, budget=Budget(20), seed=0) for m in all_methods()}
     for name in ("rl", "rl+tuner", "adaptis", "random"):
         assert found[name].ok and found[name].feasible, found[name]
     assert found["rl+tuner"].iteration_time <= found["adaptis"].iteration_time

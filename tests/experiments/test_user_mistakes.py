@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 
 PROFILE = str(ROOT / "experiments/configs/profiles/hetero-head-16.json")
 CLUSTER = str(ROOT / "experiments/configs/clusters/h100x4.json")
-PROBLEM = ["--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8"]
+SCENARIO = ["--profile", PROFILE, "--cluster", CLUSTER, "--microbatches", "8"]
 
 
 def _one_error_line(err: str) -> str:
@@ -20,8 +20,8 @@ def _one_error_line(err: str) -> str:
 
 
 @pytest.mark.parametrize("argv", [
-    ["search", *PROBLEM, "--method", "megatron"],
-    ["sweep", *PROBLEM, "--param", "seed=0", "--budget", "5"],
+    ["search", *SCENARIO, "--method", "megatron"],
+    ["sweep", *SCENARIO, "--param", "seed=0", "--budget", "5"],
     ["train", "--timesteps", "64"],
     ["evaluate-agent"],
     ["reproduce"],
@@ -39,11 +39,11 @@ def test_out_naming_a_file_is_one_line(argv, inside, tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("argv,field", [
-    (["search", *PROBLEM, "--method", "megatron", "--budget", "0"], "--budget"),
-    (["search", *PROBLEM, "--method", "megatron", "--budget=-5"], "--budget"),
-    (["search", *PROBLEM, "--method", "megatron", "--budget", "0s"], "--budget"),
-    (["sweep", *PROBLEM, "--param", "seed=0", "--budget", "0"], "--budget"),
-    (["sweep", *PROBLEM, "--param", "budget=5,-1s"], "--param budget"),
+    (["search", *SCENARIO, "--method", "megatron", "--budget", "0"], "--budget"),
+    (["search", *SCENARIO, "--method", "megatron", "--budget=-5"], "--budget"),
+    (["search", *SCENARIO, "--method", "megatron", "--budget", "0s"], "--budget"),
+    (["sweep", *SCENARIO, "--param", "seed=0", "--budget", "0"], "--budget"),
+    (["sweep", *SCENARIO, "--param", "budget=5,-1s"], "--param budget"),
 ], ids=["search-0", "search--5", "search-0s", "sweep-0", "sweep-param--1s"])
 def test_a_budget_with_nothing_to_spend_is_refused(argv, field, tmp_path, capsys) -> None:
     assert main([*argv, "--out", str(tmp_path)]) == 2
@@ -58,7 +58,7 @@ def test_a_plan_whose_method_is_no_wandb_name_is_simulated_and_logged(tmp_path, 
 
     from pipeline.plan import Plan
 
-    assert main(["search", *PROBLEM, "--method", "megatron", "--budget", "5", "--out", str(tmp_path), "--json"]) == 0
+    assert main(["search", *SCENARIO, "--method", "megatron", "--budget", "5", "--out", str(tmp_path), "--json"]) == 0
     plan = Plan.load(tmp_path / "plan.json")
     replace(plan, meta={**plan.meta, "method": "megatron+layout"}).save(tmp_path / "layout.json")
     capsys.readouterr()
@@ -71,7 +71,7 @@ def test_a_plan_whose_method_is_no_wandb_name_is_simulated_and_logged(tmp_path, 
     assert (tmp_path / "t.json").stat().st_size > 0
 
 
-@pytest.mark.parametrize("command", [["evaluate-agent"], ["search", *PROBLEM, "--method", "rl"]], ids=lambda c: c[0])
+@pytest.mark.parametrize("command", [["evaluate-agent"], ["search", *SCENARIO, "--method", "rl"]], ids=lambda c: c[0])
 def test_a_corrupt_policy_file_is_one_line(command, tmp_path, capsys) -> None:
     from agents.rl.policy import DEFAULT_POLICY
 
@@ -172,7 +172,7 @@ def test_a_file_output_inside_a_file_is_one_line(tmp_path, capsys) -> None:
 ], ids=lambda a: a[0] if isinstance(a, list) else None)
 def test_too_many_microbatches_are_refused_before_any_work(argv, field, tmp_path, capsys, monkeypatch) -> None:
     """`baselines ... --microbatches 100000` grew ~90 MB/s for minutes without a line: now one line at once,
-    before any problem is set up (a Scenario or an Evaluator made would fail the test)."""
+    before any scenario is set up (a Scenario or an Evaluator made would fail the test)."""
     from experiments.common import MAX_MICROBATCH_DEVICES
     from pipeline.space import Evaluator, Scenario
 
@@ -196,7 +196,7 @@ def test_the_microbatch_limit_allows_what_fits() -> None:
 
 
 @pytest.mark.parametrize("argv,field", [
-    (["search", *PROBLEM, "--method=--"], "--method"),
+    (["search", *SCENARIO, "--method=--"], "--method"),
     (["evaluate-agent", "--models", "tiny-hybrid", "--devices", "x"], "--devices"),
     (["evaluate-agent", "--heldout-seed", "-5"], "--heldout-seed"),
     (["train", "--seed", "99999999999"], "--seed"),
@@ -223,7 +223,7 @@ def test_what_the_cli_fuzz_found_is_one_line(argv, field, tmp_path, capsys) -> N
 def test_an_invalid_plan_is_one_error_line_on_stderr(tmp_path, capsys) -> None:
     """simulate of a plan for another model: the CLI fuzz saw exit 1 with nothing on stderr (it was on stdout)."""
     plan = tmp_path / "search" / "plan.json"
-    assert main(["search", *PROBLEM, "--method", "megatron", "--budget", "1", "--out", str(plan.parent)]) == 0
+    assert main(["search", *SCENARIO, "--method", "megatron", "--budget", "1", "--out", str(plan.parent)]) == 0
     capsys.readouterr()
     assert main(["simulate", "--plan", str(plan), "--model", "gemma-small", "--devices", "4"]) == 1
     line = _one_error_line(capsys.readouterr().err)

@@ -32,7 +32,7 @@ def _fused(profile: ModelProfile, b_full: float) -> ModelProfile:
 
 
 @st.composite
-def problems(draw) -> tuple[ModelProfile, Cluster, int]:
+def scenarios(draw) -> tuple[ModelProfile, Cluster, int]:
     """Small profiles whose layer costs all differ, with or without a measured fused backward
     (below, between or above ``b`` and ``b + w``), a per-action overhead, and devices of mixed
     speeds on links that cost time."""
@@ -84,7 +84,7 @@ def _random_plan(profile: ModelProfile, P: int, M: int, rng: random.Random) -> P
 
 
 @settings(max_examples=150, deadline=None)
-@given(case=problems(), seed=st.integers(0, 2**31))
+@given(case=scenarios(), seed=st.integers(0, 2**31))
 def test_no_plan_beats_the_bound(case, seed: int) -> None:
     profile, cluster, M = case
     lb = lower_bound(profile, cluster, M)

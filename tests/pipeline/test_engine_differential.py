@@ -301,11 +301,11 @@ def test_the_tuner_finds_the_same_plan_on_either_engine(model: str, devices: int
     from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
-    problem = Scenario(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),
-                       microbatches)
-    native = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
+    scenario = Scenario(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),
+                        microbatches)
+    native = AdaptisTuner().search(scenario, budget=Budget(sim_calls=150), seed=3)
     with engine.python_reference():
-        reference = AdaptisTuner().search(problem, budget=Budget(sim_calls=150), seed=3)
+        reference = AdaptisTuner().search(scenario, budget=Budget(sim_calls=150), seed=3)
     assert native.iteration_time == reference.iteration_time
     assert native.history == reference.history
     assert native.plan == reference.plan and native.sim_calls == reference.sim_calls == 150

@@ -134,13 +134,13 @@ def test_seconds_must_be_positive(seconds: float) -> None:
 def test_zb_opt_is_never_slower_than_zb_h2_at_its_memory() -> None:
     profile = _profile([(1.0, 1.0, 0.5)] * 4)
     cluster = Cluster(devices=4, memory_gb=100, memory_reserve_gb=0, latency_us=300, p2p_gbps=100)
-    problem = Scenario(profile, cluster, 8, IDEAL)
-    h2 = make_searcher("zb-h2").search(problem, budget=Budget(sim_calls=10))
-    opt = ZbOptSearcher().search(problem, budget=Budget(sim_calls=None, seconds=5))
+    scenario = Scenario(profile, cluster, 8, IDEAL)
+    h2 = make_searcher("zb-h2").search(scenario, budget=Budget(sim_calls=10))
+    opt = ZbOptSearcher().search(scenario, budget=Budget(sim_calls=None, seconds=5))
     assert opt.ok and opt.feasible and "gap" in opt.note
     assert opt.iteration_time <= h2.iteration_time * (1 + 1e-12)
     assert max(opt.result.peak_memory) <= max(h2.result.peak_memory) * (1 + 1e-9)
-    small = ZbOptSearcher(max_actions=10).search(problem, budget=Budget(sim_calls=10))
+    small = ZbOptSearcher(max_actions=10).search(scenario, budget=Budget(sim_calls=10))
     assert "limit of 10" in small.note and small.iteration_time == h2.iteration_time
 
 

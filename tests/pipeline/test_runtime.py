@@ -77,11 +77,11 @@ def test_overlapped_iterations_take_their_steady_period() -> None:
 
 def test_the_search_sees_the_same_time_as_simulate_under_an_overlapping_runtime() -> None:
     profile, cluster = _profile(), _cluster()
-    problem = Scenario(profile, cluster, 8, TrainingConfig(runtime="zb"))
-    ev = Evaluator(problem)
+    scenario = Scenario(profile, cluster, 8, TrainingConfig(runtime="zb"))
+    ev = Evaluator(scenario)
     c = Candidate((2, 2, 2, 2), (0, 1, 2, 3))
     plan, result = ev.evaluate(c)
-    assert result.iteration_time == simulate(plan, profile, cluster, training=problem.training).iteration_time
+    assert result.iteration_time == simulate(plan, profile, cluster, training=scenario.training).iteration_time
 
 
 @pytest.mark.skipif(not engine.compiled(), reason="the compiled engine is not built (make engine)")

@@ -24,8 +24,8 @@ from pipeline.zoo import zoo_profile
 def test_memory_budgets_fill_memory_and_fit(kind: str, chunks: int, keeps_graph: bool) -> None:
     profile = zoo_profile("gemma-small", seq_len=4096)
     cluster = build_cluster("h100", devices=4, gpus_per_node=8).with_memory(40)
-    problem = Scenario(profile, cluster, 32, TrainingConfig(input_backward_keeps_graph=keeps_graph))
-    ev = Evaluator(problem)
+    scenario = Scenario(profile, cluster, 32, TrainingConfig(input_backward_keeps_graph=keeps_graph))
+    ev = Evaluator(scenario)
     placement = make_placement(kind, 4, chunks)
     sizes = ev.balanced_sizes(placement)
     costs = ev.costs(sizes, placement)
@@ -83,12 +83,12 @@ def test_roomy_budgets_size_a_microbatch_by_its_activations_and_hold_back_one_ke
 
 def test_evaluator_device_balanced_sizes_is_cached_and_matches() -> None:
     profile = zoo_profile("gemma-small", seq_len=2048, granularity="sublayer")
-    problem = Scenario(profile, build_cluster("h100", devices=4, gpus_per_node=8), 16)
-    ev = Evaluator(problem)
+    scenario = Scenario(profile, build_cluster("h100", devices=4, gpus_per_node=8), 16)
+    ev = Evaluator(scenario)
     placement = make_placement("interleaved", 4, 3)
     got = ev.device_balanced_sizes(placement)
     assert got is ev.device_balanced_sizes(placement)
-    assert got == device_balanced_sizes(profile, placement, problem.cluster, start=ev.balanced_sizes(placement))
+    assert got == device_balanced_sizes(profile, placement, scenario.cluster, start=ev.balanced_sizes(placement))
     assert ev.calls == 0  # no simulator calls
 
 
@@ -111,9 +111,9 @@ def test_cut_budgets_keep_whole_microbatches_that_fit():
     from pipeline.space import Evaluator, cut_budgets, microbatch_bytes
 
     config = ScenarioConfig(min_devices=4, max_devices=4, microbatches=(16,))
-    problem = sample_scenario(np.random.default_rng(3), config)
+    scenario = sample_scenario(np.random.default_rng(3), config)
     placement = (0, 1, 2, 3)
-    costs = Evaluator(problem).costs(Evaluator(problem).balanced_sizes(placement), placement)
+    costs = Evaluator(scenario).costs(Evaluator(scenario).balanced_sizes(placement), placement)
     held = microbatch_bytes(costs, placement, 4)
     room = [lim - st for lim, st in zip(costs.memory_limit, costs.static_bytes)]
     cut = cut_budgets(costs, placement, (1000.0,) * 4)
@@ -149,7 +149,7 @@ def test_the_evaluator_counts_every_call_made_through_it() -> None:
     assert ev.simulate_plan(plan).iteration_time == simulate(plan, profile, cluster).iteration_time
     assert ev.calls == 1
     c = Candidate((2, 2, 2, 2), (0, 1, 2, 3))
-    other = Evaluator(ev.problem)
+    other = Evaluator(ev.scenario)
     found = other.result(c)
     assert ev.cached(c) is None and ev.adopt(c, found) is found
     assert ev.calls == 2 and ev.known(c) and ev.call_number(c) == 2 and ev.result(c) is found and ev.calls == 2

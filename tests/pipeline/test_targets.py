@@ -43,11 +43,11 @@ def tiny():
 
 
 def test_what_each_target_runs(tiny) -> None:
-    profile, cluster, problem = tiny
+    profile, cluster, scenario = tiny
     zbv = build_plan("zbv", profile, cluster, microbatches=4)
     i1f1b = build_plan("i1f1b-v2", profile, cluster, microbatches=4)
-    wave = materialize(Candidate((2, 1, 1, 2, 1, 1), wave_placement(2, 3), "list"), problem)
-    listed = materialize(Candidate((2, 2, 2, 2), interleaved_placement(2, 2), "list", (2.0, 2.0)), problem)
+    wave = materialize(Candidate((2, 1, 1, 2, 1, 1), wave_placement(2, 3), "list"), scenario)
+    listed = materialize(Candidate((2, 2, 2, 2), interleaved_placement(2, 2), "list", (2.0, 2.0)), scenario)
     assert all(target_reason("executor", p, profile) is None for p in (zbv, i1f1b, wave, listed))
     assert target_reason("torchtitan", zbv, profile) is None and target_reason("torchtitan", listed, profile) is None
     assert "neither" in target_reason("torchtitan", wave, profile)
@@ -111,13 +111,13 @@ def test_torchtitan_builds_and_trains_our_plans(tiny, tmp_path: Path) -> None:
     run the torchtitan-target search's plan and a plan of the other placement style (V, or loop
     with an I/W-split list order); gradients and weights after 2 SGD steps equal the unpipelined model's."""
     pytest.importorskip("torchtitan.distributed.pipeline_parallel")
-    profile, cluster, problem = tiny
+    profile, cluster, scenario = tiny
     pl = interleaved_placement(2, 2)
-    searched = target_searcher("torchtitan", 2).search(problem, budget=Budget(sim_calls=40)).plan
+    searched = target_searcher("torchtitan", 2).search(scenario, budget=Budget(sim_calls=40)).plan
     plans = {"searched": searched}
     if is_v_placement(searched.placement, 2):  # the other style too: a loop plan with an I/W-split list order
         plans["loop-list"] = materialize(Candidate(balanced_sizes(profile, pl, cluster), pl, "list", (2.0, 2.0)),
-                                         problem)
+                                         scenario)
     else:
         plans["zbv"] = build_plan("zbv", profile, cluster, microbatches=4)
     fragments = []

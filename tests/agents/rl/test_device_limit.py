@@ -17,21 +17,21 @@ from tests.conftest import ideal_cluster
 _LAYERS = tuple(LayerCost(f"l{i}", "attention+mlp", 1.0, 1.0, 1.0, 1000, 1000, 0) for i in range(80))
 
 
-def _problem(devices: int) -> Scenario:
+def _scenario(devices: int) -> Scenario:
     return Scenario(ModelProfile("wide", _LAYERS), ideal_cluster(devices), 2 * devices)
 
 
 @pytest.mark.parametrize("searcher", [RLSearcher(), RLSearcher(zero_shot=True), RLSearcher(random_edits=True),
                                       RLTunerSearcher()], ids=["rl", "rl-zero", "rl-random", "rl+tuner"])
 def test_past_the_device_limit_rl_is_skipped_not_a_crash(searcher) -> None:
-    res = searcher.search(_problem(MAX_DEVICES + 1), budget=Budget(20))
+    res = searcher.search(_scenario(MAX_DEVICES + 1), budget=Budget(20))
     assert res.plan is None and res.result is None and res.sim_calls == 0
     assert res.note == f"skipped: rl plans up to {MAX_DEVICES} devices, got {MAX_DEVICES + 1}"
 
 
 def test_the_limit_itself_is_within_reach() -> None:
-    assert beyond_reach(_problem(MAX_DEVICES)) is None
-    assert beyond_reach(_problem(MAX_DEVICES + 1)) is not None
+    assert beyond_reach(_scenario(MAX_DEVICES)) is None
+    assert beyond_reach(_scenario(MAX_DEVICES + 1)) is not None
 
 
 def test_search_past_the_limit_keeps_the_table_and_the_plan(tmp_path, capsys) -> None:

@@ -22,24 +22,24 @@ from tests.conftest import ideal_cluster
 
 # A fixed scenario with an obviously bad start: 12 equal layers, 9 of them on device 0.
 _LAYERS = tuple(LayerCost(f"l{i}", "attention+mlp", 1.0, 1.0, 1.0, 1000, 1000, 0) for i in range(12))
-PROBLEM = Scenario(ModelProfile("fixed", _LAYERS), ideal_cluster(4), 8)
+SCENARIO = Scenario(ModelProfile("fixed", _LAYERS), ideal_cluster(4), 8)
 BAD_START = Candidate((9, 1, 1, 1), (0, 1, 2, 3), "list", (4.0, 3.0, 2.0, 1.0))
 
 
 def _fixed_env(rank: int = 0) -> PipelineEnv:
     class Fixed(PipelineEnv):
         def reset(self, *, seed=None, options=None):
-            return super().reset(seed=seed, options={"problem": PROBLEM, "start": BAD_START, **(options or {})})
+            return super().reset(seed=seed, options={"scenario": SCENARIO, "start": BAD_START, **(options or {})})
 
     return Fixed(max_steps=1)  # one edit: only the DP rebalance (or re-picking sequential) gives ~3x
 
 
 def _episode_gain(policy) -> float:
     env = _fixed_env()
-    ev = Evaluator(PROBLEM)
+    ev = Evaluator(SCENARIO)
     env.reset(options={"evaluator": ev})
     start = env.editor.result.iteration_time
-    _, _, res = rollout(policy, env, problem=PROBLEM, evaluator=ev, max_calls=10, deterministic=True,
+    _, _, res = rollout(policy, env, scenario=SCENARIO, evaluator=ev, max_calls=10, deterministic=True,
                         start=[BAD_START])
     return start / res.iteration_time
 
@@ -74,10 +74,10 @@ def test_saved_policy_plans_other_sizes(trained, devices, blocks, zero_shot):
     out, _ = trained
     cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=blocks, max_blocks=blocks,
                          microbatches=(32,))
-    problem = sample_scenario(np.random.default_rng(devices), cfg)
+    scenario = sample_scenario(np.random.default_rng(devices), cfg)
     searcher = RLSearcher(policy_path=str(out / "policy.pth"), samples=2, zero_shot=zero_shot)
-    res = searcher.search(problem, budget=Budget(400), seed=0)
-    assert res.ok and res.plan.devices == devices and res.plan.num_layers == problem.profile.num_layers
+    res = searcher.search(scenario, budget=Budget(400), seed=0)
+    assert res.ok and res.plan.devices == devices and res.plan.num_layers == scenario.profile.num_layers
     assert 0 < res.sim_calls <= (5 if zero_shot else 40)
 
 
@@ -109,19 +109,19 @@ def test_checkpoint_and_resume(trained):
 
 def test_default_policy_and_rl_tuner_within_the_tuner_budget():
     assert DEFAULT_POLICY.is_file() and DEFAULT_POLICY.with_suffix(".json").is_file()
-    problem = sample_scenario(np.random.default_rng(99), ScenarioConfig(max_devices=4, max_blocks=16))
-    rl = RLSearcher().search(problem, budget=Budget(400), seed=0)
+    scenario = sample_scenario(np.random.default_rng(99), ScenarioConfig(max_devices=4, max_blocks=16))
+    rl = RLSearcher().search(scenario, budget=Budget(400), seed=0)
     assert rl.ok and rl.sim_calls <= 40
-    both = RLTunerSearcher().search(problem, budget=Budget(120), seed=0)
-    alone = AdaptisTuner().search(problem, budget=Budget(120), seed=0)
+    both = RLTunerSearcher().search(scenario, budget=Budget(120), seed=0)
+    alone = AdaptisTuner().search(scenario, budget=Budget(120), seed=0)
     assert alone.sim_calls <= 120 and both.sim_calls <= 120  # the same budget, shared by policy and tuner
     # tuner first (its own path, 90% of the calls), then the policy polishes: never worse than that tuner
-    first = AdaptisTuner().search(problem, budget=Budget(108), seed=0)
+    first = AdaptisTuner().search(scenario, budget=Budget(108), seed=0)
     assert both.ok and both.iteration_time <= first.iteration_time * (1 + 1e-9)
-    policy_first = RLTunerSearcher(order="policy-first").search(problem, budget=Budget(120), seed=0)
+    policy_first = RLTunerSearcher(order="policy-first").search(scenario, budget=Budget(120), seed=0)
     assert policy_first.ok and policy_first.sim_calls <= 120
     with pytest.raises(ValueError, match="order"):
-        RLTunerSearcher(order="sideways").search(problem, budget=Budget(120))
+        RLTunerSearcher(order="sideways").search(scenario, budget=Budget(120))
 
 
 def _spy_on_searches(monkeypatch) -> list[tuple[str, Budget, float]]:
@@ -136,8 +136,8 @@ def _spy_on_searches(monkeypatch) -> list[tuple[str, Budget, float]]:
             self.method, self.inner = method, make(method, *args)
             self.name = self.inner.name
 
-        def search(self, problem, *, budget, **kwargs):
-            res = self.inner.search(problem, budget=budget, **kwargs)
+        def search(self, scenario, *, budget, **kwargs):
+            res = self.inner.search(scenario, budget=budget, **kwargs)
             searches.append((self.method, budget, res.seconds))
             return res
 
@@ -298,7 +298,7 @@ def test_rl_history_marks_its_plans_that_fit_though_it_counts_calls_after_them()
     from pipeline.spec import Cluster
     from pipeline.zoo import zoo_profile
 
-    problem = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
-    res = RLSearcher().search(problem, budget=Budget(40), seed=0)
+    scenario = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+    res = RLSearcher().search(scenario, budget=Budget(40), seed=0)
     assert res.feasible and res.history_fits and res.history_fits[-1] is True
     assert res.anytime()[-1][2] == pytest.approx(res.iteration_time, rel=1e-9)

@@ -26,7 +26,7 @@ from pipeline.errors import ConfigError
 from pipeline.space import Evaluator
 
 
-def _problem(devices: int = 4, blocks: int = 16, seed: int = 1):
+def _scenario(devices: int = 4, blocks: int = 16, seed: int = 1):
     cfg = ScenarioConfig(min_devices=devices, max_devices=devices, min_blocks=blocks, max_blocks=blocks,
                          microbatches=(16,))
     return sample_scenario(np.random.default_rng(seed), cfg)
@@ -34,11 +34,11 @@ def _problem(devices: int = 4, blocks: int = 16, seed: int = 1):
 
 def test_arms_are_named_once_and_applicable_ones_are_a_subset():
     assert len(set(ARMS)) == len(ARMS)
-    problem = _problem()
-    arms = arm_candidates(problem, Evaluator(problem))
+    scenario = _scenario()
+    arms = arm_candidates(scenario, Evaluator(scenario))
     assert set(arms) <= set(ARMS)
     assert all((a.candidate is None) != (a.method is None) for a in arms.values())
-    x = scenario_features(problem)
+    x = scenario_features(scenario)
     assert x.shape == (len(FEATURES),) and np.isfinite(x).all()
 
 
@@ -50,11 +50,11 @@ def test_roomy_recipes_go_deeper_and_rc0_lightens_device_zero():
 
     from agents.rl.starts import build_arm
 
-    problem = _problem(devices=4, blocks=16)
-    ev = Evaluator(problem)
-    filled = build_arm("list:v2:dp:filled", problem, ev).candidate
-    roomy = build_arm("list:v2:dp:roomy", problem, ev).candidate
-    rc0 = build_arm("list:v2:dp:roomy:rc0", problem, ev).candidate
+    scenario = _scenario(devices=4, blocks=16)
+    ev = Evaluator(scenario)
+    filled = build_arm("list:v2:dp:filled", scenario, ev).candidate
+    roomy = build_arm("list:v2:dp:roomy", scenario, ev).candidate
+    rc0 = build_arm("list:v2:dp:roomy:rc0", scenario, ev).candidate
     assert roomy.recompute is None
     assert roomy.budgets == tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(roomy))
     costs = ev.costs(roomy.sizes, roomy.placement)
@@ -86,7 +86,7 @@ def test_ranker_file_round_trip_and_mismatch(tmp_path):
     ranker = StartRanker(hidden=16)
     path = save_ranker(ranker, tmp_path / "r.pt", extra={"seed": 0})
     again = load_ranker(path)
-    x = scenario_features(_problem())[None]
+    x = scenario_features(_scenario())[None]
     assert np.allclose(ranker.scores(x), again.scores(x))
     meta = json.loads(path.with_suffix(".json").read_text())
     meta["arms"] = meta["arms"][:-1]
@@ -118,11 +118,11 @@ def test_ranked_starts_keep_one_recipe_that_fits_by_construction():
         def scores(self, features: np.ndarray) -> np.ndarray:
             return -np.array([self.order.index(a) for a in ARMS], dtype=np.float64)[None]
 
-    problem = _problem(devices=4, blocks=16)
-    top = ranked_starts(problem, Evaluator(problem), FixedScores("list:v2:dp:roomy"), k=3)
+    scenario = _scenario(devices=4, blocks=16)
+    top = ranked_starts(scenario, Evaluator(scenario), FixedScores("list:v2:dp:roomy"), k=3)
     assert [fits_by_construction(a.name) for a in top] == [False, False, True]
     assert ":roomy" in top[0].name and ":roomy" in top[1].name
-    top = ranked_starts(problem, Evaluator(problem), FixedScores("list:v2:dp:filled"), k=3)
+    top = ranked_starts(scenario, Evaluator(scenario), FixedScores("list:v2:dp:filled"), k=3)
     assert fits_by_construction(top[0].name) and all(":roomy" in a.name for a in top[1:])
     assert fits_by_construction("list:v2:dp:zbv:fit") and not fits_by_construction("list:v2:dp:roomy:w2")
 
@@ -134,13 +134,13 @@ def test_labels_and_searchers_with_a_trained_ranker(tmp_path):
     ranker = StartRanker(hidden=32)
     fit_ranker(ranker, x, times, epochs=20)
     path = save_ranker(ranker, tmp_path / "starts.pt")
-    problem = _problem(devices=6, blocks=24, seed=4)
-    ev = Evaluator(problem)
-    top = ranked_starts(problem, ev, ranker, k=5)
+    scenario = _scenario(devices=6, blocks=24, seed=4)
+    ev = Evaluator(scenario)
+    top = ranked_starts(scenario, ev, ranker, k=5)
     assert len(top) == 5 and ev.calls == 0  # ranking simulates nothing
-    zero = RLSearcher(ranker_path=str(path), zero_shot=True).search(problem, budget=Budget(400), seed=0)
+    zero = RLSearcher(ranker_path=str(path), zero_shot=True).search(scenario, budget=Budget(400), seed=0)
     assert zero.ok and 0 < zero.sim_calls <= 5
-    rl = RLSearcher(ranker_path=str(path), samples=1).search(problem, budget=Budget(400), seed=0)
+    rl = RLSearcher(ranker_path=str(path), samples=1).search(scenario, budget=Budget(400), seed=0)
     assert rl.ok and rl.sim_calls <= 40 and rl.iteration_time <= zero.iteration_time * (1 + 1e-9)
 
 
@@ -150,14 +150,14 @@ def test_tuner_and_editor_move_recomputing_starts_to_other_placements():
     from agents.tuner import AdaptisTuner
     from env.pipeline_env import PipelineEnv
 
-    problem = _problem(devices=4, blocks=24, seed=2)
-    ev = Evaluator(problem)
-    arm = arm_candidates(problem, ev).get("list:interleaved2:dp:recompute")
+    scenario = _scenario(devices=4, blocks=24, seed=2)
+    ev = Evaluator(scenario)
+    arm = arm_candidates(scenario, ev).get("list:interleaved2:dp:recompute")
     assert arm is not None and all(arm.candidate.recompute)
-    res = AdaptisTuner().search(problem, budget=Budget(60), start=[arm.candidate], own_seeds=False)
+    res = AdaptisTuner().search(scenario, budget=Budget(60), start=[arm.candidate], own_seeds=False)
     assert res.sim_calls > 0
     env = PipelineEnv(max_steps=4)
-    env.reset(options={"problem": problem, "start": [arm.candidate], "max_calls": 400})
+    env.reset(options={"scenario": scenario, "start": [arm.candidate], "max_calls": 400})
     targets = [t for t in env.editor.targets() if t is not None]
     assert targets and all(t.recompute is None or len(t.recompute) == t.num_stages for t in targets)
 
@@ -172,14 +172,14 @@ def test_slow_first_twins_follow_list_recipes_on_mixed_speeds_only():
     from pipeline.space import by_position, preset_budgets, slow_first
     from pipeline.spec import Cluster, Device
 
-    problem = _problem(devices=4, blocks=16)
+    scenario = _scenario(devices=4, blocks=16)
     ranker = StartRanker(seed=0)
-    plain = ranked_starts(problem, Evaluator(problem), ranker, k=6)
+    plain = ranked_starts(scenario, Evaluator(scenario), ranker, k=6)
     assert len(plain) == 6 and not any(a.name.endswith(SLOW_FIRST) for a in plain)
-    assert build_arm(f"list:sequential1:dp:zbv:{SLOW_FIRST}", problem, Evaluator(problem)) is None
+    assert build_arm(f"list:sequential1:dp:zbv:{SLOW_FIRST}", scenario, Evaluator(scenario)) is None
     speeds = (1.0, 2.0, 0.5, 1.0)
     cluster = Cluster(devices=4, p2p_gbps=1e12, latency_us=0.0, device_list=tuple(Device(s, 1e6) for s in speeds))
-    mixed = replace(problem, cluster=cluster)
+    mixed = replace(scenario, cluster=cluster)
     ev = Evaluator(mixed)
     order = slow_first(speeds)
     assert order == (2, 0, 3, 1)
@@ -207,16 +207,16 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
     from agents.rl.starts import build_arm, fits_by_construction, holds_one_microbatch
     from env.scenarios import HELDOUT_MIXED_SPEEDS
 
-    problem = sample_scenario(np.random.default_rng(50084), HELDOUT_MIXED_SPEEDS)
-    ev = Evaluator(problem)
-    overflowing = build_arm("list:sequential1:dp:filled", problem, ev)
+    scenario = sample_scenario(np.random.default_rng(50084), HELDOUT_MIXED_SPEEDS)
+    ev = Evaluator(scenario)
+    overflowing = build_arm("list:sequential1:dp:filled", scenario, ev)
     assert overflowing is not None and not holds_one_microbatch(overflowing.candidate, ev)
     assert not ev.result(overflowing.candidate).feasible
-    starts = ranked_starts(problem, ev, load_ranker(), k=3, speed_twins=False)
+    starts = ranked_starts(scenario, ev, load_ranker(), k=3, speed_twins=False)
     assert overflowing.name not in [a.name for a in starts]
     sure = [a for a in starts if fits_by_construction(a.name) and holds_one_microbatch(a.candidate, ev)]
     assert sure and ev.result(sure[0].candidate).feasible
-    found = RLSearcher(zero_shot=True).search(problem, budget=Budget(400), seed=0)
+    found = RLSearcher(zero_shot=True).search(scenario, budget=Budget(400), seed=0)
     assert found.feasible and found.sim_calls <= 5
 
 
@@ -225,12 +225,12 @@ def test_zero_shot_simulates_four_starts_then_edits_on_equal_devices():
     on a greedy edit; ``zero_shot_starts`` sets how many."""
     from pipeline.space import slow_first
 
-    problem = _problem(devices=6, blocks=24, seed=4)
-    assert slow_first(problem.cluster.speeds) is None
+    scenario = _scenario(devices=6, blocks=24, seed=4)
+    assert slow_first(scenario.cluster.speeds) is None
     ranker = load_ranker()
     for k in (4, 3):
-        top = ranked_starts(problem, Evaluator(problem), ranker, k=k)
+        top = ranked_starts(scenario, Evaluator(scenario), ranker, k=k)
         searcher = RLSearcher(zero_shot=True, zero_shot_starts=k)
-        res = searcher.search(problem, budget=Budget(400), seed=0)
+        res = searcher.search(scenario, budget=Budget(400), seed=0)
         assert searcher.start_list == [a.candidate for a in top if a.candidate is not None]
         assert res.feasible and res.sim_calls == 5

@@ -28,13 +28,13 @@ from pipeline.errors import ConfigError
 from pipeline.space import Scenario
 from tests.conftest import ideal_cluster, uniform_profile
 
-PROBLEM = Scenario(uniform_profile(8), ideal_cluster(2), 4)
+SCENARIO = Scenario(uniform_profile(8), ideal_cluster(2), 4)
 
 
 def _fixed_env(rank: int = 0) -> PipelineEnv:  # noqa: ARG001
     class Fixed(PipelineEnv):
         def reset(self, *, seed=None, options=None):
-            return super().reset(seed=seed, options={"problem": PROBLEM, **(options or {})})
+            return super().reset(seed=seed, options={"scenario": SCENARIO, **(options or {})})
 
     return Fixed(max_steps=2)
 
@@ -139,18 +139,18 @@ def test_evaluation_never_reports_the_plan_worse_than_its_start() -> None:
     """Random edits keep only improvements, so the best plan is at least the starting one, at any
     budget (a budget below the number of starts used to cut the rollout's start short: gain < 1)."""
     for calls in (5, 10, 40):
-        metrics = evaluate_policy_on(None, [PROBLEM], max_calls=calls, max_steps=3)
+        metrics = evaluate_policy_on(None, [SCENARIO], max_calls=calls, max_steps=3)
         assert metrics["eval/gain_over_start"] >= 1.0
         assert metrics["eval/sim_calls"] <= calls
         assert "eval/quality_vs_tuner" not in metrics
-    tuner = tuner_times([PROBLEM], calls=20)
-    with_tuner = evaluate_policy_on(None, [PROBLEM], max_calls=10, max_steps=3, tuner=tuner)
+    tuner = tuner_times([SCENARIO], calls=20)
+    with_tuner = evaluate_policy_on(None, [SCENARIO], max_calls=10, max_steps=3, tuner=tuner)
     assert 0.0 < with_tuner["eval/min_quality_vs_tuner"] <= with_tuner["eval/quality_vs_tuner"]
     assert with_tuner["eval/zero_shot_quality"] > 0
 
 
 def test_tuner_times_are_infinite_where_nothing_fits() -> None:
-    roomy, cramped = PROBLEM, Scenario(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
+    roomy, cramped = SCENARIO, Scenario(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
     times = tuner_times([roomy, cramped], calls=10)
     assert np.isfinite(times[0]) and times[0] > 0 and times[1] == float("inf")
 

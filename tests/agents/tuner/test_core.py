@@ -24,9 +24,9 @@ from tests.conftest import ideal_cluster, uniform_profile
 BUDGET = Budget(sim_calls=150)
 
 
-def _best_named(problem: Scenario) -> float:
+def _best_named(scenario: Scenario) -> float:
     """The best named schedule, at Megatron's split or the DP-balanced one."""
-    times = [NamedSearcher(m, balanced=b).search(problem).iteration_time for m in NAMED_METHODS
+    times = [NamedSearcher(m, balanced=b).search(scenario).iteration_time for m in NAMED_METHODS
              for b in (False, True)]
     return min(times)
 
@@ -34,36 +34,36 @@ def _best_named(problem: Scenario) -> float:
 @pytest.mark.parametrize("case", ["hetero", "gemma-small", "deepseek-small", "nemotronh-small", "uniform"])
 def test_tuner_never_worse_than_best_named(case: str, hetero_profile, h100x4) -> None:
     if case == "hetero":
-        problem = Scenario(hetero_profile, h100x4, 16)
+        scenario = Scenario(hetero_profile, h100x4, 16)
     elif case == "uniform":
-        problem = Scenario(uniform_profile(16), ideal_cluster(4), 16)
+        scenario = Scenario(uniform_profile(16), ideal_cluster(4), 16)
     else:
-        problem = Scenario(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
-    result = AdaptisTuner().search(problem, budget=BUDGET)
+        scenario = Scenario(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
+    result = AdaptisTuner().search(scenario, budget=BUDGET)
     assert result.ok and result.result.feasible
-    validate_plan(result.plan, num_layers=problem.profile.num_layers, devices=problem.devices)
-    assert result.iteration_time <= _best_named(problem) * (1 + 1e-9)
+    validate_plan(result.plan, num_layers=scenario.profile.num_layers, devices=scenario.devices)
+    assert result.iteration_time <= _best_named(scenario) * (1 + 1e-9)
     assert result.sim_calls <= BUDGET.sim_calls + 1
 
 
 def test_tuner_beats_megatron_on_a_heavy_head(hetero_profile, h100x4) -> None:
-    problem = Scenario(hetero_profile, h100x4, 32)
-    mega = NamedSearcher("megatron").search(problem).iteration_time
-    tuned = AdaptisTuner().search(problem, budget=BUDGET).iteration_time
+    scenario = Scenario(hetero_profile, h100x4, 32)
+    mega = NamedSearcher("megatron").search(scenario).iteration_time
+    tuned = AdaptisTuner().search(scenario, budget=BUDGET).iteration_time
     assert mega / tuned > 1.25
 
 
 def test_tuner_loses_nothing_on_a_homogeneous_model() -> None:
-    problem = Scenario(uniform_profile(32), ideal_cluster(4), 16)
-    mega = NamedSearcher("megatron").search(problem).iteration_time
-    tuned = AdaptisTuner().search(problem, budget=BUDGET).iteration_time
+    scenario = Scenario(uniform_profile(32), ideal_cluster(4), 16)
+    mega = NamedSearcher("megatron").search(scenario).iteration_time
+    tuned = AdaptisTuner().search(scenario, budget=BUDGET).iteration_time
     assert tuned <= mega
 
 
 def test_same_seed_same_plan(hetero_profile, h100x4) -> None:
-    problem = Scenario(hetero_profile, h100x4, 16)
-    a = AdaptisTuner().search(problem, budget=BUDGET, seed=7)
-    b = AdaptisTuner().search(problem, budget=BUDGET, seed=7)
+    scenario = Scenario(hetero_profile, h100x4, 16)
+    a = AdaptisTuner().search(scenario, budget=BUDGET, seed=7)
+    b = AdaptisTuner().search(scenario, budget=BUDGET, seed=7)
     assert a.plan == b.plan and a.iteration_time == b.iteration_time and a.history == b.history
 
 
@@ -151,12 +151,12 @@ def test_tuner_recomputes_where_memory_binds() -> None:
 
     profile = uniform_profile(4, act=6 * GIB, out=1 << 20)
     cluster = Cluster(devices=2, memory_gb=10, p2p_gbps=1e12, latency_us=0.0)
-    problem = Scenario(profile, cluster, 8)
-    r = AdaptisTuner().search(problem, budget=Budget(sim_calls=200), seed=0)
+    scenario = Scenario(profile, cluster, 8)
+    r = AdaptisTuner().search(scenario, budget=Budget(sim_calls=200), seed=0)
     assert r.ok and r.result.feasible
     assert r.plan.recompute is not None and any(r.plan.recompute)
     kept = Candidate(tuple(b - a for a, b in r.plan.partition), r.plan.placement)
-    assert not Evaluator(problem).evaluate(kept)[1].feasible  # the same split without recompute does not fit
+    assert not Evaluator(scenario).evaluate(kept)[1].feasible  # the same split without recompute does not fit
 
 
 def test_placement_moves_drop_recompute_of_another_stage_count() -> None:
@@ -165,18 +165,18 @@ def test_placement_moves_drop_recompute_of_another_stage_count() -> None:
     deepseek-large 4k with finer units); moves that keep the stages keep it."""
     import random
 
-    problem = Scenario(uniform_profile(16), ideal_cluster(4), 8)
-    ev = Evaluator(problem)
+    scenario = Scenario(uniform_profile(16), ideal_cluster(4), 8)
+    ev = Evaluator(scenario)
     placement = make_placement("sequential", 4, 1)
     c = Candidate(ev.balanced_sizes(placement), placement, "list", (2.0,) * 4, recompute=(True, False, False, False))
-    moves = list(AdaptisTuner._placement_moves(c, ev.result(c), problem, random.Random(0), ev))
+    moves = list(AdaptisTuner._placement_moves(c, ev.result(c), scenario, random.Random(0), ev))
     assert any(len(m.placement) != len(placement) for m in moves)
     for m in moves:
         assert m.recompute is None if len(m.sizes) != c.num_stages else m.recompute == c.recompute
         assert ev.result(m).valid
 
 
-def _alternating_problem(memory_gb: float = 1e9) -> Scenario:
+def _alternating_scenario(memory_gb: float = 1e9) -> Scenario:
     """Light and heavy units in turn (a block's attention and MLP, cut apart), two devices in two
     chunks: balanced by stage, one device gets 6 of 10 per micro-batch; balanced by device, 5."""
     from pipeline.spec import LayerCost, ModelProfile
@@ -188,9 +188,9 @@ def _alternating_problem(memory_gb: float = 1e9) -> Scenario:
 
 
 def test_seeds_hold_the_device_balanced_split_under_memory_filling_budgets() -> None:
-    problem = _alternating_problem()
-    ev = Evaluator(problem)
-    seeds = seed_candidates(problem, ev)
+    scenario = _alternating_scenario()
+    ev = Evaluator(scenario)
+    seeds = seed_candidates(scenario, ev)
     placement = make_placement("interleaved", 2, 2)
     balanced = ev.device_balanced_sizes(placement)
     assert balanced != ev.balanced_sizes(placement)
@@ -209,9 +209,9 @@ def test_tuner_balances_devices_not_stages() -> None:
     costs = [1.0, 2.0] * 13
     profile = ModelProfile("alt", tuple(LayerCost(f"u{i}", "mlp", c / 3, c / 3, c / 3, 1000, 1 << 20, 1 << 10)
                                         for i, c in enumerate(costs)))
-    problem = Scenario(profile, Cluster(devices=3, memory_gb=1e9, p2p_gbps=1e12, latency_us=0.0), 16)
-    r = AdaptisTuner().search(problem, budget=Budget(sim_calls=300), seed=0)
-    bound = sum(costs) / 3 * problem.microbatches
+    scenario = Scenario(profile, Cluster(devices=3, memory_gb=1e9, p2p_gbps=1e12, latency_us=0.0), 16)
+    r = AdaptisTuner().search(scenario, budget=Budget(sim_calls=300), seed=0)
+    bound = sum(costs) / 3 * scenario.microbatches
     assert r.ok and r.result.feasible
     assert max(r.result.busy) == pytest.approx(bound)
     assert r.iteration_time <= 1.01 * bound
@@ -228,13 +228,13 @@ def testlighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() ->
     from pipeline.hardware import build_cluster
 
     profile = zoo_profile("gemma-large", seq_len=4096, granularity="sublayer", head_shards=8)
-    problem = Scenario(profile, build_cluster("h100", devices=16, gpus_per_node=8), 64)
-    ev = Evaluator(problem)
+    scenario = Scenario(profile, build_cluster("h100", devices=16, gpus_per_node=8), 64)
+    ev = Evaluator(scenario)
     placement = make_placement("interleaved", 16, 3)
     base = Candidate(ev.device_balanced_sizes(placement), placement)
     costs = [x.f + x.b + x.w for x in profile.layers]
     top = device_loads(costs, base.sizes, placement, devices=16).max()
-    variants = lighten_first_stage(base, 0, problem)
+    variants = lighten_first_stage(base, 0, scenario)
     assert variants
     for v in variants:
         assert v.sizes[0] < base.sizes[0] and sum(v.sizes) == sum(base.sizes)
@@ -244,7 +244,7 @@ def testlighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() ->
     after = ev.result(with_filled_budgets(best, ev))
     assert before.feasible and after.feasible
     assert after.iteration_time < before.iteration_time
-    assert with_filled_budgets(best, ev) in seed_candidates(problem, ev)
+    assert with_filled_budgets(best, ev) in seed_candidates(scenario, ev)
 
 
 def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() -> None:
@@ -260,13 +260,13 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
     from agents.tuner import with_filled_budgets, with_roomy_budgets
     from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 
-    problem = sample_scenario(np.random.default_rng(20010), HELDOUT_SCENARIO)
-    ev = Evaluator(problem)
-    placement = make_placement("sequential", problem.devices, 1)
+    scenario = sample_scenario(np.random.default_rng(20010), HELDOUT_SCENARIO)
+    ev = Evaluator(scenario)
+    placement = make_placement("sequential", scenario.devices, 1)
     base = with_filled_budgets(Candidate(ev.balanced_sizes(placement), placement, "list"), ev)
     before = ev.result(base)
     assert before.feasible
-    moves = list(AdaptisTuner._schedule_moves(base, before, problem, random.Random(0), ev))
+    moves = list(AdaptisTuner._schedule_moves(base, before, scenario, random.Random(0), ev))
     recomputing = [m for m in moves if m.recompute is not None and any(m.recompute)]
     plain = replace(base, recompute=recomputing[0].recompute)
     assert recomputing and with_roomy_budgets(plain, ev) in moves
@@ -275,7 +275,7 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
     assert best.iteration_time < 0.9 * before.iteration_time
 
 
-def _mixed_speed_head_problem() -> Scenario:
+def _mixed_speed_head_scenario() -> Scenario:
     """Twelve layers and a head as heavy as four of them on four devices, the first and the last
     at half speed: every placement family in index order ends on a slow device (sequential,
     interleaved and wave-3 on device 3, V and wave-4 on device 0), so the head lands on one."""
@@ -294,10 +294,10 @@ def test_slow_first_seeds_put_the_head_on_the_fastest_device() -> None:
     gets no such seeds."""
     from agents.tuner import slow_first_seeds
 
-    problem = _mixed_speed_head_problem()
-    ev = Evaluator(problem)
-    ordered = slow_first_seeds(problem, ev)
-    plain = [c for c in seed_candidates(problem, ev) if c not in ordered]
+    scenario = _mixed_speed_head_scenario()
+    ev = Evaluator(scenario)
+    ordered = slow_first_seeds(scenario, ev)
+    plain = [c for c in seed_candidates(scenario, ev) if c not in ordered]
     assert ordered and all(c.placement[-1] in (0, 3) for c in plain)
 
     def best(cands: list[Candidate]) -> tuple[float, Candidate]:
@@ -306,9 +306,9 @@ def test_slow_first_seeds_put_the_head_on_the_fastest_device() -> None:
 
     (t_ordered, c_ordered), (t_plain, _) = best(ordered), best(plain)
     assert t_ordered < 0.9 * t_plain and c_ordered.placement[-1] in (1, 2)
-    uniform = Scenario(problem.profile, ideal_cluster(4), 16)
+    uniform = Scenario(scenario.profile, ideal_cluster(4), 16)
     assert slow_first_seeds(uniform, Evaluator(uniform)) == []
-    found = AdaptisTuner().search(problem, budget=Budget(200), seed=0)
+    found = AdaptisTuner().search(scenario, budget=Budget(200), seed=0)
     assert found.plan is not None and found.plan.placement[-1] in (1, 2)
 
 
@@ -316,15 +316,15 @@ def test_named_plans_false_skips_the_named_schedules(hetero_profile, h100x4) -> 
     """``AdaptisTuner(named_plans=False)``: no named schedule is simulated, so its first calls are
     its own seeds and its best plan is always an editable candidate; the default simulates them
     first (one call each)."""
-    problem = Scenario(hetero_profile, h100x4, 16)
+    scenario = Scenario(hetero_profile, h100x4, 16)
     skip = AdaptisTuner(named_plans=False)
-    res = skip.search(problem, budget=BUDGET)
+    res = skip.search(scenario, budget=BUDGET)
     assert res.ok and res.result.feasible and skip.best_candidate is not None
     assert res.sim_calls <= BUDGET.sim_calls + 1
     short = Budget(sim_calls=2 * len(NAMED_METHODS) - 1)  # each at Megatron's and the DP split
-    assert AdaptisTuner().search(problem, budget=short).note in set(NAMED_METHODS) | {
+    assert AdaptisTuner().search(scenario, budget=short).note in set(NAMED_METHODS) | {
         f"{m}+dp" for m in NAMED_METHODS}
-    assert AdaptisTuner(named_plans=False).search(problem, budget=short).note.startswith("list ")
+    assert AdaptisTuner(named_plans=False).search(scenario, budget=short).note.startswith("list ")
 
 
 def test_a_seconds_budget_is_kept_at_a_large_size(monkeypatch) -> None:
@@ -338,9 +338,9 @@ def test_a_seconds_budget_is_kept_at_a_large_size(monkeypatch) -> None:
     from pipeline.hardware import build_cluster
     from pipeline.spec import TrainingConfig
 
-    problem = Scenario(zoo_profile("gemma-large", gpu="h100", granularity="sublayer"),
-                       build_cluster("h100", devices=32),
-                       256, TrainingConfig(runtime="pytorch"))
+    scenario = Scenario(zoo_profile("gemma-large", gpu="h100", granularity="sublayer"),
+                        build_cluster("h100", devices=32),
+                        256, TrainingConfig(runtime="pytorch"))
     per_call = 0.01
     tuner = AdaptisTuner()
     monkeypatch.setattr(agents.base, "time", SimpleNamespace(
@@ -360,7 +360,7 @@ def test_a_seconds_budget_is_kept_at_a_large_size(monkeypatch) -> None:
     monkeypatch.setattr(Evaluator, "simulate_plan", counted_simulate_plan)
     for calls in (10, 40):
         starts.clear()
-        res = tuner.search(problem, budget=Budget(sim_calls=None, seconds=calls * per_call))
+        res = tuner.search(scenario, budget=Budget(sim_calls=None, seconds=calls * per_call))
         assert res.feasible
         assert all(before < calls for before, new in starts if new), starts
         assert all(new <= max(PROBE_BATCH, calls - before) for before, new in starts), starts
@@ -379,10 +379,10 @@ def test_a_seconds_budget_probes_before_it_batches(hetero_profile, h100x4) -> No
         sizes.append(sum(not self.known(c) for c in dict.fromkeys(candidates)))
         return original(self, candidates)
 
-    problem = Scenario(hetero_profile, h100x4, 16)
+    scenario = Scenario(hetero_profile, h100x4, 16)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Evaluator, "results", results)
-        AdaptisTuner().search(problem, budget=Budget(sim_calls=None, seconds=0.3))
+        AdaptisTuner().search(scenario, budget=Budget(sim_calls=None, seconds=0.3))
     assert sizes[0] <= tuner_clock.PROBE_BATCH, sizes
     assert all(b <= 2 * max([*sizes[:k], tuner_clock.PROBE_BATCH]) for k, b in enumerate(sizes) if k), sizes
 
@@ -390,14 +390,14 @@ def test_a_seconds_budget_probes_before_it_batches(hetero_profile, h100x4) -> No
 def test_on_progress_sees_every_improvement_without_building_plans(hetero_profile, h100x4, monkeypatch) -> None:
     """``on_progress`` gets (calls, result) at each improvement, the same steps as the history, with
     whether each fits; unlike ``on_improve`` it builds no plan (the search's plans are the same)."""
-    problem = Scenario(hetero_profile, h100x4, 16)
-    plain = AdaptisTuner().search(problem, budget=BUDGET, seed=1)
+    scenario = Scenario(hetero_profile, h100x4, 16)
+    plain = AdaptisTuner().search(scenario, budget=BUDGET, seed=1)
     seen: list[tuple[int, float, bool]] = []
     built = []
     plan = Evaluator.plan
     monkeypatch.setattr(Evaluator, "plan", lambda self, c: built.append(c) or plan(self, c))
     res = AdaptisTuner(on_progress=lambda calls, r: seen.append((calls, r.iteration_time, bool(r.feasible)))).search(
-        problem, budget=BUDGET, seed=1)
+        scenario, budget=BUDGET, seed=1)
     assert res.history == plain.history and len(seen) == len(res.history) > 1
     assert [(c, t) for c, t, _ in seen] == res.history and seen[-1][2]
     assert len(built) <= 1  # the winner's plan at the end, not one a step

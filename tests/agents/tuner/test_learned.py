@@ -53,12 +53,12 @@ def test_registered_and_the_plain_tuner_has_no_policy() -> None:
 @pytest.mark.parametrize("case", ["hetero", "gemma-small", "nemotronh-small"])
 def test_learned_returns_valid_feasible_plans(case: str, hetero_profile, h100x4) -> None:
     if case == "hetero":
-        problem = Scenario(hetero_profile, h100x4, 16)
+        scenario = Scenario(hetero_profile, h100x4, 16)
     else:
-        problem = Scenario(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
-    res = make_searcher("learned").search(problem, budget=BUDGET, seed=1)
+        scenario = Scenario(zoo_profile(case, seq_len=2048), Cluster(devices=4), 16)
+    res = make_searcher("learned").search(scenario, budget=BUDGET, seed=1)
     assert res.method == "learned" and res.feasible
-    validate_plan(res.plan, num_layers=problem.profile.num_layers, devices=problem.devices)
+    validate_plan(res.plan, num_layers=scenario.profile.num_layers, devices=scenario.devices)
     assert res.sim_calls <= BUDGET.sim_calls + 1
     assert res.history and res.history[-1][-1] == pytest.approx(res.iteration_time, rel=1e-9)
 
@@ -70,14 +70,14 @@ def test_deterministic_per_seed(gemma4: Scenario) -> None:
 
 
 def test_respects_call_and_second_budgets(hetero_profile, h100x4, monkeypatch) -> None:
-    problem = Scenario(hetero_profile, h100x4, 16)
+    scenario = Scenario(hetero_profile, h100x4, 16)
     for calls in (40, 200):  # (under ~22 calls the named plans alone overrun it, in the plain tuner too)
-        assert learned_tuner().search(problem, budget=Budget(sim_calls=calls)).sim_calls <= calls + 1
+        assert learned_tuner().search(scenario, budget=Budget(sim_calls=calls)).sim_calls <= calls + 1
     # a fake clock that ticks 1 ms a reading (as the tuner's own test): the search ends within a few readings
     for seconds in (0.05, 0.5):
         reads = itertools.count(1)
         monkeypatch.setattr(agents.base, "time", SimpleNamespace(perf_counter=lambda r=reads: next(r) * 1e-3))
-        res = learned_tuner().search(problem, budget=Budget(sim_calls=None, seconds=seconds))
+        res = learned_tuner().search(scenario, budget=Budget(sim_calls=None, seconds=seconds))
         assert res.ok and next(reads) <= seconds / 1e-3 + 5
 
 
@@ -219,7 +219,7 @@ def test_descents_alternate_between_the_bandit_and_the_tuners_order(monkeypatch)
     improves the start three times before the first stall."""
     import agents.tuner.learned as learned
 
-    problem = Scenario(zoo_profile("gemma-small", seq_len=3072), Cluster(devices=4), 16)
+    scenario = Scenario(zoo_profile("gemma-small", seq_len=3072), Cluster(devices=4), 16)
     budget = Budget(sim_calls=600)
     tuner = learned_tuner()
     policy = tuner.move_policy
@@ -240,7 +240,7 @@ def test_descents_alternate_between_the_bandit_and_the_tuners_order(monkeypatch)
 
     monkeypatch.setattr(learned.FamilyBandit, "pick", pick)
     monkeypatch.setattr(learned.MovePolicy, "round", round_)
-    alternate = tuner.search(problem, budget=budget, seed=0)
+    alternate = tuner.search(scenario, budget=budget, seed=0)
     monkeypatch.undo()
     assert policy._stalls >= 3 and picks
     assert {s % 2 for s in picks} == {0}  # the bandit only in even descents
@@ -249,7 +249,7 @@ def test_descents_alternate_between_the_bandit_and_the_tuners_order(monkeypatch)
     stalled = next(after for _, after, improved in rounds if not improved)  # the calls at the first stall
     before = [h for h in alternate.history if h[0] <= stalled]
     assert any(c > started for c, _ in before)  # the bandit's first descent improved on the start
-    bandit = learned_tuner(descents="bandit").search(problem, budget=budget, seed=0)
+    bandit = learned_tuner(descents="bandit").search(scenario, budget=budget, seed=0)
     assert alternate.history[:len(before)] == bandit.history[:len(before)] and alternate.history != bandit.history
     with pytest.raises(ConfigError, match="descents"):
         MovePolicy(descents="fixed")

@@ -28,9 +28,9 @@ def gemma4() -> Scenario:
     return Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
 
 
-def _start_calls(problem: Scenario) -> int:
-    ev = Evaluator(problem)
-    return len(named_starts(problem)) + len(set(iter_seed_candidates(problem, ev)))
+def _start_calls(scenario: Scenario) -> int:
+    ev = Evaluator(scenario)
+    return len(named_starts(scenario)) + len(set(iter_seed_candidates(scenario, ev)))
 
 
 @pytest.mark.parametrize("prior", ["shipped", "random"])
@@ -59,8 +59,8 @@ def test_features_need_no_simulation(gemma4: Scenario) -> None:
 
 
 def test_named_starts_are_the_tuners() -> None:
-    problem = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
-    starts = named_starts(problem)
+    scenario = Scenario(zoo_profile("gemma-small", seq_len=2048), Cluster(devices=4), 16)
+    starts = named_starts(scenario)
     assert starts[0] == NamedStart("gpipe", False) and NamedStart("megatron", True) not in starts
     assert NamedStart("zb-h1", True).describe() == "zb-h1+dp"
 

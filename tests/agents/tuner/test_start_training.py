@@ -18,10 +18,10 @@ def test_the_shipped_prior_reaches_the_best_start_sooner_on_unseen_draws() -> No
     Twelve draws (10000-10011; was eight): on the fp32-head cost model four of the first eight have
     no start that fits (was three), too few to compare on; of the twelve, seven compare, at 0.05 of
     the plain order's position (10000-10063: 47 compare, 0.07; 0.10 on the old cost model)."""
-    problems = [sample_scenario(np.random.default_rng(10_000 + i), TRAIN_SCENARIO) for i in range(12)]
+    scenarios = [sample_scenario(np.random.default_rng(10_000 + i), TRAIN_SCENARIO) for i in range(12)]
     prior = load_start_prior()
     ratios = []
-    for X, times in collect_starts(problems):
+    for X, times in collect_starts(scenarios):
         mine, plain = first_within(prior.order(X), times), first_within(list(range(len(times))), times)
         if mine is not None and plain is not None:
             ratios.append(mine / plain)
