@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
+from pipeline.candidates import move_layers
 from pipeline.errors import PlanError
 from pipeline.schedules import build_plan, method_placement
 from pipeline.space import Candidate, Evaluator, Scenario, balanced_sizes, make_placement, objective_key
@@ -68,9 +69,7 @@ def random_candidate(scenario: Scenario, rng: random.Random, *, evaluator: Evalu
         s = rng.randrange(len(sizes) - 1) if len(sizes) > 1 else 0
         if len(sizes) > 1:
             a, b = (s, s + 1) if rng.random() < 0.5 else (s + 1, s)
-            if sizes[a] > 1:
-                sizes[a] -= 1
-                sizes[b] += 1
+            sizes = list(move_layers(sizes, a, b) or sizes)
     budgets = None if rng.random() < 0.2 else tuple(float(rng.randint(1, 2 * P)) for _ in range(P))
     return Candidate(tuple(sizes), placement, "list", budgets, split_backward=rng.random() < 0.8,
                      eager_w=rng.random() < 0.2, depth_first=rng.random() < 0.7,

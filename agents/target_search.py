@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.tuner import AdaptisTuner
+from pipeline.candidates import move_layers
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.plan import interleaved_placement
 from pipeline.space import Candidate, Evaluator, Scenario, objective_key
@@ -174,10 +175,7 @@ class MegatronLayoutSearch:
             for src, dst in moves:
                 if clock.spent():
                     return
-                new = list(sizes)
-                new[src] -= 1
-                new[dst] += 1
-                cand = replace(current, sizes=tuple(new))
+                cand = replace(current, sizes=move_layers(sizes, src, dst))
                 k = offer(cand)
                 if k < key:
                     current, key, improved = cand, k, True

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.candidates import move_layers
 from pipeline.errors import PlanError
 from pipeline.plan import Plan
 from pipeline.simulator import Result
@@ -572,9 +573,5 @@ def fit_memory(c: Candidate, result: Result, ev: Evaluator) -> Candidate | None:
 
 
 def _move(c: Candidate, src: int, dst: int) -> Candidate | None:
-    if c.sizes[src] <= 1:
-        return None
-    sizes = list(c.sizes)
-    sizes[src] -= 1
-    sizes[dst] += 1
-    return _with(c, sizes=tuple(sizes))
+    sizes = move_layers(c.sizes, src, dst)
+    return None if sizes is None else _with(c, sizes=sizes)

@@ -30,7 +30,7 @@ from pipeline.simulator import Result, StageCosts, stage_costs
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
 __all__ = ["ORDERS", "PLACEMENT_KINDS", "Scenario", "Candidate", "recompute_for", "slow_first", "by_position",
-           "make_placement", "list_config", "materialize", "objective_key"]
+           "make_placement", "move_layers", "list_config", "materialize", "objective_key"]
 
 ORDERS = ("list", "1f1b", "gpipe", "interleaved", "looped-bfs", "zbv")
 PLACEMENT_KINDS = ("sequential", "interleaved", "v", "wave")
@@ -126,6 +126,18 @@ def by_position(values: Sequence[float], order: Sequence[int]) -> tuple[float, .
     out = [0.0] * len(values)
     for p, d in enumerate(order):
         out[d] = values[p]
+    return tuple(out)
+
+
+def move_layers(sizes: Sequence[int], src: int, dst: int, n: int = 1) -> tuple[int, ...] | None:
+    """Stage sizes after ``n`` layers leave stage ``src`` for stage ``dst``, or None where ``src``
+    would be left empty. The stages between keep their sizes, so every boundary between shifts by
+    ``n``: the one move of a layer across stage boundaries that the searchers and the env share."""
+    if src == dst or sizes[src] <= n:
+        return None
+    out = list(sizes)
+    out[src] -= n
+    out[dst] += n
     return tuple(out)
 
 

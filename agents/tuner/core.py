@@ -31,6 +31,7 @@ from agents.baselines import PLACEMENT_CHOICES
 from agents.tuner.clock import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from agents.tuner.start_prior import NamedStart, named_plan, named_starts, ordered_starts, start_features
 from pipeline.balance import device_loads
+from pipeline.candidates import move_layers
 from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan
 from pipeline.simulator import Result
@@ -150,14 +151,12 @@ def _chain_moves(c: Candidate, hot: int, cold: int, scenario: Scenario) -> list[
             if e != cold:
                 continue
             for n in (1, 2):
-                if c.sizes[s] <= n:
+                new = move_layers(c.sizes, s, t, n)
+                if new is None:
                     continue
-                new = list(c.sizes)
-                new[s] -= n
-                new[t] += n
                 loads = device_loads(cost, new, c.placement, devices=P, speeds=speeds)
                 if loads.max() < now.max() - 1e-9:
-                    scored.append((float(loads.max()), float((loads ** 2).sum()), tuple(new)))
+                    scored.append((float(loads.max()), float((loads ** 2).sum()), new))
     return [replace(c, sizes=sizes) for *_, sizes in sorted(scored)[:CHAIN_NEIGHBOURS]]
 
 
@@ -182,13 +181,11 @@ def lighten_first_stage(c: Candidate, device: int, scenario: Scenario) -> list[C
     out = []
     for t in stages[1:]:
         for n in range(1, LIGHTEN_UNITS + 1):
-            if c.sizes[first] <= n:
+            new = move_layers(c.sizes, first, t, n)
+            if new is None:
                 break
-            new = list(c.sizes)
-            new[first] -= n
-            new[t] += n
             if device_loads(cost, new, c.placement, devices=P, speeds=speeds).max() <= top + 1e-9:
-                out.append(replace(c, sizes=tuple(new)))
+                out.append(replace(c, sizes=new))
     return out
 
 
@@ -357,10 +354,7 @@ class AdaptisTuner:
                 if d == cold and sizes[nb] > 1:
                     seen.add((nb, s))  # take a layer
         for src, dst in sorted(seen):
-            new = list(sizes)
-            new[src] -= 1
-            new[dst] += 1
-            yield replace(c, sizes=tuple(new))
+            yield replace(c, sizes=move_layers(sizes, src, dst))
         if scenario.devices < S:  # several stages per device: balance devices, not stages
             yield from _chain_moves(c, hot, cold, scenario)
             full = max(range(len(busy)), key=lambda d: result.peak_memory[d] / result.memory_limit[d])
@@ -453,9 +447,7 @@ class AdaptisTuner:
                 break
             s = rng.randrange(S - 1)
             src, dst = (s, s + 1) if rng.random() < 0.5 else (s + 1, s)
-            if sizes[src] > 1:
-                sizes[src] -= 1
-                sizes[dst] += 1
+            sizes = list(move_layers(sizes, src, dst) or sizes)
         out = replace(c, sizes=tuple(sizes))
         P = scenario.devices
         if S > 1 and P > 1 and (sizes == list(c.sizes) or rng.random() < 0.3):

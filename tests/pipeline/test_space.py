@@ -190,3 +190,13 @@ def test_the_evaluators_splits_are_shared_by_placements_of_the_same_stage_speeds
             placement = make_placement(kind, 4, chunks)
             assert ev.balanced_sizes(placement) == balanced_sizes(profile, placement, cluster)
         assert len(calls) == runs
+
+
+def test_move_layers_shifts_every_boundary_between_and_never_empties_a_stage():
+    from pipeline.candidates import move_layers
+
+    assert move_layers((3, 2, 4), 0, 2) == (2, 2, 5)  # the middle stage keeps its 2: both boundaries shift
+    assert move_layers((3, 2, 4), 2, 1, 2) == (3, 4, 2)
+    assert move_layers((1, 5), 0, 1) is None  # stage 0 would be empty
+    assert move_layers((3, 5), 0, 1, 3) is None
+    assert move_layers((3, 5), 1, 1) is None
