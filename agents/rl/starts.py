@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from agents.baselines import PLACEMENT_CHOICES
+from agents.listwise import listwise_targets
 from agents.tuner import with_filled_budgets, with_roomy_budgets
 from pipeline.errors import ConfigError, PlanError
 from pipeline.megatron import megatron_partition
@@ -270,13 +271,8 @@ def _collect_worker(args: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _targets(times: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """(target distribution, applicable mask) from arm times: softmax of log(best / time)."""
-    applicable = ~np.isnan(times)
-    best = np.nanmin(np.where(np.isfinite(times), times, np.nan), axis=1, keepdims=True)
-    q = np.where(np.isfinite(times), np.log(best / np.where(np.isfinite(times), times, 1.0)), -np.inf)
-    q = np.where(applicable, q, -np.inf)
-    w = np.exp((q - 0.0) / temperature)
-    return w / w.sum(axis=1, keepdims=True), applicable
+    """(target distribution, applicable mask) from arm times (:func:`agents.listwise.listwise_targets`)."""
+    return listwise_targets(times, temperature), ~np.isnan(times)
 
 
 class StartRanker:

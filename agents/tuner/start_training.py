@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.listwise import listwise_targets
 from agents.tuner.core import iter_seed_candidates
 from agents.tuner.start_prior import DEFAULT_START_PRIOR, TAU, StartPrior, named_plan, named_starts, start_features
 from env.scenarios import TRAIN_SCENARIO, sample_scenario
@@ -44,13 +45,7 @@ def collect_starts(scenarios: Sequence[Scenario], *, progress: Callable[[int], N
 
 
 def _targets(times: np.ndarray) -> np.ndarray | None:
-    ok = np.isfinite(times)
-    if not ok.any():
-        return None
-    q = np.zeros(len(times))
-    q[ok] = np.log(times[ok].min() / times[ok]) / TAU
-    q[ok] = np.exp(q[ok] - q[ok].max())
-    return q / q.sum()
+    return listwise_targets(times, TAU) if np.isfinite(times).any() else None
 
 
 def fit_start_prior(groups: Sequence[tuple[np.ndarray, np.ndarray]], *, l2: float = 1e-3, steps: int = 600,
