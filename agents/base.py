@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pipeline.candidates import Scenario
+from pipeline.evaluator import Evaluator
 from pipeline.plan import Plan
 from pipeline.simulator import Result, simulate
-from pipeline.space import Evaluator, Scenario
 
 __all__ = ["DEFAULT_CALLS", "Budget", "SearchResult", "Searcher", "ImproveCallback", "BudgetClock", "finish",
            "history_marks"]

@@ -6,10 +6,11 @@ import random
 from dataclasses import dataclass
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
-from pipeline.candidates import move_layers
+from pipeline.balance import balanced_sizes
+from pipeline.candidates import Candidate, Scenario, make_placement, move_layers, objective_key
 from pipeline.errors import PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.schedules import build_plan, method_placement
-from pipeline.space import Candidate, Evaluator, Scenario, balanced_sizes, make_placement, objective_key
 
 __all__ = ["NamedSearcher", "RandomSearcher", "PLACEMENT_CHOICES", "random_candidate"]
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
+from pipeline.candidates import Scenario
 from pipeline.errors import PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.exact import plan_caps, prove
 from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
-from pipeline.space import Evaluator, Scenario
 
 __all__ = ["MAX_ACTIONS", "ZbOptSearcher", "solver_seconds"]
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.base import Budget, ImproveCallback, Searcher, SearchResult
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Scenario
 
 __all__ = ["BASELINE", "Interrupted", "configure", "run_methods", "setting_type", "with_baseline"]
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 
 from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, finish
 from agents.tuner import AdaptisTuner
-from pipeline.candidates import move_layers
+from pipeline.candidates import Candidate, Scenario, move_layers, objective_key
+from pipeline.evaluator import Evaluator
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.plan import interleaved_placement
-from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 from pipeline.targets import TARGETS, model_reason, placement_reason, target_reason
 
 __all__ = ["TARGET_METHODS", "MegatronLayoutSearch", "target_filter", "target_searcher", "target_rows",

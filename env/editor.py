@@ -1,8 +1,8 @@
-"""The plan editor behind the environments: discrete edits of a :class:`~pipeline.space.Candidate`.
+"""The plan editor behind the environments: discrete edits of a :class:`~pipeline.candidates.Candidate`.
 
-:class:`PlanEditor` holds one scenario, one :class:`~pipeline.space.Evaluator` (which counts
+:class:`PlanEditor` holds one scenario, one :class:`~pipeline.evaluator.Evaluator` (which counts
 simulator calls and caches repeats), the current candidate and the best one seen. An edit that
-makes the plan better (by :func:`pipeline.space.objective_key`) is kept; one that does not is
+makes the plan better (by :func:`pipeline.candidates.objective_key`) is kept; one that does not is
 rolled back, as the AdaPtis tuner does, and masked until the plan changes again. Every edit
 costs one simulator call; an edit whose result is already known is masked.
 
@@ -25,20 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.candidates import move_layers
+from pipeline.budgets import microbatch_bytes, preset_budgets
+from pipeline.candidates import Candidate, Scenario, make_placement, move_layers, objective_key, recompute_for
 from pipeline.errors import PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import (
-    Candidate,
-    Evaluator,
-    Scenario,
-    make_placement,
-    microbatch_bytes,
-    objective_key,
-    preset_budgets,
-    recompute_for,
-)
 
 __all__ = [
     "MAX_DEVICES",

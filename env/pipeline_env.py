@@ -25,10 +25,11 @@ from env.editor import (
 )
 from env.scenarios import ScenarioConfig, sample_scenario, zero_shot_starts
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Candidate, Scenario
 from pipeline.errors import PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.schedules import build_plan
 from pipeline.simulator import Result, simulate
-from pipeline.space import Candidate, Evaluator, Scenario
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "STAGE_FEATURES", "DEVICE_FEATURES",
@@ -169,8 +170,8 @@ class PipelineEnv(gym.Env):
 
     An episode works on one scenario: a model profile, a cluster (2-32 devices, possibly on
     several nodes, possibly of mixed speeds), the micro-batches of one iteration and a memory
-    limit per device (a :class:`pipeline.space.Scenario`). The state is an editable plan
-    description, a :class:`pipeline.space.Candidate`. The episode starts from the best of a
+    limit per device (a :class:`pipeline.candidates.Scenario`). The state is an editable plan
+    description, a :class:`pipeline.candidates.Candidate`. The episode starts from the best of a
     small portfolio of cheap plans (placement families with the DP-balanced split under the
     activation budgets of the named schedules, up to 10 simulator calls; see
     :func:`env.editor.portfolio`) or, with ``options["start"] = "single"`` (and in a share
@@ -562,11 +563,9 @@ class PipelineEnv(gym.Env):
 
 
 def _scenario_from(options: dict[str, Any]) -> Scenario | None:
-    for key in ("scenario", "problem"):  # (its name before 6 Dec 2026, still read)
+    for key in ("scenario", "problem", "evaluator"):  # ("problem": its name before 6 Dec 2026)
         if options.get(key) is not None:
-            return options[key]
-    if options.get("evaluator") is not None:
-        return options["evaluator"].scenario
+            return options[key].scenario if key == "evaluator" else options[key]
     profile = options.get("profile")
     if profile is None:
         return None

@@ -1,6 +1,6 @@
 """Scenarios for the environments: heterogeneous models on clusters of 2-32 devices.
 
-A scenario is a :class:`pipeline.space.Scenario` (profile + cluster + micro-batches + memory
+A scenario is a :class:`pipeline.candidates.Scenario` (profile + cluster + micro-batches + memory
 limit). :func:`sample_scenario` draws one from a ``numpy`` generator, so ``env.reset(seed=...)``
 fixes it. Models are either synthetic :class:`pipeline.arch.Architecture` objects of a family
 (:data:`MODEL_FAMILIES`) or the zoo's models (``experiments/configs/models``), all priced by
@@ -23,9 +23,10 @@ from functools import lru_cache
 import numpy as np
 
 from pipeline.arch import Architecture, LayerSpec
+from pipeline.budgets import cut_budgets, preset_budgets
+from pipeline.candidates import Candidate, Scenario, make_placement
 from pipeline.costs import profile_from_architecture
 from pipeline.hardware import build_cluster
-from pipeline.space import Candidate, Scenario, cut_budgets, make_placement, preset_budgets
 from pipeline.spec import GIB, Device, ModelProfile, TrainingConfig
 
 __all__ = ["MODEL_FAMILIES", "ZOO_FAMILIES", "ScenarioConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO",
@@ -201,7 +202,7 @@ def zero_shot_starts(scenario: Scenario, evaluator) -> list[Candidate]:
     the DP-balanced split, with each device's activation budget cut to what its memory holds
     after the static share; a layout whose static memory leaves no room for one micro-batch is
     skipped, and V/interleaved only when cutting keeps at least a quarter of their budgets
-    (``evaluator``: an :class:`~pipeline.space.Evaluator` of ``scenario``, for its DP splits and
+    (``evaluator``: an :class:`~pipeline.evaluator.Evaluator` of ``scenario``, for its DP splits and
     stage costs)."""
     P, L = scenario.devices, scenario.profile.num_layers
     found: list[tuple[float, Candidate]] = []

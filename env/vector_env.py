@@ -4,7 +4,7 @@
 builds a :class:`PipelineVectorEnv`. It holds N :class:`env.pipeline_env.PipelineEnv` and steps
 them together; the simulator calls of one step (one new plan per environment whose edit is
 allowed) are scheduled and simulated in **one** native call
-(:func:`pipeline.space.results_across` -> :func:`pipeline.engine.schedule_and_simulate_many`, on
+(:func:`pipeline.evaluator.results_across` -> :func:`pipeline.engine.schedule_and_simulate_many`, on
 ``engine_threads`` threads, default one), before each environment's own step finds its result
 ready; the starting plans of the environments reset in that step (a reset simulates its
 portfolio, up to 10 plans, and up to 2 memory repairs) join the same batch, the repairs a second
@@ -53,7 +53,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from env.pipeline_env import PipelineEnv
-from pipeline.space import Candidate, Evaluator, results_across
+from pipeline.candidates import Candidate
+from pipeline.evaluator import Evaluator, results_across
 
 __all__ = ["PipelineVectorEnv"]
 

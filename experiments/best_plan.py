@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.candidates import objective_key
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import objective_key
 
 __all__ = ["BestPlanWriter", "INFEASIBLE_PLAN"]
 

@@ -184,7 +184,7 @@ def run_trial(index: int, params: dict[str, Any], *, profile: ModelProfile, clus
               runtime: str = "pytorch") -> Trial:
     """Search once with ``params`` applied on top of the defaults; ``references`` caches Megatron's time
     (priced on the trial's runtime, as the searched plan is)."""
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
 
     mb = int(params.get("microbatches", microbatches))
     cl = cluster

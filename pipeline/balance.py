@@ -1,6 +1,6 @@
 """Per-device balanced partitions: contiguous stages whose *device* loads are even.
 
-:func:`pipeline.space.balanced_sizes` minimises the heaviest *stage*. With several stages per
+:func:`pipeline.balance.balanced_sizes` minimises the heaviest *stage*. With several stages per
 device (interleaved, V, wave placements) the pipeline's throughput is bounded by the heaviest
 *device*, the sum of its stages, and the stages' rounding errors can pile up on a few devices: on
 gemma-large with sub-block units and 64 stages on 16 devices the stage-balanced split puts 8

@@ -129,7 +129,7 @@ def by_position(values: Sequence[float], order: Sequence[int]) -> tuple[float, .
     return tuple(out)
 
 
-def move_layers(sizes: Sequence[int], src: int, dst: int, n: int = 1) -> tuple[int, ...] | None:
+def move_layers(sizes: Sequence[int], src: int, dst: int, *, n: int = 1) -> tuple[int, ...] | None:
     """Stage sizes after ``n`` layers leave stage ``src`` for stage ``dst``, or None where ``src``
     would be left empty. The stages between keep their sizes, so every boundary between shifts by
     ``n``: the one move of a layer across stage boundaries that the searchers and the env share."""

@@ -63,7 +63,8 @@ def collect_states(n_states: int, *, seed: int, oracle_share: float = 0.5, max_s
     from env.editor import score
     from env.pipeline_env import PipelineEnv
     from env.scenarios import TRAIN_SCENARIO
-    from pipeline.space import Evaluator, objective_key
+    from pipeline.candidates import objective_key
+    from pipeline.evaluator import Evaluator
 
     env = PipelineEnv(max_steps=max_steps, max_calls=max_calls, scenario=TRAIN_SCENARIO,
                       repeat_scenario=repeat_scenario, single_start_share=single_start_share, allow_stop=False)

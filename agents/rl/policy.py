@@ -6,46 +6,24 @@ trusted source, as unpickling runs code) and ``NAME.json`` (metadata: algorithm,
 count, observation shapes, training command and seed). :func:`load_policy`
 reads the JSON first and refuses a policy whose spaces do not match this version of the
 environment. A full SB3 model zip (``model.zip`` of a training run, also a pickle) loads too
-when a ``.json`` sits beside it. Files written before ``agents/rl/`` was a package name the
-network's classes ``agents.rl_net.*``; :func:`old_module_paths` lets them load.
+when a ``.json`` sits beside it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
 
-__all__ = ["ALGOS", "DEFAULT_POLICY", "MOVED_MODULES", "space_signature", "save_policy", "load_policy",
-           "old_module_paths", "read_metadata", "unreadable"]
+__all__ = ["ALGOS", "DEFAULT_POLICY", "space_signature", "save_policy", "load_policy",
+           "read_metadata", "unreadable"]
 
 #: Training algorithms: name -> (sb3 module path, class name).
 ALGOS = {"maskable-ppo": ("sb3_contrib", "MaskablePPO"), "ppo": ("stable_baselines3", "PPO")}
 #: The policy shipped with the repository (used when no --policy is given).
 DEFAULT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "default.pth"
-#: Old module path -> the module now holding its classes, for pickles written before the move
-#: (policy files and ``train``'s checkpoint zips name classes by module path).
-MOVED_MODULES = {"agents.rl_net": "agents.rl.net"}
-
-
-@contextmanager
-def old_module_paths() -> Iterator[None]:
-    """While a policy or checkpoint loads, the old paths of :data:`MOVED_MODULES` import the new modules."""
-    import importlib
-    import sys
-
-    added = [old for old in MOVED_MODULES if old not in sys.modules]
-    for old in added:
-        sys.modules[old] = importlib.import_module(MOVED_MODULES[old])
-    try:
-        yield
-    finally:
-        for old in added:
-            sys.modules.pop(old, None)
 
 
 def space_signature() -> dict[str, Any]:
@@ -126,8 +104,7 @@ def load_policy(path: str | Path | None = None) -> tuple[Any, dict[str, Any]]:
     else:
         from stable_baselines3.common.policies import MultiInputActorCriticPolicy as loader
     try:
-        with old_module_paths():
-            loaded = loader.load(str(path), device="cpu")
+        loaded = loader.load(str(path), device="cpu")
     except Exception as exc:  # a corrupt pickle or zip raises anything (EOFError, UnpicklingError, ValueError...)
         raise unreadable(path, exc, what="policy file", field="--policy") from None
     policy = loaded.policy if path.suffix == ".zip" else loaded

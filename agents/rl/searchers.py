@@ -8,7 +8,7 @@ best of them, one simulator call per edit.
 
 ``rl`` simulates the ranker's top ``start_arms`` recipes (named hand-built schedules among them
 are simulated as plans), then runs one deterministic rollout and sampled ones (best-of-K) while
-calls are left, all sharing one :class:`~pipeline.space.Evaluator`, so repeated plans are free
+calls are left, all sharing one :class:`~pipeline.evaluator.Evaluator`, so repeated plans are free
 and every call is counted. It spends at most ``max_calls`` (default 40, a tenth of the tuner's
 default budget). ``RLSearcher(zero_shot=True)`` is zero-shot planning: the ranker's top 4
 recipes and a greedy edit (on mixed device speeds its top 3 in both device orders), at
@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish, history_marks
+from pipeline.candidates import Candidate, Scenario, objective_key
+from pipeline.evaluator import Evaluator
 from pipeline.plan import Plan
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
 __all__ = ["RLSearcher", "RLTunerSearcher", "beyond_reach", "rollout", "start_candidates"]
 
@@ -149,8 +150,8 @@ def start_candidates(scenario: Scenario) -> list[Candidate]:
     chunks under even budgets, all at the DP-balanced split."""
     from env.editor import MAX_STAGES, portfolio
     from env.scenarios import zero_shot_starts
+    from pipeline.budgets import preset_budgets
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
-    from pipeline.space import preset_budgets
 
     P, L = scenario.devices, scenario.profile.num_layers
     ev = Evaluator(scenario)
@@ -299,7 +300,7 @@ class RLSearcher:
         """Where the rollouts start: the ranker's top recipes (named ones simulated here, into
         ``found``), or without a ranker file the hand-written starts."""
         from agents.rl.starts import named_result, ranked_starts
-        from pipeline.space import slow_first
+        from pipeline.candidates import slow_first
 
         ranker = self.ranker()
         if ranker is None:

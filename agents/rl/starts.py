@@ -14,8 +14,8 @@ Recipes (:data:`ARMS`, stable names): each placement family of the tuner's seeds
 (:data:`agents.baselines.PLACEMENT_CHOICES`) at the DP-balanced, Megatron and device-balanced
 (``devbal``, :mod:`pipeline.balance`) splits under each schedule's activation budget, the same
 with budgets cut to the memory left after the static share (``:fit``), budgets that fill each
-device's memory (``:filled``, :meth:`pipeline.space.Evaluator.memory_budgets`), deeper budgets
-sized by the activations alone (``:roomy``, :func:`pipeline.space.roomy_budgets`; may overflow,
+device's memory (``:filled``, :meth:`pipeline.evaluator.Evaluator.memory_budgets`), deeper budgets
+sized by the activations alone (``:roomy``, :func:`pipeline.budgets.roomy_budgets`; may overflow,
 the simulator decides), the same with at most two ``W`` pending per device (``:roomy:w2``: few
 kept shares at once, as those budgets assume; fits far more often) and with device 0's stages
 recomputing (``:rc0``: the device whose first stage holds its activations longest, lightened so
@@ -24,7 +24,7 @@ recomputing under cut budgets (``:recompute``, where nothing else fits), the fix
 (1F1B, interleaved) and the named hand-built schedules (``named:*``, e.g. V-Half; simulated as
 plans, not editable). On devices of mixed speeds :func:`ranked_starts` follows each list recipe
 it picks with its ``:slow-first`` twin (devices ordered slowest first, fastest last,
-:func:`pipeline.space.slow_first`: the head's stage on the fastest device), not a learned arm.
+:func:`pipeline.candidates.slow_first`: the head's stage on the fastest device), not a learned arm.
 The ranker is saved as a torch state dict (``.pt``, loaded with ``weights_only=True``) with a
 ``.json`` of its metadata.
 """
@@ -45,18 +45,11 @@ import numpy as np
 from agents.baselines import PLACEMENT_CHOICES
 from agents.listwise import listwise_targets
 from agents.tuner import with_filled_budgets, with_roomy_budgets
+from pipeline.budgets import cut_budgets, preset_budgets
+from pipeline.candidates import Candidate, Scenario, by_position, make_placement, slow_first
 from pipeline.errors import ConfigError, PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.megatron import megatron_partition
-from pipeline.space import (
-    Candidate,
-    Evaluator,
-    Scenario,
-    by_position,
-    cut_budgets,
-    make_placement,
-    preset_budgets,
-    slow_first,
-)
 
 __all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
            "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts", "fits_by_construction",
@@ -92,7 +85,7 @@ FEATURES: tuple[str, ...] = (
     "head/stage", "embedding/stage", "max_layer/stage", "cost_cv", "comm/stage", "static/limit",
     "log2(mbs_fit/devices)/4", "multi_node", "speed_spread", "moe_share", "mixer_share", "layers/devices/8",
 )
-#: Suffix of a list recipe's twin with the devices in :func:`pipeline.space.slow_first` order
+#: Suffix of a list recipe's twin with the devices in :func:`pipeline.candidates.slow_first` order
 #: (built by :func:`build_arm`, offered by :func:`ranked_starts` on mixed speeds; not an arm).
 SLOW_FIRST = "slow-first"
 #: The ranker shipped beside the default policy.

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agents.rl.policy import ALGOS, old_module_paths, save_policy
+from agents.rl.policy import ALGOS, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_scenario
 from pipeline.errors import ConfigError
 
@@ -195,7 +195,7 @@ def evaluate_policy_on(policy: Any, scenarios: list, *, max_calls: int = 40, max
     from agents.rl.searchers import rollout, start_candidates
     from env.editor import SharedEvaluator
     from env.pipeline_env import PipelineEnv
-    from pipeline.space import Evaluator
+    from pipeline.evaluator import Evaluator
 
     env = PipelineEnv(max_steps=max_steps, allow_stop=allow_stop)
     gains, calls, quality, zero = [], [], [], []
@@ -437,8 +437,7 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
     ckpt = latest_checkpoint(out) if config.resume else None
     if ckpt is not None:
         try:
-            with old_module_paths():
-                model = algo_cls.load(str(ckpt), env=vec, device="cpu")
+            model = algo_cls.load(str(ckpt), env=vec, device="cpu")
         except Exception as exc:  # a checkpoint cut short (disk full, killed mid-write) raises anything
             vec.close()
             raise ConfigError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}): it is corrupt or truncated; "

@@ -16,8 +16,9 @@ import math
 
 from agents import base as _base
 from agents.base import Budget, BudgetClock
+from pipeline.candidates import Candidate, Scenario
+from pipeline.evaluator import Evaluator
 from pipeline.megatron import megatron_chunk_counts
-from pipeline.space import Candidate, Evaluator, Scenario
 
 __all__ = ["PROBE_BATCH", "TIME_SHARE", "READ_MARGIN", "NAMED_SHARE", "TunerClock", "calls_room", "candidate_kind",
            "would_overrun", "NamedTimer"]

@@ -6,7 +6,7 @@ the bottleneck's stages; with several stages per device, carry units along a cha
 the busiest device to the idlest and lighten the first stage of a memory-full device), the
 **placement** (sequential, interleaved, V, wave with 1-4 chunks per device with a stage-balanced
 or a device-balanced split, :mod:`pipeline.balance`; on mixed device speeds each family also with
-the devices ordered slowest first, fastest last, :func:`pipeline.space.slow_first`; swap the
+the devices ordered slowest first, fastest last, :func:`pipeline.candidates.slow_first`; swap the
 devices of two stages) and the
 **schedule** (the list scheduler's per-device activation budgets, i.e. how deep the warm-up runs,
 among them the budgets that fill each device's memory; deferred or eager W; fused B; forward
@@ -31,21 +31,21 @@ from agents.baselines import PLACEMENT_CHOICES
 from agents.tuner.clock import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from agents.tuner.start_prior import NamedStart, named_plan, named_starts, ordered_starts, start_features
 from pipeline.balance import device_loads
-from pipeline.candidates import move_layers
-from pipeline.megatron import megatron_partition
-from pipeline.plan import Plan
-from pipeline.simulator import Result
-from pipeline.space import (
+from pipeline.budgets import preset_budgets
+from pipeline.candidates import (
     Candidate,
-    Evaluator,
     Scenario,
     by_position,
     make_placement,
+    move_layers,
     objective_key,
-    preset_budgets,
     recompute_for,
     slow_first,
 )
+from pipeline.evaluator import Evaluator
+from pipeline.megatron import megatron_partition
+from pipeline.plan import Plan
+from pipeline.simulator import Result
 
 __all__ = ["AdaptisTuner", "Progress", "seed_candidates", "iter_seed_candidates", "slow_first_seeds",
            "lighten_first_stage", "with_filled_budgets", "with_roomy_budgets"]
@@ -109,7 +109,7 @@ def iter_seed_candidates(scenario: Scenario, evaluator: Evaluator | None = None,
 
 def slow_first_seeds(scenario: Scenario, ev: Evaluator) -> list[Candidate]:
     """On a cluster of mixed speeds, every placement family again with the devices in
-    :func:`pipeline.space.slow_first` order (fastest last), at its DP-balanced and (several stages
+    :func:`pipeline.candidates.slow_first` order (fastest last), at its DP-balanced and (several stages
     per device) device-balanced split, under ZB-V's budgets, memory-filling and roomy ones. Empty
     where every device is as fast."""
     P, L = scenario.devices, scenario.profile.num_layers
@@ -151,7 +151,7 @@ def _chain_moves(c: Candidate, hot: int, cold: int, scenario: Scenario) -> list[
             if e != cold:
                 continue
             for n in (1, 2):
-                new = move_layers(c.sizes, s, t, n)
+                new = move_layers(c.sizes, s, t, n=n)
                 if new is None:
                     continue
                 loads = device_loads(cost, new, c.placement, devices=P, speeds=speeds)
@@ -181,7 +181,7 @@ def lighten_first_stage(c: Candidate, device: int, scenario: Scenario) -> list[C
     out = []
     for t in stages[1:]:
         for n in range(1, LIGHTEN_UNITS + 1):
-            new = move_layers(c.sizes, first, t, n)
+            new = move_layers(c.sizes, first, t, n=n)
             if new is None:
                 break
             if device_loads(cost, new, c.placement, devices=P, speeds=speeds).max() <= top + 1e-9:
@@ -197,7 +197,7 @@ def with_filled_budgets(c: Candidate, ev: Evaluator) -> Candidate:
 
 
 def with_roomy_budgets(c: Candidate, ev: Evaluator) -> Candidate:
-    """``c`` under :func:`pipeline.space.roomy_budgets` (activations alone per micro-batch, one
+    """``c`` under :func:`pipeline.budgets.roomy_budgets` (activations alone per micro-batch, one
     kept share held back; rounded down to 1/100): deeper than :func:`with_filled_budgets`, may not fit."""
     budgets = tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(c))
     return replace(c, order="list", budgets=budgets, cap_counts_w=True)

@@ -46,9 +46,10 @@ import numpy as np
 
 from agents.tuner.start_prior import StartPrior, load_start_prior, read_linear_prior
 from pipeline.balance import device_loads
+from pipeline.candidates import Candidate, Scenario, objective_key
 from pipeline.errors import ConfigError
+from pipeline.evaluator import Evaluator
 from pipeline.simulator import Result
-from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 
 __all__ = ["MOVE_FAMILIES", "DESCENTS", "FEATURES", "DEFAULT_PRIOR", "FamilyBandit", "MovePrior", "MovePolicy",
            "move_family", "move_features", "load_prior", "learned_tuner", "random_prior_tuner", "collect_moves",

@@ -40,11 +40,12 @@ import numpy as np
 
 from agents.baselines import PLACEMENT_CHOICES
 from pipeline.balance import device_loads
+from pipeline.candidates import Candidate, Scenario, make_placement
 from pipeline.errors import ConfigError, PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan, partition_from_sizes
 from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
-from pipeline.space import Candidate, Evaluator, Scenario, make_placement
 
 __all__ = ["NamedStart", "START_FEATURES", "DEFAULT_START_PRIOR", "TAU", "StartPrior", "named_starts",
            "start_features", "load_start_prior", "read_linear_prior", "named_plan", "ordered_starts"]

@@ -17,7 +17,8 @@ from agents.listwise import listwise_targets
 from agents.tuner.core import iter_seed_candidates
 from agents.tuner.start_prior import DEFAULT_START_PRIOR, TAU, StartPrior, named_plan, named_starts, start_features
 from env.scenarios import TRAIN_SCENARIO, sample_scenario
-from pipeline.space import Evaluator, Scenario, objective_key
+from pipeline.candidates import Scenario, objective_key
+from pipeline.evaluator import Evaluator
 
 __all__ = ["collect_starts", "fit_start_prior", "first_within", "train_start_prior"]
 

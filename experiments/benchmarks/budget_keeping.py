@@ -28,8 +28,8 @@ from agents.base import Budget
 from agents.registry import make_searcher
 from experiments.best_plan import BestPlanWriter
 from pipeline import zoo
+from pipeline.candidates import Scenario
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario
 from pipeline.spec import TrainingConfig
 
 __all__ = ["SIZES", "Size", "measure", "main"]

@@ -25,8 +25,8 @@ from typing import Any
 from agents.base import Budget
 from agents.baselines import NamedSearcher
 from agents.target_search import TARGET_METHODS, target_rows, target_searcher
+from pipeline.candidates import Scenario
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario
 from pipeline.targets import TARGETS
 from pipeline.zoo import zoo_profile
 

@@ -34,10 +34,11 @@ from agents.baselines import PLACEMENT_CHOICES  # noqa: E402
 from agents.registry import make_searcher  # noqa: E402
 from agents.tuner import AdaptisTuner, lighten_first_stage, with_filled_budgets  # noqa: E402
 from pipeline.balance import device_loads  # noqa: E402
+from pipeline.candidates import Candidate, Scenario, make_placement  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
+from pipeline.evaluator import Evaluator  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
-from pipeline.space import Candidate, Evaluator, Scenario, make_placement  # noqa: E402
 from pipeline.spec import GIB, Cluster, TrainingConfig  # noqa: E402
 from pipeline.zoo import auto_head_shards, zoo_profile  # noqa: E402
 

@@ -182,8 +182,8 @@ def _simulate_rows(repeats: int) -> list[dict[str, Any]]:
 def _tuner_rows(with_python: bool, against: str | None = None) -> list[dict[str, Any]]:
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
+    from pipeline.candidates import Scenario
     from pipeline.hardware import build_cluster
-    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
     rows = []

@@ -27,9 +27,9 @@ CASES = ("default", "small", "small-fresh", "train")
 
 def _small_scenario():
     from env.scenarios import sample_architecture
+    from pipeline.candidates import Scenario
     from pipeline.costs import profile_from_architecture
     from pipeline.hardware import build_cluster
-    from pipeline.space import Scenario
 
     arch = sample_architecture(np.random.default_rng(3), blocks=14)
     return Scenario(profile_from_architecture(arch, seq_len=2048), build_cluster("h100", devices=4), 8)

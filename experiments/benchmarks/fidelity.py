@@ -70,7 +70,7 @@ def benchmark_plans(profile: ModelProfile, cluster: Cluster, microbatches: int, 
     if tuner_calls:
         from agents.base import Budget
         from agents.registry import make_searcher
-        from pipeline.space import Scenario
+        from pipeline.candidates import Scenario
 
         scenario = Scenario(profile, cluster, microbatches)
         for method in ("adaptis", "rl"):

@@ -49,7 +49,10 @@ except ImportError:  # a checkout from before agents/tuner/ (issue 46)
     from agents.learned import learned_tuner
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario
+try:
+    from pipeline.candidates import Scenario
+except ImportError:  # a checkout from before pipeline/candidates.py
+    from pipeline.space import Scenario
 from pipeline.zoo import zoo_profile
 cache = {}
 for line in sys.stdin:
@@ -94,8 +97,8 @@ def _scenario(spec: tuple):
     import numpy as np
 
     from env.scenarios import HELDOUT_SCENARIO, sample_scenario
+    from pipeline.candidates import Scenario
     from pipeline.hardware import build_cluster
-    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
     model, a, m = spec

@@ -52,9 +52,9 @@ from agents.tuner import AdaptisTuner, Progress
 from agents.tuner.learned import MovePrior, learned_tuner, load_prior, random_prior_tuner
 from env.scenarios import HELDOUT_SCENARIO, sample_scenario
 from pipeline import zoo
+from pipeline.candidates import Scenario
 from pipeline.hardware import build_cluster
 from pipeline.simulator import Result
-from pipeline.space import Scenario
 
 __all__ = ["METHODS", "scenarios", "calls_to", "measure", "main"]
 

@@ -5,7 +5,7 @@ models of 56-96 blocks and the held-out zoo models, 2-32 devices, multi-node lin
 with every cluster of mixed speeds (half the devices at 0.5, 0.65 or 0.8 of the others), and runs
 the AdaPtis tuner twice on each at the same budget: in index order only
 (``AdaptisTuner(speed_order=False)``) and with its seeds and placement moves also ordering the
-devices slowest first, fastest last (the default, :func:`pipeline.space.slow_first`). Prints one
+devices slowest first, fastest last (the default, :func:`pipeline.candidates.slow_first`). Prints one
 JSON line per scenario and a summary: geometric mean and maximum of index-order time over
 speed-order time, and how many scenarios gained or lost more than 0.5%.
 

@@ -24,8 +24,8 @@ from agents.base import Budget  # noqa: E402
 from agents.registry import make_searcher  # noqa: E402
 from agents.tuner import AdaptisTuner  # noqa: E402
 from pipeline.bounds import lower_bound  # noqa: E402
+from pipeline.candidates import Candidate, Scenario  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
-from pipeline.space import Candidate, Scenario  # noqa: E402
 from pipeline.zoo import auto_head_shards, zoo_profile  # noqa: E402
 
 __all__ = ["NoRecomputeTuner", "main"]

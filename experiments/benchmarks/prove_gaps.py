@@ -41,9 +41,9 @@ from typing import Any
 from agents.base import Budget
 from agents.exact import ZbOptSearcher
 from agents.registry import make_searcher
+from pipeline.candidates import Scenario
 from pipeline.exact import prove
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 from pipeline.zoo import zoo_profile
 

@@ -18,8 +18,8 @@ from agents.base import Budget
 from agents.baselines import NamedSearcher
 from agents.tuner import AdaptisTuner
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Scenario
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario
 from pipeline.zoo import zoo_profile
 
 CASES = {"small": ("gemma-small", 4), "medium": ("gemma-medium", 8), "large": ("gemma-large", 16)}

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from agents.base import Budget
 from agents.job_search import JobConfig, search_job
 from agents.registry import make_searcher
+from pipeline.candidates import Scenario
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario
 from pipeline.spec import TrainingConfig
 from pipeline.zoo import load_zoo_architecture, zoo_profile
 

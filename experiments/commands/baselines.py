@@ -29,9 +29,9 @@ from experiments.common import (
 from experiments.results import MethodRow, method_rows
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Scenario
 from pipeline.render import gantt_png
 from pipeline.schedules import NAMED_METHODS
-from pipeline.space import Scenario
 
 NAME = "baselines"
 HELP = "compare every named schedule (GPipe, 1F1B, interleaved, zero-bubble, V-shape, ...)"

@@ -111,10 +111,10 @@ def _scenarios(args: argparse.Namespace) -> list[tuple[str, Any]]:
     import numpy as np
 
     from env.scenarios import HELDOUT_MIXED_SPEEDS, HELDOUT_SCENARIO, sample_scenario
+    from pipeline.candidates import Scenario
     from pipeline.costs import profile_from_architecture
     from pipeline.hardware import build_cluster
     from pipeline.hf import load_hf_config
-    from pipeline.space import Scenario
     from pipeline.zoo import list_models, zoo_profile
 
     if args.models == "heldout":

@@ -29,10 +29,10 @@ from agents.run_methods import Interrupted, run_methods, with_baseline
 from experiments.common import check_microbatches, interrupted, non_negative_float, output_folder, positive_int
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
 from pipeline.runtime import RUNTIMES
-from pipeline.space import Scenario
 from pipeline.spec import TrainingConfig
 from pipeline.zoo import PAPER_MODELS, PAPER_SIZES, auto_head_shards, zoo_profile
 

@@ -73,10 +73,10 @@ from experiments.deploy import (
 from experiments.results import MethodRow, method_rows
 from experiments.tracking.hooks import tracked_run
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError
 from pipeline.render import axis_end, gantt_side_by_side
 from pipeline.simulator import Result
-from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, ModelProfile
 from pipeline.targets import model_reason, target_reason
 

@@ -54,8 +54,8 @@ from experiments.workflow.phases import (
 )
 from experiments.workflow.report import Measurement, device_rows, kind_rows, method_rows, op_share
 from pipeline.calibration.fidelity import calibration_plans
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError
-from pipeline.space import Scenario
 
 __all__ = ["WorkflowReport", "run_workflow", "SEARCH_ROWS"]
 

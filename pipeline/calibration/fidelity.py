@@ -296,7 +296,7 @@ def unit_plans(profile: ModelProfile, cluster: Cluster, microbatches: int) -> li
     """Two plans that time every layer alone in the pipeline, for :func:`fit_layer_scales`: one stage
     per layer, stage ``s`` on device ``s mod devices``, list-scheduled with a split backward
     (``"unit-split"``: F, I and W of each layer) and a fused one (``"unit-fused"``: its B)."""
-    from pipeline.space import Candidate, Scenario, materialize
+    from pipeline.candidates import Candidate, Scenario, materialize
 
     P, L = cluster.devices, profile.num_layers
     scenario = Scenario(profile, cluster, microbatches)
@@ -470,7 +470,7 @@ def calibration_plans(profile: ModelProfile, cluster: Cluster, microbatches: int
     :func:`unit_plans` first (every layer timed alone, for ``calibrate(..., layers=True)``)."""
     import random
 
-    from pipeline.space import Candidate, Scenario, materialize
+    from pipeline.candidates import Candidate, Scenario, materialize
 
     rng = random.Random(seed)
     P, L = cluster.devices, profile.num_layers

@@ -36,7 +36,7 @@ def test_anytime_history_has_seconds_and_leaves_out_plans_that_do_not_fit() -> N
 
 def test_a_tuner_search_records_when_each_improvement_came_and_whether_it_fits() -> None:
     from agents.tuner import AdaptisTuner
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
     from pipeline.spec import Cluster
     from pipeline.zoo import zoo_profile
 
@@ -50,7 +50,8 @@ def test_a_tuner_search_records_when_each_improvement_came_and_whether_it_fits()
 def test_fits_of_counts_any_plan_of_that_time_that_fits() -> None:
     """Two plans of one iteration time may differ in memory (budgets [2,2] against [2,1]): an entry of
     that time fits if any of them did by then."""
-    from pipeline.space import Evaluator, Scenario
+    from pipeline.candidates import Scenario
+    from pipeline.evaluator import Evaluator
     from pipeline.spec import Cluster
     from pipeline.zoo import zoo_profile
 

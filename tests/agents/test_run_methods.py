@@ -7,8 +7,8 @@ import pytest
 from agents.base import Budget
 from agents.registry import make_searcher
 from agents.run_methods import Interrupted, configure, run_methods, with_baseline
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError
-from pipeline.space import Scenario
 from tests.conftest import ideal_cluster, uniform_profile
 
 

@@ -13,8 +13,8 @@ from agents.base import Budget
 from agents.baselines import NamedSearcher
 from agents.target_search import MegatronLayoutSearch, target_rows, target_searcher
 from pipeline import zoo
+from pipeline.candidates import Scenario, objective_key
 from pipeline.hardware import build_cluster
-from pipeline.space import Scenario, objective_key
 from pipeline.spec import LayerCost
 from pipeline.targets import megatron_args, target_reason
 
@@ -118,7 +118,7 @@ def test_megatron_layout_stops_before_a_step_would_end_past_a_seconds_budget(mon
     now = [100.0]
     monkeypatch.setattr(targets.time, "perf_counter", lambda: now[0])
     scenario = Scenario(zoo.zoo_profile("gemma-small"), build_cluster("h100", devices=4), 8)
-    from pipeline.space import Evaluator
+    from pipeline.evaluator import Evaluator
 
     clock = targets._StepClock(Budget(sim_calls=None, seconds=1.0), Evaluator(scenario))
     with clock.step():

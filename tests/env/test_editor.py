@@ -24,10 +24,11 @@ from env.editor import (
     portfolio,
     score,
 )
+from pipeline.candidates import Candidate, Scenario, objective_key
 from pipeline.errors import PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.plan import validate_plan
 from pipeline.simulator import simulate
-from pipeline.space import Candidate, Evaluator, Scenario, objective_key
 from pipeline.spec import Cluster, ModelProfile
 from tests.conftest import ROOT, ideal_cluster, uniform_profile
 

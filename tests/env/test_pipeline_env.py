@@ -10,9 +10,9 @@ import env as env_pkg
 from env.editor import ACTIONS, MAX_STAGES, N_ACTIONS
 from env.pipeline_env import PipelineEnv, observation_space
 from env.scenarios import ScenarioConfig
+from pipeline.candidates import Candidate, Scenario, materialize
 from pipeline.plan import validate_plan
 from pipeline.simulator import simulate
-from pipeline.space import Candidate, Scenario, materialize
 from tests.conftest import ideal_cluster, uniform_profile
 
 SMALL = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
@@ -264,7 +264,7 @@ def test_stop_masked_while_edits_are_left():
 
 def test_fit_memory_repairs_a_plan_that_overflows():
     from env.editor import fit_memory
-    from pipeline.space import Evaluator
+    from pipeline.evaluator import Evaluator
 
     scenario = Scenario(uniform_profile(12, params=10, act=10**6), ideal_cluster(4), 16)
     ev = Evaluator(scenario)

@@ -20,8 +20,9 @@ from env.scenarios import (
     zero_shot_starts,
     zoo_family,
 )
+from pipeline.budgets import preset_budgets
+from pipeline.evaluator import Evaluator
 from pipeline.hardware import get_gpu
-from pipeline.space import Evaluator, preset_budgets
 from pipeline.spec import GIB, TrainingConfig
 from tests.conftest import uniform_profile
 

@@ -22,7 +22,7 @@ class _Toy:
     """A config of every supported type."""
 
     count: int = 3
-    """How many ``ratio`` steps (see :class:`pipeline.space.Candidate`)."""
+    """How many ``ratio`` steps (see :class:`pipeline.candidates.Candidate`)."""
     ratio: float = 0.5
     """A 50% share."""
     mode: Literal["a", "b"] = "a"

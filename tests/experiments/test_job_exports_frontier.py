@@ -63,8 +63,8 @@ def test_gemma_gets_the_parallel_flags_and_the_reason_its_model_flags_are_missin
 def test_a_best_plan_neither_runtime_takes_falls_back_to_megatrons_for_both(tmp_path) -> None:
     from dataclasses import replace
 
+    from pipeline.candidates import Candidate, Scenario, materialize
     from pipeline.plan import wave_placement
-    from pipeline.space import Candidate, Scenario, materialize
 
     par = Parallelism(tp=8, pp=4, dp=4, global_batch=256)
     cfg, found = _found("llama3.1-70b", par, gpus=128, batch=256, seq_len=8192)

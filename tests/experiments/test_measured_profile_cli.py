@@ -14,10 +14,10 @@ from agents.registry import make_searcher
 from experiments.commands.baselines import compare
 from experiments.results import method_rows
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Scenario
 from pipeline.hardware import build_cluster
 from pipeline.schedules import NAMED_METHODS
 from pipeline.simulator import simulate
-from pipeline.space import Scenario
 from pipeline.spec import LayerCost, ModelProfile
 
 CLUSTER = build_cluster("h100", devices=8)

@@ -18,7 +18,7 @@ REQUIRED = {"method", "iteration_time", "bubble", "peak_memory_gb", "feasible", 
 
 
 def _scenario():
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
     from pipeline.spec import Cluster, ModelProfile
 
     return Scenario(ModelProfile.load(PROFILE), Cluster.load(CLUSTER), 8)

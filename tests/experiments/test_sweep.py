@@ -80,7 +80,7 @@ def test_searcher_settings_reach_the_searcher(hetero_profile, h100x4) -> None:
 
 def test_each_trial_is_priced_on_its_runtime_and_so_is_its_reference(hetero_profile, h100x4) -> None:
     from agents.registry import make_searcher
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
     from pipeline.spec import TrainingConfig
 
     trials = run_sweep({"runtime": ["ideal", "megatron"]}, profile=hetero_profile, cluster=h100x4,

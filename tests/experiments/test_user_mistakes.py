@@ -174,7 +174,8 @@ def test_too_many_microbatches_are_refused_before_any_work(argv, field, tmp_path
     """`baselines ... --microbatches 100000` grew ~90 MB/s for minutes without a line: now one line at once,
     before any scenario is set up (a Scenario or an Evaluator made would fail the test)."""
     from experiments.common import MAX_MICROBATCH_DEVICES
-    from pipeline.space import Evaluator, Scenario
+    from pipeline.candidates import Scenario
+    from pipeline.evaluator import Evaluator
 
     def work(*_a, **_k) -> None:
         raise AssertionError("work started before the micro-batches were checked")

@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipeline.balance import device_balanced_sizes, device_loads
+from pipeline.balance import balanced_sizes, device_balanced_sizes, device_loads
+from pipeline.candidates import make_placement
 from pipeline.costs import CostOptions
 from pipeline.errors import PlanError
 from pipeline.hardware import build_cluster, get_gpu
-from pipeline.space import balanced_sizes, make_placement
 from pipeline.spec import Cluster, Device, LayerCost, ModelProfile
 from pipeline.zoo import zoo_profile
 from tests.conftest import ideal_cluster

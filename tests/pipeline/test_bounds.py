@@ -225,7 +225,7 @@ def test_packing_rejects_bad_input() -> None:
 def test_no_searched_plan_beats_the_packing_bound(hetero_profile, h100x4) -> None:
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
 
     lb = lower_bound(hetero_profile, h100x4, 8)
     r = AdaptisTuner().search(Scenario(hetero_profile, h100x4, 8), budget=Budget(sim_calls=60), seed=0)
@@ -238,8 +238,8 @@ def test_bounds_hold_over_finer_units(granularity: str, shards: int) -> None:
     and cutting blocks only lowers the ceiling's bound (the costs add up)."""
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
+    from pipeline.candidates import Scenario
     from pipeline.hardware import build_cluster
-    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
     cluster = build_cluster("h100", devices=4)

@@ -297,8 +297,8 @@ def test_the_tuner_finds_the_same_plan_on_either_engine(model: str, devices: int
     """Batched native evaluation (several threads) ends where one-by-one Python evaluation ends."""
     from agents.base import Budget
     from agents.tuner import AdaptisTuner
+    from pipeline.candidates import Scenario
     from pipeline.hardware import build_cluster
-    from pipeline.space import Scenario
     from pipeline.zoo import zoo_profile
 
     scenario = Scenario(zoo_profile(model, gpu="h100", seq_len=2048), build_cluster("h100", devices=devices),

@@ -11,12 +11,12 @@ import pytest
 from agents.base import Budget
 from agents.exact import ZbOptSearcher
 from agents.registry import make_searcher
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError, PlanError
 from pipeline.exact import device_load_bound, plan_caps, prove
 from pipeline.plan import Action, Plan
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
-from pipeline.space import Scenario
 from pipeline.spec import GIB, Cluster, LayerCost, ModelProfile, TrainingConfig
 from tests.conftest import ROOT
 

@@ -7,12 +7,13 @@ from dataclasses import replace
 import pytest
 
 from pipeline import engine
+from pipeline.candidates import Candidate, Scenario
 from pipeline.errors import PlanError
+from pipeline.evaluator import Evaluator
 from pipeline.plan import Action, Plan, even_partition, sequential_placement
 from pipeline.runtime import IDEAL, RUNTIMES, Runtime, runtime_named
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
-from pipeline.space import Candidate, Evaluator, Scenario
 from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
 
 PLAIN_BLOCKING = Runtime("blocking", "test", blocking_p2p=True)

@@ -5,16 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pipeline.balance import device_balanced_sizes
+from pipeline.budgets import memory_budgets, microbatch_bytes, roomy_budgets
+from pipeline.candidates import Candidate, Scenario, make_placement
+from pipeline.evaluator import Evaluator
 from pipeline.hardware import build_cluster
-from pipeline.space import (
-    Candidate,
-    Evaluator,
-    Scenario,
-    make_placement,
-    memory_budgets,
-    microbatch_bytes,
-    roomy_budgets,
-)
 from pipeline.spec import TrainingConfig
 from pipeline.zoo import zoo_profile
 
@@ -94,7 +88,7 @@ def test_evaluator_device_balanced_sizes_is_cached_and_matches() -> None:
 
 def test_recompute_flags_follow_a_new_layout():
     """A placement move keeps 'recompute every stage' and drops per-stage flags (they name other stages)."""
-    from pipeline.space import Candidate, recompute_for
+    from pipeline.candidates import Candidate, recompute_for
 
     everywhere = Candidate((2, 2, 2, 2), (0, 1, 1, 0), "list", recompute=(True,) * 4)
     some = Candidate((2, 2, 2, 2), (0, 1, 1, 0), "list", recompute=(True, False, False, False))
@@ -108,7 +102,8 @@ def test_cut_budgets_keep_whole_microbatches_that_fit():
     import numpy as np
 
     from env.scenarios import ScenarioConfig, sample_scenario
-    from pipeline.space import Evaluator, cut_budgets, microbatch_bytes
+    from pipeline.budgets import cut_budgets, microbatch_bytes
+    from pipeline.evaluator import Evaluator
 
     config = ScenarioConfig(min_devices=4, max_devices=4, microbatches=(16,))
     scenario = sample_scenario(np.random.default_rng(3), config)
@@ -128,7 +123,7 @@ def test_cut_budgets_keep_whole_microbatches_that_fit():
 def test_slow_first_orders_devices_by_speed_and_budgets_follow_their_position():
     """Fastest device last (ties in index order), none on a uniform cluster; budgets given by
     pipeline position move to the devices that hold those positions."""
-    from pipeline.space import by_position, slow_first
+    from pipeline.candidates import by_position, slow_first
 
     assert slow_first((1.0, 1.0, 1.0)) is None
     order = slow_first((1.0, 0.5, 2.0, 0.5))
@@ -137,9 +132,10 @@ def test_slow_first_orders_devices_by_speed_and_budgets_follow_their_position():
 
 
 def test_the_evaluator_counts_every_call_made_through_it() -> None:
+    from pipeline.candidates import Candidate, Scenario
+    from pipeline.evaluator import Evaluator
     from pipeline.schedules import build_plan
     from pipeline.simulator import simulate
-    from pipeline.space import Candidate, Evaluator, Scenario
     from pipeline.spec import Cluster, LayerCost, ModelProfile
 
     profile = ModelProfile("t", tuple(LayerCost(f"l{k}", "block", 1.0, 1.0, 0.5, 10, 100, 100) for k in range(8)))
@@ -196,7 +192,7 @@ def test_move_layers_shifts_every_boundary_between_and_never_empties_a_stage():
     from pipeline.candidates import move_layers
 
     assert move_layers((3, 2, 4), 0, 2) == (2, 2, 5)  # the middle stage keeps its 2: both boundaries shift
-    assert move_layers((3, 2, 4), 2, 1, 2) == (3, 4, 2)
+    assert move_layers((3, 2, 4), 2, 1, n=2) == (3, 4, 2)
     assert move_layers((1, 5), 0, 1) is None  # stage 0 would be empty
-    assert move_layers((3, 5), 0, 1, 3) is None
+    assert move_layers((3, 5), 0, 1, n=3) is None
     assert move_layers((3, 5), 1, 1) is None

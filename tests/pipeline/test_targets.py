@@ -14,12 +14,13 @@ import pytest
 from agents.base import Budget
 from agents.target_search import target_searcher
 from pipeline import zoo
+from pipeline.balance import balanced_sizes
+from pipeline.candidates import Candidate, Scenario, materialize
 from pipeline.errors import ConfigError
 from pipeline.hardware import build_cluster
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Action, interleaved_placement, v_placement, wave_placement
 from pipeline.schedules import build_plan
-from pipeline.space import Candidate, Scenario, balanced_sizes, materialize
 from pipeline.targets import (
     is_v_placement,
     looped_chunks,

@@ -10,7 +10,7 @@ from agents.base import Budget
 from agents.rl.searchers import RLSearcher, RLTunerSearcher, beyond_reach
 from env.editor import MAX_DEVICES
 from experiments.cli import main
-from pipeline.space import Scenario
+from pipeline.candidates import Scenario
 from pipeline.spec import LayerCost, ModelProfile
 from tests.conftest import ideal_cluster
 

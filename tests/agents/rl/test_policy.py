@@ -4,7 +4,6 @@ traceback; a policy pickled before ``agents/rl/`` was a package still loads."""
 from __future__ import annotations
 
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
@@ -61,19 +60,8 @@ def test_resuming_from_a_corrupt_checkpoint_is_named(tmp_path: Path) -> None:
         train(config)
 
 
-def test_a_policy_pickled_under_the_old_module_path_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agents.rl import net
-    from agents.rl.policy import old_module_paths
-
-    policy, _ = load_policy()
-    path = tmp_path / "old.pth"
-    shutil.copy(DEFAULT_POLICY.with_suffix(".json"), path.with_suffix(".json"))
-    with old_module_paths():  # write it as the earlier version did: agents.rl_net.EntityEncoder
-        monkeypatch.setattr(net.EntityEncoder, "__module__", "agents.rl_net")
-        policy.save(str(path))
-        monkeypatch.undo()
-    assert b"agents.rl_net" in zipfile.ZipFile(path).read("old/data.pkl")
-    assert "agents.rl_net" not in sys.modules
-    loaded, _ = load_policy(path)
-    assert type(loaded.features_extractor) is net.EntityEncoder and "agents.rl_net" not in sys.modules
-    assert b"agents.rl_net" not in zipfile.ZipFile(DEFAULT_POLICY).read("default/data.pkl")  # the shipped one: new path
+def test_the_shipped_policies_name_no_module_that_moved() -> None:
+    """Nothing shipped needs the old ``agents.rl_net`` path (the path map that loaded it is gone)."""
+    for path, member in ((DEFAULT_POLICY, "default/data.pkl"),
+                         (DEFAULT_POLICY.with_name("default_starts.pt"), "starts/data.pkl")):
+        assert b"agents.rl_net" not in zipfile.ZipFile(path).read(member)

@@ -15,8 +15,9 @@ from agents.rl.train import PPOConfig, latest_checkpoint, train
 from agents.tuner import AdaptisTuner
 from env.pipeline_env import PipelineEnv
 from env.scenarios import ScenarioConfig, sample_scenario
+from pipeline.candidates import Candidate, Scenario
 from pipeline.errors import ConfigError
-from pipeline.space import Candidate, Evaluator, Scenario
+from pipeline.evaluator import Evaluator
 from pipeline.spec import LayerCost, ModelProfile
 from tests.conftest import ideal_cluster
 
@@ -294,7 +295,7 @@ def test_evaluate_agent_several_budgets_rows_carry_anytime_histories(tmp_path, c
 def test_rl_history_marks_its_plans_that_fit_though_it_counts_calls_after_them():
     """rl records an improvement after a whole rollout (its calls so far, not the plan's own call): the
     fit of each entry is the plan's, found by its time."""
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
     from pipeline.spec import Cluster
     from pipeline.zoo import zoo_profile
 

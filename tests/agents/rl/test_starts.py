@@ -23,7 +23,7 @@ from agents.rl.starts import (
 )
 from env.scenarios import ScenarioConfig, sample_scenario
 from pipeline.errors import ConfigError
-from pipeline.space import Evaluator
+from pipeline.evaluator import Evaluator
 
 
 def _scenario(devices: int = 4, blocks: int = 16, seed: int = 1):
@@ -43,7 +43,7 @@ def test_arms_are_named_once_and_applicable_ones_are_a_subset():
 
 
 def test_roomy_recipes_go_deeper_and_rc0_lightens_device_zero():
-    """``:roomy`` budgets are :func:`pipeline.space.roomy_budgets` (deeper than ``:filled`` where
+    """``:roomy`` budgets are :func:`pipeline.budgets.roomy_budgets` (deeper than ``:filled`` where
     PyTorch's I keeps more than F added) and ``:roomy:rc0`` recomputes device 0's stages alone,
     with budgets refilled for what is left."""
     import math
@@ -169,7 +169,8 @@ def test_slow_first_twins_follow_list_recipes_on_mixed_speeds_only():
     from dataclasses import replace
 
     from agents.rl.starts import SLOW_FIRST, build_arm
-    from pipeline.space import by_position, preset_budgets, slow_first
+    from pipeline.budgets import preset_budgets
+    from pipeline.candidates import by_position, slow_first
     from pipeline.spec import Cluster, Device
 
     scenario = _scenario(devices=4, blocks=16)
@@ -223,7 +224,7 @@ def test_the_safe_start_holds_one_microbatch_so_zero_shot_fits_under_tight_memor
 def test_zero_shot_simulates_four_starts_then_edits_on_equal_devices():
     """On equal devices zero-shot simulates the ranker's top 4 recipes and spends its fifth call
     on a greedy edit; ``zero_shot_starts`` sets how many."""
-    from pipeline.space import slow_first
+    from pipeline.candidates import slow_first
 
     scenario = _scenario(devices=6, blocks=24, seed=4)
     assert slow_first(scenario.cluster.speeds) is None

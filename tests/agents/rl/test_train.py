@@ -24,8 +24,8 @@ from agents.rl.train import (
     tuner_times,
 )
 from env.pipeline_env import PipelineEnv
+from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError
-from pipeline.space import Scenario
 from tests.conftest import ideal_cluster, uniform_profile
 
 SCENARIO = Scenario(uniform_profile(8), ideal_cluster(2), 4)

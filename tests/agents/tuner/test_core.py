@@ -13,10 +13,12 @@ from agents.base import Budget
 from agents.baselines import NamedSearcher, RandomSearcher
 from agents.registry import all_methods, make_searcher
 from agents.tuner import AdaptisTuner, seed_candidates
+from pipeline.balance import balanced_sizes
+from pipeline.candidates import Candidate, Scenario, make_placement
 from pipeline.errors import ConfigError
+from pipeline.evaluator import Evaluator
 from pipeline.plan import validate_plan
 from pipeline.schedules import NAMED_METHODS
-from pipeline.space import Candidate, Evaluator, Scenario, balanced_sizes, make_placement
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
 from tests.conftest import ideal_cluster, uniform_profile

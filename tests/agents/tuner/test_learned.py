@@ -27,9 +27,9 @@ from agents.tuner.learned import (
     move_family,
     random_prior_tuner,
 )
+from pipeline.candidates import Candidate, Scenario
 from pipeline.errors import ConfigError
 from pipeline.plan import validate_plan
-from pipeline.space import Candidate, Scenario
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
 from tests.agents.tuner.prior_files import refuses_corrupt_files

@@ -17,7 +17,8 @@ from agents.tuner.start_prior import (
     named_starts,
     start_features,
 )
-from pipeline.space import Evaluator, Scenario
+from pipeline.candidates import Scenario
+from pipeline.evaluator import Evaluator
 from pipeline.spec import Cluster
 from pipeline.zoo import zoo_profile
 from tests.agents.tuner.prior_files import refuses_corrupt_files
