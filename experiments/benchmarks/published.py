@@ -142,6 +142,16 @@ def row_problem(row: dict[str, Any]) -> str | None:
     for key in ("model", "parallel", "batch", "measured"):
         if not isinstance(row.get(key), dict):
             return f"row field {key!r} is missing or not an object (see shared/data/published/README.md)"
+    model = row["model"]
+    for key in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len"):
+        value = model.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"row field 'model.{key}' must be a whole number >= 1 or null, got {value!r}"
+    if not row.get("profiled_inputs"):
+        for key in ("hidden", "heads"):
+            if model.get(key) is None:
+                return (f"row field 'model.{key}' is missing: the analytic model needs it; state it, or give the "
+                        "profiled stage times ('profiled_inputs')")
     par = row["parallel"]
     for key in ("tp", "pp", "dp", "cp", "ep"):
         value = par.get(key)

@@ -103,7 +103,7 @@ def test_a_whole_job_row_without_its_degrees_says_why() -> None:
 @needs_dev
 def test_the_shipped_stage_time_files_predict_what_the_published_row_predicts() -> None:
     from experiments.commands.baselines import compare
-    from pipeline.space import Scenario
+    from pipeline.candidates import Scenario
     from pipeline.spec import Cluster, ModelProfile, TrainingConfig
 
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
@@ -237,6 +237,9 @@ def test_a_pipeline_longer_than_a_node_sends_across_it_over_the_nic() -> None:
     ({"measured": {"throughput": 1.0, "throughput_unit": "furlongs"}}, "'measured.throughput_unit'"),
     ({"parallel": {"tp": 1, "pp": "four", "dp": 1}}, "'parallel.pp'"),
     ({"model": None}, "'model'"),
+    ({"model": {"name": "m", "layers": 14, "hidden": "big"}}, "'model.hidden'"),
+    ({"model": {"name": "m", "layers": 14}, "profiled_inputs": None,
+      "measured": {"throughput": 150.0, "throughput_unit": "TFLOP/s per GPU"}}, "'model.hidden'"),
 ])
 def test_a_contradictory_or_malformed_row_gets_one_line_naming_the_field(change: dict, field: str) -> None:
     pred = published.predict_row({**_row(), **change}, [])
