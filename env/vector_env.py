@@ -60,6 +60,29 @@ __all__ = ["PipelineVectorEnv"]
 
 #: The observation's entries in the order of ``PipelineEnv.observation_parts``.
 _PARTS = ("stages", "devices", "plan")
+#: Memory one environment may take, bytes: about 0.3 MiB measured after 30 steps of ``default``
+#: (256 environments: 110 MiB RSS, 1,024: 315 MiB), with room for scenarios of 32 devices.
+BYTES_PER_ENV = 2**20
+
+
+def _available_bytes() -> int | None:
+    """Memory the kernel says a new allocation can take (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_room(num_envs: int) -> None:
+    room = _available_bytes()
+    if room is not None and num_envs * BYTES_PER_ENV > room:
+        raise ValueError(f"num_envs={num_envs} needs about {num_envs * BYTES_PER_ENV / 2**30:.1f} GiB "
+                         f"(~{BYTES_PER_ENV / 2**20:.0f} MiB per environment) but {room / 2**30:.1f} GiB is available; "
+                         f"use num_envs <= {max(1, room // BYTES_PER_ENV)}")
 
 
 class PipelineVectorEnv(VectorEnv):
@@ -84,6 +107,7 @@ class PipelineVectorEnv(VectorEnv):
                  pause_gc: bool = True, **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
+        _check_room(int(num_envs))
         if render_mode is not None:
             raise ValueError(f"{type(self).__name__} does not render (render_mode must be None, got {render_mode!r}); "
                              "render one environment with vec.envs[i]")
@@ -177,6 +201,11 @@ class PipelineVectorEnv(VectorEnv):
         acts = np.asarray(actions)
         if acts.shape != (n,):
             raise ValueError(f"step takes one action per environment, shape ({n},), got shape {acts.shape}")
+        if acts.dtype.kind not in "iu":
+            whole = acts.dtype.kind == "f" and bool(np.all(np.isfinite(acts) & (acts == np.round(acts))))
+            if not whole:
+                raise ValueError(f"actions must be whole numbers in [0, {self.single_action_space.n}) (an integer "
+                                 f"array of shape ({n},)), got dtype {acts.dtype}: {acts[:4].tolist()}")
         acts = acts.astype(np.int64, copy=False).tolist()
         mode = self.autoreset_mode
         next_step = mode == AutoresetMode.NEXT_STEP

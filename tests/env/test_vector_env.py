@@ -414,3 +414,44 @@ def test_environments_of_one_scenario_object_share_its_caches_and_nothing_else(s
         assert np.array_equal(r1, r2) and np.array_equal(t1, t2) and np.array_equal(u1, u2)
         assert np.array_equal(i1["sim_calls"], i2["sim_calls"])
         assert np.array_equal(i1["action_mask"], i2["action_mask"])
+
+
+def test_random_action_arrays_either_step_or_get_one_clear_error():
+    """A fuzz of :meth:`PipelineVectorEnv.step`: random shapes, dtypes and values (masked, out of
+    range, fractional). Each call steps (finite rewards, observations in their space) or raises a
+    ValueError; nothing else, and a refused call leaves the environments steppable."""
+    n = 3
+    vec = _vec(n, max_steps=4)
+    vec.reset(seed=0)
+    rng = np.random.default_rng(7)
+    stepped = refused = 0
+    for _ in range(60):
+        shape = [(n,), (n,), (n,), (n - 1,), (n, 2), ()][rng.integers(6)]
+        kind = rng.integers(5)
+        if kind == 0:
+            acts = rng.integers(-5, N_ACTIONS + 5, size=shape)
+        elif kind == 1:  # allowed actions only
+            acts = np.array([rng.choice(np.flatnonzero(m)) for m in vec.action_masks()]) if shape == (n,) else \
+                rng.integers(0, N_ACTIONS, size=shape)
+        elif kind == 2:
+            acts = rng.uniform(0, N_ACTIONS, size=shape)
+        elif kind == 3:
+            acts = rng.integers(0, N_ACTIONS, size=shape).astype(rng.choice([np.int8, np.uint16, np.float32]))
+        else:
+            acts = rng.integers(0, 2, size=shape).astype(bool)
+        try:
+            obs, rewards, terms, truncs, _ = vec.step(acts)
+        except ValueError as exc:
+            assert "\n" not in str(exc)
+            refused += 1
+            continue
+        stepped += 1
+        assert np.isfinite(rewards).all() and terms.shape == truncs.shape == (n,)
+        assert vec.observation_space.contains(obs)
+    assert stepped > 5 and refused > 5
+    vec.step(np.array([rng.choice(np.flatnonzero(m)) for m in vec.action_masks()]))
+
+
+def test_num_envs_beyond_memory_is_refused_before_anything_is_built():
+    with pytest.raises(ValueError, match=r"num_envs=1000000000000 needs about .* use num_envs <= \d+"):
+        PipelineVectorEnv(10**12)
