@@ -134,7 +134,21 @@ def _schedule_kind(name: str) -> tuple[str, str] | None:
         return "zbv", "zb"
     if name.startswith("ZB-2p") and "synchronization before optimizer" in name:
         return "zb-2p", "zb-sync"
-    return None
+    return _OTHER_SCHEDULES.get(name.lower().replace("_", "-").replace(" ", "-"))
+
+
+#: The other schedules we ship, by their published names, with the runtime that ships them: the
+#: Zero Bubble fork runs ZB-H1/H2 and its V family (V-Half, V-Min and V-ZB of "Pipeline Parallelism
+#: with Controllable Memory", arXiv 2405.15362, in the same repository); torch.distributed.pipelining
+#: runs GPipe and DualPipeV (``ScheduleGPipe``, ``ScheduleDualPipeV``).
+_OTHER_SCHEDULES: dict[str, tuple[str, str]] = {
+    "zb-h1": ("zb-h1", "zb"), "zb-h2": ("zb-h2", "zb"), "v-half": ("v-half", "zb"), "v-min": ("v-min", "zb"),
+    "v-zb": ("zbv", "zb"), "gpipe": ("gpipe", "pytorch"), "dualpipev": ("dualpipev", "pytorch"),
+    "dualpipe-v": ("dualpipev", "pytorch"), "interleaved-1f1b": ("interleaved", "megatron"),
+    "interleaved": ("interleaved", "megatron"),
+}
+#: Our schedules that run two chunks per device in a V (the stage times split in two).
+_V_SCHEDULES = ("zbv", "v-half", "v-min", "dualpipev")
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
@@ -241,7 +255,7 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
     """The row's pipeline: one profile stage per chunk, each a share of the stage's times."""
     P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
     layers = int(row["model"]["layers"])
-    v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule == "zbv" else 1)
+    v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule in _V_SCHEDULES else 1)
     S = P * v
     cluster = _row_cluster(row, times, P, nic_efficiency)
     out_bytes = int(cluster.extra.get("out_bytes", 1))
@@ -250,8 +264,8 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
     profile = ModelProfile(str(row.get("id")), stage, time_unit="ms")
     training = TrainingConfig(runtime=runtime)
     partition = even_partition(S, S)
-    if schedule == "zbv":
-        return build_plan("zbv", profile, cluster, microbatches=M, partition=partition,
+    if schedule in _V_SCHEDULES or schedule in ("zb-h1", "zb-h2", "gpipe"):
+        return build_plan(schedule, profile, cluster, microbatches=M, partition=partition,
                           training=training), profile, cluster, training
     placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
 
@@ -313,7 +327,7 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     kind = _schedule_kind(str(row.get("schedule")))
     if kind is None:
         return replace(out, reason=f"unknown schedule {row.get('schedule')!r}; known: 1F1B, 1F1B-I, ZB-1p, "
-                       "ZB-2p, ZB-V")
+                       "ZB-2p, ZB-V, ZB-H1, ZB-H2, V-Half, V-Min, V-ZB, GPipe, DualPipeV")
     for key in ("pp",):
         if not par.get(key):
             return replace(out, reason=f"row field 'parallel.{key}' is not published")
@@ -331,8 +345,8 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         times = analytic
     schedule, runtime_name = kind
     runtime = (overrides or {}).get(runtime_name, RUNTIMES[runtime_name])
-    if schedule == "zbv" and int(row["model"]["layers"]) + 2 < 2 * int(par["pp"]):
-        return replace(out, reason="ZB-V needs two chunks per device: at least 2 x pp - 2 layers")
+    if schedule in _V_SCHEDULES and int(row["model"]["layers"]) + 2 < 2 * int(par["pp"]):
+        return replace(out, reason=f"{row.get('schedule')} needs two chunks per device: at least 2 x pp - 2 layers")
     predicted, error = _simulated(schedule, times, row, runtime, nic_efficiency)
     if predicted is None:
         return replace(out, reason=error, stage_times=times.source)

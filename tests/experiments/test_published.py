@@ -273,3 +273,23 @@ def test_torchtitan_rows_are_predicted_with_their_peak_memory() -> None:
     summary = published.summarize(preds)
     assert summary["memory_rows"] == len(rows) and summary["memory_median_abs_error"] < 0.1
     assert summary["median_abs_error"] < 0.05 and summary["pairs_ranked_as_measured"] == summary["pairs"]
+
+
+@pytest.mark.parametrize("name", ["ZB-H1", "ZB-H2", "V-Half", "V-Min", "V-ZB", "GPipe", "DualPipeV",
+                                  "Interleaved 1F1B"])
+def test_every_schedule_we_ship_is_predicted_by_its_published_name(name: str) -> None:
+    row = {**_row(), "model": {"name": "m", "layers": 16}, "batch": {"micro_batch_size": 1, "num_microbatches": 16},
+           "schedule": name}
+    pred = published.predict_row(row, [])
+    assert pred.predicted is not None and pred.predicted > 0, pred.reason
+
+
+def test_the_memory_capped_schedules_rank_as_their_caps_say() -> None:
+    """Same stage times: the tighter a schedule's activation cap, the slower (ZB-H1 <= ZB-H2, V-Min <= V-Half
+    <= V-ZB), and a V needs two chunks per device."""
+    row = {**_row(), "model": {"name": "m", "layers": 16}, "batch": {"micro_batch_size": 1, "num_microbatches": 16}}
+    got = {s: published.predict_row({**row, "schedule": s}, []).predicted
+           for s in ("ZB-H1", "ZB-H2", "V-Min", "V-Half", "V-ZB")}
+    assert got["ZB-H1"] <= got["ZB-H2"] and got["V-Min"] <= got["V-Half"] <= got["V-ZB"]
+    short = published.predict_row({**row, "model": {"name": "m", "layers": 4}, "schedule": "V-Half"}, [])
+    assert short.predicted is None and "two chunks per device" in short.reason
