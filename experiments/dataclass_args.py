@@ -126,9 +126,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
                             only: Sequence[str] | None = None, exclude: Sequence[str] = (),
                             rename: Mapping[str, str] | None = None,
                             parsers: Mapping[str, Callable[[str], Any]] | None = None,
-                            metavars: Mapping[str, str] | None = None) -> dict[str, str]:
+                            metavars: Mapping[str, str] | None = None,
+                            old_flags: Mapping[str, str] | None = None) -> dict[str, str]:
     """Add one flag per field of dataclass ``cls`` (but ``exclude``; just ``only``, in its order, when
     given) to ``parser`` (see the module docstring); the value lands under the field's own name.
+    ``old_flags`` (field -> flag): a renamed flag's earlier spelling, still parsed, not in the help.
     Returns field name -> flag, for the fields added."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -183,6 +185,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
             kw["metavar"] = flag.removeprefix("--").replace("-", "_").upper()
         shown = "" if default is None else f"(default: {_shown(default)})".replace("%", "%%")
         parser.add_argument(flag, help=" ".join(t for t in (help_text, shown) if t) or None, **kw)
+        if f.name in (old_flags or {}):
+            parser.add_argument(old_flags[f.name], **{**kw, "default": argparse.SUPPRESS}, help=argparse.SUPPRESS)
     return {f.name: flags[f.name] for f in fields}
 
 

@@ -1,7 +1,8 @@
 """Training of plan-editing policies (MaskablePPO or PPO) with checkpoints, evaluation and resume.
 
-Reads top to bottom: a :class:`PPOConfig`, vectorised environments (one process each with
-``vec="subproc"``, so both cores step environments), the model (MaskablePPO with the
+Reads top to bottom: a :class:`PPOConfig`, vectorised environments (by default
+``gymnasium.make_vec``'s batched vector env, each step's simulations one native batch; one process
+each with ``vec="subproc"``), the model (MaskablePPO with the
 size-independent :class:`agents.rl.net.EntityPolicy` by default), callbacks (periodic
 checkpoint, stop-and-save on SIGINT/SIGTERM, periodic evaluation on held-out scenarios
 (:data:`env.scenarios.HELDOUT_SCENARIO`: families and sizes training never sees) against the
@@ -57,7 +58,7 @@ class PPOConfig:
     scenario draws."""
     n_envs: int = 8
     """Parallel environments (their steps are batched through the network)."""
-    vec: Literal["dummy", "subproc", "batched"] = "subproc"
+    vec: Literal["dummy", "subproc", "batched"] = "batched"
     """``dummy`` (one process), ``subproc`` (one process per environment: every core steps) or
     ``batched`` (``gymnasium.make_vec``'s vector env in this process: every step's simulations in
     one native batch on the engine's threads, :mod:`env.vector_env`)."""
@@ -366,7 +367,8 @@ def check_config(config: PPOConfig) -> None:
                  "eval_tuner_calls", "checkpoint_every", "max_steps", "max_calls", "n_steps", "batch_size",
                  "n_epochs", "imitation_epochs"):
         if getattr(config, name) is not None and getattr(config, name) < 1:
-            raise ConfigError(f"must be >= 1, got {getattr(config, name)}", field="--" + name.replace("_", "-"))
+            flag = "--envs" if name == "n_envs" else "--" + name.replace("_", "-")
+            raise ConfigError(f"must be >= 1, got {getattr(config, name)}", field=flag)
     if not config.net_arch or min(config.net_arch) < 1 or max(config.net_arch) > MAX_WIDTH:
         raise ConfigError(f"needs one or more widths from 1 to {MAX_WIDTH}, got {config.net_arch}", field="--net-arch")
     if config.hidden > MAX_WIDTH:
@@ -380,7 +382,7 @@ def check_config(config: PPOConfig) -> None:
     if not config.ent_coef >= 0.0:
         raise ConfigError(f"must be >= 0, got {config.ent_coef}", field="--ent-coef")
     if config.n_steps * config.n_envs < 2:  # PPO normalises advantages over a batch: one sample gives NaN
-        raise ConfigError(f"a rollout of --n-steps {config.n_steps} x --n-envs {config.n_envs} is one step; PPO "
+        raise ConfigError(f"a rollout of --n-steps {config.n_steps} x --envs {config.n_envs} is one step; PPO "
                           "needs at least 2 per update: use --n-steps 2 or more", field="--n-steps")
     batch_size = minibatch_size(config)
     if batch_size < 2:  # the same per minibatch: SB3 normalises each minibatch's advantages
@@ -389,12 +391,12 @@ def check_config(config: PPOConfig) -> None:
     rollout = config.n_steps * config.n_envs
     if batch_size > rollout:  # SB3 would silently use the whole rollout as one minibatch
         raise ConfigError(f"a minibatch of {batch_size} is larger than a rollout of {rollout} steps "
-                          f"(--n-steps {config.n_steps} x --n-envs {config.n_envs}); use --batch-size {rollout} "
+                          f"(--n-steps {config.n_steps} x --envs {config.n_envs}); use --batch-size {rollout} "
                           "or less, or a longer --n-steps", field="--batch-size")
     if rollout % min(batch_size, rollout) == 1:  # the epoch's last minibatch would be one sample
         raise ConfigError(f"a rollout of {rollout} steps in minibatches of {batch_size} leaves a last "
                           "minibatch of one sample (NaN advantages); pick a batch size that divides "
-                          "--n-steps x --n-envs", field="--batch-size")
+                          "--n-steps x --envs", field="--batch-size")
     if config.imitation_states > 0 and config.network != "entity":
         raise ConfigError("the imitation phase trains the entity network; use --network entity",
                           field="--imitation-states")

@@ -105,12 +105,13 @@ class _Clock:
 
 
 def ppo_today(*, timesteps: int, seed: int = 0) -> dict[str, float]:
-    """Steps/s of :func:`agents.rl.train.train` with its default configuration (no evaluation)."""
+    """Steps/s of :func:`agents.rl.train.train` with its default configuration but 8 subprocess
+    environments (``vec="subproc"``, the default until 6 Dec 2026), no evaluation."""
     from agents.rl.train import PPOConfig, train
 
     with tempfile.TemporaryDirectory() as out:
         config = PPOConfig(timesteps=timesteps, seed=seed, eval_every=0, checkpoint_every=10 * timesteps,
-                           progress_bar=False, out=out)
+                           progress_bar=False, out=out, vec="subproc")
         res = train(config)
     return {"steps_per_s": res["timesteps"] / res["seconds"], "seconds": res["seconds"]}
 
@@ -123,7 +124,7 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from stable_baselines3.common.vec_env import VecMonitor
 
     from agents.rl.net import EntityPolicy
-    from agents.rl.train import PPOConfig
+    from agents.rl.train import PPOConfig, minibatch_size
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
 
@@ -135,7 +136,7 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     vec.seed(seed)
     n_steps = max(1, c.n_steps * c.n_envs // n_envs)
     model = MaskablePPO(EntityPolicy, vec, seed=seed, device="cpu", n_steps=n_steps,
-                        batch_size=min(c.batch_size, n_steps * n_envs), n_epochs=c.n_epochs,
+                        batch_size=min(minibatch_size(c), n_steps * n_envs), n_epochs=c.n_epochs,
                         learning_rate=c.learning_rate, gamma=c.gamma, ent_coef=c.ent_coef, verbose=0,
                         policy_kwargs={"hidden": c.hidden})
     clock = _Clock()

@@ -11,7 +11,7 @@ Examples:
   python -m experiments train --ranker-scenarios 9000 --imitation-states 20000 --timesteps 102400 \\
       --learning-rate 1e-4 --seed 0 --eval-every 51200 --checkpoint-every 51200 --out runs/default-policy
                                                     # the shipped default policy and start ranker
-  python -m experiments train --timesteps 20000 --seed 0 --vec subproc --out runs/ppo  # PPO alone
+  python -m experiments train --timesteps 20000 --seed 0 --envs 8 --out runs/ppo  # PPO alone (batched envs)
   python -m experiments train --out runs/train --resume                     # after an interruption
   python -m experiments train --gamma 0.99 --batch-size 128 --hidden 128 --out runs/wide  # PPO's knobs
   python -m experiments train --prior moves --seed 0 --out agents/policies   # the shipped move prior
@@ -87,14 +87,16 @@ PARSERS = {"seed": _train_seed, "eval_every": non_negative_int, "imitation_state
            "ranker_scenarios": non_negative_int, "learning_rate": _at_most_one, "gamma": _at_most_one,
            "single_start_share": _share, "ent_coef": non_negative_float, "hidden": _width, "net_arch": _widths}
 #: ``progress_bar`` is on by default: its switch is ``--no-progress``.
-RENAME = {"progress_bar": "progress"}
+RENAME = {"progress_bar": "progress", "n_envs": "envs"}
+#: ``--envs`` was ``--n-envs`` until 6 Dec 2026: the old spelling still parses.
+OLD_FLAGS = {"n_envs": "--n-envs"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`agents.rl.train.PPOConfig` field (:mod:`experiments.dataclass_args`)."""
     from agents.rl.train import PPOConfig
 
-    add_dataclass_arguments(parser, PPOConfig, rename=RENAME, parsers=PARSERS)
+    add_dataclass_arguments(parser, PPOConfig, rename=RENAME, parsers=PARSERS, old_flags=OLD_FLAGS)
     # --network's default (entity) is MaskablePPO's; PPO trains the mlp unless --network is given (see run)
     net = next(a for a in parser._actions if a.dest == "network")
     net.__class__ = type("NetworkGiven", (type(net),), {"__call__": _note_network})

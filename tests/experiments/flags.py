@@ -19,8 +19,8 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 def assert_fields_are_documented_flags(config: type, parser: argparse.ArgumentParser) -> None:
     """Every field of ``config`` has a flag with its docstring as help, the field's default and, for a
-    ``Literal``, its choices; every flag shows in ``--help``."""
-    actions = {a.dest: a for a in parser._actions}
+    ``Literal``, its choices; every flag shows in ``--help`` (but an old spelling kept hidden)."""
+    actions = {a.dest: a for a in parser._actions if a.help != argparse.SUPPRESS}
     docs = field_docs(config)
     hints = typing.get_type_hints(config)
     for f in dataclasses.fields(config):

@@ -60,7 +60,7 @@ def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
     ({"seed": -1}, "--seed"),
     ({"seed": MAX_SEED + 1}, "--seed"),
     ({"timesteps": 0}, "--timesteps"),
-    ({"n_envs": 0}, "--n-envs"),
+    ({"n_envs": 0}, "--envs"),
     ({"hidden": 0}, "--hidden"),
     ({"batch_size": 0}, "--batch-size"),
     ({"batch_size": 1}, "--batch-size"),  # one sample per minibatch: NaN advantages (the CLI fuzz found it)
