@@ -19,6 +19,11 @@ preset, :func:`search_job`
    calls) on the ``tune_top`` configurations with the fastest Megatron steps, and on no
    configuration whose bound is above the best tuned step found so far, in Megatron's row's AC
    mode and the next lighter one (an uneven plan may fit where the even split does not);
+With ``runtime="torchtitan"`` every configuration is priced on torchtitan's runtime instead
+(:mod:`pipeline.torchtitan_job`: FSDP2 over ``dp * cp``, torchtitan's TP/CP/AC, its step): step 3
+prices torchtitan's own plan (its even split, 1F1B or Interleaved1F1B at two stages per rank),
+**torchtitan's best even-split configuration**, and the tuner's plans are priced on the same model.
+
 5. returns every evaluated configuration as a row (``tp, pp, dp, cp, ep, microbatch_size,
    microbatches, tokens_per_s_per_gpu, mfu, peak_memory_gb``, the method and the plan), the best
    first, beside Megatron's row for the same degrees; with ``reference`` (``--reference``,
@@ -37,6 +42,9 @@ With an output folder, :func:`write_job_exports` writes the rows, the best plan,
 deployment files with every degree (:mod:`pipeline.job_targets`).
 
 The command line (``search --gpus N --global-batch B``) is :mod:`experiments.commands.job_search`.
+
+Over 600 lines: the search's phases, its rows and ``--reference`` share JobConfig and JobRow; the
+pricing of each runtime is elsewhere (:mod:`pipeline.parallelism`, :mod:`pipeline.torchtitan_job`).
 """
 
 from __future__ import annotations
@@ -54,7 +62,9 @@ from agents.base import Budget
 from agents.tuner import AdaptisTuner
 from pipeline.arch import Architecture
 from pipeline.bounds import lower_bound
+from pipeline.candidates import Scenario
 from pipeline.errors import AdaptisError, ConfigError
+from pipeline.job_runtimes import job_runtime
 from pipeline.megatron import megatron_chunk_counts
 from pipeline.parallelism import (
     AC_MODES,
@@ -70,8 +80,16 @@ from pipeline.parallelism import (
     validate_job,
 )
 from pipeline.plan import Plan
-from pipeline.space import Scenario
+from pipeline.runtime import RUNTIMES
 from pipeline.spec import Cluster, ModelProfile, TrainingConfig
+from pipeline.torchtitan_job import (
+    DEFAULT_TITAN_FEATURES,
+    titan_best_own,
+    titan_job_estimate,
+    titan_job_setup,
+    titan_model_of,
+    titan_reference_schedules,
+)
 
 __all__ = ["DEFAULT_CALLS_PER_CONFIG", "DEFAULT_TUNE_TOP", "JobConfig", "JobRow", "JobSearchResult", "Reference",
            "candidate_degrees", "job_setup", "parse_reference", "plan_summary", "price_reference", "search_job"]
@@ -97,7 +115,10 @@ class JobConfig:
     memory_gb: float | None = None
     """Capacity per GPU in GiB (default the preset's)."""
     runtime: str = "megatron"
-    """The runtime both the baseline and the searched plans are priced on."""
+    """The runtime both the baseline and the searched plans are priced on (:data:`pipeline.runtime.RUNTIMES`);
+    ``torchtitan``: torchtitan's FSDP2 runtime model (:mod:`pipeline.torchtitan_job`), its own plan the baseline."""
+    titan_features: tuple[str, ...] = DEFAULT_TITAN_FEATURES
+    """torchtitan's training flags under ``runtime="torchtitan"`` (:data:`pipeline.torchtitan_job.TITAN_FEATURES`)."""
     zero_stage: int = 1
     """1: Megatron's distributed optimizer (the default in practice); 0 plain DDP; 3 FSDP."""
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
@@ -114,6 +135,12 @@ class JobConfig:
     in which Megatron's plan fits (:data:`pipeline.parallelism.AC_MODES`)."""
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
     """The busiest expert's tokens over the mean (:attr:`pipeline.parallelism.Parallelism.moe_imbalance`)."""
+    fp8: bool = False
+    """FP8 linear GEMMs, saved inputs and EP dispatch (:attr:`pipeline.parallelism.Parallelism.fp8`)."""
+    ep_overlap: float = 0.0
+    """Share of the EP all-to-all overlapped with compute (:attr:`pipeline.parallelism.Parallelism.ep_overlap`)."""
+    moe_max_nodes: int = 0
+    """Node-limited routing (:attr:`pipeline.parallelism.Parallelism.moe_max_nodes`); 0: unlimited."""
     reference: Reference | None = None
     """A configuration to price beside the search's (the one the authors published)."""
 
@@ -161,7 +188,7 @@ def parse_reference(text: str, cfg: JobConfig) -> Reference:
         return ConfigError(f"{text!r}: {why}; {_REFERENCE_HELP}", field="--reference")
 
     degrees: dict[str, int] = {}
-    mbs, chunks, ac, zero, schedule = 1, None, None, cfg.zero_stage, None
+    mbs, chunks, ac, zero, schedule = None, None, None, cfg.zero_stage, None
     for raw in (t.strip().lower() for t in text.split(",")):
         if not raw:
             continue
@@ -199,12 +226,16 @@ def parse_reference(text: str, cfg: JobConfig) -> Reference:
         if cfg.gpus % (tp * pp * cp):
             raise bad(f"tp*pp*cp = {tp * pp * cp} does not divide {cfg.gpus} GPUs")
         dp = cfg.gpus // (tp * pp * cp)
+    if mbs is None:  # Megatron's --micro-batch-size 1; torchtitan's default pp micro-batches per local batch
+        local = cfg.global_batch // dp if dp and cfg.global_batch % dp == 0 else 0
+        mbs = local // pp if cfg.runtime == "torchtitan" and pp > 1 and local and local % pp == 0 else 1
     if tp * pp * dp * cp != cfg.gpus:
         fix = (f"use dp{cfg.gpus // (tp * pp * cp)} or leave dp out" if cfg.gpus % (tp * pp * cp) == 0
                else "choose degrees whose product is the number of GPUs")
         raise bad(f"tp*pp*dp*cp = {tp * pp * dp * cp}, not the {cfg.gpus} GPUs of --gpus ({fix})")
     par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs, global_batch=cfg.global_batch,
-                      zero_stage=zero, moe_imbalance=cfg.moe_imbalance)
+                      zero_stage=zero, moe_imbalance=cfg.moe_imbalance, fp8=cfg.fp8, ep_overlap=cfg.ep_overlap,
+                      moe_max_nodes=cfg.moe_max_nodes)
     try:
         validate_job(cfg.arch, par, seq_len=cfg.seq_len, gpus=cfg.gpus)
     except ConfigError as exc:
@@ -218,6 +249,9 @@ def price_reference(cfg: JobConfig, ref: Reference) -> JobRow:
     """Megatron's plan of ``ref`` on ``cfg``'s model and GPUs (its even split at the schedule given),
     in its AC mode or the lightest of ``cfg.ac_modes`` that fits; method ``reference``."""
     modes = (ref.ac,) if ref.ac else cfg.ac_modes
+    if _titan(cfg):
+        return _titan_row(cfg, ref.par, modes, "reference", 0.0, titan_reference_schedules(ref.schedule, ref.chunks),
+                          note=ref.text)
     row: JobRow | None = None
     for mode in modes:
         par = ref.par.with_ac(mode)
@@ -247,6 +281,8 @@ class JobRow:
     estimate: JobEstimate | None
     bound_s: float
     note: str = ""
+    runtime: str = "megatron"
+    """The runtime the row is priced on (:attr:`JobConfig.runtime`)."""
 
     @property
     def iteration_s(self) -> float:
@@ -258,7 +294,8 @@ class JobRow:
 
     def as_dict(self, *, with_plan: bool = False) -> dict[str, Any]:
         par = self.estimate.par if self.estimate is not None else self.par
-        out: dict[str, Any] = {"method": self.method, **par.as_dict(), "bound_ms": 1e3 * self.bound_s}
+        out: dict[str, Any] = {"method": self.method, "runtime": self.runtime, **par.as_dict(),
+                               "bound_ms": 1e3 * self.bound_s}
         if self.estimate is not None:
             row = self.estimate.row()
             out.update({k: row[k] for k in ("iteration_ms", "pipeline_ms", "dp_exposed_ms", "tokens_per_s_per_gpu",
@@ -344,7 +381,8 @@ def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
                     for mbs in cfg.microbatch_sizes:
                         par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, microbatch_size=mbs,
                                           global_batch=cfg.global_batch, zero_stage=cfg.zero_stage,
-                                          moe_imbalance=cfg.moe_imbalance)
+                                          moe_imbalance=cfg.moe_imbalance, fp8=cfg.fp8,
+                                          ep_overlap=cfg.ep_overlap, moe_max_nodes=cfg.moe_max_nodes)
                         try:
                             validate_job(arch, par, seq_len=cfg.seq_len, gpus=cfg.gpus)
                         except ConfigError:
@@ -354,11 +392,47 @@ def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
 
 
 def _training(cfg: JobConfig, par: Parallelism) -> TrainingConfig:
-    return par.training(TrainingConfig(runtime=cfg.runtime))
+    return par.training(TrainingConfig(runtime=job_runtime(cfg.runtime, cfg.gpu)))
+
+
+def _titan(cfg: JobConfig) -> bool:
+    """Whether ``cfg`` is priced on torchtitan's runtime model."""
+    return cfg.runtime == "torchtitan"
+
+
+def check_runtime(cfg: JobConfig) -> None:
+    """A one-line ConfigError naming ``runtime`` when the job search cannot price ``cfg.runtime``."""
+    if not isinstance(cfg.runtime, str) or cfg.runtime not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {cfg.runtime!r} for the job search; use one of {', '.join(RUNTIMES)} "
+                          "(torchtitan: torchtitan's FSDP2 runtime; the others: the Megatron-runtime job model "
+                          "under that runtime)", field="runtime")
+    if _titan(cfg):
+        titan_model_of(cfg.arch)
+
+
+def _titan_kw(cfg: JobConfig) -> dict[str, Any]:
+    return dict(gpu=cfg.gpu, seq_len=cfg.seq_len, gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb,
+                features=cfg.titan_features)
+
+
+def _titan_row(cfg: JobConfig, par: Parallelism, modes: tuple[str, ...], method: str, bound: float,
+               schedules: list[tuple[str, int]] | None = None, *, note: str = "") -> JobRow:
+    """torchtitan's own plan of ``par`` (:func:`pipeline.torchtitan_job.titan_best_own`) as a row."""
+    try:
+        est, k = titan_best_own(cfg.arch, par, modes, schedules=schedules, **_titan_kw(cfg))
+    except AdaptisError as exc:
+        if method == "reference":
+            raise ConfigError(f"{note!r}: {exc}", field="--reference") from None
+        return JobRow(par, method, None, bound, note=str(exc), runtime="torchtitan")
+    text = f"{note}, ac={modes[k]}" if method == "reference" else (
+        "" if k == 0 else f"{modes[k]} recomputation: it does not fit with less")
+    return JobRow(par, method, est, bound, note=text, runtime="torchtitan")
 
 
 def job_setup(cfg: JobConfig, par: Parallelism) -> tuple[ModelProfile, Cluster, TrainingConfig]:
     """The profile, cluster and training settings of one configuration's pipeline."""
+    if _titan(cfg):
+        return titan_job_setup(cfg.arch, par, **_titan_kw(cfg))
     profile = job_profile(cfg.arch, par, gpu=cfg.gpu, seq_len=cfg.seq_len, gpus_per_node=cfg.gpus_per_node)
     cluster = job_cluster(par, gpu=cfg.gpu, gpus_per_node=cfg.gpus_per_node, memory_gb=cfg.memory_gb)
     return profile, cluster, _training(cfg, par)
@@ -385,9 +459,13 @@ def _saved(cfg: JobConfig, par: Parallelism) -> float:
 
 def _bound(cfg: JobConfig, par: Parallelism) -> tuple[float, bool]:
     """(lower bound on the step in seconds, whether any plan can fit the memory)."""
-    profile, cluster, training = job_setup(cfg, par)
+    profile, cluster, training = job_setup(cfg, par.with_ac(cfg.ac_modes[0]) if _titan(cfg) else par)
     shards = training.data_parallel if training.zero_stage >= 1 else 1
     lb = lower_bound(profile, cluster, par.microbatches, runtime=training.runtime, optimizer_shards=shards)
+    if _titan(cfg):  # torchtitan's profile carries its memory: the leanest mode tried bounds it
+        lean, lean_cluster, _ = job_setup(cfg, par.with_ac(cfg.ac_modes[-1]))
+        need, limit = _memory_need(lean, lean_cluster, training, par.with_ac(cfg.ac_modes[-1]))
+        return lb.value * profile.seconds_per_unit, need <= limit
     need, limit = _memory_need(profile, cluster, training, par, saved=_saved(cfg, par))
     return lb.value * profile.seconds_per_unit, need <= limit
 
@@ -422,6 +500,8 @@ def _megatron(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
     (what a Megatron user does: selective, then ``--recompute-granularity full``); the last mode's
     row when none fits."""
     cfg, par, bound = task
+    if _titan(cfg):
+        return _titan_row(cfg, par, cfg.ac_modes, "torchtitan", bound)
     row: JobRow | None = None
     try:
         for k, mode in enumerate(cfg.ac_modes):
@@ -463,17 +543,21 @@ def _tune(task: tuple[JobConfig, Parallelism, float]) -> JobRow:
 def _tune_one(cfg: JobConfig, par: Parallelism, bound: float) -> JobRow:
     try:
         profile, cluster, training = job_setup(cfg, par)
-        problem = Scenario(profile, cluster, par.microbatches, training)
-        found = AdaptisTuner().search(problem, budget=Budget(sim_calls=cfg.calls_per_config), seed=cfg.seed)
+        scenario = Scenario(profile, cluster, par.microbatches, training)
+        found = AdaptisTuner().search(scenario, budget=Budget(sim_calls=cfg.calls_per_config), seed=cfg.seed)
         if found.plan is None:
             return JobRow(par, "adaptis", None, bound, note=found.note or "no plan")
         plan = found.plan
+        if _titan(cfg):  # torchtitan's AC is in the profile's times and saved bytes
+            est = titan_job_estimate(cfg.arch, par, plan=plan, **_titan_kw(cfg))
+            return JobRow(par, "adaptis", est, bound, note=f"{found.sim_calls} calls, ac={par.ac}",
+                          runtime="torchtitan")
         if par.recompute and plan.recompute is None:  # full recomputation: every stage
             plan = replace(plan, recompute=(True,) * plan.num_stages)
         est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=cfg.gpu,
                            gpus_per_node=cfg.gpus_per_node, seq_len=cfg.seq_len)
     except AdaptisError as exc:
-        return JobRow(par, "adaptis", None, bound, note=str(exc))
+        return JobRow(par, "adaptis", None, bound, note=str(exc), runtime=cfg.runtime)
     return JobRow(par, "adaptis", est, bound, note=f"{found.sim_calls} calls, ac={par.ac}")
 
 
@@ -527,6 +611,9 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
     that phase has settled (priced or pruned) and its total."""
     report = progress or (lambda phase, done, total: None)
     t0 = time.perf_counter()
+    check_runtime(cfg)
+    if _titan(cfg):  # torchtitan shards with FSDP2 over dp * cp
+        cfg = replace(cfg, zero_stage=3)
     reference = price_reference(cfg, cfg.reference) if cfg.reference is not None else None
     pars = candidate_degrees(cfg)
     if not pars and cfg.tp_choices is not None:
@@ -576,7 +663,7 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
     tuned: list[JobRow] = []
     best_t = min((r.iteration_s for r in megatron if r.feasible), default=math.inf)
     todo = [(cfg, r.estimate.par if r.estimate is not None else r.par, r.bound_s) for r in order[:cfg.tune_top]
-            if r.bound_s < best_t or not r.feasible]
+            if (r.bound_s < best_t or not r.feasible) and not (_titan(cfg) and r.par.pp == 1)]  # nothing to plan
     for k in range(0, len(todo), wave):
         batch = [t for t in todo[k:k + wave] if t[2] < best_t]
         pruned += len(todo[k:k + wave]) - len(batch)
@@ -586,6 +673,8 @@ def search_job(cfg: JobConfig, *, workers: int = 1, ray_address: str | None = No
                 best_t = min(best_t, row.iteration_s)
         report("tuner", min(k + wave, len(todo)), len(todo))
     rows = sorted(tuned + megatron + ([reference] if reference is not None else []), key=_key)
+    for r in rows:  # every row is priced on the job's runtime
+        r.runtime = cfg.runtime
     best = min((r for r in tuned + megatron if r.feasible), key=lambda r: r.iteration_s, default=None)
     m_best = min((r for r in megatron if r.feasible), key=lambda r: r.iteration_s, default=None)
     return JobSearchResult(rows, len(pars), pruned_memory, pruned, time.perf_counter() - t0, best, m_best,

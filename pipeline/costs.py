@@ -55,6 +55,9 @@ from pipeline.spec import LayerCost, ModelProfile
 
 __all__ = [
     "BF16",
+    "ELEMENTWISE",
+    "FP8",
+    "FP8_PEAK_RATIO",
     "CostOptions",
     "RUNTIME_COST_OPTIONS",
     "runtime_cost_options",
@@ -73,6 +76,16 @@ FP32 = 4
 INT64 = 8
 DEFAULT_SEQ_LEN = 4096
 _LOSS_BYTES = {"fp32": FP32, "bf16": BF16}
+#: :attr:`Op.tag` of a block's per-token element-wise kernels (:attr:`GPUSpec.elementwise_traffic`).
+ELEMENTWISE = "elementwise"
+FP8 = 1
+#: Dense FP8 over dense bf16 tensor-core peak by GPU preset: Hopper (H100/H200/H800 data sheets:
+#: 1979 vs 989 TFLOPS) and Blackwell (B200: 4.5 vs 2.25 PFLOPS) double it; a GPU not listed (A100)
+#: has no FP8 tensor cores.
+FP8_PEAK_RATIO = {"h100": 2.0, "h200": 2.0, "h800": 2.0, "b200": 2.0}
+#: Bytes per element an FP8 quantization kernel moves: reads bf16, writes FP8 and one fp32 scale per
+#: 128 elements (DeepSeek-V3's 1x128 activation tiles, section 3.3.1).
+_FP8_QUANT_BYTES = BF16 + FP8 + FP32 / 128
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,13 @@ class CostOptions:
     main_grad_bytes: int = FP32
     """Bytes per element of the buffer weight gradients accumulate into (Megatron's fp32 ``main_grad``):
     the embedding's dense gradient is added into it each micro-batch."""
+    fp8_linear: bool = False
+    """FP8 training as DeepSeek-V3 ran it (arXiv 2412.19437, section 3.3): the linear layers of the
+    blocks and of the MTP module (attention projections, dense and expert MLPs) run Fprop, Dgrad and
+    Wgrad as FP8 GEMMs (:data:`FP8_PEAK_RATIO` times the bf16 rate, same efficiency), each input
+    quantized by a memory-bound kernel, and keep their saved inputs (and the routed experts' SwiGLU
+    input, section 3.3.3) in FP8; the embedding, the output head, the MoE router, norms and the
+    attention core stay bf16/fp32."""
 
     def __post_init__(self) -> None:
         if self.loss_dtype not in _LOSS_BYTES:
@@ -147,11 +167,15 @@ class Op:
     bytes: float
     tag: str = ""
     """``"core"`` for the weight-free attention/SSD/delta-rule cores (what context parallelism's ring
-    overlaps its transfers with); empty otherwise."""
+    overlaps its transfers with); ``"elementwise"`` for a block's per-token element-wise kernels
+    (norms, residual adds, RoPE, the MLP activation), whose bytes the GPU's
+    :attr:`~pipeline.hardware.GPUSpec.elementwise_traffic` scales; empty otherwise."""
     mn: float = 0.0
     """A GEMM's output elements (``m * n``) for its shape efficiency (:meth:`GPUSpec.gemm_efficiency`); 0: none."""
     k: float = 0.0
     """A GEMM's reduction depth; 0: none."""
+    fp8: bool = False
+    """An FP8 GEMM (:attr:`CostOptions.fp8_linear`): at :data:`FP8_PEAK_RATIO` times the matmul rate."""
 
 
 @dataclass
@@ -186,9 +210,12 @@ class PassWork:
                 continue
             if op.kind == "matmul":
                 rate = gpu.matmul_flops_per_s * gpu.gemm_efficiency(op.mn, op.k)
+                if op.fp8:
+                    rate *= FP8_PEAK_RATIO.get(gpu.name, 1.0)
             else:
                 rate = gpu.vector_flops_per_s
-            total += max(op.flops / rate, op.bytes / gpu.memory_bytes_per_s) + gpu.kernel_overhead_us * 1e-6
+            nbytes = op.bytes * gpu.elementwise_traffic if op.tag == ELEMENTWISE else op.bytes
+            total += max(op.flops / rate, nbytes / gpu.memory_bytes_per_s) + gpu.kernel_overhead_us * 1e-6
         return total
 
 
@@ -255,6 +282,8 @@ class _Builder:
         self.cp = cp
         self.ep = ep
         self.sp = sequence_parallel
+        self.fp8 = False
+        """Inside an FP8 region (:attr:`CostOptions.fp8_linear`: the blocks and the MTP's projection)."""
 
     def _div(self, shard: bool) -> int:
         """Sharded work and saved tensors are split ``tp`` ways; with sequence parallelism the
@@ -263,18 +292,30 @@ class _Builder:
         return self.tp if shard or self.sp else 1
 
     def linear(self, n_in: int, n_out: int, *, tokens: int | None = None, shard: bool = True,
-               shared: bool = False) -> None:
-        """``y = x @ W`` with ``W: n_in x n_out``: 2*T*n_in*n_out FLOPs in each of F, I (dX) and W (dW)."""
+               shared: bool = False, bf16: bool = False) -> None:
+        """``y = x @ W`` with ``W: n_in x n_out``: 2*T*n_in*n_out FLOPs in each of F, I (dX) and W (dW);
+        in an FP8 region unless ``bf16`` (the router) an FP8 GEMM (:meth:`fp8_quantize`)."""
         t = self.T if tokens is None else tokens
         d = self._div(shard)
+        fp8 = self.fp8 and not bf16
         flops = 2.0 * t * n_in * n_out / d
-        nbytes = BF16 * (t * n_in + n_in * n_out + t * n_out) / d
+        q = FP8 if fp8 else BF16
+        nbytes = (q * (t * n_in + n_in * n_out) + BF16 * t * n_out) / d
         # TP shards the wider side (column-parallel up-projections, row-parallel down-projections)
         a, b = (n_in, n_out / d) if n_out >= n_in else (n_in / d, n_out)
         for p, mn, k in ((self.work.f, t * b, a), (self.work.i, t * a, b), (self.work.w, a * b, t)):
-            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=k))
+            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=k, fp8=fp8))
+        if fp8:
+            self.fp8_quantize(t * n_in / d, t * n_out / d)
         self.params(n_in * n_out, shard=shard, shared=shared)
         self.weight_grad(BF16 * t * n_out, shard=shard)
+
+    def fp8_quantize(self, x: float, dy: float) -> None:
+        """The quantization kernels of one FP8 GEMM with ``x`` input and ``dy`` output-gradient
+        elements (per rank): F quantizes x, I dy, W both again in the transposed (128x1) tiling
+        (DeepSeek-V3 section 3.3.1); weights are quantized once per step, not per micro-batch."""
+        for p, n in ((self.work.f, x), (self.work.i, dy), (self.work.w, x + dy)):
+            p.ops.append(Op("vector", 3.0 * n, _FP8_QUANT_BYTES * n))
 
     def params(self, n: int, *, shard: bool = True, shared: bool = False) -> None:
         if shard:
@@ -290,17 +331,18 @@ class _Builder:
         self.work.f.ops.append(Op("matmul", flops / d, io_bytes / d, tag="core"))
         self.work.i.ops.append(Op("matmul", backward_factor * flops / d, 2.0 * io_bytes / d, tag="core"))
 
-    def vector(self, passes: str, nbytes: float, flops: float = 0.0, *, shard: bool = True) -> None:
-        """An element-wise kernel in each pass named in ``passes`` (a subset of ``"fiw"``)."""
+    def vector(self, passes: str, nbytes: float, flops: float = 0.0, *, shard: bool = True, tag: str = "") -> None:
+        """An element-wise kernel in each pass named in ``passes`` (a subset of ``"fiw"``); ``tag``: the
+        :attr:`Op.tag` (:data:`ELEMENTWISE` for a block's per-token element-wise kernels)."""
         d = self._div(shard)
         for name in passes:
-            getattr(self.work, name).ops.append(Op("vector", flops / d, nbytes / d))
+            getattr(self.work, name).ops.append(Op("vector", flops / d, nbytes / d, tag=tag))
 
     def norm(self, dim: int, *, tokens: int | None = None, shard: bool = False) -> None:
         """RMSNorm/LayerNorm: F reads x, writes y; I reads x and dy, writes dx (gamma's grad fused in)."""
         t = self.T if tokens is None else tokens
-        self.vector("f", 2 * BF16 * t * dim, 4.0 * t * dim, shard=shard)
-        self.vector("i", 3 * BF16 * t * dim, 8.0 * t * dim, shard=shard)
+        self.vector("f", 2 * BF16 * t * dim, 4.0 * t * dim, shard=shard, tag=ELEMENTWISE)
+        self.vector("i", 3 * BF16 * t * dim, 8.0 * t * dim, shard=shard, tag=ELEMENTWISE)
         self.params(dim, shard=False)
         self.save(BF16 * t * dim, shard=shard)
         self.weight_grad(BF16 * t * dim, shard=shard)
@@ -308,12 +350,17 @@ class _Builder:
     def residual(self, dim: int, *, tokens: int | None = None) -> None:
         """``x + f(x)`` forward; the two gradient streams are summed in I."""
         t = self.T if tokens is None else tokens
-        self.vector("fi", 3 * BF16 * t * dim, 1.0 * t * dim, shard=False)
+        self.vector("fi", 3 * BF16 * t * dim, 1.0 * t * dim, shard=False, tag=ELEMENTWISE)
 
-    def save(self, nbytes: float, *, for_w: bool = False, loss: bool = False, shard: bool = True) -> None:
-        """Activations held from F until backward; ``for_w``: still needed by W after I; ``loss``:
-        saved above every weight operation (the loss side), freed even by PyTorch's I."""
+    def save(self, nbytes: float, *, for_w: bool = False, loss: bool = False, shard: bool = True,
+             bf16: bool = False, fp8: bool = False) -> None:
+        """Activations held from F until backward; ``for_w``: still needed by W after I (a linear
+        layer's input: in an FP8 region cached in FP8 unless ``bf16``; ``fp8``: cached in FP8 there
+        though not a linear input); ``loss``: saved above every weight operation (the loss side),
+        freed even by PyTorch's I."""
         held = nbytes / self._div(shard)
+        if (for_w or fp8) and self.fp8 and not bf16:
+            held *= FP8 / BF16
         self.work.act_bytes += held
         if for_w:
             self.work.w_act_bytes += held
@@ -374,7 +421,7 @@ def _attention(bld: _Builder, arch: Architecture, spec: LayerSpec, *, batch: int
     gate = q_dim if arch.attn_output_gate else 0
     bld.save(BF16 * T * h, for_w=True, shard=False)  # input of the QKV projection
     bld.linear(h, q_dim + gate + 2 * kv_dim)
-    bld.vector("fi", 2 * BF16 * T * (q_dim + kv_dim), 3.0 * T * (q_dim + kv_dim))  # RoPE on q, k
+    bld.vector("fi", 2 * BF16 * T * (q_dim + kv_dim), 3.0 * T * (q_dim + kv_dim), tag=ELEMENTWISE)  # RoPE on q, k
     bld.save(BF16 * T * (q_dim + 2 * kv_dim))  # q, k, v for the core's backward
     window = spec.window if spec.mixer == "sliding_attention" else None
     _attention_core(bld, batch=batch, s=s, heads=a, kv_heads=g, d_qk=d, d_v=d, window=window,
@@ -502,7 +549,7 @@ def _mlp_body(bld: _Builder, h: int, f: int, gated: bool, *, tokens: int | None 
     t = bld.T if tokens is None else tokens
     width = 2 * f if gated else f
     bld.linear(h, width, tokens=t)
-    bld.vector("fi", BF16 * t * (width + f), 8.0 * t * f)  # SiLU*up / GeLU / ReLU^2
+    bld.vector("fi", BF16 * t * (width + f), 8.0 * t * f, tag=ELEMENTWISE)  # SiLU*up / GeLU / ReLU^2
     bld.save(BF16 * t * width)  # activation input (Megatron's fused SwiGLU keeps only this)
     bld.save(BF16 * t * f, for_w=True)  # fc2 input
     bld.linear(f, h, tokens=t)
@@ -526,8 +573,8 @@ def _moe(bld: _Builder, arch: Architecture) -> None:
             raise ConfigError("must be >= 1 for a layer with an MoE block", source=arch.name, field=key)
     if k > E:
         raise ConfigError(f"{k} exceeds num_experts {E}", source=arch.name, field="num_experts_per_tok")
-    bld.save(BF16 * T * h, for_w=True, shard=False)  # router and shared-expert input
-    bld.linear(h, E, shard=False)
+    bld.save(BF16 * T * h, for_w=True, shard=False, bf16=True)  # router (bf16) and shared-expert input
+    bld.linear(h, E, shard=False, bf16=True)
     bld.vector("fi", FP32 * T * E * 3, 10.0 * T * E, shard=False)  # softmax/sigmoid + top-k in fp32
     bld.save(FP32 * T * E, shard=False)
     routed = T * k
@@ -537,19 +584,22 @@ def _moe(bld: _Builder, arch: Architecture) -> None:
     width = 2 * f if arch.gated_mlp else f
     d = bld.tp
     held = E // bld.ep  # expert parallelism: each rank holds E / ep experts and runs T*k rows through them
+    q = FP8 if bld.fp8 else BF16
     for n_in, n_out in ((h, width), (f, h)):
         flops = 2.0 * routed * n_in * n_out / d
-        nbytes = BF16 * (routed * n_in + held * n_in * n_out + routed * n_out) / d
+        nbytes = (q * (routed * n_in + held * n_in * n_out) + BF16 * routed * n_out) / d
         # grouped GEMM: every expert's rows together fill the GPU; each weight gradient reduces
         # over only its expert's ~T*k/E rows
         a, b = (n_in, n_out / d) if n_out >= n_in else (n_in / d, n_out)
         shapes = ((bld.work.f, routed * b, a), (bld.work.i, routed * a, b), (bld.work.w, held * a * b, routed / E))
         for p, mn, kk in shapes:
-            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=kk))
+            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=kk, fp8=bld.fp8))
+        if bld.fp8:
+            bld.fp8_quantize(routed * n_in / d, routed * n_out / d)
         bld.params(held * n_in * n_out)
         bld.weight_grad(BF16 * routed * n_out)
     bld.vector("fi", BF16 * routed * (width + f), 8.0 * routed * f)
-    bld.save(BF16 * routed * width)
+    bld.save(BF16 * routed * width, fp8=True)  # SwiGLU input: FP8 under fp8_linear (DeepSeek-V3 3.3.3)
     bld.save(BF16 * routed * f, for_w=True)
     bld.vector("fi", 2 * BF16 * routed * h + BF16 * T * h, 2.0 * routed * h)  # weighted un-permute
     bld.save(BF16 * routed * h)  # expert outputs, for the routing weights' gradient
@@ -644,6 +694,7 @@ def _lm_head(bld: _Builder, arch: Architecture, *, shared: bool, tokens: int | N
     """Final norm + ``h x V`` projection + cross-entropy (over ``tokens``, default all)."""
     h, V = arch.hidden_size, arch.vocab_size
     T = bld.T if tokens is None else tokens
+    bld.fp8 = False  # the output head stays bf16 (also after an MTP module's FP8 block)
     bld.norm(h, tokens=T)
     bld.save(BF16 * T * h, for_w=True, shard=False)
     bld.linear(h, V, tokens=T, shared=shared)
@@ -760,6 +811,7 @@ def layer_work(arch: Architecture, index: int, *, seq_len: int = DEFAULT_SEQ_LEN
     T = seq_len * microbatch_size
     work = LayerWork(name=name or _layer_names(arch)[index], kind=spec.label, tp=tp)
     bld = _Builder(work, T, tp, opt, cp=cp, ep=ep, sequence_parallel=sequence_parallel)
+    bld.fp8 = opt.fp8_linear and spec.kind in ("block", "mtp")
     has_vision = any(layer.kind == "vision" for layer in arch.layers)
     vision_tokens = microbatch_size * arch.vision_tokens if has_vision else 0
     if spec.kind == "embedding":

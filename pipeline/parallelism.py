@@ -63,7 +63,15 @@ from pipeline.collectives import (
 from pipeline.costs import CostOptions, LayerWork, PassWork, architecture_work, layer_cost, layer_work
 from pipeline.errors import ConfigError
 from pipeline.hardware import GPUSpec, build_cluster, get_gpu
-from pipeline.job_layers import SELECTIVE_MODULES, expert_rank_imbalance, selective_recompute
+from pipeline.job_layers import (
+    SELECTIVE_MODULES,
+    check_moe_knobs,
+    ep_all_to_all_seconds,
+    expert_rank_imbalance,
+    exposed_all_to_all,
+    fp8_options,
+    selective_recompute,
+)
 from pipeline.megatron import megatron_chunk_counts, megatron_partition
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Plan, interleaved_placement, sequential_placement
@@ -125,6 +133,12 @@ class Parallelism:
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
     """Busiest expert's routed tokens over the mean expert's (``>= 1``); the busiest expert-parallel
     rank's load follows from it (:func:`expert_rank_imbalance`)."""
+    fp8: bool = False
+    """FP8 linear layers and EP dispatch, DeepSeek-V3's recipe (:func:`pipeline.job_layers.fp8_options`)."""
+    ep_overlap: float = 0.0
+    """Share of the EP all-to-all hidden behind compute (:func:`pipeline.job_layers.exposed_all_to_all`)."""
+    moe_max_nodes: int = 0
+    """Node-limited routing: nodes a token's experts span at most; 0: unlimited (DeepSeek-V3: 4)."""
 
     @property
     def gpus(self) -> int:
@@ -172,7 +186,8 @@ class Parallelism:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep,
                 "microbatch_size": self.microbatch_size, "microbatches": self.microbatches,
                 "global_batch": self.batch, "sequence_parallel": self.sequence_parallel and self.tp > 1,
-                "zero_stage": self.zero_stage, "recompute": self.recompute, "ac": self.ac}
+                "zero_stage": self.zero_stage, "recompute": self.recompute, "ac": self.ac, "fp8": self.fp8,
+                "ep_overlap": self.ep_overlap, "moe_max_nodes": self.moe_max_nodes}
 
 
 def _whole(value: Any, name: str) -> int:
@@ -190,6 +205,7 @@ def validate_job(arch: Architecture, par: Parallelism, *, seq_len: int, gpus: in
     if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not imb >= 1.0:
         raise ConfigError(f"must be a number >= 1 (the busiest expert's tokens over the mean; 1: perfectly "
                           f"balanced), got {imb!r}", field="moe_imbalance")
+    check_moe_knobs(fp8=par.fp8, ep_overlap=par.ep_overlap, moe_max_nodes=par.moe_max_nodes)
     if par.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"must be 0, 1, 2 or 3 (or one of {', '.join(ZERO_STAGES)}), got {par.zero_stage!r}",
                           field="zero_stage")
@@ -279,7 +295,7 @@ def _routed_seconds(arch: Architecture, spec_layer: Any, work: LayerWork, par: P
 def _selective(arch: Architecture, layer: LayerSpec, par: Parallelism, *, gpu: GPUSpec,
                tokens: int) -> tuple[float, float]:
     return selective_recompute(arch, layer, tokens=tokens, tp=par.tp, sequence_parallel=par.sequence_parallel,
-                               gpu=gpu)
+                               gpu=gpu, fp8=par.fp8)
 
 
 def selective_savings(arch: Architecture, par: Parallelism, *, gpu: str | GPUSpec, seq_len: int) -> float:
@@ -343,15 +359,19 @@ class _JobContext:
 
     def __init__(self, arch: Architecture, par: Parallelism, spec: GPUSpec, s_local: int,
                  gpus_per_node: int | None, options: CostOptions | None) -> None:
+        options = fp8_options(spec, options) if par.fp8 else options
         self.arch, self.par, self.spec, self.s_local, self.options = arch, par, spec, s_local, options
         self.sp = par.sequence_parallel and par.tp > 1
         self.tp_link = group_link(par.tp, 1, gpu=spec, gpus_per_node=gpus_per_node)
         self.cp_link = group_link(par.cp, par.tp, gpu=spec, gpus_per_node=gpus_per_node)
-        self.ep_link = group_link(par.ep, par.tp * par.cp, gpu=spec, gpus_per_node=gpus_per_node)
         self.tokens = par.microbatch_size * s_local
         self.rank_imb = expert_rank_imbalance(par.moe_imbalance, arch.num_experts, par.ep)
         self.selective = par.selective_recompute and not par.recompute
         self.expert_state = _expert_state_scale(par)
+        self.a2a = ep_all_to_all_seconds(  # per MoE layer and pass: dispatch + combine
+            tokens=par.microbatch_size * s_local / (par.tp if self.sp else 1), hidden=arch.hidden_size,
+            top_k=arch.num_experts_per_tok, ep=par.ep, stride=par.tp * par.cp, gpu=spec, gpus_per_node=gpus_per_node,
+            rank_imbalance=self.rank_imb, max_nodes=par.moe_max_nodes, fp8=par.fp8)
 
     def layer(self, index: int, name: str) -> LayerCost:
         """The :class:`LayerCost` of layer ``index`` under the job's degrees."""
@@ -372,14 +392,14 @@ class _JobContext:
             routed_s = _routed_seconds(arch, spec_layer, work, par, gpu=spec, seq_len=self.s_local,
                                        options=self.options)
             extra_f, extra_i, extra_w = ((self.rank_imb - 1.0) * x for x in routed_s)
-        if par.ep > 1 and moe:
-            ep_bw, ep_lat = self.ep_link
-            routed = 2.0 * tokens * arch.num_experts_per_tok * arch.hidden_size / (par.tp if self.sp else 1)
-            a2a = 2 * (ep_lat + (par.ep - 1) / par.ep * self.rank_imb * routed / ep_bw)  # dispatch + combine
+        a2a = self.a2a if moe else 0.0
         cost = layer_cost(work, spec)
         overlap, link = par.tp_comm_overlap, self.tp_link
-        f = _pass_seconds(work.f, spec, tp_link=link, overlap_tp=overlap, ring_s=ring_f, a2a_s=a2a) + extra_f
-        i = _pass_seconds(work.i, spec, tp_link=link, overlap_tp=overlap, ring_s=ring_i, a2a_s=a2a) + extra_i
+        f = _pass_seconds(work.f, spec, tp_link=link, overlap_tp=overlap, ring_s=ring_f) + extra_f
+        i = _pass_seconds(work.i, spec, tp_link=link, overlap_tp=overlap, ring_s=ring_i) + extra_i
+        hide = 0.0 if par.recompute else par.ep_overlap  # Megatron refuses the overlap with full recompute
+        f += exposed_all_to_all(a2a, f, overlap=hide, gpu=spec)
+        i += exposed_all_to_all(a2a, i, overlap=hide, gpu=spec)
         w = _pass_seconds(work.w, spec, tp_link=link, overlap_tp=overlap) + extra_w
         act = cost.act_bytes
         extra: dict[str, Any] = {**cost.extra, "expert": bool(moe)}

@@ -39,7 +39,8 @@ from pipeline.hardware import GPUSpec, get_gpu
 
 __all__ = ["TitanModel", "TitanJob", "TitanFit", "TITAN_FITS", "TitanStep", "titan_step", "titan_fit_for",
            "AC_MODES", "SAC_RECOMPUTED_MATMULS", "EAGER_VECTOR_BYTES", "ADAMW_BYTES_PER_PARAM", "LOSS_BYTES_PER_LOGIT",
-           "block_seconds", "fsdp_block_seconds", "head_seconds", "memory_parts"]
+           "block_seconds", "fsdp_block_seconds", "head_seconds", "memory_parts", "activation_bytes_per_token",
+           "replay_bytes"]
 
 AC_MODES = ("none", "selective", "full")
 #: AdamW (torch foreach, fp32 shard): weight, gradient and two moments read, weight and moments written.
@@ -302,7 +303,7 @@ def head_seconds(model: TitanModel, job: TitanJob, fit: TitanFit, *, gpu: GPUSpe
     return mm + loss
 
 
-def _activation_bytes_per_token(model: TitanModel, job: TitanJob) -> float:
+def activation_bytes_per_token(model: TitanModel, job: TitanJob) -> float:
     """Bytes one block saves per token of a micro-batch on one rank, by AC mode (bf16)."""
     h, f, kvd, tp = model.hidden, model.ffn_hidden, model.kv_heads * model.head_dim, job.tp
     sp = tp  # sequence parallelism shards the block input and the norms' outputs
@@ -312,6 +313,14 @@ def _activation_bytes_per_token(model: TitanModel, job: TitanJob) -> float:
     if job.ac == "selective":
         return saved_sac
     return saved_sac + 2.0 * (3 * h / sp + kvd / tp + 3 * f / tp + h / tp)
+
+
+def replay_bytes(model: TitanModel, job: TitanJob, microbatch: int) -> float:
+    """Under full AC, one block's forward replayed whole (nothing checkpointed inside) for its backward:
+    its activations, held while that block's backward runs; 0 otherwise."""
+    if job.ac != "full":
+        return 0.0
+    return microbatch * job.seq_len / job.cp * activation_bytes_per_token(model, replace(job, ac="none"))
 
 
 def memory_parts(model: TitanModel, job: TitanJob, microbatch: int, *, inflight_layers: float,
@@ -326,10 +335,8 @@ def memory_parts(model: TitanModel, job: TitanJob, microbatch: int, *, inflight_
     # 2 + 4 bytes per parameter; otherwise two blocks' bf16 weights and fp32 gradients at a time
     buffers = stage_params / job.tp * 6.0 if job.pp > 1 and not job.reshards else 2 * block * 6.0
     parts = {"sharded_state": 16.0 * shard / gib, "fsdp_buffers": buffers / gib,
-             "activations": inflight_layers * T * _activation_bytes_per_token(model, job) / gib}
-    if job.ac == "full":  # one block's forward replayed whole (nothing checkpointed inside) for its backward
-        recompute_job = replace(job, ac="none")
-        parts["activations"] += T * _activation_bytes_per_token(model, recompute_job) / gib
+             "activations": inflight_layers * T * activation_bytes_per_token(model, job) / gib}
+    parts["activations"] += replay_bytes(model, job, microbatch) / gib
     if head_here:
         logits = T * model.vocab / job.tp
         parts["logits"] = logits * (2.0 + 4.0 + 4.0) / gib  # bf16 logits, fp32 upcast, fp32 gradient

@@ -23,6 +23,7 @@ from agents.job_search import (
     JobConfig,
     JobRow,
     JobSearchResult,
+    check_runtime,
     job_setup,
     no_fit_advice,
     parse_reference,
@@ -37,6 +38,7 @@ from pipeline.job_targets import job_ac_mode, megatron_job_args, torchtitan_job_
 from pipeline.parallelism import AC_MODES, DEFAULT_MOE_IMBALANCE, ZERO_STAGES, Parallelism
 from pipeline.plan import Plan
 from pipeline.spec import ModelProfile
+from pipeline.torchtitan_job import DEFAULT_TITAN_FEATURES, TITAN_FEATURES
 
 __all__ = ["add_job_arguments", "config_from_args", "run_job", "write_job_exports", "main"]
 
@@ -68,6 +70,37 @@ def _imbalance(text: str) -> float:
     if not value >= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1 (1: perfectly balanced experts), e.g. 1.25")
     return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a share from 0 to 1, e.g. 1") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a share from 0 to 1 (1: all overlapped)")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0 (0: unlimited)")
+    return value
+
+
+def _titan_features(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if names == ("none",):
+        return ()
+    bad = [n for n in names if n not in TITAN_FEATURES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: give features among {', '.join(TITAN_FEATURES)} separated by "
+                                         "commas, or none")
+    return tuple(n for n in TITAN_FEATURES if n in names)
 
 
 def _positive(text: str) -> int:
@@ -111,10 +144,24 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-imbalance", type=_imbalance, default=DEFAULT_MOE_IMBALANCE,
                        help="MoE load imbalance: the busiest expert's tokens over the mean (default "
                             f"{DEFAULT_MOE_IMBALANCE}, Switch Transformer's capacity factor; 1: balanced)")
+    group.add_argument("--fp8", action="store_true",
+                       help="FP8 linear-layer GEMMs, saved inputs and EP dispatch (DeepSeek-V3's recipe; Hopper and "
+                            "later)")
+    group.add_argument("--ep-overlap", type=_share, default=0.0,
+                       help="share 0-1 of the EP all-to-all overlapped with another micro-batch's compute (DualPipe, "
+                            "Megatron's --overlap-moe-expert-parallel-comm: 1; default 0)")
+    group.add_argument("--moe-max-nodes", type=_count, default=0,
+                       help="node-limited routing: nodes a token's experts may span (DeepSeek-V3: 4; default 0, "
+                            "unlimited)")
+    group.add_argument("--titan-features", type=_titan_features, default=DEFAULT_TITAN_FEATURES,
+                       help="with --runtime torchtitan: torchtitan's training flags, comma-separated among "
+                            f"{', '.join(TITAN_FEATURES)} or none (default {','.join(DEFAULT_TITAN_FEATURES)}: its "
+                            "published 405B runs); the job is FSDP2 over dp*cp (--zero does not apply)")
     group.add_argument("--reference", metavar="CONFIG", default=None,
                        help="a configuration to price beside the search's, e.g. tp8,pp8,dp8,interleaved: degrees "
                             "tpN,ppN,dpN,cpN,epN (dp may be left out), optional mbs=N, ac=MODE, zero=NAME, and "
-                            "1f1b or interleaved[:v] (default Megatron's fastest that fits)")
+                            "1f1b or interleaved[:v] (default the runtime's fastest that fits; without mbs=, "
+                            "Megatron's 1 or torchtitan's pp micro-batches per local batch)")
 
 
 def _architecture(args: argparse.Namespace) -> Architecture:
@@ -147,7 +194,11 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
                     max_cp=args.max_cp, pp_choices=args.pp, tp_choices=args.tp,
                     calls_per_config=args.calls_per_config, tune_top=args.tune_top,
                     seed=getattr(args, "seed", 0) or 0, ac_modes=getattr(args, "ac", AC_MODES),
-                    moe_imbalance=getattr(args, "moe_imbalance", DEFAULT_MOE_IMBALANCE))
+                    moe_imbalance=getattr(args, "moe_imbalance", DEFAULT_MOE_IMBALANCE),
+                    fp8=bool(getattr(args, "fp8", False)), ep_overlap=getattr(args, "ep_overlap", 0.0),
+                    moe_max_nodes=getattr(args, "moe_max_nodes", 0),
+                    titan_features=getattr(args, "titan_features", DEFAULT_TITAN_FEATURES))
+    check_runtime(cfg)
     text = getattr(args, "reference", None)
     if text:
         cfg = replace(cfg, reference=parse_reference(text, cfg))
@@ -202,7 +253,8 @@ def run_job(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stop:
         return interrupted(stop, "nothing written (the job search writes its files when it ends)")
     out = getattr(args, "out", None)
-    m_by_par = {r.par: r for r in found.rows if r.method == "megatron"}
+    m_by_par = {r.par: r for r in found.rows if r.method in ("megatron", "torchtitan")}
+    base = "torchtitan's" if cfg.runtime == "torchtitan" else "Megatron's"
     why = None if found.best is not None else (
         f"no configuration of {cfg.arch.name} on {cfg.gpus} x {cfg.gpu} fits in memory: {no_fit_advice(cfg)}")
     if getattr(args, "json", False):
@@ -218,7 +270,8 @@ def run_job(args: argparse.Namespace) -> int:
     else:
         print(f"{cfg.arch.name}: {cfg.gpus} x {cfg.gpu}, global batch {cfg.global_batch} x {cfg.seq_len} tokens; "
               f"{found.configurations} configurations, {found.pruned_memory} cannot fit, {found.pruned_bound} "
-              f"pruned by the bound; {found.seconds:.0f} s")
+              f"pruned by the bound; {found.seconds:.0f} s; every row priced on the {cfg.runtime} runtime"
+              + (f" (FSDP2, {'+'.join(cfg.titan_features) or 'bf16 eager'})" if cfg.runtime == "torchtitan" else ""))
         shown = [r for r in found.rows if r.method == "adaptis"][:args.top]
         for r in shown:
             print(_fmt(r))
@@ -226,13 +279,13 @@ def run_job(args: argparse.Namespace) -> int:
             if same is not None:
                 print("  same degrees, " + _fmt(same))
         if found.megatron_best is not None:
-            print("Megatron's best even-split configuration:\n  " + _fmt(found.megatron_best))
+            print(f"{base} best even-split configuration:\n  " + _fmt(found.megatron_best))
         if found.reference is not None:
             print(f"the reference configuration ({cfg.reference.describe() if cfg.reference else ''}):\n  "
                   + _fmt(found.reference))
         if found.speedup is not None:
             best = found.best.estimate.par.describe() if found.best.estimate else found.best.par.describe()
-            print(f"best: {best} {found.best.method}, {found.speedup:.2f}x Megatron's best configuration on the "
+            print(f"best: {best} {found.best.method}, {found.speedup:.2f}x {base} best configuration on the "
                   "same GPUs")
         ref_speedup = found.speedup_over(found.reference)
         if ref_speedup is not None:
@@ -278,7 +331,9 @@ def write_job_exports(out: Path, cfg: JobConfig, found: JobSearchResult) -> list
     for row in (best, found.megatron_best):
         if row is None or row.estimate is None:
             continue
-        profile = job_setup(cfg, row.estimate.par)[0]  # the estimate's degrees carry its AC mode; row.par is the key
+        # the estimate's degrees carry its AC mode; row.par is the key. The layers' names and module
+        # map are the architecture's, whichever runtime priced the row
+        profile = job_setup(replace(cfg, runtime="megatron"), row.estimate.par)[0]
         try:
             text, flags_note = _megatron_text(cfg, row.estimate.plan, profile, par=row.estimate.par)
             (out / "megatron_args.txt").write_text(text)
@@ -298,7 +353,8 @@ def write_job_exports(out: Path, cfg: JobConfig, found: JobSearchResult) -> list
         csv = out / ("plan.csv" if row is best else "megatron_plan.csv")
         par = row.estimate.par
         try:
-            text = torchtitan_job_fragment(row.estimate.plan, job_setup(cfg, par)[0], par, csv_path=str(csv),
+            text = torchtitan_job_fragment(row.estimate.plan, job_setup(replace(cfg, runtime="megatron"), par)[0], par,
+                                           csv_path=str(csv),
                                            seq_len=cfg.seq_len, arch=cfg.arch)
         except ConfigError as exc:
             exports.setdefault("torchtitan_note", f"{which}: {exc}")
