@@ -71,8 +71,9 @@ class JobSource:
 SOURCES = {
     "a100": JobSource("megatron-lm-2021-a100", "a100", flash_attention=False, sequence_parallel=False,
                       tp_comm_overlap=False, zero_stage=0, tied_embeddings=True, default_microbatch_size=1,
-                      compute_scale=1.08, step_s=0.1,
-                      fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit)"),
+                      compute_scale=1.10, step_s=0.0,
+                      fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit; refitted with "
+                                "the A100 preset by benchmarks.stage_times --fit, 6 Dec 2026: were 1.08, 0.1 s)"),
     "h100": JobSource("megatron-core-r0.8-h100", "h100", flash_attention=True, sequence_parallel=True,
                       tp_comm_overlap=True, zero_stage=1, tied_embeddings=False, default_microbatch_size=1,
                       compute_scale=1.15, step_s=0.0,

@@ -33,12 +33,19 @@ from typing import Any
 
 from experiments.benchmarks.published_job import gated_mlp
 from pipeline.arch import Architecture, LayerSpec
-from pipeline.costs import layer_cost, layer_work
+from pipeline.costs import CostOptions, layer_cost, layer_work
 from pipeline.hardware import get_gpu, gpu_names
 
-__all__ = ["StageTimes", "stage_times", "analytic_stage_times", "layer_units", "gpu_preset_of"]
+__all__ = ["StageTimes", "stage_times", "analytic_stage_times", "layer_units", "gpu_preset_of", "layer_arch",
+           "ZB_PAPER_OPTIONS"]
 
 KEYS = ("T_F", "T_B", "T_W", "T_comm")
+#: How the Zero Bubble paper's runs computed attention: without FlashAttention, the scores stored. Its
+#: measured memory says so (Tables 4 and 12: a 1F1B stage grows 3.5-3.7 GB per micro-batch in flight,
+#: the activations of three layers with the 5as^2b scores term; 1.44 GB without it), and so do its
+#: profiled T_B (Table 9: 15% above this cost model's with FlashAttention, 4% below without). The
+#: fork's launch script has passed ``--use-flash-attn`` since; the paper's rows predate that.
+ZB_PAPER_OPTIONS = CostOptions(flash_attention=False)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ def layer_units(layers: int, pp: int, *, ends_lighter: bool) -> float:
     return (layers + 2 * ends_lighter) / pp
 
 
-def _layer_arch(model: dict[str, Any]) -> Architecture:
+def layer_arch(model: dict[str, Any]) -> Architecture:
     """One transformer layer of the row's dimensions (the vocabulary does not enter a layer's cost): a
     GPT's two-matrix GELU MLP unless the row names a gated one (SwiGLU / GeGLU), as the whole-job
     rows are read (:func:`experiments.benchmarks.published_job.gated_mlp`)."""
@@ -80,9 +87,10 @@ def _layer_arch(model: dict[str, Any]) -> Architecture:
 
 def _mbs_ratios(model: dict[str, Any], gpu: str, mbs_from: int, mbs_to: int) -> tuple[float, float, float]:
     """(F, B, W) time at ``mbs_to`` over the time at ``mbs_from`` of one layer, by the cost model."""
-    arch = _layer_arch(model)
+    arch = layer_arch(model)
     s = int(model["seq_len"])
-    a, b = (layer_cost(layer_work(arch, 0, seq_len=s, microbatch_size=m), gpu) for m in (mbs_from, mbs_to))
+    a, b = (layer_cost(layer_work(arch, 0, seq_len=s, microbatch_size=m, options=ZB_PAPER_OPTIONS), gpu)
+            for m in (mbs_from, mbs_to))
     return b.f / a.f, b.b / a.b, b.w / a.w
 
 
@@ -141,7 +149,8 @@ def analytic_stage_times(row: dict[str, Any], *, ends_lighter: bool = True) -> S
     if missing or gpu is None:
         return "analytic: " + (f"model.{', model.'.join(missing)} not published" if missing else "no known gpu_type")
     pp, mbs = int(row["parallel"]["pp"]), int(row["batch"]["micro_batch_size"])
-    cost = layer_cost(layer_work(_layer_arch(model), 0, seq_len=int(model["seq_len"]), microbatch_size=mbs), gpu)
+    cost = layer_cost(layer_work(layer_arch(model), 0, seq_len=int(model["seq_len"]), microbatch_size=mbs,
+                                 options=ZB_PAPER_OPTIONS), gpu)
     units = layer_units(int(model["layers"]), pp, ends_lighter=ends_lighter)
     spec = get_gpu(gpu)
     nbytes = 2.0 * mbs * int(model["seq_len"]) * int(model["hidden"])
