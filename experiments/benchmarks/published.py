@@ -64,10 +64,18 @@ from typing import Any
 from tqdm import tqdm
 
 from experiments.benchmarks.published_job import fit_job_source, infer_job_degrees, is_tflops_unit, predict_job_row
+from experiments.benchmarks.published_rows import (
+    SAMPLES_PER_GPU,
+    UNITS,
+    V_SCHEDULES,
+    row_group,
+    row_problem,
+    schedule_kind,
+)
 from experiments.benchmarks.published_stages import StageTimes, analytic_stage_times, gpu_preset_of, stage_times
 from experiments.benchmarks.published_titan import is_titan_row, predict_torchtitan_row
 from pipeline.engine import list_schedule
-from pipeline.hardware import get_gpu, gpu_names
+from pipeline.hardware import get_gpu
 from pipeline.list_scheduler import ListSchedulerConfig, budget_caps
 from pipeline.orders import interleaved_order, one_f_one_b_order
 from pipeline.plan import Plan, even_partition, interleaved_placement, sequential_placement
@@ -79,10 +87,6 @@ from pipeline.zb_greedy import fork_memory, zb_greedy_best
 
 __all__ = ["main", "predict_rows", "predict_row", "row_problem", "Prediction", "summarize", "UNITS"]
 
-SAMPLES_PER_GPU = "samples/s/GPU"
-TOKENS_PER_GPU = "tokens/s/GPU"
-#: Throughput units a row may carry (any unit naming TFLOP/s per GPU counts as the last one).
-UNITS = (SAMPLES_PER_GPU, TOKENS_PER_GPU, "TFLOP/s per GPU")
 TIE = 0.01
 #: The runtimes a pipeline row runs on (``--runtime`` replaces them all).
 PIPELINE_RUNTIMES = ("megatron", "zb", "zb-sync")
@@ -118,86 +122,6 @@ class Prediction:
         if self.memory_measured_gb is not None:
             out.update(memory_measured_gb=self.memory_measured_gb, memory_predicted_gb=self.memory_predicted_gb)
         return out
-
-
-def _schedule_kind(name: str) -> tuple[str, str] | None:
-    """(our schedule, runtime name) for a published schedule name, or None."""
-    if name == "1F1B":
-        return "1f1b", "megatron"
-    if name == "1F1B-I":
-        return "interleaved", "megatron"
-    if name == "ZB-1p":
-        return "zb-1p", "zb"
-    if name == "ZB-2p":
-        return "zb-2p", "zb"
-    if name == "ZB-V":
-        return "zbv", "zb"
-    if name.startswith("ZB-2p") and "synchronization before optimizer" in name:
-        return "zb-2p", "zb-sync"
-    return _OTHER_SCHEDULES.get(name.lower().replace("_", "-").replace(" ", "-"))
-
-
-#: The other schedules we ship, by their published names, with the runtime that ships them: the
-#: Zero Bubble fork runs ZB-H1/H2 and its V family (V-Half, V-Min and V-ZB of "Pipeline Parallelism
-#: with Controllable Memory", arXiv 2405.15362, in the same repository); torch.distributed.pipelining
-#: runs GPipe and DualPipeV (``ScheduleGPipe``, ``ScheduleDualPipeV``).
-_OTHER_SCHEDULES: dict[str, tuple[str, str]] = {
-    "zb-h1": ("zb-h1", "zb"), "zb-h2": ("zb-h2", "zb"), "v-half": ("v-half", "zb"), "v-min": ("v-min", "zb"),
-    "v-zb": ("zbv", "zb"), "gpipe": ("gpipe", "pytorch"), "dualpipev": ("dualpipev", "pytorch"),
-    "dualpipe-v": ("dualpipev", "pytorch"), "interleaved-1f1b": ("interleaved", "megatron"),
-    "interleaved": ("interleaved", "megatron"),
-}
-#: Our schedules that run two chunks per device in a V (the stage times split in two).
-_V_SCHEDULES = ("zbv", "v-half", "v-min", "dualpipev")
-
-
-def row_problem(row: dict[str, Any]) -> str | None:
-    """Why a row cannot be read as it stands (one line naming the field and the fix), or None."""
-    for key in ("model", "parallel", "batch", "measured"):
-        if not isinstance(row.get(key), dict):
-            return f"row field {key!r} is missing or not an object (see shared/data/published/README.md)"
-    model = row["model"]
-    for key in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len"):
-        value = model.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            return f"row field 'model.{key}' must be a whole number >= 1 or null, got {value!r}"
-    if not row.get("profiled_inputs"):
-        for key in ("hidden", "heads"):
-            if model.get(key) is None:
-                return (f"row field 'model.{key}' is missing: the analytic model needs it; state it, or give the "
-                        "profiled stage times ('profiled_inputs')")
-    par = row["parallel"]
-    for key in ("tp", "pp", "dp", "cp", "ep"):
-        value = par.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            return f"row field 'parallel.{key}' must be a whole number >= 1 or null, got {value!r}"
-    degrees = [par.get(k) for k in ("tp", "pp", "dp")]
-    gpus = row.get("gpus")
-    if gpus is not None and all(isinstance(d, int) for d in degrees):
-        product = math.prod(degrees) * int(par.get("cp") or 1)
-        if product != gpus:
-            return (f"row field 'parallel': tp*pp*dp*cp = {product} but 'gpus' = {gpus}; make the degrees "
-                    "multiply to the GPUs")
-    if row.get("gpu_type") and gpu_preset_of(row) is None:
-        return (f"row field 'gpu_type': unknown GPU {row['gpu_type']!r}; name one of {', '.join(gpu_names())} "
-                "in it")
-    unit = row["measured"].get("throughput_unit")
-    if row["measured"].get("throughput") is not None and unit not in UNITS[:2] and not is_tflops_unit(unit):
-        return f"row field 'measured.throughput_unit': unknown unit {unit!r}; use one of {', '.join(UNITS)}"
-    return None
-
-
-def _group(row: dict[str, Any]) -> str:
-    """Rows comparable to each other: the same model, pipeline and global batch (any schedule or
-    micro-batch size); whole-job rows: the same model on the same GPUs (the choices a planner ranks
-    for one job)."""
-    batch, par = row.get("batch") or {}, row.get("parallel") or {}
-    if is_tflops_unit((row.get("measured") or {}).get("throughput_unit")) or row.get("gpus") != par.get("pp"):
-        return f"{(row.get('model') or {}).get('name')} on {row.get('gpus')} {row.get('gpu_type')}"
-    B = batch.get("global_batch")
-    if B is None and batch.get("micro_batch_size") and batch.get("num_microbatches"):
-        B = int(batch["micro_batch_size"]) * int(batch["num_microbatches"]) * int(par.get("dp") or 1)
-    return f"{(row.get('model') or {}).get('name')} p={par.get('pp')} B={B}"
 
 
 def _zb_order(costs: Any, placement: tuple[int, ...], devices: int, microbatches: int, *, budget: float,
@@ -255,7 +179,7 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
     """The row's pipeline: one profile stage per chunk, each a share of the stage's times."""
     P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
     layers = int(row["model"]["layers"])
-    v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule in _V_SCHEDULES else 1)
+    v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule in V_SCHEDULES else 1)
     S = P * v
     cluster = _row_cluster(row, times, P, nic_efficiency)
     out_bytes = int(cluster.extra.get("out_bytes", 1))
@@ -264,7 +188,7 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
     profile = ModelProfile(str(row.get("id")), stage, time_unit="ms")
     training = TrainingConfig(runtime=runtime)
     partition = even_partition(S, S)
-    if schedule in _V_SCHEDULES or schedule in ("zb-h1", "zb-h2", "gpipe"):
+    if schedule in V_SCHEDULES or schedule in ("zb-h1", "zb-h2", "gpipe"):
         return build_plan(schedule, profile, cluster, microbatches=M, partition=partition,
                           training=training), profile, cluster, training
     placement = sequential_placement(P) if v == 1 else interleaved_placement(P, v)
@@ -299,7 +223,7 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     of stage times, the flags of whole-job rows)."""
     meas = row.get("measured") if isinstance(row.get("measured"), dict) else {}
     unit = meas.get("throughput_unit") or "?"
-    out = Prediction(str(row.get("id")), _group(row), str(row.get("schedule") or "-"), unit,
+    out = Prediction(str(row.get("id")), row_group(row), str(row.get("schedule") or "-"), unit,
                      meas.get("throughput"), None)
     problem = row_problem(row)
     if problem is not None:
@@ -324,7 +248,7 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     if any(par.get(k, 1) not in (1, None) for k in ("tp", "dp", "cp")):
         return replace(out, reason="a samples/s/GPU row with tp, dp or cp > 1: give its throughput in "
                        "TFLOP/s per GPU (the whole-job model) or its degrees as a pure pipeline")
-    kind = _schedule_kind(str(row.get("schedule")))
+    kind = schedule_kind(str(row.get("schedule")))
     if kind is None:
         return replace(out, reason=f"unknown schedule {row.get('schedule')!r}; known: 1F1B, 1F1B-I, ZB-1p, "
                        "ZB-2p, ZB-V, ZB-H1, ZB-H2, V-Half, V-Min, V-ZB, GPipe, DualPipeV")
@@ -345,7 +269,7 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         times = analytic
     schedule, runtime_name = kind
     runtime = (overrides or {}).get(runtime_name, RUNTIMES[runtime_name])
-    if schedule in _V_SCHEDULES and int(row["model"]["layers"]) + 2 < 2 * int(par["pp"]):
+    if schedule in V_SCHEDULES and int(row["model"]["layers"]) + 2 < 2 * int(par["pp"]):
         return replace(out, reason=f"{row.get('schedule')} needs two chunks per device: at least 2 x pp - 2 layers")
     predicted, error = _simulated(schedule, times, row, runtime, nic_efficiency)
     if predicted is None:

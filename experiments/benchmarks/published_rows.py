@@ -1,0 +1,104 @@
+"""Reading a published row: its throughput units, its schedule's name, what is wrong with it, its group.
+
+:func:`row_problem` says in one line which field of a row is missing or contradictory (the
+benchmark prints it instead of a prediction); :func:`schedule_kind` maps a published schedule name
+to ours and the runtime that ships it; :func:`row_group` names the rows a planner would rank
+against each other.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from experiments.benchmarks.published_job import is_tflops_unit
+from experiments.benchmarks.published_stages import gpu_preset_of
+from pipeline.hardware import gpu_names
+
+__all__ = ["SAMPLES_PER_GPU", "TOKENS_PER_GPU", "UNITS", "OTHER_SCHEDULES", "V_SCHEDULES", "schedule_kind",
+           "row_problem", "row_group"]
+
+SAMPLES_PER_GPU = "samples/s/GPU"
+TOKENS_PER_GPU = "tokens/s/GPU"
+#: Throughput units a row may carry (any unit naming TFLOP/s per GPU counts as the last one).
+UNITS = (SAMPLES_PER_GPU, TOKENS_PER_GPU, "TFLOP/s per GPU")
+
+
+def schedule_kind(name: str) -> tuple[str, str] | None:
+    """(our schedule, runtime name) for a published schedule name, or None."""
+    if name == "1F1B":
+        return "1f1b", "megatron"
+    if name == "1F1B-I":
+        return "interleaved", "megatron"
+    if name == "ZB-1p":
+        return "zb-1p", "zb"
+    if name == "ZB-2p":
+        return "zb-2p", "zb"
+    if name == "ZB-V":
+        return "zbv", "zb"
+    if name.startswith("ZB-2p") and "synchronization before optimizer" in name:
+        return "zb-2p", "zb-sync"
+    return OTHER_SCHEDULES.get(name.lower().replace("_", "-").replace(" ", "-"))
+
+
+#: The other schedules we ship, by their published names, with the runtime that ships them: the
+#: Zero Bubble fork runs ZB-H1/H2 and its V family (V-Half, V-Min and V-ZB of "Pipeline Parallelism
+#: with Controllable Memory", arXiv 2405.15362, in the same repository); torch.distributed.pipelining
+#: runs GPipe and DualPipeV (``ScheduleGPipe``, ``ScheduleDualPipeV``).
+OTHER_SCHEDULES: dict[str, tuple[str, str]] = {
+    "zb-h1": ("zb-h1", "zb"), "zb-h2": ("zb-h2", "zb"), "v-half": ("v-half", "zb"), "v-min": ("v-min", "zb"),
+    "v-zb": ("zbv", "zb"), "gpipe": ("gpipe", "pytorch"), "dualpipev": ("dualpipev", "pytorch"),
+    "dualpipe-v": ("dualpipev", "pytorch"), "interleaved-1f1b": ("interleaved", "megatron"),
+    "interleaved": ("interleaved", "megatron"),
+}
+#: Our schedules that run two chunks per device in a V (the stage times split in two).
+V_SCHEDULES = ("zbv", "v-half", "v-min", "dualpipev")
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why a row cannot be read as it stands (one line naming the field and the fix), or None."""
+    for key in ("model", "parallel", "batch", "measured"):
+        if not isinstance(row.get(key), dict):
+            return f"row field {key!r} is missing or not an object (see shared/data/published/README.md)"
+    model = row["model"]
+    for key in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len"):
+        value = model.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"row field 'model.{key}' must be a whole number >= 1 or null, got {value!r}"
+    if not row.get("profiled_inputs"):
+        for key in ("hidden", "heads"):
+            if model.get(key) is None:
+                return (f"row field 'model.{key}' is missing: the analytic model needs it; state it, or give the "
+                        "profiled stage times ('profiled_inputs')")
+    par = row["parallel"]
+    for key in ("tp", "pp", "dp", "cp", "ep"):
+        value = par.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"row field 'parallel.{key}' must be a whole number >= 1 or null, got {value!r}"
+    degrees = [par.get(k) for k in ("tp", "pp", "dp")]
+    gpus = row.get("gpus")
+    if gpus is not None and all(isinstance(d, int) for d in degrees):
+        product = math.prod(degrees) * int(par.get("cp") or 1)
+        if product != gpus:
+            return (f"row field 'parallel': tp*pp*dp*cp = {product} but 'gpus' = {gpus}; make the degrees "
+                    "multiply to the GPUs")
+    if row.get("gpu_type") and gpu_preset_of(row) is None:
+        return (f"row field 'gpu_type': unknown GPU {row['gpu_type']!r}; name one of {', '.join(gpu_names())} "
+                "in it")
+    unit = row["measured"].get("throughput_unit")
+    if row["measured"].get("throughput") is not None and unit not in UNITS[:2] and not is_tflops_unit(unit):
+        return f"row field 'measured.throughput_unit': unknown unit {unit!r}; use one of {', '.join(UNITS)}"
+    return None
+
+
+def row_group(row: dict[str, Any]) -> str:
+    """Rows comparable to each other: the same model, pipeline and global batch (any schedule or
+    micro-batch size); whole-job rows: the same model on the same GPUs (the choices a planner ranks
+    for one job)."""
+    batch, par = row.get("batch") or {}, row.get("parallel") or {}
+    if is_tflops_unit((row.get("measured") or {}).get("throughput_unit")) or row.get("gpus") != par.get("pp"):
+        return f"{(row.get('model') or {}).get('name')} on {row.get('gpus')} {row.get('gpu_type')}"
+    B = batch.get("global_batch")
+    if B is None and batch.get("micro_batch_size") and batch.get("num_microbatches"):
+        B = int(batch["micro_batch_size"]) * int(batch["num_microbatches"]) * int(par.get("dp") or 1)
+    return f"{(row.get('model') or {}).get('name')} p={par.get('pp')} B={B}"
