@@ -8,8 +8,13 @@ devices and micro-batches; stage ``s`` of chunk ``c`` sits where the named place
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
+
+from pipeline.engine import OP_CODES, actions_from_arrays
 from pipeline.errors import PlanError
-from pipeline.plan import Action
+from pipeline.plan import Action, Schedule
 
 __all__ = ["gpipe_order", "one_f_one_b_order", "interleaved_order", "looped_bfs_order", "zbv_order"]
 
@@ -20,18 +25,42 @@ def gpipe_order(devices: int, microbatches: int) -> tuple[tuple[Action, ...], ..
                        [Action(d, "B", m) for m in range(microbatches)]) for d in range(devices))
 
 
-def one_f_one_b_order(devices: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
-    """1F1B: device ``d`` runs ``p - d - 1`` warm-up forwards, then alternates F and B."""
-    out = []
-    for d in range(devices):
-        warm = min(devices - d - 1, microbatches)
-        acts = [Action(d, "F", m) for m in range(warm)]
-        for k in range(microbatches - warm):
-            acts.append(Action(d, "F", warm + k))
-            acts.append(Action(d, "B", k))
-        acts.extend(Action(d, "B", m) for m in range(microbatches - warm, microbatches))
-        out.append(tuple(acts))
-    return tuple(out)
+@lru_cache(maxsize=8)
+def one_f_one_b_order(devices: int, microbatches: int) -> Schedule:
+    """1F1B: device ``d`` runs ``p - d - 1`` warm-up forwards, then alternates F and B (one object per
+    size, kept for the next caller: a schedule is immutable)."""
+    return _schedule([_warm_then_steady(devices, 1, 1, min(devices - d - 1, microbatches), microbatches, d)
+                      for d in range(devices)])
+
+
+def _warm_then_steady(devices: int, chunks: int, group: int, warm: int, total: int, d: int) -> np.ndarray:
+    """Device ``d``'s ``(stage, op code, micro-batch)`` rows of a one-forward-one-backward order over
+    ``total`` forward slots: ``warm`` forwards, then F and B alternating, then the last backwards.
+    Slot ``k`` runs chunk ``(k // group) % chunks`` (backwards: in reverse) of micro-batch
+    ``(k // (group * chunks)) * group + k % group``, Megatron-LM's interleaving (1F1B: one chunk)."""
+    steady = total - warm
+    k = np.empty(2 * total, dtype=np.int64)
+    backward = np.zeros(2 * total, dtype=bool)
+    k[:warm] = np.arange(warm)
+    k[warm:warm + 2 * steady:2] = np.arange(warm, total)
+    k[warm + 1:warm + 2 * steady:2] = np.arange(steady)
+    backward[warm + 1:warm + 2 * steady:2] = True
+    k[warm + 2 * steady:] = np.arange(steady, total)
+    backward[warm + 2 * steady:] = True
+    chunk = (k // group) % chunks
+    rows = np.empty((2 * total, 3), dtype=np.int32)
+    rows[:, 0] = np.where(backward, chunks - 1 - chunk, chunk) * devices + d
+    rows[:, 1] = np.where(backward, OP_CODES["B"], OP_CODES["F"])
+    rows[:, 2] = (k // (group * chunks)) * group + k % group
+    return rows
+
+
+def _schedule(per_device: list[np.ndarray]) -> Schedule:
+    """The per-device actions of the rows, carrying the engine's flat arrays (built once, not per simulation)."""
+    offsets = [0]
+    for rows in per_device:
+        offsets.append(offsets[-1] + len(rows))
+    return actions_from_arrays(np.concatenate(per_device), offsets)
 
 
 def _interleaved_group(devices: int, microbatches: int) -> int:
@@ -43,7 +72,8 @@ def _interleaved_group(devices: int, microbatches: int) -> int:
     return next((g for g in range(devices, microbatches + 1) if microbatches % g == 0), microbatches)
 
 
-def interleaved_order(devices: int, chunks: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
+@lru_cache(maxsize=8)
+def interleaved_order(devices: int, chunks: int, microbatches: int) -> Schedule:
     """Megatron-LM's interleaved 1F1B; stage ``c * p + d`` (chunk ``c``) sits on device ``d``.
 
     Micro-batches go in groups of ``g`` (= p when p divides m): a device runs ``g`` of them
@@ -53,25 +83,8 @@ def interleaved_order(devices: int, chunks: int, microbatches: int) -> tuple[tup
         return one_f_one_b_order(devices, microbatches)
     g = _interleaved_group(devices, microbatches)
     total = microbatches * chunks
-
-    def fwd(d: int, k: int) -> Action:
-        c = (k // g) % chunks
-        return Action(c * devices + d, "F", (k // (g * chunks)) * g + k % g)
-
-    def bwd(d: int, k: int) -> Action:
-        c = chunks - 1 - (k // g) % chunks
-        return Action(c * devices + d, "B", (k // (g * chunks)) * g + k % g)
-
-    out = []
-    for d in range(devices):
-        warm = min(2 * (devices - d - 1) + (chunks - 1) * g, total)
-        acts = [fwd(d, k) for k in range(warm)]
-        for k in range(total - warm):
-            acts.append(fwd(d, warm + k))
-            acts.append(bwd(d, k))
-        acts.extend(bwd(d, k) for k in range(total - warm, total))
-        out.append(tuple(acts))
-    return tuple(out)
+    return _schedule([_warm_then_steady(devices, chunks, g, min(2 * (devices - d - 1) + (chunks - 1) * g, total),
+                                        total, d) for d in range(devices)])
 
 
 def looped_bfs_order(devices: int, chunks: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:

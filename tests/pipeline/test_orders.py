@@ -140,3 +140,50 @@ def test_zbv_is_a_v_shaped_zero_bubble_order(p: int, m: int) -> None:
 def test_zbv_needs_2p_minus_1_microbatches(p: int, m: int) -> None:
     with pytest.raises(PlanError, match=f"at least {2 * p - 1} micro-batches"):
         zbv_order(p, m)
+
+
+def _interleaved_by_the_definition(devices: int, chunks: int, microbatches: int) -> tuple:
+    """Megatron-LM's interleaved 1F1B written action by action (the readable reference of the
+    vectorised :func:`pipeline.orders.interleaved_order`; chunks = 1 is not 1F1B's warm-up)."""
+    from pipeline.orders import _interleaved_group
+    from pipeline.plan import Action
+
+    g, total = _interleaved_group(devices, microbatches), microbatches * chunks
+
+    def act(d: int, k: int, op: str) -> Action:
+        c = (k // g) % chunks
+        return Action((chunks - 1 - c if op == "B" else c) * devices + d, op, (k // (g * chunks)) * g + k % g)
+
+    out = []
+    for d in range(devices):
+        warm = min(2 * (devices - d - 1) + (chunks - 1) * g, total)
+        acts = [act(d, k, "F") for k in range(warm)]
+        for k in range(total - warm):
+            acts += [act(d, warm + k, "F"), act(d, k, "B")]
+        out.append(tuple(acts + [act(d, k, "B") for k in range(total - warm, total)]))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3, 4, 7, 8])
+def test_the_vectorised_orders_are_the_definition_and_carry_the_engines_arrays(devices: int) -> None:
+    import numpy as np
+
+    from pipeline.engine import schedule_arrays
+    from pipeline.orders import interleaved_order, one_f_one_b_order
+    from pipeline.plan import Action
+
+    for m in (1, 2, devices, 2 * devices + 1, 24):
+        ofob = one_f_one_b_order(devices, m)
+        plain = []
+        for d in range(devices):
+            warm = min(devices - d - 1, m)
+            acts = [Action(d, "F", k) for k in range(warm)]
+            for k in range(m - warm):
+                acts += [Action(d, "F", warm + k), Action(d, "B", k)]
+            plain.append(tuple(acts + [Action(d, "B", k) for k in range(m - warm, m)]))
+        assert ofob == tuple(plain)
+        for chunks in (2, 3, 4):
+            order = interleaved_order(devices, chunks, m)
+            assert order == _interleaved_by_the_definition(devices, chunks, m)
+            rows, offsets = schedule_arrays(tuple(order))  # the arrays a plain tuple would give
+            assert np.array_equal(order.arrays[0], rows) and list(order.arrays[1]) == offsets
