@@ -23,5 +23,6 @@ def listwise_targets(times: np.ndarray, temperature: float) -> np.ndarray:
     finite = np.isfinite(t)
     best = np.min(np.where(finite, t, np.inf), axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(finite, np.exp(np.log(best / np.where(finite, t, 1.0)) / temperature), 0.0)
+        q = np.where(finite, np.log(best / np.where(finite, t, 1.0)) / temperature, -np.inf)
+        w = np.exp(q)
         return w / w.sum(axis=-1, keepdims=True)
