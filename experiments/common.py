@@ -41,6 +41,7 @@ __all__ = [
     "non_negative_int",
     "seed_int",
     "non_negative_float",
+    "share",
     "print_table",
     "print_json_lines",
     "digest",
@@ -100,6 +101,14 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def share(text: str) -> float:
+    """A share: a number from 0 to 1."""
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 to 1, got {text!r}")
     return value
 
 

@@ -30,7 +30,7 @@ from agents.job_search import (
     plan_summary,
     search_job,
 )
-from experiments.common import interrupted
+from experiments.common import interrupted, non_negative_int, share
 from pipeline.arch import Architecture
 from pipeline.errors import AdaptisError, ConfigError
 from pipeline.hardware import get_gpu
@@ -69,26 +69,6 @@ def _imbalance(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give e.g. 1.25") from None
     if not value >= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1 (1: perfectly balanced experts), e.g. 1.25")
-    return value
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a share from 0 to 1, e.g. 1") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a share from 0 to 1 (1: all overlapped)")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0 (0: unlimited)")
     return value
 
 
@@ -147,10 +127,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fp8", action="store_true",
                        help="FP8 linear-layer GEMMs, saved inputs and EP dispatch (DeepSeek-V3's recipe; Hopper and "
                             "later)")
-    group.add_argument("--ep-overlap", type=_share, default=0.0,
+    group.add_argument("--ep-overlap", type=share, default=0.0,
                        help="share 0-1 of the EP all-to-all overlapped with another micro-batch's compute (DualPipe, "
                             "Megatron's --overlap-moe-expert-parallel-comm: 1; default 0)")
-    group.add_argument("--moe-max-nodes", type=_count, default=0,
+    group.add_argument("--moe-max-nodes", type=non_negative_int, default=0,
                        help="node-limited routing: nodes a token's experts may span (DeepSeek-V3: 4; default 0, "
                             "unlimited)")
     group.add_argument("--titan-features", type=_titan_features, default=DEFAULT_TITAN_FEATURES,

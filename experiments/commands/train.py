@@ -37,6 +37,7 @@ from experiments.common import (
     positive_float,
     positive_int,
     seed_int,
+    share,
 )
 from experiments.dataclass_args import add_dataclass_arguments, dataclass_from_args, int_list
 from pipeline.errors import ConfigError
@@ -74,18 +75,10 @@ def _widths(text: str) -> list[int]:
     return [_width(str(w)) for w in int_list(text)]
 
 
-def _share(text: str) -> float:
-    """A share: from 0 to 1."""
-    value = non_negative_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be a share from 0 to 1, got {text!r}")
-    return value
-
-
 #: Fields whose values are not "a whole number >= 1" / "a positive number" (the types' checks).
 PARSERS = {"seed": _train_seed, "eval_every": non_negative_int, "imitation_states": non_negative_int,
            "ranker_scenarios": non_negative_int, "learning_rate": _at_most_one, "gamma": _at_most_one,
-           "single_start_share": _share, "ent_coef": non_negative_float, "hidden": _width, "net_arch": _widths}
+           "single_start_share": share, "ent_coef": non_negative_float, "hidden": _width, "net_arch": _widths}
 #: ``progress_bar`` is on by default: its switch is ``--no-progress``.
 RENAME = {"progress_bar": "progress", "n_envs": "envs"}
 #: ``--envs`` was ``--n-envs`` until 6 Dec 2026: the old spelling still parses.
