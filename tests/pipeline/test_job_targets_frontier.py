@@ -237,7 +237,7 @@ def _megatron_args(text: str) -> dict[str, list[str]]:
 
 
 #: Megatron-LM flag -> megatron-core config field, where the names differ.
-_FIELDS = {"--num-experts": "num_moe_experts", "--swiglu": "gated_linear_unit",
+_FIELDS = {"--num-experts": "num_moe_experts", "--swiglu": "gated_linear_unit", "--fp8-format": "fp8",
            "--disable-bias-linear": "add_bias_linear", "--pipeline-model-parallel-size": "pipeline_model_parallel_size"}
 #: Flags that Megatron-LM's training script reads, not the model config.
 _SCRIPT = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--vocab-size", "--max-position-embeddings",
@@ -297,6 +297,37 @@ def test_megatron_core_takes_the_frontier_args(model: str) -> None:
         assert config.num_moe_experts == arch.num_experts and config.moe_router_topk == arch.num_experts_per_tok
         assert len(config.moe_layer_freq) == arch.num_blocks
         assert sum(config.moe_layer_freq) == sum(1 for x in arch.layers if x.kind == "block" and x.ffn == "moe")
+
+
+def test_deepseeks_knobs_are_exported_and_megatron_core_takes_them() -> None:
+    """--fp8, --ep-overlap and --moe-max-nodes (the job model's DeepSeek-V3 recipe) become Megatron-LM's
+    FP8 (E4M3, blockwise scales), MoE all-to-all overlap and group-limited routing flags. megatron-core's
+    MLATransformerConfig takes the overlap and routing flags with the rest of the launch line; its FP8
+    check asks the installed Transformer Engine's version, which this CPU build lacks, so the two FP8
+    flags are checked by name and value only."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    arch = load_zoo_architecture("deepseek-v3")
+    par = Parallelism(tp=4, pp=16, dp=32, ep=32, global_batch=2048, selective_recompute=True, fp8=True,
+                      ep_overlap=1.0, moe_max_nodes=4)
+    profile = job_profile(arch, par, gpu="h800", seq_len=4096)
+    plan = megatron_job_plan(profile, job_cluster(par, gpu="h800"), par, chunks=[2])
+    args = _megatron_args(megatron_job_args(plan, profile, par, seq_len=4096, arch=arch))
+    assert args["--fp8-format"] == ["e4m3"] and args["--fp8-recipe"] == ["blockwise"]
+    assert args["--moe-router-num-groups"] == ["4"] and args["--moe-router-group-topk"] == ["4"]
+    assert "--overlap-moe-expert-parallel-comm" in args
+    no_fp8 = {k: v for k, v in args.items() if k not in ("--fp8-format", "--fp8-recipe")}
+    config = MLATransformerConfig(**_config_kwargs(no_fp8))
+    assert config.moe_router_num_groups == 4 and config.moe_router_group_topk == 4
+    assert config.overlap_moe_expert_parallel_comm
+    full = dataclasses.replace(par, selective_recompute=False, recompute=True)
+    plan = megatron_job_plan(job_profile(arch, full, gpu="h800", seq_len=4096), job_cluster(full, gpu="h800"), full,
+                             chunks=[1])
+    text = megatron_job_args(plan, profile, full, seq_len=4096, arch=arch)
+    assert "--overlap-moe-expert-parallel-comm" not in text  # Megatron refuses it with full recomputation
+    plain = megatron_job_plan(profile, job_cluster(par, gpu="h800"), par, chunks=[1])
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_job_args(plain, profile, par, seq_len=4096, arch=arch)
 
 
 def test_megatron_core_refuses_a_layout_that_does_not_match() -> None:
