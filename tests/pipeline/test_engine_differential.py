@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -116,17 +117,25 @@ def _order_plan(order: tuple[tuple[Action, ...], ...], costs: StageCosts, placem
     return Plan(devices, M, partition_from_sizes([1] * S), placement, order), profile
 
 
+def _orders_agree(devices: int, chunks: int, M: int, kind: str, make_costs: Callable[..., StageCosts], *,
+                  fused: bool, seed: int) -> tuple:
+    """(placement, costs, config, order) of a random case whose list-scheduled order the compiled
+    engine and the Python reference agree on (asserted)."""
+    rng = random.Random(seed)
+    placement = placement_of(kind, devices, chunks, rng)
+    costs = make_costs(len(placement), devices, rng, fused=fused)
+    config = random_config(devices, costs, placement, rng)
+    reference, native = both_orders(costs, placement, devices, M, config)
+    assert reference == native
+    return placement, costs, config, native
+
+
 @examples("schedule")
 @given(devices=st.integers(1, 5), chunks=st.integers(1, 3), M=st.integers(1, 10), kind=PLACEMENTS,
        fused=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_list_schedule_and_simulation_agree(devices: int, chunks: int, M: int, kind: str, fused: bool,
                                             seed: int) -> None:
-    rng = random.Random(seed)
-    placement = placement_of(kind, devices, chunks, rng)
-    costs = random_costs(len(placement), devices, rng, fused=fused)
-    config = random_config(devices, costs, placement, rng)
-    reference, native = both_orders(costs, placement, devices, M, config)
-    assert reference == native
+    placement, costs, config, native = _orders_agree(devices, chunks, M, kind, random_costs, fused=fused, seed=seed)
     if isinstance(native, tuple) and native and native[0] == "error":
         return
     plan, profile = _order_plan(native, costs, placement, devices, M)  # type: ignore[arg-type]
@@ -161,12 +170,7 @@ def grid_costs(S: int, devices: int, rng: random.Random, *, fused: bool) -> Stag
 def test_tied_starts_and_zero_time_actions_agree(devices: int, chunks: int, M: int, kind: str, fused: bool,
                                                  seed: int) -> None:
     """The compiled scheduler's tournament tree breaks ties between devices as the reference's heap."""
-    rng = random.Random(seed)
-    placement = placement_of(kind, devices, chunks, rng)
-    costs = grid_costs(len(placement), devices, rng, fused=fused)
-    config = random_config(devices, costs, placement, rng)
-    reference, native = both_orders(costs, placement, devices, M, config)
-    assert reference == native
+    _orders_agree(devices, chunks, M, kind, grid_costs, fused=fused, seed=seed)
 
 
 @examples("ties")
