@@ -56,7 +56,7 @@ from env.pipeline_env import PipelineEnv
 from pipeline.candidates import Candidate
 from pipeline.evaluator import Evaluator, results_across
 
-__all__ = ["PipelineVectorEnv"]
+__all__ = ["PipelineVectorEnv", "check_room", "BYTES_PER_ENV"]
 
 #: The observation's entries in the order of ``PipelineEnv.observation_parts``.
 _PARTS = ("stages", "devices", "plan")
@@ -77,7 +77,9 @@ def _available_bytes() -> int | None:
     return None
 
 
-def _check_room(num_envs: int) -> None:
+def check_room(num_envs: int) -> None:
+    """Refuse ``num_envs`` environments the machine's available memory cannot hold (a ValueError
+    naming the largest number that fits); nothing where the memory is unknown."""
     room = _available_bytes()
     if room is not None and num_envs * BYTES_PER_ENV > room:
         raise ValueError(f"num_envs={num_envs} needs about {num_envs * BYTES_PER_ENV / 2**30:.1f} GiB "
@@ -107,7 +109,7 @@ class PipelineVectorEnv(VectorEnv):
                  pause_gc: bool = True, **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
-        _check_room(int(num_envs))
+        check_room(int(num_envs))
         if render_mode is not None:
             raise ValueError(f"{type(self).__name__} does not render (render_mode must be None, got {render_mode!r}); "
                              "render one environment with vec.envs[i]")

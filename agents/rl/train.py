@@ -30,6 +30,7 @@ import numpy as np
 
 from agents.rl.policy import ALGOS, save_policy
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_scenario
+from env.vector_env import check_room
 from pipeline.errors import ConfigError
 
 __all__ = ["PPOConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "train",
@@ -347,6 +348,10 @@ def minibatch_size(config: PPOConfig) -> int:
     return size
 
 
+#: Processes ``vec="subproc"`` may start (one per environment).
+MAX_SUBPROC_ENVS = 256
+
+
 def check_config(config: PPOConfig) -> None:
     """Refuse a config that cannot train, before anything starts: a ConfigError naming the flag of
     ``python -m experiments train`` (each field's flag is ``--`` and its name with ``-``)."""
@@ -356,6 +361,13 @@ def check_config(config: PPOConfig) -> None:
         raise ConfigError(f"unknown network {config.network!r}; use entity or mlp", field="--network")
     if config.vec not in ("dummy", "subproc", "batched"):
         raise ConfigError(f"unknown vectorisation {config.vec!r}; use dummy, subproc or batched", field="--vec")
+    if config.vec == "subproc" and config.n_envs > MAX_SUBPROC_ENVS:
+        raise ConfigError(f"--vec subproc starts one process per environment: at most {MAX_SUBPROC_ENVS}, got "
+                          f"{config.n_envs}; use --vec batched for more", field="--envs")
+    try:
+        check_room(config.n_envs)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--envs") from None
     for name in ("imitation_states", "ranker_scenarios", "eval_every"):
         if getattr(config, name) < 0:
             raise ConfigError(f"must be >= 0 (0: skip it), got {getattr(config, name)}",

@@ -61,6 +61,8 @@ def test_the_defaults_and_the_shipped_policys_settings_pass() -> None:
     ({"seed": MAX_SEED + 1}, "--seed"),
     ({"timesteps": 0}, "--timesteps"),
     ({"n_envs": 0}, "--envs"),
+    ({"n_envs": 10**9}, "--envs"),  # beyond any machine's memory: refused before an environment is built
+    ({"n_envs": 1000, "vec": "subproc"}, "--envs"),  # a process each
     ({"hidden": 0}, "--hidden"),
     ({"batch_size": 0}, "--batch-size"),
     ({"batch_size": 1}, "--batch-size"),  # one sample per minibatch: NaN advantages (the CLI fuzz found it)
