@@ -136,9 +136,11 @@ def _job(row: dict[str, Any], notes: list[str]) -> TitanJob:
         if not batch.get("num_microbatches") and not batch.get("micro_batch_size"):
             m = min(pp, int(local))
             notes.append(f"num_microbatches={m} (torchtitan's default: pipeline_parallel_microbatches = pp)")
-        if schedule == "Interleaved1F1B" and not par.get("vpp"):
+        if schedule == "Interleaved1F1B" and chunks < 2:
+            # a looped schedule with one stage per rank is 1F1B; vpp null or 1 beside it means "not stated"
             chunks = DEFAULT_STAGES_PER_RANK_LOOPED
-            notes.append(f"vpp={chunks} (torchtitan's default stages per rank for a looped schedule)")
+            notes.append(f"vpp={chunks} (torchtitan's default stages per rank for a looped schedule; the row "
+                         f"gives {par.get('vpp')!r})")
     return TitanJob(gpus=gpus, dp_shard=int(dp), tp=tp, cp=cp, pp=pp, seq_len=int(seq), local_batch=int(local),
                     microbatches=m, compile=_flag(row, "compile", "compile"), float8=_flag(row, "float8", "float8"),
                     ac=ac, async_tp=_flag(row, "async_tp", "asynctp"), schedule=schedule, chunks=chunks)

@@ -69,6 +69,13 @@ def test_a_pipelined_row_without_micro_batches_takes_torchtitans_defaults() -> N
     q = predict_torchtitan_row(stated, {})
     assert q.tokens_per_s_per_gpu == pytest.approx(p.tokens_per_s_per_gpu)
     assert not any("num_microbatches" in a or "vpp" in a for a in q.assumptions)
+    vpp_one = copy.deepcopy(row)  # transcribers write vpp 1 for "not stated"; one stage per rank is 1F1B
+    vpp_one["parallel"].update(vpp=1)
+    r = predict_torchtitan_row(vpp_one, {})
+    assert r.tokens_per_s_per_gpu == pytest.approx(p.tokens_per_s_per_gpu) and any("vpp=2" in a for a in r.assumptions)
+    plain = copy.deepcopy(vpp_one)
+    plain["schedule"] = "1F1B"
+    assert predict_torchtitan_row(plain, {}).tokens_per_s_per_gpu < r.tokens_per_s_per_gpu
     one = copy.deepcopy(stated)
     one["batch"].update(micro_batch_size=1, num_microbatches=32)
     assert predict_torchtitan_row(one, {}).tokens_per_s_per_gpu != pytest.approx(q.tokens_per_s_per_gpu)
