@@ -63,7 +63,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from experiments.benchmarks.published_job import fit_job_source, infer_job_degrees, is_tflops_unit, predict_job_row
+from experiments.benchmarks.published_job import (
+    fit_job_source,
+    infer_job_degrees,
+    is_tflops_unit,
+    mfu_fraction,
+    predict_job,
+    predict_job_row,
+    source_of,
+)
 from experiments.benchmarks.published_rows import (
     SAMPLES_PER_GPU,
     UNITS,
@@ -229,6 +237,8 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     if problem is not None:
         return replace(out, reason=problem)
     par, batch = row["parallel"], row["batch"]
+    if meas.get("throughput") is None and meas.get("mfu") is not None and source_of(row) is not None:
+        return _mfu_row(row, out, meas)
     if meas.get("throughput") is None:
         return replace(out, reason="no throughput published (the row gives "
                        + ("its MFU only" if meas.get("mfu") else "no measurement") + ", and no degrees)")
@@ -279,6 +289,18 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         analytic_value, _ = _simulated(schedule, analytic, row, runtime, nic_efficiency)
         out = replace(out, analytic=analytic_value)
     return replace(out, predicted=predicted, stage_times=times.source)
+
+
+def _mfu_row(row: dict[str, Any], out: Prediction, meas: dict[str, Any]) -> Prediction:
+    """A row that publishes its MFU (and peak memory) instead of a throughput, such as a table of
+    one model at several vocabulary sizes: the whole-job model's MFU in Megatron's FLOP formula, and its
+    peak memory where the row gives one. Megatron-LM reports memory in 2^20-byte units (``report_memory``),
+    so a Megatron-based row's "GB" is compared as GiB."""
+    got = predict_job(row)
+    memory = meas.get("peak_memory_gb")
+    return replace(out, unit="MFU", measured=mfu_fraction(float(meas["mfu"])), predicted=got.mfu,
+                   reason=got.reason, stage_times="whole-job model", memory_measured_gb=memory,
+                   memory_predicted_gb=got.peak_memory_gib if memory else None)
 
 
 def _simulated(schedule: str, times: StageTimes, row: dict[str, Any], runtime: Runtime,

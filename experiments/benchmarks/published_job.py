@@ -27,12 +27,14 @@ from typing import Any
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import runtime_cost_options
 from pipeline.errors import AdaptisError
+from pipeline.hardware import get_gpu
 from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_profile, megatron_job_plan
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
 
 __all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "is_tflops_unit", "source_of", "predict_job_row",
-           "infer_job_degrees", "fit_job_source", "megatron_flops", "gated_mlp"]
+           "infer_job_degrees", "fit_job_source", "megatron_flops", "gated_mlp", "JobRowPrediction", "predict_job",
+           "row_cost_facts", "mfu_fraction"]
 
 #: Throughput units the whole-job model predicts (any unit naming TFLOP/s per GPU is taken as one).
 TFLOPS_UNITS = ("achieved TFLOP/s per GPU", "TFLOP/s per GPU")
@@ -195,21 +197,74 @@ def infer_job_degrees(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> di
     return out
 
 
-def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> tuple[float | None, str | None]:
-    """(predicted TFLOP/s per GPU, None) for a whole-job row, or (None, reason)."""
+#: ``training_flags`` keys that say whether a row ran FlashAttention (a row's word beats its source's fact).
+FLASH_FLAGS = ("flash_attention", "use_flash_attn", "use-flash-attn", "attention_kernel", "attention")
+#: ``training_flags`` keys that give a dropout probability (masks kept in the activations when > 0).
+DROPOUT_FLAGS = ("dropout", "hidden_dropout", "attention_dropout")
+
+
+def _flag_bool(value: object) -> bool | None:
+    """True / False for a flag's value (``"flash"``, ``"yes"``, ``0.1``...), None where it says neither."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value > 0
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "flash", "flash-attn", "flashattention", "fused"):
+        return True
+    if text in ("false", "no", "off", "none", "unfused", "materialised", "materialized", "eager"):
+        return False
+    return "flash" in text or None
+
+
+def row_cost_facts(row: dict[str, Any], source: JobSource) -> tuple[bool, bool, list[str]]:
+    """(FlashAttention, dropout masks kept, assumptions) of ``row``: what its ``training_flags`` state,
+    else its source's codebase fact (FlashAttention) or none (dropout), each default said in the list."""
+    flags = row.get("training_flags") or {}
+    notes: list[str] = []
+    flash = next((v for k in FLASH_FLAGS if k in flags for v in [_flag_bool(flags[k])] if v is not None), None)
+    if flash is None:
+        flash = source.flash_attention
+        notes.append(f"flash_attention={flash} ({source.name}'s codebase)")
+    dropout = next((v for k in DROPOUT_FLAGS if k in flags for v in [_flag_bool(flags[k])] if v is not None), None)
+    if dropout is None:
+        dropout = False
+        notes.append("dropout masks not kept (the row states no dropout)")
+    return flash, dropout, notes
+
+
+@dataclass(frozen=True)
+class JobRowPrediction:
+    """A whole-job row's predicted step in the row's FLOP convention, or why not (``reason``)."""
+
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    """Megatron-formula FLOPs over the GPU's bf16 peak (what Megatron-based papers call MFU)."""
+    peak_memory_gib: float | None = None
+    reason: str | None = None
+    assumptions: tuple[str, ...] = ()
+
+
+def predict_job(row: dict[str, Any], *, source: JobSource | None = None) -> JobRowPrediction:
+    """The whole-job model's step of ``row`` (docstring of this module): TFLOP/s per GPU and MFU in
+    Megatron's FLOP formula, and the fullest device's peak memory (GiB)."""
     source = source or source_of(row)
     if source is None:
-        return None, f"no whole-job source for GPU {row.get('gpu_type')!r}"
+        return JobRowPrediction(reason=f"no whole-job source for GPU {row.get('gpu_type')!r}")
     got = _degrees(row, source)
     if isinstance(got, str):
-        return None, got
+        return JobRowPrediction(reason=got)
     par, chunks = got
     model = row["model"]
+    if model.get("seq_len") is None or model.get("vocab") is None:
+        missing = "seq_len" if model.get("seq_len") is None else "vocab"
+        return JobRowPrediction(reason=f"row field 'model.{missing}' is not published; the whole-job model needs it")
     s = int(model["seq_len"])
+    flash, dropout, notes = row_cost_facts(row, source)
     try:
         arch = _gpt(model, tied=source.tied_embeddings)
         profile = job_profile(arch, par, gpu=source.gpu, seq_len=s,
-                              options=runtime_cost_options("megatron", flash_attention=source.flash_attention))
+                              options=runtime_cost_options("megatron", flash_attention=flash, dropout=dropout))
         cluster = job_cluster(par, gpu=source.gpu)
         runtime = replace(RUNTIMES["megatron"], name=source.name, compute_scale=source.compute_scale,
                           step_s=source.step_s, fitted_on=source.fitted_on)
@@ -217,11 +272,23 @@ def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> 
         plan = megatron_job_plan(profile, cluster, par, training=training, chunks=[chunks])
         est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=source.gpu, seq_len=s)
     except AdaptisError as exc:
-        return None, str(exc)
+        return JobRowPrediction(reason=str(exc), assumptions=tuple(notes))
     if not est.result.valid:
-        return None, est.result.error
-    flops = megatron_flops(model, batch=par.batch, recompute=par.recompute)
-    return flops / est.iteration_s / par.gpus / 1e12, None
+        return JobRowPrediction(reason=est.result.error, assumptions=tuple(notes))
+    tflops = megatron_flops(model, batch=par.batch, recompute=par.recompute) / est.iteration_s / par.gpus / 1e12
+    peak_tflops = get_gpu(source.gpu).peak_bf16_tflops
+    return JobRowPrediction(tflops, tflops / peak_tflops, est.peak_memory_gb, None, tuple(notes))
+
+
+def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> tuple[float | None, str | None]:
+    """(predicted TFLOP/s per GPU, None) for a whole-job row, or (None, reason)."""
+    got = predict_job(row, source=source)
+    return got.tflops_per_gpu, got.reason
+
+
+def mfu_fraction(value: float) -> float:
+    """A published MFU as a fraction (rows give 0.17 or 17 for 17%)."""
+    return value / 100.0 if value > 1.0 else value
 
 
 def fit_job_source(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:

@@ -1,0 +1,65 @@
+"""Rows that publish MFU and peak memory instead of a throughput (a model at several vocabulary sizes)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from experiments.benchmarks.published import predict_row
+from experiments.benchmarks.published_job import SOURCES, mfu_fraction, predict_job, row_cost_facts
+
+
+def vocab_row(vocab: int, *, seq_len: int = 2048, mfu: float = 0.2, memory: float | None = 30.0,
+              flags: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A head-heavy row: a 32-layer GPT (h 3072) on 8 A100s, PP 8, 1F1B, 128 micro-batches of one sequence."""
+    return {"id": f"v{vocab}", "table": "vocabulary table",
+            "model": {"name": "GPT 4B", "layers": 32, "hidden": 3072, "ffn_hidden": None, "heads": 24,
+                      "kv_heads": None, "vocab": vocab, "seq_len": seq_len},
+            "parallel": {"tp": 1, "pp": 8, "dp": 1, "cp": 1, "vpp": 1},
+            "batch": {"micro_batch_size": 1, "num_microbatches": 128, "global_batch": 128},
+            "schedule": "1F1B", "gpus": 8, "gpu_type": "A100 SXM 80GB", "training_flags": flags or {},
+            "measured": {"throughput": None, "throughput_unit": None, "mfu": mfu, "peak_memory_gb": memory}}
+
+
+def test_an_mfu_row_is_predicted_in_mfu_with_its_memory() -> None:
+    row = vocab_row(256_000, mfu=0.17, memory=35.6)
+    p = predict_row(row, [row])
+    assert p.reason is None and p.unit == "MFU" and p.measured == pytest.approx(0.17)
+    assert 0.05 < p.predicted < 0.6
+    assert p.memory_measured_gb == 35.6 and 10 < p.memory_predicted_gb < 80
+    percent = copy.deepcopy(row)
+    percent["measured"]["mfu"] = 17.0
+    assert predict_row(percent, [percent]).measured == pytest.approx(0.17)
+    assert mfu_fraction(0.5) == 0.5 and mfu_fraction(50.0) == 0.5
+
+
+def test_the_head_costs_more_the_larger_the_vocabulary() -> None:
+    """The heterogeneity the toolkit exists for: one stage carries the head, so MFU falls and the
+    fullest device's memory grows with the vocabulary."""
+    got = [predict_job(vocab_row(v)) for v in (32_000, 64_000, 128_000, 256_000)]
+    mfus = [g.mfu for g in got]
+    memory = [g.peak_memory_gib for g in got]
+    assert mfus == sorted(mfus, reverse=True) and mfus[0] > 1.5 * mfus[-1]
+    assert memory == sorted(memory) and memory[-1] > memory[0] + 5
+
+
+def test_the_rows_attention_kernel_beats_the_sources_fact() -> None:
+    """FlashAttention as the row says; where it says nothing, its codebase's fact, and the default is said."""
+    plain, flash = vocab_row(256_000), vocab_row(256_000, flags={"use_flash_attn": True})
+    assert row_cost_facts(flash, SOURCES["a100"])[:2] == (True, False)
+    facts = row_cost_facts(plain, SOURCES["a100"])
+    assert facts[0] is SOURCES["a100"].flash_attention and any("flash_attention" in n for n in facts[2])
+    a, b = predict_job(plain), predict_job(flash)
+    assert b.peak_memory_gib < a.peak_memory_gib - 2  # the scores are not stored
+    assert b.mfu > a.mfu
+    dropout = predict_job(vocab_row(256_000, flags={"hidden_dropout": 0.1}))
+    assert dropout.peak_memory_gib > a.peak_memory_gib
+
+
+def test_an_mfu_row_without_its_sequence_length_names_the_field() -> None:
+    row = vocab_row(64_000)
+    row["model"]["seq_len"] = None
+    p = predict_row(row, [row])
+    assert p.predicted is None and "model.seq_len" in p.reason and "\n" not in p.reason
