@@ -60,11 +60,26 @@ def row_problem(row: dict[str, Any]) -> str | None:
     for key in ("model", "parallel", "batch", "measured"):
         if not isinstance(row.get(key), dict):
             return f"row field {key!r} is missing or not an object (see shared/data/published/README.md)"
+    for key in ("training_flags", "profiled_inputs"):
+        if row.get(key) is not None and not isinstance(row[key], dict):
+            return f"row field {key!r} must be an object or null, got {row[key]!r}"
+    for key in ("schedule", "gpu_type"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            return f"row field {key!r} must be text or null, got {row[key]!r}"
     model = row["model"]
-    for key in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len"):
-        value = model.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            return f"row field 'model.{key}' must be a whole number >= 1 or null, got {value!r}"
+    for section, keys in (("model", ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len")),
+                          ("batch", ("micro_batch_size", "num_microbatches", "global_batch", "local_batch")),
+                          (None, ("gpus",))):
+        where = row if section is None else row[section]
+        for key in keys:
+            value = where.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                name = key if section is None else f"{section}.{key}"
+                return f"row field {name!r} must be a whole number >= 1 or null, got {value!r}"
+    for key in ("throughput", "mfu", "peak_memory_gb"):
+        value = row["measured"].get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            return f"row field 'measured.{key}' must be a positive number or null, got {value!r}"
     if not row.get("profiled_inputs"):
         for key in ("hidden", "heads"):
             if model.get(key) is None:
@@ -95,10 +110,15 @@ def row_group(row: dict[str, Any]) -> str:
     """Rows comparable to each other: the same model, pipeline and global batch (any schedule or
     micro-batch size); whole-job rows: the same model on the same GPUs (the choices a planner ranks
     for one job)."""
-    batch, par = row.get("batch") or {}, row.get("parallel") or {}
-    if is_tflops_unit((row.get("measured") or {}).get("throughput_unit")) or row.get("gpus") != par.get("pp"):
-        return f"{(row.get('model') or {}).get('name')} on {row.get('gpus')} {row.get('gpu_type')}"
+    def section(key: str) -> dict[str, Any]:
+        value = row.get(key)
+        return value if isinstance(value, dict) else {}
+
+    batch, par, model = section("batch"), section("parallel"), section("model")
+    if is_tflops_unit(section("measured").get("throughput_unit")) or row.get("gpus") != par.get("pp"):
+        return f"{model.get('name')} on {row.get('gpus')} {row.get('gpu_type')}"
     B = batch.get("global_batch")
-    if B is None and batch.get("micro_batch_size") and batch.get("num_microbatches"):
+    whole = all(isinstance(batch.get(k), int) for k in ("micro_batch_size", "num_microbatches"))
+    if B is None and whole and isinstance(par.get("dp") or 1, int):
         B = int(batch["micro_batch_size"]) * int(batch["num_microbatches"]) * int(par.get("dp") or 1)
-    return f"{(row.get('model') or {}).get('name')} p={par.get('pp')} B={B}"
+    return f"{model.get('name')} p={par.get('pp')} B={B}"
