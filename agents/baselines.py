@@ -10,13 +10,9 @@ from pipeline.balance import balanced_sizes
 from pipeline.candidates import Candidate, Scenario, make_placement, move_layers, objective_key
 from pipeline.errors import PlanError
 from pipeline.evaluator import Evaluator
-from pipeline.schedules import build_plan, method_placement
+from pipeline.start_recipes import PLACEMENT_CHOICES, named_schedule_plan
 
-__all__ = ["NamedSearcher", "RandomSearcher", "PLACEMENT_CHOICES", "random_candidate"]
-
-#: (placement kind, chunks per device) pairs that random search and the tuner draw from.
-PLACEMENT_CHOICES = (("sequential", 1), ("interleaved", 2), ("interleaved", 3), ("interleaved", 4), ("v", 2),
-                     ("wave", 3), ("wave", 4))
+__all__ = ["NamedSearcher", "RandomSearcher", "random_candidate"]
 
 
 @dataclass
@@ -33,28 +29,14 @@ class NamedSearcher:
     def search(self, scenario: Scenario, *, budget: Budget = Budget(), seed: int = 0,
                on_improve: ImproveCallback | None = None) -> SearchResult:
         ev = Evaluator(scenario)
-        p = scenario
         try:
-            partition = None
-            if self.balanced and self.method != "megatron":
-                placement = method_placement(self.method, p.devices)
-                sizes = balanced_sizes(p.profile, placement, p.cluster)
-                partition = tuple(_ranges(sizes))
-            plan = build_plan(self.method, p.profile, p.cluster, microbatches=p.microbatches, partition=partition,
-                              training=p.training)
+            plan = named_schedule_plan(ev, self.method, balanced=self.balanced and self.method != "megatron")
         except PlanError as exc:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=str(exc))
         result = ev.simulate_plan(plan)
         if on_improve is not None and result.valid:
             on_improve(plan, result)
         return finish(self.name, scenario, plan, evaluator=ev, history=[(1, result.iteration_time)])
-
-
-def _ranges(sizes):
-    start = 0
-    for n in sizes:
-        yield (start, start + n)
-        start += n
 
 
 def random_candidate(scenario: Scenario, rng: random.Random, *, evaluator: Evaluator | None = None) -> Candidate:

@@ -7,7 +7,7 @@ imports no agent at load time, so no agent module needs to import it back.
 * the named schedules (:data:`pipeline.schedules.NAMED_METHODS`, plus ``i1f1b-vN`` for any
   chunk count), each also with ``+dp`` (the cost-aware DP split instead of the even one);
 * :data:`SEARCHERS`: ``random``, ``rl``, ``rl+tuner``, ``zb-opt`` (the exact schedule at ZB-H2's memory,
-  :mod:`agents.exact`), the deployment targets' own searches
+  :mod:`agents.zb_opt`), the deployment targets' own searches
   ``megatron+layout`` and ``adaptis@torchtitan`` (:mod:`agents.target_search`), ``learned`` (the tuner with
   learned move guidance, :mod:`agents.tuner.learned`) and ``adaptis``.
 
@@ -46,7 +46,7 @@ def _rl_tuner() -> Searcher:
 
 
 def _zb_opt() -> Searcher:
-    from agents.exact import ZbOptSearcher
+    from agents.zb_opt import ZbOptSearcher
 
     return ZbOptSearcher()
 

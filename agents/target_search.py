@@ -25,8 +25,9 @@ from agents.base import Budget, BudgetClock, ImproveCallback, SearchResult, fini
 from agents.tuner import AdaptisTuner
 from pipeline.candidates import Candidate, Scenario, move_layers, objective_key
 from pipeline.evaluator import Evaluator
-from pipeline.megatron import megatron_chunk_counts, megatron_partition
+from pipeline.megatron import megatron_chunk_counts
 from pipeline.plan import interleaved_placement
+from pipeline.start_recipes import fixed_order_candidate, split_sizes
 from pipeline.targets import TARGETS, model_reason, placement_reason, target_reason
 
 __all__ = ["TARGET_METHODS", "MegatronLayoutSearch", "target_filter", "target_searcher", "target_rows",
@@ -137,16 +138,14 @@ class MegatronLayoutSearch:
             if seeds and budget.seconds is not None and clock.spent():
                 break  # a budget in seconds: the splits and each seed's fixed order cost ~0.1 s at 32 devices
             placement = interleaved_placement(P, v)
-            order = "1f1b" if v == 1 else "interleaved"
             with clock.step():
-                splits = {ev.balanced_sizes(placement),
-                          tuple(b - a for a, b in megatron_partition(profile, P * v))}
+                splits = {split_sizes(ev, placement, split) for split in ("dp", "megatron")}
             for sizes in sorted(splits):
                 if seeds and budget.seconds is not None and clock.spent():
                     break
                 if "mtp" in kinds and not _mtp_ok(kinds, sizes, P):
                     sizes = _mtp_repair(kinds, sizes)
-                c = Candidate(sizes, placement, order)
+                c = fixed_order_candidate(sizes, placement, devices=P)
                 seeds.append((offer(c), c))
         seeds.sort(key=lambda kc: kc[0])
         for _, start in seeds:

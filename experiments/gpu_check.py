@@ -28,7 +28,6 @@ Without CUDA (or with ``--tiny``) every width shrinks 32-fold, sequences are 64 
 one repeat: a few seconds, as the test suite runs it. The CPU's ratios say nothing about a GPU.
 
   python -m experiments gpu-check [--tiny] [--out runs/gpu_check.json] [--json]
-  python -m experiments.benchmarks.gpu_check ...   (the same, by its older name)
 
 Sized for under 8 minutes on one H200 (141 GB); not yet run on one.
 """

@@ -6,6 +6,8 @@
   pipeline imports nothing of ours, nothing but experiments imports experiments, executor imports
   neither agents nor env. The page's table of layers says the same as :data:`ALLOWED`.
 * No module is over 600 lines unless its docstring has a line starting ``Over 600 lines:``.
+* No two modules share a file name (``__init__.py`` aside), except a command module
+  ``experiments/commands/X.py``, the command line of the ``X`` it runs.
 * Public functions taking more than three parameters take the ones past the third by keyword.
 * No module reads, sets or imports a private name (``_name``) of another module of ours, nor
   imports a private module from outside its package (:func:`private_reads`); the few known
@@ -170,6 +172,41 @@ def test_public_functions_take_keywords_past_the_third(package: str) -> None:
             if len(positional) + len(a.kwonlyargs) > 3 and len(positional) > 3 and key not in POSITIONAL_OK:
                 wrong.append(f"{key}({', '.join(positional)})")
     assert wrong == [], "make the parameters past the third keyword-only (add `*,`):\n" + "\n".join(wrong)
+
+
+
+# ---------------------------------------------------------------------- one name, one module
+
+#: Folder whose modules may share a name with another module: ``experiments/commands/X.py`` is the
+#: command line of the ``X`` it runs (``commands/replay.py`` runs ``executor/replay.py``).
+COMMANDS = "experiments/commands"
+
+
+def shared_names(paths: list[str]) -> dict[str, list[str]]:
+    """File name -> the paths (relative, ``/``-separated) of two or more modules that share it,
+    ``__init__.py`` and the modules of :data:`COMMANDS` aside."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(paths):
+        folder, _, name = path.rpartition("/")
+        if name != "__init__.py" and folder != COMMANDS:
+            by_name.setdefault(name, []).append(path)
+    return {name: found for name, found in by_name.items() if len(found) > 1}
+
+
+def test_the_name_check_sees_what_it_checks() -> None:
+    assert shared_names(["a/exact.py", "b/c/exact.py", "a/__init__.py", "b/__init__.py",
+                         f"{COMMANDS}/replay.py", "executor/replay.py", "a/one.py"]) == {
+        "exact.py": ["a/exact.py", "b/c/exact.py"]}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A name says what a module does, once: two modules named alike (say ``exact.py`` for a
+    searcher and for the solver it calls) send a reader to the wrong file."""
+    paths = [path.relative_to(ROOT).as_posix() for path in MODULES.values()]
+    shared = shared_names(paths)
+    assert shared == {}, ("rename one of each (a name that says what it does; only "
+                          f"{COMMANDS}/X.py may share X's name):\n"
+                          + "\n".join(f"{name}: {', '.join(found)}" for name, found in shared.items()))
 
 
 # ---------------------------------------------------------------------- private names stay home

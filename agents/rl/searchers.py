@@ -150,24 +150,23 @@ def start_candidates(scenario: Scenario) -> list[Candidate]:
     chunks under even budgets, all at the DP-balanced split."""
     from env.editor import MAX_STAGES, portfolio
     from env.scenarios import zero_shot_starts
-    from pipeline.budgets import preset_budgets
     from pipeline.plan import interleaved_placement, sequential_placement, v_placement
+    from pipeline.start_recipes import fixed_order_candidate, preset_candidate
 
     P, L = scenario.devices, scenario.profile.num_layers
     ev = Evaluator(scenario)
     out = zero_shot_starts(scenario, ev)
     out += [c for c in portfolio(scenario, ev.balanced_sizes) if c not in out]
-    named: list[tuple[str, tuple[int, ...]]] = [("1f1b", sequential_placement(P))]
+    fixed = [sequential_placement(P)]
     if P >= 2 and 2 * P <= L:
-        named += [("zbv", v_placement(P)), ("interleaved", interleaved_placement(P, 2))]
-    for order, placement in named:
-        out.append(Candidate(ev.balanced_sizes(placement), placement, order))
+        fixed += [v_placement(P), interleaved_placement(P, 2)]
+    out += [fixed_order_candidate(ev.balanced_sizes(placement), placement, devices=P) for placement in fixed]
     # Interleaved placements under an even per-device budget (the portfolio's 1F1B-style
     # decreasing budgets starve the last devices of a multi-chunk placement).
     for chunks in (2, 3, 4):
         if P >= 2 and P * chunks <= min(L, MAX_STAGES):
             placement = interleaved_placement(P, chunks)
-            out.append(Candidate(ev.balanced_sizes(placement), placement, "list", preset_budgets("zbv", P)))
+            out.append(preset_candidate(ev.balanced_sizes(placement), placement, "zbv", devices=P))
     return out
 
 

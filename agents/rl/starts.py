@@ -11,7 +11,7 @@ need no simulation (:func:`scenario_features`) and scores every recipe; searcher
 top ones (:func:`ranked_starts`).
 
 Recipes (:data:`ARMS`, stable names): each placement family of the tuner's seeds
-(:data:`agents.baselines.PLACEMENT_CHOICES`) at the DP-balanced, Megatron and device-balanced
+(:data:`pipeline.start_recipes.PLACEMENT_CHOICES`) at the DP-balanced, Megatron and device-balanced
 (``devbal``, :mod:`pipeline.balance`) splits under each schedule's activation budget, the same
 with budgets cut to the memory left after the static share (``:fit``), budgets that fill each
 device's memory (``:filled``, :meth:`pipeline.evaluator.Evaluator.memory_budgets`), deeper budgets
@@ -42,28 +42,37 @@ from typing import Any
 
 import numpy as np
 
-from agents.baselines import PLACEMENT_CHOICES
 from agents.listwise import listwise_targets
-from agents.tuner import with_filled_budgets, with_roomy_budgets
-from pipeline.budgets import cut_budgets, preset_budgets
-from pipeline.candidates import Candidate, Scenario, by_position, make_placement, slow_first
+from pipeline.budgets import cut_budgets
+from pipeline.candidates import Candidate, Scenario, make_placement, slow_first
 from pipeline.errors import ConfigError, PlanError
 from pipeline.evaluator import Evaluator
-from pipeline.megatron import megatron_partition
+from pipeline.start_recipes import (
+    PLACEMENT_CHOICES,
+    SEED_PRESETS,
+    SPLITS,
+    fit_candidate,
+    fixed_order_candidate,
+    named_schedule_plan,
+    preset_candidate,
+    recompute_candidate,
+    split_sizes,
+    with_filled_budgets,
+    with_roomy_budgets,
+)
 
 __all__ = ["ARMS", "FEATURES", "DEFAULT_RANKER", "Arm", "scenario_features", "arm_candidates", "StartRanker",
            "collect_arm_labels", "fit_ranker", "save_ranker", "load_ranker", "ranked_starts", "fits_by_construction",
            "SLOW_FIRST", "build_arm", "holds_one_microbatch"]
 
-_BUDGETS = ("zb-h1", "zb-h2", "zbv", "v-half", None)
 _NAMED = ("zbv", "v-half", "v-min", "dualpipev", "zb-h1", "zb-h2", "i1f1b-v2", "1f1b", "megatron")
 
 
 def _arm_names() -> tuple[str, ...]:
     names = []
     for kind, chunks in PLACEMENT_CHOICES:
-        for split in ("dp", "megatron", "devbal"):
-            for b in _BUDGETS:
+        for split in SPLITS:
+            for b in SEED_PRESETS:
                 names.append(f"list:{kind}{chunks}:{split}:{b or 'unlimited'}")
                 if b is not None:
                     names.append(f"list:{kind}{chunks}:{split}:{b}:fit")
@@ -129,26 +138,10 @@ def scenario_features(scenario: Scenario) -> np.ndarray:
     return np.clip(np.asarray(x, dtype=np.float32), -8.0, 8.0)
 
 
-def _fit_budgets(ev: Evaluator, sizes: tuple[int, ...], placement: tuple[int, ...],
-                 budgets: tuple[float, ...], *, recompute: tuple[bool, ...] | None = None
-                 ) -> tuple[float, ...] | None:
-    """Budgets cut to the micro-batches of activations each device's memory holds after its
-    static share; None when one micro-batch does not fit. ``recompute``: every stage recomputes
-    (fused B, only the stage inputs kept)."""
-    return cut_budgets(ev.costs(sizes, placement, recompute), placement, budgets, split_backward=recompute is None)
-
-
-def _split_sizes(scenario: Scenario, ev: Evaluator, placement: tuple[int, ...], split: str) -> tuple[int, ...] | None:
-    if split == "dp":
-        return ev.balanced_sizes(placement)
-    if split == "megatron":
-        return tuple(b - a for a, b in megatron_partition(scenario.profile, len(placement)))
-    return ev.device_balanced_sizes(placement) if len(placement) > scenario.devices else None
-
-
 def build_arm(name: str, scenario: Scenario, ev: Evaluator) -> Arm | None:
-    """The recipe ``name`` (one of :data:`ARMS`) on ``scenario``, or None where it does not apply.
-    Only what this recipe needs is computed (its split, its costs)."""
+    """The recipe ``name`` (one of :data:`ARMS`, built by :mod:`pipeline.start_recipes`) on
+    ``scenario``, or None where it does not apply. Only what this recipe needs is computed (its
+    split, its costs)."""
     P, L = scenario.devices, scenario.profile.num_layers
     parts = name.split(":")
     if parts[0] == "named":
@@ -167,11 +160,11 @@ def build_arm(name: str, scenario: Scenario, ev: Evaluator) -> Arm | None:
     placement = make_placement(kind, P, chunks)
     if order is not None:
         placement = tuple(order[d] for d in placement)
-    sizes = _split_sizes(scenario, ev, placement, parts[2])
+    sizes = split_sizes(ev, placement, parts[2])
     if sizes is None:
         return None
     if parts[0] == "fixed":
-        return Arm(name, Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+        return Arm(name, fixed_order_candidate(sizes, placement, devices=P))
     rule = parts[3]
     if rule == "filled":
         return Arm(name, with_filled_budgets(Candidate(sizes, placement, "list"), ev))
@@ -181,23 +174,13 @@ def build_arm(name: str, scenario: Scenario, ev: Evaluator) -> Arm | None:
         return Arm(name, with_roomy_budgets(Candidate(sizes, placement, "list", recompute=recompute,
                                                       max_pending_w=2 if "w2" in parts[4:] else None), ev))
     if rule == "recompute":  # where nothing else fits: every stage recomputes (fused B), budgets cut to fit
-        everywhere = (True,) * len(placement)
-        preset = preset_budgets("zb-h1" if chunks == 1 else "zbv", P)
-        cut = _fit_budgets(ev, sizes, placement, preset, recompute=everywhere)
-        return None if cut is None else Arm(name, Candidate(sizes, placement, "list", cut, split_backward=False,
-                                                             cap_counts_w=True, recompute=everywhere))
-    budget = None if rule == "unlimited" else rule
-    budgets = preset_budgets(budget, P) if budget else None
-    if budgets is not None and order is not None:
-        budgets = by_position(budgets, order)
+        c = recompute_candidate(sizes, placement, ev)
+        return None if c is None else Arm(name, c)
+    preset = None if rule == "unlimited" else rule
     if len(parts) == 5:  # ":fit": cut to the memory left after the static share
-        cut = _fit_budgets(ev, sizes, placement, budgets)
-        if cut is None or cut == budgets:
-            return None
-        return Arm(name, Candidate(sizes, placement, "list", cut, cap_counts_w=True))
-    counts_w = budget not in ("zb-h1", "zb-h2")
-    return Arm(name, Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
-                               max_pending_w=P if not counts_w else None))
+        c = fit_candidate(sizes, placement, ev, preset=rule, device_order=order)
+        return None if c is None else Arm(name, c)
+    return Arm(name, preset_candidate(sizes, placement, preset, devices=P, device_order=order))
 
 
 def arm_candidates(scenario: Scenario, ev: Evaluator) -> dict[str, Arm]:
@@ -208,15 +191,8 @@ def arm_candidates(scenario: Scenario, ev: Evaluator) -> dict[str, Arm]:
 
 def named_result(arm: Arm, scenario: Scenario, ev: Evaluator):
     """(plan, result) of a named arm (one counted simulator call), or (None, None) when it does not apply."""
-    from pipeline.plan import partition_from_sizes
-    from pipeline.schedules import build_plan, method_placement
-
     try:
-        partition = None
-        if arm.balanced:
-            partition = partition_from_sizes(ev.balanced_sizes(method_placement(arm.method, scenario.devices)))
-        plan = build_plan(arm.method, scenario.profile, scenario.cluster, microbatches=scenario.microbatches,
-                          partition=partition, training=scenario.training)
+        plan = named_schedule_plan(ev, arm.method, balanced=arm.balanced)
     except PlanError:
         return None, None
     return plan, ev.simulate_plan(plan)

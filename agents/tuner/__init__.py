@@ -17,9 +17,7 @@ from agents.tuner.core import (
     lighten_first_stage,
     seed_candidates,
     slow_first_seeds,
-    with_filled_budgets,
-    with_roomy_budgets,
 )
 
 __all__ = ["AdaptisTuner", "Progress", "seed_candidates", "iter_seed_candidates", "slow_first_seeds",
-           "lighten_first_stage", "with_filled_budgets", "with_roomy_budgets"]
+           "lighten_first_stage"]

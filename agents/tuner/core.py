@@ -27,7 +27,6 @@ from itertools import chain
 from typing import Any
 
 from agents.base import Budget, ImproveCallback, SearchResult, finish
-from agents.baselines import PLACEMENT_CHOICES
 from agents.tuner.clock import READ_MARGIN, NamedTimer, TunerClock, calls_room, candidate_kind, would_overrun
 from agents.tuner.start_prior import NamedStart, named_plan, named_starts, ordered_starts, start_features
 from pipeline.balance import device_loads
@@ -35,7 +34,6 @@ from pipeline.budgets import preset_budgets
 from pipeline.candidates import (
     Candidate,
     Scenario,
-    by_position,
     make_placement,
     move_layers,
     objective_key,
@@ -43,12 +41,21 @@ from pipeline.candidates import (
     slow_first,
 )
 from pipeline.evaluator import Evaluator
-from pipeline.megatron import megatron_partition
 from pipeline.plan import Plan
 from pipeline.simulator import Result
+from pipeline.start_recipes import (
+    PLACEMENT_CHOICES,
+    SEED_PRESETS,
+    SPLITS,
+    fixed_order_candidate,
+    preset_candidate,
+    split_sizes,
+    with_filled_budgets,
+    with_roomy_budgets,
+)
 
 __all__ = ["AdaptisTuner", "Progress", "seed_candidates", "iter_seed_candidates", "slow_first_seeds",
-           "lighten_first_stage", "with_filled_budgets", "with_roomy_budgets"]
+           "lighten_first_stage"]
 
 Key = tuple[int, float, float]
 #: Called at each improvement of a search with (its simulator calls so far, its result), the plan not
@@ -60,10 +67,11 @@ MAX_IDLE_ROUNDS = 50
 
 def seed_candidates(scenario: Scenario, evaluator: Evaluator | None = None, *,
                     speed_order: bool = True) -> list[Candidate]:
-    """Starting points: every placement family with Megatron's, the DP-balanced and (several
-    stages per device) the device-balanced split, under the activation budgets of the named
-    schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited) and under budgets that fill each
-    device's memory; with ``speed_order``, on mixed device speeds, :func:`slow_first_seeds` too."""
+    """Starting points (recipes of :mod:`pipeline.start_recipes`): every placement family with
+    Megatron's, the DP-balanced and (several stages per device) the device-balanced split, under the
+    activation budgets of the named schedules (1F1B/ZB-H1, ZB-H2, ZB-V, V-Half, unlimited) and under
+    budgets that fill each device's memory; with ``speed_order``, on mixed device speeds,
+    :func:`slow_first_seeds` too."""
     return list(iter_seed_candidates(scenario, evaluator, speed_order=speed_order))
 
 
@@ -81,16 +89,9 @@ def iter_seed_candidates(scenario: Scenario, evaluator: Evaluator | None = None,
         if S > L:
             continue
         placement = make_placement(kind, P, chunks)
-        splits = {ev.balanced_sizes(placement),
-                  tuple(b - a for a, b in megatron_partition(scenario.profile, S))}
-        if S > P:
-            splits.add(ev.device_balanced_sizes(placement))
+        splits = {sizes for split in SPLITS if (sizes := split_sizes(ev, placement, split)) is not None}
         for sizes in sorted(splits):
-            for name in ("zb-h1", "zb-h2", "zbv", "v-half", None):
-                budgets = preset_budgets(name, P) if name else None
-                counts_w = name not in ("zb-h1", "zb-h2")
-                out.append(Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
-                                     max_pending_w=P if not counts_w else None))
+            out += [preset_candidate(sizes, placement, name, devices=P) for name in SEED_PRESETS]
             filled = with_filled_budgets(Candidate(sizes, placement, "list"), ev)
             if fits_first:
                 out.insert(0, filled)
@@ -101,7 +102,7 @@ def iter_seed_candidates(scenario: Scenario, evaluator: Evaluator | None = None,
                 lighter = lighten_first_stage(Candidate(sizes, placement, "list"), 0, scenario)
                 out += [with_filled_budgets(c, ev) for c in lighter]
             if kind == "interleaved" or chunks == 1:
-                out.append(Candidate(sizes, placement, "interleaved" if chunks > 1 else "1f1b"))
+                out.append(fixed_order_candidate(sizes, placement, devices=P))
         yield from out
     if speed_order:
         yield from slow_first_seeds(scenario, ev)
@@ -121,12 +122,10 @@ def slow_first_seeds(scenario: Scenario, ev: Evaluator) -> list[Candidate]:
         if P * chunks > L:
             continue
         placement = tuple(order[d] for d in make_placement(kind, P, chunks))
-        budgets = by_position(preset_budgets("zbv", P), order)
-        splits = {ev.balanced_sizes(placement)}
-        if P * chunks > P:
-            splits.add(ev.device_balanced_sizes(placement))
+        splits = {sizes for split in ("dp", "devbal")
+                  if (sizes := split_sizes(ev, placement, split)) is not None}
         for sizes in sorted(splits):
-            c = Candidate(sizes, placement, "list", budgets)
+            c = preset_candidate(sizes, placement, "zbv", devices=P, device_order=order)
             out += [c, with_filled_budgets(c, ev), with_roomy_budgets(c, ev)]
     return out
 
@@ -187,20 +186,6 @@ def lighten_first_stage(c: Candidate, device: int, scenario: Scenario) -> list[C
             if device_loads(cost, new, c.placement, devices=P, speeds=speeds).max() <= top + 1e-9:
                 out.append(replace(c, sizes=new))
     return out
-
-
-def with_filled_budgets(c: Candidate, ev: Evaluator) -> Candidate:
-    """``c`` as a list-scheduled plan whose activation budgets fill each device's memory (rounded down
-    to 1/100 micro-batch), with W's activations counted against them."""
-    budgets = tuple(math.floor(b * 100) / 100 for b in ev.memory_budgets(c))
-    return replace(c, order="list", budgets=budgets, cap_counts_w=True)
-
-
-def with_roomy_budgets(c: Candidate, ev: Evaluator) -> Candidate:
-    """``c`` under :func:`pipeline.budgets.roomy_budgets` (activations alone per micro-batch, one
-    kept share held back; rounded down to 1/100): deeper than :func:`with_filled_budgets`, may not fit."""
-    budgets = tuple(math.floor(b * 100) / 100 for b in ev.roomy_budgets(c))
-    return replace(c, order="list", budgets=budgets, cap_counts_w=True)
 
 
 @dataclass

@@ -32,20 +32,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agents.baselines import PLACEMENT_CHOICES
 from pipeline.balance import device_loads
 from pipeline.candidates import Candidate, Scenario, make_placement
 from pipeline.errors import ConfigError, PlanError
 from pipeline.evaluator import Evaluator
-from pipeline.megatron import megatron_partition
-from pipeline.plan import Plan, partition_from_sizes
-from pipeline.schedules import NAMED_METHODS, build_plan, method_placement
+from pipeline.plan import Plan
+from pipeline.schedules import NAMED_METHODS, method_placement
+from pipeline.start_recipes import PLACEMENT_CHOICES, named_schedule_plan, split_sizes
 
 __all__ = ["NamedStart", "START_FEATURES", "DEFAULT_START_PRIOR", "TAU", "StartPrior", "named_starts",
            "start_features", "load_start_prior", "read_linear_prior", "named_plan", "ordered_starts"]
@@ -125,10 +124,7 @@ def start_features(scenario: Scenario, ev: Evaluator, starts: Sequence[NamedStar
             f[f"named:{s.method}"] = 1.0
             placement = tuple(method_placement("1f1b" if s.method == "megatron" else s.method, P))
             try:
-                if s.balanced:
-                    sizes = ev.balanced_sizes(placement)
-                else:
-                    sizes = tuple(b - a for a, b in megatron_partition(scenario.profile, len(placement)))
+                sizes = split_sizes(ev, placement, "dp" if s.balanced else "megatron")
             except PlanError:  # more stages than layers: it will not build either
                 sizes = ()
             f["split_dp"] = float(s.balanced)
@@ -222,22 +218,11 @@ Key = tuple[int, float, float]
 
 def named_plan(scenario: Scenario, ev: Evaluator, start: NamedStart, *, chunks: int | None = None,
                allowed: Callable[[Candidate], bool] | None = None) -> Plan | None:
-    """The plan of a named start (megatron at ``chunks`` chunks per device, None: its own choice);
-    None where it cannot be built or ``allowed`` refuses its sizes and placement."""
-    method = start.method
-    try:
-        partition = None
-        if start.balanced:
-            partition = partition_from_sizes(ev.balanced_sizes(method_placement(method, scenario.devices)))
-        if chunks is not None:  # megatron one chunk count at a time (see NamedTimer)
-            name = "1f1b" if chunks == 1 else f"i1f1b-v{chunks}"
-            plan = build_plan(name, scenario.profile, scenario.cluster, microbatches=scenario.microbatches,
-                              partition=megatron_partition(scenario.profile, scenario.devices * chunks),
-                              training=scenario.training)
-            plan = replace(plan, meta={"method": "megatron", "chunks": chunks})
-        else:
-            plan = build_plan(method, scenario.profile, scenario.cluster, microbatches=scenario.microbatches,
-                              partition=partition, training=scenario.training)
+    """The plan of a named start (:func:`pipeline.start_recipes.named_schedule_plan`; megatron at
+    ``chunks`` chunks per device, None: its own choice); None where it cannot be built or ``allowed``
+    refuses its sizes and placement."""
+    try:  # megatron one chunk count at a time (see NamedTimer)
+        plan = named_schedule_plan(ev, start.method, balanced=start.balanced, chunks=chunks)
     except PlanError:
         return None
     if allowed is not None and not allowed(Candidate(plan.stage_sizes, plan.placement)):

@@ -30,9 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agents.base import Budget  # noqa: E402
-from agents.baselines import PLACEMENT_CHOICES  # noqa: E402
 from agents.registry import make_searcher  # noqa: E402
-from agents.tuner import AdaptisTuner, lighten_first_stage, with_filled_budgets  # noqa: E402
+from agents.tuner import AdaptisTuner, lighten_first_stage  # noqa: E402
 from pipeline.balance import device_loads  # noqa: E402
 from pipeline.candidates import Candidate, Scenario, make_placement  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
@@ -40,6 +39,7 @@ from pipeline.evaluator import Evaluator  # noqa: E402
 from pipeline.hardware import build_cluster  # noqa: E402
 from pipeline.simulator import simulate  # noqa: E402
 from pipeline.spec import GIB, Cluster, TrainingConfig  # noqa: E402
+from pipeline.start_recipes import PLACEMENT_CHOICES, with_filled_budgets  # noqa: E402
 from pipeline.zoo import auto_head_shards, zoo_profile  # noqa: E402
 
 __all__ = ["rows", "main"]

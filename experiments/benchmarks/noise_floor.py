@@ -12,7 +12,7 @@ error between jobs makes "within x% of the prediction" a statement about the mac
   python -m experiments.benchmarks.noise_floor [--jobs 5] [--steps 10] [--plans 1f1b,adaptis]
       [--plan-file plan.json ...] [--json]
 
-``--plans`` names plans of :func:`experiments.benchmarks.fidelity.benchmark_plans` (the named
+``--plans`` names plans of :func:`experiments.benchmarks.predicted_vs_measured.benchmark_plans` (the named
 schedules, ``uneven-custom``, and ``adaptis`` / ``rl``: the tuner's and the RL policy's plans searched
 on a first quick profile of this machine); ``--plan-file`` adds saved plans (a ``run``'s
 ``plan.json``).
@@ -72,7 +72,7 @@ def spread_summary(jobs: Sequence[JobTimes], names: Sequence[str]) -> dict[str, 
 
 
 def _plans(args: argparse.Namespace, options: ReplayOptions) -> list[tuple[str, Plan]]:
-    from experiments.benchmarks.fidelity import benchmark_plans
+    from experiments.benchmarks.predicted_vs_measured import benchmark_plans
     from pipeline.calibration.fidelity import measured_cluster
     from pipeline.spec import ModelProfile
 

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import Budget
-from agents.exact import ZbOptSearcher
 from agents.registry import make_searcher
+from agents.zb_opt import ZbOptSearcher
 from pipeline.candidates import Scenario
 from pipeline.exact import prove
 from pipeline.hardware import build_cluster

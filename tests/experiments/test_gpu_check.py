@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from experiments.benchmarks import gpu_check
+from experiments import gpu_check
 from pipeline.zoo import list_models, load_zoo_architecture
 
 

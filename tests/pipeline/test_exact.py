@@ -9,8 +9,8 @@ import random
 import pytest
 
 from agents.base import Budget
-from agents.exact import ZbOptSearcher
 from agents.registry import make_searcher
+from agents.zb_opt import ZbOptSearcher
 from pipeline.candidates import Scenario
 from pipeline.errors import ConfigError, PlanError
 from pipeline.exact import device_load_bound, plan_caps, prove

@@ -225,9 +225,10 @@ def testlighten_first_stage_keeps_the_device_loads_and_finds_the_issue_plan() ->
     activations stage 0 keeps until its W) to its later stages keeps every device's load and
     gives the list scheduler room: one such plan under memory-filling budgets beats the
     device-balanced plan it came from, and the tuner's seeds hold it."""
-    from agents.tuner import lighten_first_stage, with_filled_budgets
+    from agents.tuner import lighten_first_stage
     from pipeline.balance import device_loads
     from pipeline.hardware import build_cluster
+    from pipeline.start_recipes import with_filled_budgets
 
     profile = zoo_profile("gemma-large", seq_len=4096, granularity="sublayer", head_shards=8)
     scenario = Scenario(profile, build_cluster("h100", devices=16, gpus_per_node=8), 64)
@@ -259,8 +260,8 @@ def test_schedule_moves_refill_budgets_after_recomputing_the_fullest_device() ->
 
     import numpy as np
 
-    from agents.tuner import with_filled_budgets, with_roomy_budgets
     from env.scenarios import HELDOUT_SCENARIO, sample_scenario
+    from pipeline.start_recipes import with_filled_budgets, with_roomy_budgets
 
     scenario = sample_scenario(np.random.default_rng(20010), HELDOUT_SCENARIO)
     ev = Evaluator(scenario)

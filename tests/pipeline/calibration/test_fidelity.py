@@ -307,7 +307,7 @@ def test_two_replays_of_one_plan_are_no_pair_and_set_the_jobs_noise_floor() -> N
 
 
 def test_the_fidelity_benchmark_analyses_a_saved_replay_set_again(tmp_path, capsys) -> None:
-    from experiments.benchmarks.fidelity import load_replay_set, main, save_replay_set
+    from experiments.benchmarks.predicted_vs_measured import load_replay_set, main, save_replay_set
 
     profile, cluster = _measured_profile(), Cluster(devices=2, latency_us=60.0, p2p_gbps=4.0)
     plans, calib = named_plans(4), calibration_plans(profile, cluster, 4, count=3, seed=1)
@@ -332,7 +332,7 @@ def test_the_fidelity_benchmark_analyses_a_saved_replay_set_again(tmp_path, caps
 
 
 def test_stage_factors_read_each_stages_measured_compute_over_its_profile() -> None:
-    from experiments.benchmarks.fidelity import stage_factors
+    from experiments.benchmarks.predicted_vs_measured import stage_factors
 
     profile, cluster = _measured_profile(), Cluster(devices=2)
     plans = named_plans(4)
@@ -347,7 +347,7 @@ def test_stage_factors_read_each_stages_measured_compute_over_its_profile() -> N
 
 
 def test_overlap_factors_split_each_operation_by_what_the_other_rank_did() -> None:
-    from experiments.benchmarks.fidelity import overlap_factors
+    from experiments.benchmarks.predicted_vs_measured import overlap_factors
 
     profile, cluster = _measured_profile(), Cluster(devices=2)
     plans = named_plans(4)

@@ -22,8 +22,8 @@ from pipeline.candidates import Scenario
 from pipeline.errors import PlanError
 from pipeline.evaluator import Evaluator
 from pipeline.exact import plan_caps, prove
-from pipeline.schedules import build_plan
 from pipeline.simulator import stage_costs
+from pipeline.start_recipes import named_schedule_plan
 
 __all__ = ["MAX_ACTIONS", "ZbOptSearcher", "solver_seconds"]
 
@@ -50,7 +50,7 @@ class ZbOptSearcher:
         ev = Evaluator(scenario)
         p = scenario
         try:
-            base = build_plan("zb-h2", p.profile, p.cluster, microbatches=p.microbatches, training=p.training)
+            base = named_schedule_plan(ev, "zb-h2")
         except PlanError as exc:
             return SearchResult(self.name, None, None, 0, ev.seconds, note=str(exc))
         result = ev.simulate_plan(base)

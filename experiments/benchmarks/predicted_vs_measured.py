@@ -19,7 +19,7 @@ same with the compute contention between the ranks fitted with the overheads; "+
 each layer's own factor from the stages of one layer, fit_layer_scales; the benchmark plans never inform
 their own predictions).
 
-  python -m experiments.benchmarks.fidelity [--microbatches 8] [--steps 30] [--calibration-plans 8]
+  python -m experiments.benchmarks.predicted_vs_measured [--microbatches 8] [--steps 30] [--calibration-plans 8]
       [--tuner-calls 400] [--lowering early|torch] [--stage-factors] [--raw-times] [--json]
       [--save FILE | --from FILE]
 """

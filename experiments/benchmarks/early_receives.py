@@ -6,7 +6,7 @@ under PyTorch's own lowering (``torch``: each RECV where the lock-step round-rob
 ours (``early``: every RECV at the start of the step, executor/lowering.py), ``--rounds`` times
 each. Prints per plan the median measured iteration time and bubble under each, and their ratio.
 
-  python -m experiments.benchmarks.lowering [--rounds 2] [--steps 10] [--json]
+  python -m experiments.benchmarks.early_receives [--rounds 2] [--steps 10] [--json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from executor.replay import ReplayOptions, run_job
-from experiments.benchmarks.fidelity import benchmark_plans
+from experiments.benchmarks.predicted_vs_measured import benchmark_plans
 from experiments.common import positive_int, print_table
 from experiments.workflow.report import timeline_busy
 from pipeline.calibration.fidelity import measured_cluster
