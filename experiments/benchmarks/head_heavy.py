@@ -7,7 +7,11 @@ fullest device and the last stage) under each cost convention:
 
 * ``fused``: the loss as one fused bf16 kernel, every GEMM at the preset's rate (the model before);
 * ``fp32``: the loss op by op in fp32 as Megatron-LM runs it (:func:`pipeline.costs._cross_entropy`),
-  GEMMs at their shape efficiency (:meth:`pipeline.hardware.GPUSpec.gemm_efficiency`): the model now.
+  GEMMs at their shape efficiency (:meth:`pipeline.hardware.GPUSpec.gemm_efficiency`): the model now;
+* ``row``: what ``benchmarks.published`` predicts for a row of such a table (:func:`vocab_table_row`,
+  measured MFU and memory instead of a throughput): the whole-job model at the A100 source's fitted
+  compute scale, FlashAttention as the row does not say otherwise
+  (:func:`experiments.benchmarks.published_job.predict_job`); its peak in GiB.
 
   python -m experiments.benchmarks.head_heavy [--gpu a100] [--json]
 """
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from typing import Any
 
+from experiments.benchmarks.published_job import predict_job
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import CostOptions, runtime_cost_options
 from pipeline.hardware import GPUSpec, get_gpu
@@ -25,7 +31,7 @@ from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_pro
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
 
-__all__ = ["head_heavy_row", "main"]
+__all__ = ["head_heavy_row", "vocab_table_row", "main"]
 
 
 def head_heavy_row(vocab: int, seq_len: int, *, gpu: GPUSpec, options: CostOptions, hidden: int = 3072,
@@ -44,6 +50,19 @@ def head_heavy_row(vocab: int, seq_len: int, *, gpu: GPUSpec, options: CostOptio
     return {"mfu": est.mfu, "peak_gib": max(peaks), "last_stage_gib": peaks[-1]}
 
 
+def vocab_table_row(vocab: int, seq_len: int, *, mfu: float | None = None, peak_memory_gb: float | None = None,
+                    flags: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The table's row for ``vocab`` and ``seq_len`` in the shared published format (its measured MFU and
+    peak memory where given), as :mod:`experiments.benchmarks.published` reads it."""
+    return {"id": f"head_heavy_{vocab // 1000}k_s{seq_len}", "table": "head-heavy vocabulary table",
+            "model": {"name": "GPT h3072 L32", "layers": 32, "hidden": 3072, "ffn_hidden": None, "heads": 24,
+                      "kv_heads": None, "vocab": vocab, "seq_len": seq_len},
+            "parallel": {"tp": 1, "pp": 8, "dp": 1, "cp": 1, "vpp": 1},
+            "batch": {"micro_batch_size": 1, "num_microbatches": 128, "global_batch": 128},
+            "schedule": "1F1B", "gpus": 8, "gpu_type": "A100 SXM 80GB", "training_flags": flags or {},
+            "measured": {"throughput": None, "throughput_unit": None, "mfu": mfu, "peak_memory_gb": peak_memory_gb}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", default="a100", help="GPU preset (default a100)")
@@ -53,18 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     models = {"fused": (replace(gpu, sm_count=0), CostOptions(fused_cross_entropy=True, main_grad_bytes=0)),
               "fp32": (gpu, runtime_cost_options("megatron"))}
     if not args.json:
-        print(f"{'vocab':>7} {'seq':>5}  {'MFU fused':>9} {'MFU fp32':>8}  {'peak fused':>10} {'peak fp32':>9}"
-              f"  {'last fused':>10} {'last fp32':>9}")
+        print(f"{'vocab':>7} {'seq':>5}  {'MFU fused':>9} {'MFU fp32':>8} {'MFU row':>7}  {'peak fused':>10} "
+              f"{'peak fp32':>9} {'peak row':>8}  {'last fused':>10} {'last fp32':>9}")
     for vocab in (32000, 64000, 128000, 256000):
         for seq_len in (2048, 4096):
             got = {k: head_heavy_row(vocab, seq_len, gpu=g, options=o) for k, (g, o) in models.items()}
+            row = predict_job(vocab_table_row(vocab, seq_len), default_flash=True)
+            got["row"] = {"mfu": row.mfu or 0.0, "peak_gib": row.peak_memory_gib or 0.0}
             if args.json:
                 print(json.dumps({"vocab": vocab, "seq_len": seq_len, **{f"{k}_{f}": round(v, 4) for k, r in got.items()
                                                                        for f, v in r.items()}}))
                 continue
-            a, b = got["fused"], got["fp32"]
-            print(f"{vocab:>7} {seq_len:>5}  {a['mfu']:>9.3f} {b['mfu']:>8.3f}  {a['peak_gib']:>10.1f} "
-                  f"{b['peak_gib']:>9.1f}  {a['last_stage_gib']:>10.1f} {b['last_stage_gib']:>9.1f}")
+            a, b, c = got["fused"], got["fp32"], got["row"]
+            print(f"{vocab:>7} {seq_len:>5}  {a['mfu']:>9.3f} {b['mfu']:>8.3f} {c['mfu']:>7.3f}  "
+                  f"{a['peak_gib']:>10.1f} {b['peak_gib']:>9.1f} {c['peak_gib']:>8.1f}  "
+                  f"{a['last_stage_gib']:>10.1f} {b['last_stage_gib']:>9.1f}")
     return 0
 
 

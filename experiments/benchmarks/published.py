@@ -8,7 +8,8 @@ per-stage F/B/W and transfer times). Each row goes to the model of the codebase 
   pipeline is built from per-stage times (its own, or those of the same model in the same source
   scaled by layers per stage and micro-batch size: :mod:`experiments.benchmarks.published_stages`),
   scheduled as the row's schedule does and simulated under the runtime that ran it
-  (:mod:`pipeline.runtime`);
+  (:mod:`pipeline.runtime`); its peak memory, where the row gives one, is walked along that order
+  (:mod:`experiments.benchmarks.published_memory`);
 * **whole-job rows in TFLOP/s per GPU** (Megatron-LM's TP x PP x DP runs): rebuilt analytically
   by the whole-job model (:mod:`experiments.benchmarks.published_job`, docs/whole-job.md);
 * **torchtitan rows in tokens/s per GPU** (FSDP2, TP / async TP, CP, PP, torch.compile, Float8,
@@ -33,8 +34,9 @@ throughput error, the median error of each schedule's ratio to 1F1B in its group
 of rows in a group (same model, pipeline and global batch) ranked as measured (ties within 1%).
 ``--json`` prints one object per row, ``{"id", "unit", "measured", "predicted", "stage_times",
 "analytic"}`` (plus ``"reason"`` where it cannot predict, ``"memory_measured_gb"`` and
-``"memory_predicted_gb"`` where the row gives its peak memory), then the summary object. ``--all DIR`` does this for
-every table in DIR and prints one line per file and a total. ``--fit`` grid-searches the
+``"memory_predicted_gb"``, ``"memory_notes"`` where the row gives its peak memory), then the summary. ``--all DIR``:
+every table in DIR, one line per file and a total. ``--fit-memory``: the memory walk's constants
+(:func:`experiments.benchmarks.published_memory.fit_memory`). ``--fit`` grid-searches the
 runtime's three shared parameters (compute scale, per-action overhead, step time) on every
 pipeline row given, ranking first (the fewest pairs ranked unlike the measurements), then the
 median error (on a file of whole-job rows: the source's compute scale and per-iteration time).
@@ -57,7 +59,7 @@ import multiprocessing
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,7 @@ from experiments.benchmarks.published_job import (
     predict_job_row,
     source_of,
 )
+from experiments.benchmarks.published_memory import ZB_MEMORY, MemoryModel, fit_memory, memory_pairs, row_peak_memory
 from experiments.benchmarks.published_rows import (
     SAMPLES_PER_GPU,
     UNITS,
@@ -119,7 +122,12 @@ class Prediction:
     memory_measured_gb: float | None = None
     """The row's published peak memory (GB as the source reports it), where it gives one."""
     memory_predicted_gb: float | None = None
-    """The runtime model's peak memory of the row (GiB), where the row gives one to compare."""
+    """The model's peak memory of the row where it gives one: GiB for torchtitan and whole-job rows, the
+    source's GB for pipeline rows (:mod:`experiments.benchmarks.published_memory`)."""
+    memory_notes: str | None = None
+    """What the memory prediction assumed that the row leaves out, or why there is none."""
+    plan: Plan | None = field(default=None, repr=False, compare=False)
+    """A pipeline row's simulated plan (its memory is walked along its order); not printed."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "unit": self.unit, "measured": self.measured,
@@ -129,6 +137,8 @@ class Prediction:
             out["reason"] = self.reason
         if self.memory_measured_gb is not None:
             out.update(memory_measured_gb=self.memory_measured_gb, memory_predicted_gb=self.memory_predicted_gb)
+        if self.memory_notes:
+            out["memory_notes"] = self.memory_notes
         return out
 
 
@@ -226,9 +236,10 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
 
 def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
                 overrides: dict[str, Runtime] | None = None, infer_degrees: bool = False,
-                nic_efficiency: float = NIC_EFFICIENCY, with_analytic: bool = True) -> Prediction:
+                nic_efficiency: float = NIC_EFFICIENCY, with_analytic: bool = True,
+                memory: MemoryModel = ZB_MEMORY) -> Prediction:
     """Predict one published row (see the module docstring); ``rows`` are its source's rows (donors
-    of stage times, the flags of whole-job rows)."""
+    of stage times, the flags of whole-job rows); ``memory``: a pipeline row's peak-memory constants."""
     meas = row.get("measured") if isinstance(row.get("measured"), dict) else {}
     unit = meas.get("throughput_unit") or "?"
     out = Prediction(str(row.get("id")), row_group(row), str(row.get("schedule") or "-"), unit,
@@ -281,48 +292,58 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     runtime = (overrides or {}).get(runtime_name, RUNTIMES[runtime_name])
     if schedule in V_SCHEDULES and int(row["model"]["layers"]) + 2 < 2 * int(par["pp"]):
         return replace(out, reason=f"{row.get('schedule')} needs two chunks per device: at least 2 x pp - 2 layers")
-    predicted, error = _simulated(schedule, times, row, runtime, nic_efficiency)
+    predicted, error, plan = _simulated(schedule, times, row, runtime, nic_efficiency)
     if predicted is None:
         return replace(out, reason=error, stage_times=times.source)
     analytic = analytic_stage_times(row) if times.source != "analytic" else times
     if with_analytic and not isinstance(analytic, str):
-        analytic_value, _ = _simulated(schedule, analytic, row, runtime, nic_efficiency)
+        analytic_value, _, _ = _simulated(schedule, analytic, row, runtime, nic_efficiency)
         out = replace(out, analytic=analytic_value)
-    return replace(out, predicted=predicted, stage_times=times.source)
+    out = replace(out, predicted=predicted, stage_times=times.source, plan=plan)
+    if meas.get("peak_memory_gb"):
+        peak, notes = row_peak_memory(plan, row, rows, model=memory)
+        out = replace(out, memory_measured_gb=meas["peak_memory_gb"], memory_predicted_gb=peak, memory_notes=notes)
+    return out
 
 
 def _mfu_row(row: dict[str, Any], out: Prediction, meas: dict[str, Any]) -> Prediction:
     """A row that publishes its MFU (and peak memory) instead of a throughput, such as a table of
     one model at several vocabulary sizes: the whole-job model's MFU in Megatron's FLOP formula, and its
-    peak memory where the row gives one. Megatron-LM reports memory in 2^20-byte units (``report_memory``),
-    so a Megatron-based row's "GB" is compared as GiB."""
-    got = predict_job(row)
+    peak memory where the row gives one (in GB of 1e9 bytes unless its ``peak_memory_unit`` is GiB). Its
+    source's fitted compute scale applies; FlashAttention unless the
+    row says otherwise (the cost model's default: such a table is not the 2021 TFLOP/s runs whose
+    codebase fact is no FlashAttention)."""
+    got = predict_job(row, default_flash=True)
     memory = meas.get("peak_memory_gb")
+    gib = str(meas.get("peak_memory_unit") or "").lower() == "gib"
+    if got.peak_memory_gib is not None and not gib:  # the row's "GB": 1e9 bytes unless it says GiB
+        got = replace(got, peak_memory_gib=got.peak_memory_gib * 2**30 / 1e9)
     return replace(out, unit="MFU", measured=mfu_fraction(float(meas["mfu"])), predicted=got.mfu,
                    reason=got.reason, stage_times="whole-job model", memory_measured_gb=memory,
                    memory_predicted_gb=got.peak_memory_gib if memory else None)
 
 
 def _simulated(schedule: str, times: StageTimes, row: dict[str, Any], runtime: Runtime,
-               nic_efficiency: float) -> tuple[float | None, str | None]:
-    """(samples/s/GPU, None) of the row's pipeline on ``times``, or (None, the simulator's error)."""
+               nic_efficiency: float) -> tuple[float | None, str | None, Plan]:
+    """(samples/s/GPU, None, plan) of the row's pipeline on ``times``, or (None, the simulator's error, plan)."""
     P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
     plan, profile, cluster, training = _pipeline_plan(schedule, times, row, runtime, nic_efficiency)
     result = simulate(plan, profile, cluster, training=training, record_timeline=False)
     if not result.valid:
-        return None, result.error
+        return None, result.error, plan
     seconds = result.iteration_time * profile.seconds_per_unit
-    return int(row["batch"]["micro_batch_size"]) * M / seconds / P, None
+    return int(row["batch"]["micro_batch_size"]) * M / seconds / P, None, plan
 
 
 def predict_rows(rows: Sequence[dict[str, Any]], *, overrides: dict[str, Runtime] | None = None,
                  infer_degrees: bool = False, donors: Sequence[dict[str, Any]] | None = None,
-                 nic_efficiency: float = NIC_EFFICIENCY, with_analytic: bool = True) -> list[Prediction]:
+                 nic_efficiency: float = NIC_EFFICIENCY, with_analytic: bool = True,
+                 memory: MemoryModel = ZB_MEMORY) -> list[Prediction]:
     """:func:`predict_row` of every row (``donors``: the rows stage times may come from, default ``rows``;
     ``with_analytic=False`` leaves out the analytic column, as the fit does)."""
     pool = rows if donors is None else donors
     return [predict_row(r, pool, overrides=overrides, infer_degrees=infer_degrees, nic_efficiency=nic_efficiency,
-                        with_analytic=with_analytic) for r in rows]
+                        with_analytic=with_analytic, memory=memory) for r in rows]
 
 
 def _pairs(groups: dict[str, list[Prediction]]) -> tuple[int, int, list[str]]:
@@ -352,8 +373,10 @@ def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
             ratio_errors += [abs((p.predicted / base.predicted) / (p.measured / base.measured) - 1)
                              for p in members if p is not base]
     ranked, pairs, wrong = _pairs(groups)
-    memory = [abs(p.memory_predicted_gb / p.memory_measured_gb - 1) for p in done
-              if p.memory_measured_gb and p.memory_predicted_gb is not None]
+    peaks = [(p.group, p.memory_measured_gb, p.memory_predicted_gb) for p in done
+             if p.memory_measured_gb and p.memory_predicted_gb is not None]
+    memory = [abs(predicted / measured - 1) for _, measured, predicted in peaks]
+    memory_ranked, memory_pair_count = memory_pairs(peaks)
     with_throughput = sum(p.measured is not None for p in preds)
     analytic = [abs(p.analytic / p.measured - 1) for p in done if p.analytic is not None]
     return {"summary": True, "rows": len(preds), "with_throughput": with_throughput, "predicted": len(done),
@@ -365,6 +388,7 @@ def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
             "memory_rows": len(memory),
             "memory_median_abs_error": statistics.median(memory) if memory else None,
             "memory_max_abs_error": max(memory) if memory else None,
+            "memory_pairs": memory_pair_count, "memory_pairs_ranked_as_measured": memory_ranked,
             "median_ratio_to_1f1b_error": statistics.median(ratio_errors) if ratio_errors else None,
             "pairs": pairs, "pairs_ranked_as_measured": ranked,
             "groups": sum(len(m) > 1 for m in groups.values()),
@@ -480,8 +504,11 @@ def _print_rows(preds: Sequence[Prediction]) -> None:
             continue
         analytic = (f"{p.analytic:9.3f} {100 * (p.analytic / p.measured - 1):+6.1f}%" if p.analytic is not None
                     else f"{'-':>9} {'-':>7}")
+        memory = (f"; memory {p.memory_measured_gb} GB, predicted {p.memory_predicted_gb:.1f} "
+                  f"({100 * (p.memory_predicted_gb / p.memory_measured_gb - 1):+.1f}%{'; ' if p.memory_notes else ''}"
+                  f"{p.memory_notes or ''})" if p.memory_measured_gb and p.memory_predicted_gb is not None else "")
         print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
-              f"{100 * (p.predicted / p.measured - 1):+6.1f}% {analytic}  {p.stage_times or 'whole-job model'}")
+              f"{100 * (p.predicted / p.measured - 1):+6.1f}% {analytic}  {p.stage_times or 'whole-job model'}{memory}")
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
@@ -494,7 +521,8 @@ def _summary_line(summary: dict[str, Any]) -> str:
                f"{_fmt(summary['analytic_median_abs_error'])}, max {_fmt(summary['analytic_max_abs_error'])}"
                if summary.get("analytic_rows") else "")
             + (f"; peak memory of {summary['memory_rows']} rows: median |error| "
-               f"{_fmt(summary['memory_median_abs_error'])}, max {_fmt(summary['memory_max_abs_error'])}"
+               f"{_fmt(summary['memory_median_abs_error'])}, max {_fmt(summary['memory_max_abs_error'])}, "
+               f"pairs ranked {summary['memory_pairs_ranked_as_measured']} of {summary['memory_pairs']}"
                if summary["memory_rows"] else ""))
 
 
@@ -505,6 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="every *.json table in DIR: one line per file, then the total")
     parser.add_argument("--json", action="store_true", help="one JSON object per row, then the summary")
     parser.add_argument("--fit", action="store_true", help="grid-search the runtime's shared parameters")
+    parser.add_argument("--fit-memory", action="store_true",
+                        help="grid-search the peak-memory walk's constants on every pipeline row with a memory "
+                             "(FILE with its sibling tables, or --all DIR), ranking first")
     parser.add_argument("--workers", type=int, default=1, help="processes for --fit's grid (default 1)")
     parser.add_argument("--infer-degrees", action="store_true",
                         help="whole-job rows that give only tp*pp: tp = min(8, tp*pp), 1F1B, the flags of the "
@@ -529,6 +560,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         values, summary = _fit(tables_rows if args.all else [*tables_rows, *_siblings(tables[0][0])],
                                workers=args.workers)
         print(json.dumps({"fit": values, **summary}))
+        return 0
+    if args.fit_memory:
+        pool = [r for rows in ([t for _, t in tables] if args.all else [tables[0][1], *_siblings(tables[0][0])])
+                for r in rows]
+        preds = predict_rows(pool, overrides=forced, with_analytic=False)
+        items = [(r, p.plan, p.group) for r, p in zip(pool, preds) if p.plan is not None and p.memory_measured_gb]
+        model, figures = fit_memory(items, pool)
+        print(json.dumps({"fit_memory": asdict(model), **figures}))
         return 0
     everything: list[Prediction] = []
     others = [rows for _, rows in tables] if args.all else _siblings(tables[0][0])

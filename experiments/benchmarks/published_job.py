@@ -217,13 +217,17 @@ def _flag_bool(value: object) -> bool | None:
     return "flash" in text or None
 
 
-def row_cost_facts(row: dict[str, Any], source: JobSource) -> tuple[bool, bool, list[str]]:
+def row_cost_facts(row: dict[str, Any], source: JobSource, *,
+                   default_flash: bool | None = None) -> tuple[bool, bool, list[str]]:
     """(FlashAttention, dropout masks kept, assumptions) of ``row``: what its ``training_flags`` state,
-    else its source's codebase fact (FlashAttention) or none (dropout), each default said in the list."""
+    else ``default_flash`` (None: its source's codebase fact) and no dropout, each default said in the list."""
     flags = row.get("training_flags") or {}
     notes: list[str] = []
     flash = next((v for k in FLASH_FLAGS if k in flags for v in [_flag_bool(flags[k])] if v is not None), None)
-    if flash is None:
+    if flash is None and default_flash is not None:
+        flash = default_flash
+        notes.append(f"flash_attention={flash} (the row does not say; the cost model's default)")
+    elif flash is None:
         flash = source.flash_attention
         notes.append(f"flash_attention={flash} ({source.name}'s codebase)")
     dropout = next((v for k in DROPOUT_FLAGS if k in flags for v in [_flag_bool(flags[k])] if v is not None), None)
@@ -245,9 +249,11 @@ class JobRowPrediction:
     assumptions: tuple[str, ...] = ()
 
 
-def predict_job(row: dict[str, Any], *, source: JobSource | None = None) -> JobRowPrediction:
+def predict_job(row: dict[str, Any], *, source: JobSource | None = None,
+                default_flash: bool | None = None) -> JobRowPrediction:
     """The whole-job model's step of ``row`` (docstring of this module): TFLOP/s per GPU and MFU in
-    Megatron's FLOP formula, and the fullest device's peak memory (GiB)."""
+    Megatron's FLOP formula, and the fullest device's peak memory (GiB). ``default_flash``: FlashAttention
+    where the row does not say (None: its source's codebase fact, :func:`row_cost_facts`)."""
     source = source or source_of(row)
     if source is None:
         return JobRowPrediction(reason=f"no whole-job source for GPU {row.get('gpu_type')!r}")
@@ -260,7 +266,7 @@ def predict_job(row: dict[str, Any], *, source: JobSource | None = None) -> JobR
         missing = "seq_len" if model.get("seq_len") is None else "vocab"
         return JobRowPrediction(reason=f"row field 'model.{missing}' is not published; the whole-job model needs it")
     s = int(model["seq_len"])
-    flash, dropout, notes = row_cost_facts(row, source)
+    flash, dropout, notes = row_cost_facts(row, source, default_flash=default_flash)
     try:
         arch = _gpt(model, tied=source.tied_embeddings)
         profile = job_profile(arch, par, gpu=source.gpu, seq_len=s,
