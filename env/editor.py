@@ -48,6 +48,7 @@ __all__ = [
     "PlanEditor",
     "SharedEvaluator",
     "family_of",
+    "presets_of",
     "fit_memory",
     "preset_budgets",
     "portfolio",
@@ -153,6 +154,11 @@ def _presets(devices: int) -> tuple[tuple[float, ...] | None, ...]:
     return hit
 
 
+def presets_of(devices: int) -> tuple[tuple[float, ...] | None, ...]:
+    """:func:`preset_budgets` of each of :data:`BUDGET_PRESETS` on ``devices`` (cached; None: unlimited)."""
+    return _presets(devices)
+
+
 def family_of(c: Candidate, devices: int) -> int:
     """Index in :data:`PLACEMENT_FAMILIES` of the candidate's placement, or -1 for another mapping."""
     for k, placement in enumerate(_family_placements(devices, c.num_stages)):
@@ -186,7 +192,7 @@ def portfolio(scenario: Scenario, sizes_of=None) -> list[Candidate]:
             continue
         placement = make_placement(kind, P, chunks)
         counts_w = preset not in ("zb-h1", "zb-h2")
-        out.append(Candidate(sizes_of(placement), placement, "list", preset_budgets(preset, P),
+        out.append(Candidate(sizes_of(placement), placement, "list", _presets(P)[BUDGET_PRESETS.index(preset)],
                              cap_counts_w=counts_w, max_pending_w=None if counts_w else P))
     return out
 
@@ -217,6 +223,10 @@ class SharedEvaluator(Evaluator):
             self.remember(c, hit)
             return hit
         return self.adopt(c, hit)
+
+    def evaluated(self) -> list[Candidate]:
+        """The candidates this evaluator has results of (what :meth:`known` is true of), in order."""
+        return list(self._cache)
 
     def remembers(self, c: Candidate) -> bool:
         """Whether the scenario's memo holds ``c`` (found by this or an earlier episode)."""

@@ -1,4 +1,7 @@
-"""``adaptis/Pipeline-v0``: improve one pipeline plan by discrete edits, one simulator call a step."""
+"""``adaptis/Pipeline-v0``: improve one pipeline plan by discrete edits, one simulator call a step.
+
+Over 600 lines: a fifth of it is the environment's card (the class docstring Gymnasium shows).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from env.editor import (
     portfolio,
     score,
 )
+from env.native_core import balanced_of
 from env.scenarios import ScenarioConfig, sample_scenario, zero_shot_starts
 from pipeline.bounds import lower_bound
 from pipeline.candidates import Candidate, Scenario
@@ -114,6 +118,9 @@ class _Prep:
         self.devices = dev
         self._placements: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
         self.obs_cache: dict[tuple[Candidate, float], tuple] = {}
+        # env.native_core's: DP splits by the stages' speeds, the compiled core's table (None: not built, False: none)
+        self.native_balanced: dict[tuple, tuple[int, ...]] = {}
+        self.native_table: Any = None
 
     def reference(self, kind: str) -> float:
         hit = self.references.get(kind)
@@ -311,6 +318,7 @@ class PipelineEnv(gym.Env):
         self._calls_at_start = 0
         self._obs_cache: tuple | None = None
         self._scored: tuple[Result, float, float] | None = None
+        self._own_evaluator = True
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -376,6 +384,7 @@ class PipelineEnv(gym.Env):
         self._prep = prep
         self.reference = prep.reference(options.get("reference", "bound"))
         self._scored = None
+        self._own_evaluator = evaluator is None
         if evaluator is None:
             evaluator = SharedEvaluator(scenario, share=prep.evaluator, results=self.share_results)
         max_calls = options.get("max_calls", self.max_calls)
@@ -389,7 +398,7 @@ class PipelineEnv(gym.Env):
             start = zero_shot_starts(scenario, evaluator)
         elif start is None or start == "portfolio":
             if prep.portfolio is None:
-                prep.portfolio = portfolio(scenario, prep.evaluator.balanced_sizes)
+                prep.portfolio = portfolio(scenario, lambda placement: balanced_of(prep, placement))
             start = prep.portfolio
         elif isinstance(start, Candidate):
             start = [start]
@@ -400,6 +409,15 @@ class PipelineEnv(gym.Env):
         self._calls_cap = max(1, (max_calls or self.max_steps + 10) - evaluator.calls)
         self._calls_at_start = evaluator.calls
         self._obs_cache = None
+
+    def episode_state(self) -> dict[str, Any]:
+        """What a reset leaves beside the editor and the public fields, for the compiled core to step
+        the episode on (:func:`env.native_core.load`): the scenario's preparation, whether the
+        episode's evaluator is its own (not ``options["evaluator"]``), its call budget for the
+        ``calls_left`` feature (``calls_cap``, ``calls_at_start``) and its starting iteration time."""
+        self._editor()
+        return {"prep": self._prep, "own_evaluator": self._own_evaluator, "calls_cap": self._calls_cap,
+                "calls_at_start": self._calls_at_start, "start_time": self._start_time}
 
     def step_core(self, action) -> tuple[float, bool, bool, bool, str]:
         """:meth:`step` without its observation and info: ``(reward, terminated, truncated, kept, edit)``

@@ -37,8 +37,30 @@ column by column; a subclass that overrides a part is reset / stepped through it
 * Seeds: ``reset(seed=s)`` seeds environment ``i`` with ``s + i`` (a list: one seed each).
 * ``render_mode`` is None (render one environment with ``vec.envs[i]``).
 
-What is not batched: each environment's Python (its edited candidates and their stage costs, the
-scenario draw, cost model and DP splits at reset) runs one environment after another.
+**The compiled core.** With the compiled engine built (``native=None``, the default, or ``True``), a
+step does not run the environments' Python: the compiled environment core
+(``pipeline/_native/env_core.hpp`` through :mod:`env.native_core`) holds each environment's current
+and best plans, its edit table and mask and the plans its episode evaluated, applies the step's
+edits, schedules and simulates the new plans in-process (on ``engine_threads`` of the engine's
+persistent threads), and writes observations, rewards, flags, masks and the info columns into
+arrays the step copies out; with ``engine_threads`` > 1 it steps on a side thread (the GIL
+released) while the step's Python (the autoresets, environments stepped in Python) runs. Resets stay
+Python's (:meth:`PipelineEnv.reset_rounds`: the scenario draw, its cost model, the portfolio), with
+the starting plans simulated in one compiled batch and the DP splits compiled too, and hand their
+state to the core (:func:`env.native_core.load`).
+``tests/env/test_native_core.py`` holds it to the Python environment bit for bit (observations,
+rewards, flags, masks, infos, simulator calls) over thousands of seeded trajectories. Episodes the
+core does not port (a caller's ``options["evaluator"]``, other orders or recomputation, runtimes
+with step costs, see :func:`env.native_core.unsupported`) and environments whose subclass
+overrides a part step in Python as below. Stepped by the core, ``envs[i]`` keep the state their
+reset left: read the episode from the infos (``candidate``, ``best_candidate``, ``sim_calls``).
+``native=False`` steps every environment in Python.
+
+Over 600 lines: the step runs two paths side by side (the compiled core's and Python's), each
+environment on one of them, and their infos and observations meet here.
+
+The Python path: everything but the batched simulations (the edited candidates and their stage
+costs, the scenario draw, cost model and DP splits at reset) runs one environment after another.
 """
 
 from __future__ import annotations
@@ -46,13 +68,16 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from env import native_core
 from env.pipeline_env import PipelineEnv
+from pipeline import engine
 from pipeline.candidates import Candidate
 from pipeline.evaluator import Evaluator, results_across
 
@@ -60,6 +85,8 @@ __all__ = ["PipelineVectorEnv", "check_room", "BYTES_PER_ENV"]
 
 #: The observation's entries in the order of ``PipelineEnv.observation_parts``.
 _PARTS = ("stages", "devices", "plan")
+#: ``info["edit"]`` by ``EnvCore.edits`` code + 2 (-2 masked, -1 stop, else the action).
+_EDIT_NAMES = np.array(["masked", "stop", *native_core.EDIT_NAMES], dtype=object)
 #: Memory one environment may take, bytes: about 0.3 MiB measured after 30 steps of ``default``
 #: (256 environments: 110 MiB RSS, 1,024: 315 MiB), with room for scenarios of 32 devices.
 BYTES_PER_ENV = 2**20
@@ -95,10 +122,12 @@ class PipelineVectorEnv(VectorEnv):
     ``repeat_scenario``, ``single_start_share``, ``share_results``, ``allow_stop``...), the same
     for every environment; or ``env_factory``, a callable that returns one new ``PipelineEnv``
     (a subclass with a fixed scenario, say) per environment. ``engine_threads``: threads of the
-    native batch (default 1: the compiled engine starts its threads at every call, and on a machine
-    whose cores are busy a second thread that waits for a core holds up the whole step; 2 pays only
-    on idle cores). ``pause_gc`` (default True): no cyclic garbage collection inside a step (see
-    :attr:`pause_gc`).
+    native batch and of the compiled core's steps (default 1: the engine keeps its helper threads from
+    batch to batch, but on a machine whose cores are busy a second thread that waits for a core holds
+    up the whole step; 2 pays on idle cores). ``pause_gc`` (default True): no cyclic garbage
+    collection inside a step (see :attr:`pause_gc`). ``native``: step on the compiled environment
+    core (None: where it is built; True: a ValueError where it is not; False: in Python; see the
+    module docstring).
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -106,7 +135,7 @@ class PipelineVectorEnv(VectorEnv):
     def __init__(self, num_envs: int = 1, *, autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
                  render_mode: str | None = None, max_episode_steps: int | None = None,
                  env_factory: Callable[[], PipelineEnv] | None = None, engine_threads: int = 1,
-                 pause_gc: bool = True, **env_kwargs: Any) -> None:
+                 pause_gc: bool = True, native: bool | None = None, **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
         check_room(int(num_envs))
@@ -151,12 +180,28 @@ class PipelineVectorEnv(VectorEnv):
         self._plain_reset = [e.resets_in_rounds for e in self.envs]
         self._plain_masks = all(self._plain_step)
         self._sim_seconds = self._reset_seconds = 0.0
+        if native not in (None, True, False):
+            raise ValueError(f"native must be None (auto), True or False, got {native!r}")
+        self._core = None if native is False else engine.env_core(self.num_envs, threads=self.engine_threads)
+        if native and self._core is None:
+            raise ValueError("native=True needs the compiled engine with its environment core: run 'make engine' "
+                             "(or pass native=None to step in Python without it)")
+        self._can_native = [p and r for p, r in zip(self._plain_step, self._plain_reset)]
+        self._native = np.zeros(self.num_envs, dtype=bool)
+        """Environments whose episode the compiled core steps (:mod:`env.native_core`; set at each reset)."""
+        self._side_thread: ThreadPoolExecutor | None = None
+        self._native_seconds = 0.0
+        # the core's current / best candidates as objects, and the versions they were built at
+        self._cands = {b: (np.full(self.num_envs, None, dtype=object), np.zeros(self.num_envs, dtype=np.uint64))
+                       for b in (False, True)}
         self.batched_calls = 0
-        """Native batches run by :meth:`step` (one per step that simulated something)."""
-        self.timings = {"step": 0.0, "prefetch": 0.0, "resets": 0.0}
+        """Native batches run by :meth:`step`: the Python path's batches of simulations, the compiled
+        core's steps and its batches of starting plans."""
+        self.timings = {"step": 0.0, "prefetch": 0.0, "resets": 0.0, "native": 0.0}
         """Seconds spent in :meth:`step`, in its batched simulations (the edited candidates' and the
         starting plans' stage costs and the native calls) and in its autoresets less those
-        simulations (the scenario draw, cost model, DP splits, first masks): where a step's time goes."""
+        simulations (the scenario draw, cost model, DP splits, first masks), and in the compiled core's
+        steps (``native``): where a step's time goes."""
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -208,9 +253,14 @@ class PipelineVectorEnv(VectorEnv):
             if not whole:
                 raise ValueError(f"actions must be whole numbers in [0, {self.single_action_space.n}) (an integer "
                                  f"array of shape ({n},)), got dtype {acts.dtype}: {acts[:4].tolist()}")
-        acts = acts.astype(np.int64, copy=False).tolist()
         mode = self.autoreset_mode
         next_step = mode == AutoresetMode.NEXT_STEP
+        n_actions = self.single_action_space.n
+        out_of_range = ((acts < 0) | (acts >= n_actions)) & ~(self._autoreset if next_step else False)
+        if out_of_range.any():  # before any environment steps (an ending one's action is ignored)
+            bad = acts[np.flatnonzero(out_of_range)[0]].item()
+            raise ValueError(f"action {bad!r} is outside Discrete({n_actions})")
+        acts = acts.astype(np.int64, copy=False).tolist()
         if mode == AutoresetMode.DISABLED and self._autoreset.any():
             raise ValueError(f"environments {np.flatnonzero(self._autoreset).tolist()} ended: reset them "
                              "(options={'reset_mask': ...}) before stepping with autoreset_mode=Disabled")
@@ -218,11 +268,24 @@ class PipelineVectorEnv(VectorEnv):
         self._sim_seconds = self._reset_seconds = 0.0
         info_of: dict[int, dict[str, Any] | tuple[bool, str]] = {}
         ending = np.flatnonzero(self._autoreset).tolist() if next_step else []
-        stepping = self._requests(acts, skip=self._autoreset if next_step else None)
-        if ending:  # their starting plans join the step's batch
-            info_of.update(self._resets(ending, seeds=None, options=None, batched=True, with_batch=stepping))
-        else:
-            self._simulate(stepping)
+        native = self._native & ~self._autoreset if next_step else self._native.copy()
+        stepping = self._requests(acts, skip=(self._autoreset | native) if next_step else native)
+        core, stepped = self._core, None
+        if native.any() and self.engine_threads > 1 and (ending or stepping):
+            # the core's step (no GIL) beside the autoresets' and the other environments' Python
+            t1 = time.perf_counter()
+            stepped = self._side().submit(engine.env_step, core, np.asarray(acts, dtype=np.int64), native,
+                                          threads=self.engine_threads - 1)
+            self._native_seconds = time.perf_counter() - t1
+        try:
+            if ending:  # their starting plans join the step's batch
+                info_of.update(self._resets(ending, seeds=None, options=None, batched=True, with_batch=stepping))
+            else:
+                self._simulate(stepping)
+        except BaseException:
+            if stepped is not None:
+                stepped.exception()  # the core is not left stepping behind the error
+            raise
         rewards = np.zeros(n, dtype=np.float64)
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
@@ -231,6 +294,27 @@ class PipelineVectorEnv(VectorEnv):
         skip = set(ending)
         same_step = mode == AutoresetMode.SAME_STEP
         finals: list[tuple[int, dict[str, np.ndarray], dict[str, Any]]] = []
+        if native.any():
+            t1 = time.perf_counter()
+            if stepped is None:
+                engine.env_step(core, np.asarray(acts, dtype=np.int64), native)
+            else:
+                stepped.result()
+            self.batched_calls += 1
+            rewards[native] = core.rewards[native]
+            terms[native] = core.terminated[native]
+            truncs[native] = core.truncated[native]
+            kept, edits = core.kept.tolist(), _EDIT_NAMES[core.edits + 2].tolist()
+            for i in np.flatnonzero(native).tolist():
+                info = (kept[i], edits[i])
+                if same_step and (terms[i] or truncs[i]):
+                    info = self._info_of(i, info)  # before the reset changes its state
+                    finals.append((i, {k: v.copy() for k, v in zip(_PARTS, obs[i])}, info))
+                info_of[i] = info
+            skip.update(np.flatnonzero(native).tolist())
+            tm_native = time.perf_counter() - t1 + (self._native_seconds if stepped is not None else 0.0)
+        else:
+            tm_native = 0.0
         for i, env in enumerate(self.envs):
             if i in skip:
                 continue
@@ -262,11 +346,17 @@ class PipelineVectorEnv(VectorEnv):
         tm["step"] += time.perf_counter() - t0
         tm["prefetch"] += self._sim_seconds
         tm["resets"] += self._reset_seconds
+        tm["native"] += tm_native
         return batch, rewards, terms, truncs, out
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions of every environment, ``(num_envs, 344)`` bool (MaskablePPO's masks)."""
         envs = self.envs
+        if self._core is not None and self._native.any():
+            masks = self._core.masks.copy()
+            for i in np.flatnonzero(~self._native).tolist():
+                masks[i] = envs[i].action_masks(copy=False)
+            return masks
         if self._plain_masks:  # PipelineEnv.action_masks copies the editor's mask: one copy, the stack
             return np.stack([env.action_masks(copy=False) for env in envs])
         return np.stack([env.action_masks() for env in envs])
@@ -274,6 +364,15 @@ class PipelineVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+        if self._side_thread is not None:
+            self._side_thread.shutdown(wait=True)
+            self._side_thread = None
+
+    def _side(self) -> ThreadPoolExecutor:
+        """The thread the compiled core steps on while the step's Python runs (``engine_threads`` > 1)."""
+        if self._side_thread is None:
+            self._side_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-core")
+        return self._side_thread
 
     # ------------------------------------------------------------------ batching
 
@@ -294,22 +393,44 @@ class PipelineVectorEnv(VectorEnv):
             else:
                 o, infos[i] = env.reset(seed=seed, options=options)
                 self._obs[i] = tuple(o[k] for k in _PARTS)
+                self._unload(i)
         first = list(with_batch or ())
         while runs or first:
-            self._simulate(first + self._advance(runs))
+            requests, natives = self._advance(runs)
+            if natives:  # the compiled core's scenarios: their starting plans on the engine, no Python costs
+                t1 = time.perf_counter()
+                self.batched_calls += 1
+                requests += native_core.evaluate(natives, threads=self.engine_threads)
+                self._sim_seconds += time.perf_counter() - t1
+            self._simulate(first + requests)
             first = []
+        core = self._core
         for i in which:
             if i not in infos:
-                self._obs[i] = self.envs[i].observation_parts()
+                if core is not None and self._can_native[i] and native_core.load(core, i, self.envs[i]):
+                    self._native[i] = True
+                    self._obs[i] = (core.stages[i], core.devices[i], core.plan[i])
+                else:
+                    self._unload(i)
+                    self._obs[i] = self.envs[i].observation_parts()
                 infos[i] = (False, "start")
         self._reset_seconds += time.perf_counter() - t0 - (self._sim_seconds - sims)
         return [(i, infos[i]) for i in which]
 
-    def _advance(self, runs: list[tuple[int, Iterator[list[Candidate]]]]) -> list[tuple[Evaluator, Candidate]]:
+    def _unload(self, i: int) -> None:
+        """Environment ``i`` steps in Python (its episode is not the compiled core's)."""
+        if self._native[i]:
+            self._native[i] = False
+            self._core.deactivate(i)
+
+    def _advance(self, runs: list[tuple[int, Iterator[list[Candidate]]]]
+                 ) -> tuple[list[tuple[Evaluator, Candidate]], list[tuple[Evaluator, Candidate, Any]]]:
         """Run each reset to its next round of simulations (dropping those that finished) and
         return what that round will simulate: the plans not known yet, up to the first one the
-        scenario's memo holds (the reset adopts it in turn, and the calls keep their order)."""
+        scenario's memo holds (the reset adopts it in turn, and the calls keep their order); those
+        of environments the compiled core may step apart, with their scenario's preparation."""
         requests: list[tuple[Evaluator, Candidate]] = []
+        natives: list[tuple[Evaluator, Candidate, Any]] = []
         done = []
         for k, (i, run) in enumerate(runs):
             try:
@@ -317,16 +438,21 @@ class PipelineVectorEnv(VectorEnv):
             except StopIteration:
                 done.append(k)
                 continue
-            ev = self.envs[i].editor.ev
+            env = self.envs[i]
+            ev = env.editor.ev
+            prep = env.episode_state()["prep"] if self._core is not None and self._can_native[i] else None
             for t in hint:
                 if ev.known(t):
                     continue
                 if ev.remembers(t):
                     break
-                requests.append((ev, t))
+                if prep is not None:
+                    natives.append((ev, t, prep))
+                else:
+                    requests.append((ev, t))
         for k in reversed(done):
             del runs[k]
-        return requests
+        return requests, natives
 
     def _requests(self, acts: list[int], *, skip: np.ndarray | None) -> list[tuple[Evaluator, Candidate]]:
         """The new plan each environment's step will simulate (:meth:`PipelineEnv.would_simulate`:
@@ -354,11 +480,52 @@ class PipelineVectorEnv(VectorEnv):
 
     def _batch_obs(self) -> dict[str, np.ndarray]:
         obs = self._obs
-        return {k: np.stack([o[_PARTS.index(k)] for o in obs]) for k in self._keys}
+        core = self._core
+        if core is None or not self._native.any():
+            return {k: np.stack([o[_PARTS.index(k)] for o in obs]) for k in self._keys}
+        out = {k: getattr(core, k).copy() for k in self._keys}  # the core's rows, the Python ones over them
+        for i in np.flatnonzero(~self._native).tolist():
+            for k in self._keys:
+                out[k][i] = obs[i][_PARTS.index(k)]
+        return out
 
     def _info_of(self, i: int, info: dict[str, Any] | tuple[bool, str]) -> dict[str, Any]:
         """Environment ``i``'s info dict (``info`` itself, or built from its ``(kept, edit)``)."""
-        return info if isinstance(info, dict) else self.envs[i].info(kept=info[0], edit=info[1])
+        if isinstance(info, dict):
+            return info
+        if not self._native[i]:
+            return self.envs[i].info(kept=info[0], edit=info[1])
+        core = self._core
+        return {"action_mask": core.masks[i].astype(np.int8), "iteration_time": float(core.iteration_time[i]),
+                "best_iteration_time": float(core.best_iteration_time[i]), "feasible": bool(core.feasible[i]),
+                "sim_calls": int(core.sim_calls[i]), "reference_time": float(self.envs[i].reference),
+                "kept": bool(info[0]), "edit": info[1], "candidate": self._candidate(i, best=False),
+                "best_candidate": self._candidate(i, best=True)}
+
+    def _candidate(self, i: int, *, best: bool) -> Candidate:
+        """Environment ``i``'s current (or best) candidate in the compiled core, built once per change."""
+        core = self._core
+        col, seen = self._cands[best]
+        version = (core.best_version if best else core.version)[i]
+        if seen[i] != version:
+            col[i] = native_core.candidate_of(core.candidate(i, best))
+            seen[i] = version
+        return col[i]
+
+    def _candidates(self, *, best: bool) -> np.ndarray:
+        """Every environment's current (or best) candidate, an object array: the core's rebuilt where
+        they changed, the others' read from their editors."""
+        core, nat = self._core, self._native
+        col, seen = self._cands[best]
+        versions = core.best_version if best else core.version
+        for i in np.flatnonzero(nat & (versions != seen)).tolist():
+            col[i] = native_core.candidate_of(core.candidate(i, best))
+            seen[i] = versions[i]
+        out = col.copy()
+        for i in np.flatnonzero(~nat).tolist():
+            ed = self.envs[i].editor
+            out[i] = ed.best if best else ed.current
+        return out
 
     def _infos(self, items: list[tuple[int, dict[str, Any] | tuple[bool, str]]]) -> dict[str, Any]:
         """The vector infos of ``items``: built column by column when every environment gave
@@ -373,7 +540,39 @@ class PipelineVectorEnv(VectorEnv):
             col[:] = values
             return col
 
-        cols = {
+        if self._core is not None and self._native.any():
+            cols = self._native_infos(items, objects)
+        else:
+            cols = self._python_infos(items, eds, objects)
+        out: dict[str, Any] = {}
+        for key, col in cols.items():
+            out[key] = col
+            out[f"_{key}"] = np.ones(n, dtype=bool)
+        return out
+
+    def _native_infos(self, items: list[tuple[int, tuple[bool, str]]], objects: Callable) -> dict[str, np.ndarray]:
+        """The info columns of every environment, the compiled core's from its arrays."""
+        core, nat = self._core, self._native
+        cols = {"action_mask": self.action_masks().astype(np.int8),
+                "iteration_time": core.iteration_time.copy(), "best_iteration_time": core.best_iteration_time.copy(),
+                "feasible": core.feasible.copy(), "sim_calls": core.sim_calls.astype(int)}
+        for i in np.flatnonzero(~nat).tolist():
+            ed = self.envs[i].editor
+            cols["iteration_time"][i] = float(ed.result.iteration_time)
+            cols["best_iteration_time"][i] = float(ed.best_result.iteration_time)
+            cols["feasible"][i] = bool(ed.result.feasible)
+            cols["sim_calls"][i] = int(ed.ev.calls)
+        cols["reference_time"] = np.array([float(env.reference) for env in self.envs], dtype=float)
+        cols["kept"] = np.array([bool(info[0]) for _, info in items], dtype=bool)
+        cols["edit"] = objects([info[1] for _, info in items])
+        cols["candidate"] = self._candidates(best=False)
+        cols["best_candidate"] = self._candidates(best=True)
+        return cols
+
+    def _python_infos(self, items: list[tuple[int, tuple[bool, str]]], eds: list[Any],
+                      objects: Callable) -> dict[str, np.ndarray]:
+        """The info columns of every environment, read from their editors."""
+        return {
             "action_mask": np.stack([ed.mask() for ed in eds]).astype(np.int8),
             "iteration_time": np.array([float(ed.result.iteration_time) for ed in eds], dtype=float),
             "best_iteration_time": np.array([float(ed.best_result.iteration_time) for ed in eds], dtype=float),
@@ -385,11 +584,6 @@ class PipelineVectorEnv(VectorEnv):
             "candidate": objects([ed.current for ed in eds]),
             "best_candidate": objects([ed.best for ed in eds]),
         }
-        out: dict[str, Any] = {}
-        for key, col in cols.items():
-            out[key] = col
-            out[f"_{key}"] = np.ones(n, dtype=bool)
-        return out
 
     def _batch_infos(self, items: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         """Gymnasium's vector info layout (what ``VectorEnv._add_info`` builds, faster): each key an

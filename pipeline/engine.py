@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,7 +42,8 @@ from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defec
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
            "python_reference", "compiled_build", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
            "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
-           "check_schedule", "pack_job"]
+           "check_schedule", "pack_job", "env_core", "env_scenario", "env_step",
+           "env_evaluate", "balanced_split"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
 _DEFAULT_CONFIG = ListSchedulerConfig()
@@ -343,6 +344,59 @@ def pack_job(job: ScheduleJob) -> tuple:
     ``schedule_and_simulate``'s positional arguments. Benchmarks time the Python share of a batch with it."""
     _check_placement(job.costs, job.placement, job.devices)
     return _job_args(job)
+
+
+# ------------------------------------------------------------------ the batched environment's core
+
+def env_core(num_envs: int, *, threads: int = 1) -> Any | None:
+    """The compiled core of the batched environment (``EnvCore``, pipeline/_native/env_core.hpp;
+    driven by :mod:`env.native_core`) for ``num_envs`` environments on ``threads`` threads, or None
+    where the Python reference runs (or the build predates the core)."""
+    if _native is None or not hasattr(_native, "EnvCore"):
+        return None
+    return _native.EnvCore(int(num_envs), max(1, int(threads)))
+
+
+def env_scenario(table: dict[str, Any]) -> Any:
+    """A scenario's tables for :func:`env_core` (``EnvScenario``; :func:`env.native_core.scenario_table` builds
+    ``table``). Needs the compiled engine."""
+    if _native is None or not hasattr(_native, "EnvScenario"):
+        raise RuntimeError("env_scenario needs the compiled engine with its environment core; run 'make engine'")
+    return _native.EnvScenario(table)
+
+
+def env_evaluate(pairs: Sequence[tuple[Any, tuple]], *, threads: int = 1) -> list[tuple[float, tuple, tuple]]:
+    """``(iteration time, busy, peak memory)`` of each ``(scenario table, candidate tuple)`` pair
+    (:func:`env_scenario`, :func:`env.native_core.candidate_tuple`), on ``threads`` threads: what
+    ``Evaluator.result`` gives those candidates, without the Python stage costs. Counts for :func:`clocked`."""
+    started = time.perf_counter()
+    out = _native.env_evaluate(list(pairs), max(1, int(threads)))
+    _charge(started, len(pairs))
+    return out
+
+
+def balanced_split(prefix: Sequence[float], stage_speeds: Sequence[float]) -> tuple[int, ...] | None:
+    """:func:`pipeline.balance.balanced_sizes` in the compiled engine, from the prefix sums of the layers'
+    ``f + b + w`` and each stage's device speed; None where the Python reference runs (or the
+    costs or speeds are not finite and positive: the reference's own cases)."""
+    if _native is None or not hasattr(_native, "balanced_split"):
+        return None
+    try:
+        return tuple(_native.balanced_split(list(prefix), list(stage_speeds)))
+    except ValueError:
+        return None
+
+
+def env_step(core: Any, actions: np.ndarray, which: np.ndarray, *, threads: int = 0) -> None:
+    """Step the environments of ``core`` where ``which`` is set (``actions``: int64, one per environment)
+    on ``threads`` threads (0: the core's own count); the GIL is released inside, so another Python
+    thread may load other environments meanwhile. The engine work counts for :func:`clocked` blocks."""
+    seconds, jobs = core.engine_seconds, core.engine_jobs
+    core.step(actions, which, int(threads))
+    spent, ran = core.engine_seconds - seconds, core.engine_jobs - jobs
+    for clock in _clocks:
+        clock.seconds += spent
+        clock.jobs += ran
 
 
 # ------------------------------------------------------------------ packing (private)

@@ -25,8 +25,11 @@ The vector row's learner share (PPO's updates, no environment) bounds what any e
 speed can give.
 
   python -m experiments.benchmarks.vector_env_speed [--seconds 5] [--repeats 3] [--sizes 1,16,64,256]
-      [--two-threads 16,256] [--cases default,small-fresh] [--ppo-timesteps 8192] [--ppo-envs 256]
-      [--no-ppo] [--json]
+      [--two-threads 16,256] [--python-sizes ''] [--cases default,small-fresh] [--ppo-timesteps 8192]
+      [--ppo-envs 256] [--no-ppo] [--json]
+
+The vector rows step on the compiled environment core where it is built (``env.native_core``);
+``--python-sizes`` adds rows of the same vector env stepped in Python (``native=False``).
 """
 
 from __future__ import annotations
@@ -55,15 +58,16 @@ def _random_allowed(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 0,
-                   engine_threads: int = 1) -> dict[str, float]:
+                   engine_threads: int = 1, native: bool | None = None) -> dict[str, float]:
     """Env-steps/s of ``n_envs`` environments of ``case`` in one PipelineVectorEnv, the shares of
     its step time in batched simulations and in autoresets, and the engine's: its share of the wall
     time, its microseconds per env-step and the env-steps/s it alone would allow (the ceiling of
-    any speed-up outside the engine, on the engine's threads)."""
+    any speed-up outside the engine, on the engine's threads). ``native``: PipelineVectorEnv's
+    (None: the compiled environment core where it is built; False: the Python path)."""
     from env.vector_env import PipelineVectorEnv
     from pipeline import engine
 
-    vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads)
+    vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads, native=native)
     vec.reset(seed=seed)
     rng = np.random.default_rng(seed)
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
@@ -163,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ppo-envs", default="256", help="environments of the vector env PPO rows")
     parser.add_argument("--two-threads", default="16,256",
                         help="sizes also run with the native batch on 2 threads (engine_threads=2; '' for none)")
+    parser.add_argument("--python-sizes", default="",
+                        help="sizes also run on the vector env's Python path (native=False; '' for none)")
     parser.add_argument("--no-ppo", action="store_true", help="environment rows only")
     parser.add_argument("--json", action="store_true", help="one JSON row per figure")
     args = parser.parse_args(argv)
@@ -170,11 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be >= 1 and --seconds > 0")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     args.two_threads = [int(x) for x in args.two_threads.split(",") if x.strip()]
+    python_sizes = [int(x) for x in args.python_sizes.split(",") if x.strip()]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     configs: list[tuple[str, str, int]] = []
     for case in cases:
         configs += [(case, "single", 1), (case, "subproc", 2)] + [(case, "vector", n) for n in sizes]
         configs += [(case, "vector-2t", n) for n in args.two_threads]
+        configs += [(case, "vector-py", n) for n in python_sizes]
     if not args.no_ppo:
         configs += [("ppo", "today", 8)] + [("ppo", "vector", int(n)) for n in args.ppo_envs.split(",") if n.strip()]
     runs: dict[tuple[str, str, int], list[dict[str, float]]] = {k: [] for k in configs}
@@ -183,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             if case == "ppo":
                 res = (ppo_today(timesteps=args.ppo_timesteps, seed=rep) if kind == "today"
                        else ppo_vector(n_envs=n, timesteps=args.ppo_timesteps, seed=rep))
-            elif kind in ("vector", "vector-2t"):
+            elif kind in ("vector", "vector-2t", "vector-py"):
                 res = measure_vector(case, n_envs=n, seconds=args.seconds, seed=rep,
-                                     engine_threads=2 if kind == "vector-2t" else 1)
+                                     engine_threads=2 if kind == "vector-2t" else 1,
+                                     native=False if kind == "vector-py" else None)
             else:
                 res = {"steps_per_s": measure_single(case, n_envs=n, seconds=args.seconds, seed=rep)}
             runs[(case, kind, n)].append(res)
@@ -201,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row))
             continue
         what = {"single": "single env", "subproc": "SubprocVecEnv", "vector": "vector env",
-                "vector-2t": "vector env, 2 engine threads", "today": "rl.train.train (8 SubprocVecEnv)"}[row["kind"]]
+                "vector-2t": "vector env, 2 engine threads", "vector-py": "vector env, Python path",
+                "today": "rl.train.train (8 SubprocVecEnv)"}[row["kind"]]
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):
             extra = (f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time; "

@@ -20,6 +20,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "engine.cpp"
+#: Every file the build reads (engine.cpp includes the headers beside it).
+SOURCES = (SOURCE, HERE / "env_core.hpp")
 #: -ffp-contract=off: no fused multiply-add, so every sum rounds exactly as in the Python reference.
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-ffp-contract=off"]
 
@@ -32,7 +34,7 @@ def target_path() -> Path:
 def build(*, force: bool = False, verbose: bool = False) -> tuple[bool, str]:
     """Compile the engine; (built or up to date, message)."""
     target = target_path()
-    if not force and target.exists() and target.stat().st_mtime >= SOURCE.stat().st_mtime:
+    if not force and target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in SOURCES):
         return True, f"compiled engine up to date: {target.name}"
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:

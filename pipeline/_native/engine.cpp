@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -32,6 +34,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -727,11 +730,15 @@ py::tuple sim_tuple(SimOut&& r, bool record) {
   return py::make_tuple(r.ok, r.makespan, r.busy, r.peak, r.ptr, starts, ends);
 }
 
+// The batched environment's native core (env/vector_env.py): see env_core.hpp.
+#include "env_core.hpp"
+
 }  // namespace
 
 PYBIND11_MODULE(_engine, mod) {
   mod.doc() = "Compiled list scheduler and event simulator (see pipeline/_native/engine.cpp).";
   mod.attr("ABI") = 1;
+  bind_env_core(mod);
 
   mod.def(
       "list_schedule",

@@ -111,8 +111,8 @@ def test_equals_n_single_envs(mode, share_results):
 
 
 def test_one_native_batch_per_step(monkeypatch):
-    """A step whose environments all try a new plan simulates them in one engine call."""
-    vec = _vec(6)
+    """A step whose environments all try a new plan simulates them in one engine call (the Python path)."""
+    vec = _vec(6, native=False)
     vec.reset(seed=1)
     rng = np.random.default_rng(1)
     acts = _actions(vec.action_masks(), rng)
@@ -330,7 +330,7 @@ def test_batched_resets_count_calls_in_order(mode, max_calls):
     start short (4: fewer than the portfolio) and repeated scenarios whose memo holds the starts,
     every evaluator still numbers its calls as the environment stepped alone does."""
     n, kw = 4, {"max_steps": 4, "max_calls": max_calls, "repeat_scenario": 2, "single_start_share": 0.3}
-    vec, ref = _vec(n, autoreset_mode=mode, **kw), _sync(n, mode, **kw)
+    vec, ref = _vec(n, autoreset_mode=mode, native=False, **kw), _sync(n, mode, **kw)
     rng = np.random.default_rng(3)
     vec.reset(seed=11)
     ref.reset(seed=11)
@@ -369,7 +369,7 @@ def test_step_pauses_the_collector_and_restores_it():
     import gc
 
     seen = []
-    vec = PipelineVectorEnv(2, scenario=SMALL)
+    vec = PipelineVectorEnv(2, scenario=SMALL, native=False)
     vec.reset(seed=0)
     real = vec.envs[0].step_core
     vec.envs[0].step_core = lambda a: seen.append(gc.isenabled()) or real(a)

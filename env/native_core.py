@@ -1,0 +1,232 @@
+"""The bridge between :class:`env.pipeline_env.PipelineEnv` and the compiled environment core.
+
+The core (``EnvCore`` in ``pipeline/_native/env_core.hpp``, reached through
+:func:`pipeline.engine.env_core`) steps many environments in C++: each environment's current plan,
+its edit table and mask, the plans its episode evaluated and its counters live there, and a step
+writes observations, rewards, flags, masks and info columns into numpy arrays the core owns. A
+reset stays Python's (:meth:`PipelineEnv.reset_rounds`): :func:`load` hands the state it leaves
+(:meth:`PipelineEnv.episode_state`) to the core, or says the episode is not one the core ports,
+and the vector env then steps that environment in Python.
+
+What the core ports: candidates of the list order without recomputation, an evaluator the episode
+owns (no ``options["evaluator"]``), placements whose DP-balanced split the scenario table holds
+(the seven families; an episode started elsewhere steps in Python), and scenarios whose stage costs are
+:func:`pipeline.simulator.stage_costs` without its runtime extras (a step cost, an optimizer step,
+tied-gradient sums, blocking or held transfers, overlapped iterations), shared weight groups,
+measured or calibrated backward columns, W depth, transfer overhead or compute contention: every
+scenario :func:`env.scenarios.sample_scenario` draws (:func:`unsupported` names what is not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from env.editor import ACTIONS, MAX_DEVICES, MAX_STAGES, PLACEMENT_FAMILIES, presets_of
+from pipeline import engine
+from pipeline.candidates import Candidate, Scenario, make_placement
+from pipeline.runtime import runtime_named
+from pipeline.simulator import Result
+
+__all__ = ["unsupported", "scenario_table", "balanced_of", "candidate_tuple", "candidate_of", "load", "evaluate",
+           "EDIT_NAMES", "edit_name"]
+
+#: Edit names by code: an action index, -1 for stop, -2 for a masked action (``EnvCore.edits``).
+EDIT_NAMES: tuple[str, ...] = tuple(str(a) for a in ACTIONS)
+_EXACT = float(2**53)
+
+
+def edit_name(code: int) -> str:
+    """The ``info["edit"]`` of an ``EnvCore.edits`` code."""
+    return "stop" if code == -1 else "masked" if code == -2 else EDIT_NAMES[code]
+
+
+def unsupported(scenario: Scenario) -> str | None:
+    """Why the core cannot step episodes of ``scenario`` (None: it can)."""
+    p, training = scenario.profile, scenario.training
+    runtime = runtime_named(training.runtime)
+    if scenario.devices > MAX_DEVICES or scenario.devices < 1:
+        return f"{scenario.devices} devices"
+    checks = {
+        "runtime step cost": runtime.step_s, "optimizer step": runtime.optimizer_bytes_per_param,
+        "tied-gradient sums": runtime.sums_tied_gradients, "blocking transfers": runtime.blocking_p2p,
+        "held transfers": runtime.p2p_hold_share, "overlapped iterations": runtime.overlap_iterations,
+        "W depth": p.w_depth, "transfer overhead": p.transfer_overhead, "compute contention": p.compute_contention,
+    }
+    for what, value in checks.items():
+        if value:
+            return what
+    extras = [x.extra for x in p.layers]
+    if any(e.get("shared_group") is not None for e in extras if e):
+        return "shared weight groups"
+    if all("b_full" in e for e in extras) or all("b_first" in e for e in extras):
+        return "measured backward columns"
+    return None
+
+
+def _exact(columns: list[list[float]]) -> bool:
+    """Whether sums of these integer-valued byte and parameter columns are exact in float64, as
+    Python's integer sums are (every partial sum below 2**53)."""
+    return all(sum(map(abs, col)) < _EXACT for col in columns)
+
+
+def balanced_of(prep: Any, placement: tuple[int, ...]) -> tuple[int, ...]:
+    """The scenario's DP-balanced split of ``placement`` (``Evaluator.balanced_sizes``'s answer),
+    from the compiled engine where it runs, kept on the preparation by the stages' speeds."""
+    memo = prep.native_balanced
+    hit = memo.get(placement)  # by placement, then by its stages' speeds (all the split depends on)
+    if hit is not None:
+        return hit
+    z = prep.scenario
+    speeds = z.cluster.speeds
+    if not 0 < len(placement) <= z.profile.num_layers or min(placement) < 0 or max(placement) >= len(speeds):
+        return prep.evaluator.balanced_sizes(placement)  # its error, or its answer
+    key = ("speeds", tuple([speeds[d] for d in placement]))
+    hit = memo.get(key)
+    if hit is None:
+        hit = engine.balanced_split(prep.prefix.tolist(), key[1])
+        if hit is None:
+            hit = prep.evaluator.balanced_sizes(placement)
+        memo[key] = hit
+    memo[placement] = hit
+    return hit
+
+
+def scenario_table(prep: Any) -> Any | None:
+    """The core's table of the scenario of a ``PipelineEnv`` preparation (``env.pipeline_env._Prep``),
+    built once and kept on it; None where :func:`unsupported`."""
+    hit = prep.native_table
+    if hit is None:
+        hit = prep.native_table = (_build_table(prep) if unsupported(prep.scenario) is None else None) or False
+    return hit or None
+
+
+def _build_table(prep: Any) -> Any | None:
+    z = prep.scenario
+    p, cl, training = z.profile, z.cluster, z.training
+    runtime = runtime_named(training.runtime)
+    unit = p.seconds_per_unit
+    layers = p.layers
+    P, L = z.devices, p.num_layers
+    lat, bw = [0.0] * (P * P), [1.0] * (P * P)
+    for a in range(P):
+        for b in range(P):
+            if a != b:
+                same = cl.same_node(a, b)
+                lat[a * P + b] = cl.latency_us * 1e-6 if same else cl.inter_node_latency_us * 1e-6
+                bw[a * P + b] = cl.p2p_gbps * 1e9 if same else cl.inter_node_gbps * 1e9
+    workspace = ([float(x.extra.get("workspace_bytes", 0)) for x in layers]
+                 if any("workspace_bytes" in x.extra for x in layers) else None)
+    families, balanced = [], {}
+    for kind, chunks in PLACEMENT_FAMILIES:
+        placement = make_placement(kind, P, chunks)
+        kind_ok = chunks == 1 or P >= 2
+        applies = kind_ok and P * chunks <= min(L, MAX_STAGES)
+        families.append((list(placement), applies, kind_ok))
+        if applies:
+            balanced[placement] = balanced_of(prep, placement)
+    exact = [[float(x.act_bytes) for x in layers], [float(x.w_graph if training.input_backward_keeps_graph
+                                                         else x.w_retained) for x in layers],
+             [float(x.params) for x in layers], [float(x.out_bytes) for x in layers]]
+    if not _exact(exact):
+        return None
+    table = {
+        "P": P, "M": z.microbatches, "f": [x.f for x in layers], "b": [x.b for x in layers],
+        "w": [x.w for x in layers], "act": exact[0], "keep": exact[1], "params": exact[2], "out": exact[3],
+        "workspace": workspace, "defers": bool(training.first_stage_defers_backward),
+        "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
+        "param_bytes": training.param_bytes, "unit": unit, "post": 0.0,
+        "speeds": [sp / runtime.compute_scale for sp in cl.speeds], "cluster_speeds": [float(s) for s in cl.speeds],
+        "latency": lat, "bandwidth": bw, "limits": list(cl.memory_limits_bytes),
+        "prefix": prep.prefix.tolist(), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),
+        "node": prep.node.tolist(), "bound": float(prep.bound), "consts": [float(c) for c in prep.consts],
+        "devices": prep.devices.ravel().tolist(), "families": families,
+        "balanced": [(list(k), list(v)) for k, v in balanced.items()],
+        "presets": [None if b is None else [float(x) for x in b] for b in presets_of(P)],
+    }
+    if not all(isinstance(x, float) for x in table["f"] + table["b"] + table["w"]):
+        table.update({k: [float(x) for x in table[k]] for k in ("f", "b", "w")})
+    return engine.env_scenario(table)
+
+
+def candidate_tuple(c: Candidate) -> tuple | None:
+    """``c`` as the core takes it, or None where the core does not port it (another order, recomputation)."""
+    if c.order != "list" or c.recompute is not None:
+        return None
+    mpw = c.max_pending_w
+    if mpw is not None and (isinstance(mpw, bool) or not isinstance(mpw, int)):
+        return None
+    return (c.sizes, c.placement, c.budgets, bool(c.split_backward), bool(c.eager_w), bool(c.depth_first), mpw,
+            bool(c.cap_counts_w))
+
+
+def candidate_of(t: tuple) -> Candidate:
+    """The :class:`Candidate` of the core's 8-tuple (:meth:`EnvCore.candidate`)."""
+    sizes, placement, budgets, split, eager, depth, mpw, counts_w = t
+    return Candidate(sizes, placement, "list", budgets, split_backward=split, eager_w=eager, depth_first=depth,
+                     max_pending_w=mpw, cap_counts_w=counts_w)
+
+
+def evaluate(requests: list[tuple[Any, Candidate, Any]], *, threads: int = 1) -> list[tuple[Any, Candidate]]:
+    """Simulate ``(evaluator, candidate, preparation)`` requests on the compiled engine where it ports
+    them, each evaluator counting, caching and remembering its result as
+    :func:`pipeline.evaluator.results_across` has it do (``adopt`` counts the call, ``remember``
+    shares the result); returns the ``(evaluator, candidate)`` requests left to Python."""
+    rest: list[tuple[Any, Candidate]] = []
+    todo: list[tuple[Any, Candidate, Scenario]] = []
+    pairs: list[tuple[Any, tuple]] = []
+    seen: set[tuple[int, Candidate]] = set()
+    for ev, c, prep in requests:
+        key = (id(ev), c)
+        if key in seen or ev.known(c):
+            continue
+        table = scenario_table(prep) if ev.scenario is prep.scenario else None
+        t = candidate_tuple(c) if table is not None else None
+        if t is None or not _well_formed(c, prep.scenario):  # the reference's error result
+            rest.append((ev, c))
+            continue
+        seen.add(key)
+        todo.append((ev, c, prep.scenario))
+        pairs.append((table, t))
+    if pairs:
+        for (ev, c, z), (it, busy, peak) in zip(todo, engine.env_evaluate(pairs, threads=threads)):
+            p = z.profile
+            res = Result(True, None, it, busy, peak, z.cluster.memory_limits_bytes,
+                         z.microbatches * p.tokens_per_microbatch, p.seconds_per_unit, p.time_unit, [],
+                         devices=z.devices)
+            ev.remember(c, ev.adopt(c, res))
+    return rest
+
+
+def _well_formed(c: Candidate, z: Scenario) -> bool:
+    sizes, placement = c.sizes, c.placement
+    return (0 < len(sizes) == len(placement) <= MAX_STAGES and sum(sizes) == z.profile.num_layers
+            and min(sizes) >= 1 and min(placement) >= 0 and max(placement) < z.devices
+            and (c.budgets is None or len(c.budgets) == z.devices))
+
+
+def _result_tuple(r: Result) -> tuple:
+    return (bool(r.valid), float(r.iteration_time), list(r.busy), list(r.peak_memory), list(r.memory_limit))
+
+
+def load(core: Any, i: int, env: Any) -> bool:
+    """Hand environment ``env``'s episode, just reset, to slot ``i`` of ``core``; False (and the slot
+    left inactive) where the core does not port it."""
+    state = env.episode_state()
+    ed = env.editor
+    table = scenario_table(state["prep"]) if state["own_evaluator"] else None
+    if table is None or not hasattr(ed.ev, "evaluated"):
+        core.deactivate(i)
+        return False
+    cur, best = candidate_tuple(ed.current), candidate_tuple(ed.best)
+    known = [candidate_tuple(c) for c in ed.ev.evaluated()]
+    if cur is None or best is None or any(k is None for k in known):
+        core.deactivate(i)
+        return False
+    if not table.has_balanced(list(ed.current.placement)):  # a start off the families (the table is shared)
+        core.deactivate(i)
+        return False
+    params = {"calls": ed.ev.calls, "max_calls": ed.max_calls, "calls_cap": state["calls_cap"],
+              "calls_at_start": state["calls_at_start"], "allow_stop": ed.allow_stop, "max_steps": env.max_steps,
+              "step_cost": env.step_cost, "reference": float(env.reference), "start_time": float(state["start_time"])}
+    core.load(i, table, cur, _result_tuple(ed.result), best, _result_tuple(ed.best_result), known, params)
+    return True
