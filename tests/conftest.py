@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+# Under pytest -n each worker is one of as many processes as there are cores: torch's and BLAS's thread
+# pools (a thread per core by default) would oversubscribe them, and their spinning threads then burn
+# up to twice the CPU for the same work (test_imitation's policy fit on the busy 2-core machine: 14 s
+# of CPU, 7 s with one thread). One thread per worker (a value set outside is kept); the commands
+# the tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # imported before this file: the variable is read at import
+        sys.modules["torch"].set_num_threads(1)
 
 from pipeline.spec import Cluster, LayerCost, ModelProfile  # noqa: E402
 
@@ -88,8 +98,48 @@ def measured_slow_tests() -> set[str]:
     return {line for line in lines if line}
 
 
+def measured_seconds() -> dict[str, float]:
+    """Node id -> seconds, for the lines of :data:`SLOW_TESTS_FILE` whose comment gives them (``# 1.6 s``)."""
+    out = {}
+    for line in SLOW_TESTS_FILE.read_text().splitlines():
+        node, _, comment = line.partition("#")
+        found = re.match(r"\s*([\d.]+)\s*s\b", comment)
+        if node.strip() and found:
+            out[node.strip()] = float(found.group(1))
+    return out
+
+
+#: Seconds assumed for a test marked slow that neither :data:`SLOW_TESTS_FILE` nor a ``cost`` mark sizes
+#: (a torchrun job, a training run: most take 5-30 s).
+SLOW_DEFAULT_S = 10.0
+
+
+def expected_seconds(item: pytest.Item, measured: dict[str, float]) -> float:
+    """What ``item`` is expected to take: its ``cost`` mark, its :func:`measured_seconds`, else
+    :data:`SLOW_DEFAULT_S` when it is marked slow, else 0."""
+    mark = item.get_closest_marker("cost")
+    if mark is not None:
+        return float(mark.args[0])
+    if item.nodeid in measured:
+        return measured[item.nodeid]
+    return SLOW_DEFAULT_S if item.get_closest_marker("slow") else 0.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cost(seconds): the test's expected seconds on 2 cores; under pytest -n "
+                                       "the costliest tests start first")
+    # Under `pytest -n` (xdist's load scheduling) hand tests out two at a time, not in chunks of an eighth
+    # of the suite: the costliest come first (pytest_collection_modifyitems), and a worker that finishes
+    # early takes the next one instead of waiting while the other works through a queue of slow tests.
+    if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 2
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow = measured_slow_tests()
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of pytest -n: the costliest first (a stable sort)
+        measured = measured_seconds()
+        items.sort(key=lambda item: -expected_seconds(item, measured))

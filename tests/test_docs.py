@@ -6,7 +6,9 @@ comments dropped) and run in order with ``bash`` in a scratch folder that links 
 repository's code (so outputs such as ``runs/`` stay out of the checkout), W&B offline there.
 Long commands run with tiny budgets: :data:`SHRINK` rewrites flags (e.g. ``--budget N`` ->
 ``--budget 20``) and :data:`APPEND` adds flags to some commands. Commands that cannot run here
-are skipped by :data:`SKIP`, each with its reason. A page's test fails when one command fails.
+are skipped by :data:`SKIP`, each with its reason. A page's commands that share no file they make
+run as separate tests (:func:`command_groups`: ``whole-job.md#5``), so that ``pytest -n`` spreads
+them over its workers; a test fails when one of its commands fails.
 A command that another page already ran in this session, the same but for its ``--out`` folder
 (README's and the tutorial's local ``run``), is not run twice: the earlier output folder is copied
 to its ``--out`` (:func:`same_command`).
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import os
 import re
+import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,9 +55,10 @@ SHRINK: list[tuple[str, str]] = [
 #: (command regex, flags appended when the flag is not already there): small budgets.
 APPEND: list[tuple[str, str]] = [
     (r"-m experiments (search|run)(?=\s|$)", "--budget 20"),
-    (r"-m experiments search\b.*--gpus\b", "--calls-per-config 30 --tune-top 2"),  # the job search's tuner
+    # the job search: its tuner, and one micro-batch size (a third of the configurations: 35-60% less CPU)
+    (r"-m experiments search\b.*--gpus\b", "--calls-per-config 30 --tune-top 2 --microbatch-sizes 1"),
     (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 2 --max-seconds 10 "
-                                     "--calibration-plans 4 --candidates 2"),
+                                     "--calibration-plans 2 --candidates 2"),
     (r"-m (experiments replay|executor\.launch)(?=\s|$)", "--steps 2 --warmup 1"),
     (r"-m experiments profile(?=\s|$)", "--repeats 1 --warmup 0"),
     (r"-m experiments sweep(?=\s|$)", "--budget 20 --max-trials 4"),
@@ -61,12 +66,25 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments reproduce(?=\s|$)", "--families gemma --sizes small --seq-lens 2048 --budget 20"),
     (r"-m experiments\.benchmarks\.engine_speed(?=\s|$)", "--repeats 1 --no-tuner"),
     (r"-m experiments\.benchmarks\.search_speed(?=\s|$)", "--cases small --budgets 20"),
-    (r"-m experiments\.benchmarks\.env_speed(?=\s|$)", "--seconds 1"),
-    (r"-m experiments\.benchmarks\.lowering(?=\s|$)", "--rounds 1 --steps 2 --tuner-calls 20"),
+    (r"-m experiments\.benchmarks\.env_speed(?=\s|$)", "--seconds 0.2"),
+    (r"-m experiments\.benchmarks\.early_receives(?=\s|$)", "--rounds 1 --steps 2 --tuner-calls 20 --microbatches 4"),
     (r"-m experiments\.benchmarks\.mixed_speeds(?=\s|$)", "--scenarios 4"),
 ]
 #: Commands that start a torchrun job (retried once: see the test).
 DISTRIBUTED = r"torchrun|-m experiments (replay|profile|run)(?=\s|$)"
+#: (command regex, about the CPU seconds it took shrunk on the 2-core machine; the first that matches):
+#: what a group of commands is expected to take (:func:`expected_cost`), so that pytest -n starts the
+#: costliest first (tests/conftest.py). A wrong figure only reorders the tests.
+COST: list[tuple[str, float]] = [
+    (r"-m experiments run(?=\s)(?!.*--(gpu|cluster)\b)", 45),  # local: profile, calibration and replay jobs
+    (r"-m experiments\.benchmarks\.early_receives\b", 45),  # replays every benchmark plan twice
+    (r"-m experiments replay\b", 25),
+    (DISTRIBUTED, 15),
+    (r"--gpus \d+", 15),  # the job search
+    (r"-m experiments (train|evaluate-agent|gpu-check)\b|megatron_check", 8),
+    (r"\bpython\b", 3),
+    (r".", 0.1),
+]
 #: Seconds for one command, and for all commands of all pages together (a soft budget).
 COMMAND_TIMEOUT = 240
 #: Folders and files of the checkout that are not linked into the scratch folder.
@@ -118,6 +136,89 @@ def same_command(command: str) -> tuple[str, str] | None:
     return re.sub(r"(^|\s)\.venv/bin/python\b", r"\1python", rest), found.group(1)
 
 
+#: Flags whose value is a file or folder the command writes.
+OUTPUT_FLAGS = {"--out", "--cluster-out", "--trace", "--gantt", "--gantt-dir"}
+#: Names of files that commands write, besides paths with a folder in them (``--out prof.json``).
+FILE_NAME = re.compile(r"\.(json|jsonl|csv|txt|toml|png|pt|pth)$")
+#: First path parts that name the checkout's own files (inputs, never made by a command).
+CHECKOUT = {".venv", "..", *(e.name for e in ROOT.iterdir() if e.name not in NOT_LINKED)}
+
+
+def made_paths(command: str) -> list[tuple[str, bool]]:
+    """(key, whether it is an :data:`OUTPUT_FLAGS` value) of each path in ``command`` that a command
+    makes: not the checkout's (:data:`CHECKOUT`); the key is its first part, or two under ``runs/``
+    (``runs/deploy/plan.json`` -> ``runs/deploy``; ``prof.json`` -> ``prof.json``)."""
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        tokens = command.split()
+    out = []
+    for prev, token in zip(["", *tokens], tokens):
+        flag, value = token.split("=", 1) if token.startswith("--") and "=" in token else (prev, token)
+        if value.startswith("-") or not ("/" in value or FILE_NAME.search(value)):
+            continue
+        parts = Path(value).parts
+        if parts and parts[0] not in CHECKOUT and "=" not in parts[0]:
+            out.append(("/".join(parts[:2]) if parts[0] == "runs" else parts[0], flag in OUTPUT_FLAGS))
+    return out
+
+
+def command_groups(commands: list[str]) -> list[list[str]]:
+    """``commands`` (a page's, in order) in groups that share no made file, each in page order, the
+    groups in the order of their first command: one test each, so that a page's independent commands
+    run side by side under ``pytest -n``. Two commands that name the same made path
+    (:func:`made_paths`) share a group; a command that reads a made path no earlier command named
+    (``ls runs/wandb``: written by another command without naming it) joins the command before it;
+    a skipped command goes with the one before it (or the first that runs)."""
+    parent = list(range(len(commands)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    def join(i: int, j: int) -> None:
+        a, b = sorted((root(i), root(j)))
+        parent[b] = a
+
+    first_namer: dict[str, int] = {}
+    before: int | None = None
+    for i, command in enumerate(commands):
+        if skip_reason(command):
+            if before is not None:
+                join(before, i)
+            continue
+        for key, output in made_paths(shrink(command)):
+            if key in first_namer:
+                join(first_namer[key], i)
+            elif not output and before is not None:
+                join(before, i)
+            first_namer.setdefault(key, i)
+        if before is None:  # the skipped commands before the first that runs
+            for j in range(i):
+                join(i, j)
+        before = i
+    if before is None:  # nothing runs: one group
+        return [commands] if commands else []
+    groups: dict[int, list[str]] = {}
+    for i, command in enumerate(commands):
+        groups.setdefault(root(i), []).append(command)
+    return list(groups.values())
+
+
+def expected_cost(commands: list[str]) -> float:
+    """Seconds ``commands`` are expected to take here (:data:`COST`; skipped ones take none)."""
+    return sum(next(seconds for pattern, seconds in COST if re.search(pattern, shrink(c)))
+               for c in commands if not skip_reason(c))
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children so far: a command's cost on a
+    busy machine, where its wall time says more about the other processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _scratch(tmp: Path) -> Path:
     """A checkout of links in ``tmp/repo``, with ``shared/`` beside it as beside the real one."""
     repo = tmp / "repo"
@@ -144,7 +245,26 @@ def test_shrink_and_skip_rules() -> None:
     assert same_command("python -m experiments run --budget 20") is None
 
 
+def test_command_groups_keep_what_reads_a_made_file_with_what_makes_it() -> None:
+    assert made_paths("python -m x --plan runs/a/plan.json --out=b.json --profile experiments/p.json") == \
+        [("runs/a", False), ("b.json", True)]
+    commands = ["make run", "python -m experiments search --out runs/a", "python -m experiments baselines",
+                "python -m experiments profile --out prof.json", "python -m experiments replay --plan runs/a/plan.json",
+                "wandb sync runs/wandb/x", "python -m experiments sweep", "ls runs/wandb",
+                "python -m experiments simulate --profile prof.json"]
+    assert command_groups(commands) == [
+        ["make run", commands[1], commands[4], commands[5]], [commands[2]], [commands[3], commands[8]],
+        [commands[6], commands[7]]]
+    assert command_groups(["export A=1", "wandb sync runs/wandb/x"]) == [["export A=1", "wandb sync runs/wandb/x"]]
+
+
 PAGES_WITH_COMMANDS = [p for p in PAGES if bash_commands(p.read_text())]
+#: One test of :func:`test_shell_commands_in_docs_run` per :func:`command_groups` group of each page.
+DOCS_RUNS = [pytest.param(page, group, id=str(page.relative_to(ROOT)) + (f"#{k}" if len(groups) > 1 else ""),
+                          marks=pytest.mark.cost(expected_cost(group)))
+             for page in PAGES_WITH_COMMANDS
+             for groups in [command_groups(bash_commands(page.read_text()))]
+             for k, group in enumerate(groups, 1)]
 
 
 def test_command_pages_match_help() -> None:
@@ -164,9 +284,8 @@ def test_every_page_links_exist() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("page", PAGES_WITH_COMMANDS, ids=[str(p.relative_to(ROOT)) for p in PAGES_WITH_COMMANDS])
-def test_shell_commands_in_docs_run(page: Path, tmp_path: Path) -> None:
-    commands = bash_commands(page.read_text())
+@pytest.mark.parametrize(("page", "commands"), DOCS_RUNS)
+def test_shell_commands_in_docs_run(page: Path, commands: list[str], tmp_path: Path) -> None:
     cwd = _scratch(tmp_path)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT),
            "MPLBACKEND": "Agg"}
@@ -185,7 +304,7 @@ def test_shell_commands_in_docs_run(page: Path, tmp_path: Path) -> None:
             shutil.copytree(_RAN[same[0]], cwd / same[1], symlinks=True, dirs_exist_ok=True)
             log.append(f"REUSED {_RAN[same[0]]} (the same command ran on another page): {run}")
             continue
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _children_cpu()
         proc = subprocess.run(["bash", "-c", run], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=COMMAND_TIMEOUT)
         if proc.returncode != 0 and re.search(DISTRIBUTED, run):
@@ -193,7 +312,8 @@ def test_shell_commands_in_docs_run(page: Path, tmp_path: Path) -> None:
             log.append(f"RETRY after rc {proc.returncode}: {run}\n{proc.stdout[-1500:]}")
             proc = subprocess.run(["bash", "-c", run], cwd=cwd, env=env, capture_output=True, text=True,
                                   timeout=COMMAND_TIMEOUT)
-        log.append(f"{time.perf_counter() - t0:5.1f} s  rc {proc.returncode}: {run}")
+        cpu = _children_cpu() - cpu0
+        log.append(f"{time.perf_counter() - t0:5.1f} s ({cpu:5.1f} s cpu)  rc {proc.returncode}: {run}")
         if proc.returncode == 0 and same is not None:
             _RAN[same[0]] = cwd / same[1]
         assert proc.returncode == 0, (f"{page.name}: `{run}` (from `{command}`) failed with exit code "

@@ -21,6 +21,7 @@ def test_every_command_is_drawn_from_its_parser() -> None:
 
 
 @pytest.mark.slow  # fuzzing: 150 invocations, 25-50 s on 2 cores
+@pytest.mark.cost(45)
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the fuzz forks one child per invocation")
 def test_random_command_lines_end_cleanly(tmp_path) -> None:
     start = time.monotonic()
