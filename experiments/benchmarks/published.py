@@ -94,6 +94,7 @@ from pipeline.runtime import RUNTIMES, Runtime
 from pipeline.schedules import build_plan
 from pipeline.simulator import simulate, stage_costs
 from pipeline.spec import Cluster, LayerCost, ModelProfile, TrainingConfig
+from pipeline.v_greedy import v_greedy_plan
 from pipeline.zb_greedy import fork_memory, zb_greedy_best
 
 __all__ = ["main", "predict_rows", "predict_row", "row_problem", "Prediction", "summarize", "UNITS"]
@@ -206,6 +207,8 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
     profile = ModelProfile(str(row.get("id")), stage, time_unit="ms")
     training = TrainingConfig(runtime=runtime)
     partition = even_partition(S, S)
+    if schedule in ("v-half", "v-min"):  # the fork's own order (its runtime's, whatever the profiled times)
+        return v_greedy_plan(schedule, P, M, partition=partition), profile, cluster, training
     if schedule in V_SCHEDULES or schedule in ("zb-h1", "zb-h2", "gpipe"):
         return build_plan(schedule, profile, cluster, microbatches=M, partition=partition,
                           training=training), profile, cluster, training
