@@ -31,6 +31,7 @@ from pipeline.errors import PlanError
 from pipeline.evaluator import Evaluator
 from pipeline.plan import Plan
 from pipeline.simulator import Result
+from pipeline.start_recipes import preset_candidate
 
 __all__ = [
     "MAX_DEVICES",
@@ -191,9 +192,7 @@ def portfolio(scenario: Scenario, sizes_of=None) -> list[Candidate]:
         if P * chunks > min(L, MAX_STAGES) or (chunks > 1 and P < 2):
             continue
         placement = make_placement(kind, P, chunks)
-        counts_w = preset not in ("zb-h1", "zb-h2")
-        out.append(Candidate(sizes_of(placement), placement, "list", _presets(P)[BUDGET_PRESETS.index(preset)],
-                             cap_counts_w=counts_w, max_pending_w=None if counts_w else P))
+        out.append(preset_candidate(sizes_of(placement), placement, preset, devices=P))
     return out
 
 
