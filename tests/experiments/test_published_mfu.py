@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from experiments.benchmarks.head_heavy import vocab_table_row
 from experiments.benchmarks.published import predict_row
 from experiments.benchmarks.published_job import SOURCES, mfu_fraction, predict_job, row_cost_facts
 
@@ -14,13 +15,7 @@ from experiments.benchmarks.published_job import SOURCES, mfu_fraction, predict_
 def vocab_row(vocab: int, *, seq_len: int = 2048, mfu: float = 0.2, memory: float | None = 30.0,
               flags: dict[str, Any] | None = None) -> dict[str, Any]:
     """A head-heavy row: a 32-layer GPT (h 3072) on 8 A100s, PP 8, 1F1B, 128 micro-batches of one sequence."""
-    return {"id": f"v{vocab}", "table": "vocabulary table",
-            "model": {"name": "GPT 4B", "layers": 32, "hidden": 3072, "ffn_hidden": None, "heads": 24,
-                      "kv_heads": None, "vocab": vocab, "seq_len": seq_len},
-            "parallel": {"tp": 1, "pp": 8, "dp": 1, "cp": 1, "vpp": 1},
-            "batch": {"micro_batch_size": 1, "num_microbatches": 128, "global_batch": 128},
-            "schedule": "1F1B", "gpus": 8, "gpu_type": "A100 SXM 80GB", "training_flags": flags or {},
-            "measured": {"throughput": None, "throughput_unit": None, "mfu": mfu, "peak_memory_gb": memory}}
+    return vocab_table_row(vocab, seq_len, mfu=mfu, peak_memory_gb=memory, flags=flags)
 
 
 def test_an_mfu_row_is_predicted_in_mfu_with_its_memory() -> None:
