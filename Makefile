@@ -25,7 +25,7 @@ test: engine
 	$(PY) -m pytest -q -n auto --maxprocesses=4 --durations=30
 
 # The unit tests without the slow ones (torchrun jobs, training, the docs' commands, long searches):
-# about two minutes on 2 cores. `make test` (CI) still runs everything.
+# about a minute on 2 cores. `make test` (CI) still runs everything.
 test-fast: engine
 	$(PY) -m pytest -q -n auto --maxprocesses=4 -m "not slow"
 
