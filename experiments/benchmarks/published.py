@@ -313,17 +313,17 @@ def _mfu_row(row: dict[str, Any], out: Prediction, meas: dict[str, Any]) -> Pred
     """A row that publishes its MFU (and peak memory) instead of a throughput, such as a table of
     one model at several vocabulary sizes: the whole-job model's MFU in Megatron's FLOP formula, and its
     peak memory where the row gives one (in GB of 1e9 bytes unless its ``peak_memory_unit`` is GiB). Its
-    source's fitted compute scale applies; FlashAttention unless the
-    row says otherwise (the cost model's default: such a table is not the 2021 TFLOP/s runs whose
-    codebase fact is no FlashAttention)."""
+    source's fitted compute scale applies; FlashAttention unless the row says otherwise (the cost
+    model's default: such a table is not the 2021 TFLOP/s runs, whose codebase had none)."""
     got = predict_job(row, default_flash=True)
     memory = meas.get("peak_memory_gb")
-    gib = str(meas.get("peak_memory_unit") or "").lower() == "gib"
-    if got.peak_memory_gib is not None and not gib:  # the row's "GB": 1e9 bytes unless it says GiB
-        got = replace(got, peak_memory_gib=got.peak_memory_gib * 2**30 / 1e9)
+    in_gib = str(meas.get("peak_memory_unit") or "").lower() == "gib"  # else the row's "GB": 1e9 bytes
+    predicted = None
+    if memory and got.peak_memory_gib is not None:
+        predicted = got.peak_memory_gib if in_gib else got.peak_memory_gib * 2**30 / 1e9
     return replace(out, unit="MFU", measured=mfu_fraction(float(meas["mfu"])), predicted=got.mfu,
                    reason=got.reason, stage_times="whole-job model", memory_measured_gb=memory,
-                   memory_predicted_gb=got.peak_memory_gib if memory else None)
+                   memory_predicted_gb=predicted)
 
 
 def _simulated(schedule: str, times: StageTimes, row: dict[str, Any], runtime: Runtime,
