@@ -26,6 +26,7 @@ from typing import Any
 from experiments.benchmarks.published_job import predict_job
 from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import CostOptions, runtime_cost_options
+from pipeline.errors import ConfigError
 from pipeline.hardware import GPUSpec, get_gpu
 from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_profile, megatron_job_plan
 from pipeline.runtime import RUNTIMES
@@ -65,10 +66,14 @@ def vocab_table_row(vocab: int, seq_len: int, *, mfu: float | None = None, peak_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu", default="a100", help="GPU preset (default a100)")
+    parser.add_argument("--gpu", default="a100",
+                        help="GPU preset of the fused and fp32 columns (default a100; the row column: the A100 table)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     args = parser.parse_args(argv)
-    gpu = get_gpu(args.gpu)
+    try:
+        gpu = get_gpu(args.gpu)
+    except ConfigError as exc:
+        parser.error(str(exc))
     models = {"fused": (replace(gpu, sm_count=0), CostOptions(fused_cross_entropy=True, main_grad_bytes=0)),
               "fp32": (gpu, runtime_cost_options("megatron"))}
     if not args.json:
