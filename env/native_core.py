@@ -6,7 +6,9 @@ its edit table and mask, the plans its episode evaluated and its counters live t
 writes observations, rewards, flags, masks and info columns into numpy arrays the core owns. A
 reset stays Python's (:meth:`PipelineEnv.reset_rounds`): :func:`load` hands the state it leaves
 (:meth:`PipelineEnv.episode_state`) to the core, or says the episode is not one the core ports,
-and the vector env then steps that environment in Python.
+and the vector env then steps that environment in Python. With a scenario pool
+(:mod:`env.scenario_pool`) the vector env keeps what :func:`load` handed over (:func:`load_args`)
+and starts the next episodes of the same scenario and start with it, without a Python reset.
 
 What the core ports: candidates of the list order without recomputation, an evaluator the episode
 owns (no ``options["evaluator"]``), placements whose DP-balanced split the scenario table holds
@@ -27,8 +29,8 @@ from pipeline.candidates import Candidate, Scenario, make_placement
 from pipeline.runtime import runtime_named
 from pipeline.simulator import Result
 
-__all__ = ["unsupported", "scenario_table", "balanced_of", "candidate_tuple", "candidate_of", "load", "evaluate",
-           "EDIT_NAMES", "edit_name"]
+__all__ = ["unsupported", "scenario_table", "balanced_of", "candidate_tuple", "candidate_of", "load_args", "load",
+           "evaluate", "EDIT_NAMES", "edit_name"]
 
 #: Edit names by code: an action index, -1 for stop, -2 for a masked action (``EnvCore.edits``).
 EDIT_NAMES: tuple[str, ...] = tuple(str(a) for a in ACTIONS)
@@ -208,25 +210,33 @@ def _result_tuple(r: Result) -> tuple:
     return (bool(r.valid), float(r.iteration_time), list(r.busy), list(r.peak_memory), list(r.memory_limit))
 
 
-def load(core: Any, i: int, env: Any) -> bool:
-    """Hand environment ``env``'s episode, just reset, to slot ``i`` of ``core``; False (and the slot
-    left inactive) where the core does not port it."""
+def load_args(env: Any) -> tuple | None:
+    """The arguments after the slot of ``EnvCore.load`` that start environment ``env``'s episode, just
+    reset, in the core; None where the core does not port it. They hold no reference to ``env``: a
+    scenario pool keeps them to start later episodes of the same start (:mod:`env.scenario_pool`)."""
     state = env.episode_state()
     ed = env.editor
     table = scenario_table(state["prep"]) if state["own_evaluator"] else None
     if table is None or not hasattr(ed.ev, "evaluated"):
-        core.deactivate(i)
-        return False
+        return None
     cur, best = candidate_tuple(ed.current), candidate_tuple(ed.best)
     known = [candidate_tuple(c) for c in ed.ev.evaluated()]
     if cur is None or best is None or any(k is None for k in known):
-        core.deactivate(i)
-        return False
+        return None
     if not table.has_balanced(list(ed.current.placement)):  # a start off the families (the table is shared)
-        core.deactivate(i)
-        return False
+        return None
     params = {"calls": ed.ev.calls, "max_calls": ed.max_calls, "calls_cap": state["calls_cap"],
               "calls_at_start": state["calls_at_start"], "allow_stop": ed.allow_stop, "max_steps": env.max_steps,
               "step_cost": env.step_cost, "reference": float(env.reference), "start_time": float(state["start_time"])}
-    core.load(i, table, cur, _result_tuple(ed.result), best, _result_tuple(ed.best_result), known, params)
-    return True
+    return table, cur, _result_tuple(ed.result), best, _result_tuple(ed.best_result), known, params
+
+
+def load(core: Any, i: int, env: Any) -> tuple | None:
+    """Hand environment ``env``'s episode, just reset, to slot ``i`` of ``core``: the arguments it
+    loaded (:func:`load_args`), or None (and the slot left inactive) where the core does not port it."""
+    args = load_args(env)
+    if args is None:
+        core.deactivate(i)
+        return None
+    core.load(i, *args)
+    return args

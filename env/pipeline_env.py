@@ -37,7 +37,7 @@ from pipeline.simulator import Result, simulate
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "STAGE_FEATURES", "DEVICE_FEATURES",
-           "observation_space", "megatron_time"]
+           "observation_space", "megatron_time", "prep_of"]
 
 #: Version of the observation and action layout; saved with every policy and checked on load.
 OBS_VERSION = "pipeline-v1.0"
@@ -168,6 +168,12 @@ def _prep_of(scenario: Scenario) -> _Prep:
     if hit is None or hit.scenario is not scenario:  # (a prep holds its scenario: its id is not reused meanwhile)
         hit = _PREPS[id(scenario)] = _Prep(scenario)
     return hit
+
+
+def prep_of(scenario: Scenario) -> _Prep:
+    """The preparation of ``scenario`` its environments share, built on first use and kept while
+    something holds it (an environment, a scenario pool: :mod:`env.scenario_pool`)."""
+    return _prep_of(scenario)
 
 
 class PipelineEnv(gym.Env):

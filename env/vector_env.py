@@ -56,6 +56,23 @@ overrides a part step in Python as below. Stepped by the core, ``envs[i]`` keep 
 reset left: read the episode from the infos (``candidate``, ``best_candidate``, ``sim_calls``).
 ``native=False`` steps every environment in Python.
 
+**The scenario pool.** With ``scenario_pool=K`` (0, the default: none) the resets take their
+scenario from a :class:`env.scenario_pool.ScenarioPool` of K prepared scenarios, each serving
+``pool_reuse`` resets (default 4) before a reset that picks its slot draws its successor: the
+scenario draw, its cost model, the core's table and the starting plans' simulations are paid once
+per ``pool_reuse`` resets (the episodes of a scenario adopt its results as ``share_results`` has
+them). Each reset's scenario keeps today's distribution (slots are picked uniformly by a generator
+of their own, the draws are :func:`~env.scenarios.sample_scenario`'s, see the pool's docstring), but
+up to ``pool_reuse`` episodes share one: correlated episodes. On the compiled core a scenario's
+start is kept after its first reset and later resets of it are one ``EnvCore.load`` with no Python
+reset (``envs[i]`` then keeps an earlier episode's state: read the episode from the infos); with
+``engine_threads`` > 1 the pool's next draws are made while the core steps on its side thread (the
+same draws in the same order, :meth:`ScenarioPool.prefetch`). Both paths use the pool alike (the
+same episodes, step for step); ``reset(seed=...)`` empties and reseeds it, so seeded runs repeat.
+Environments whose ``reset`` is their own, whose ``ScenarioConfig`` is not the first environment's,
+and resets whose options name a scenario, reset as without a pool; an environment's
+``repeat_scenario`` keeps its pooled scenario that many resets.
+
 Over 600 lines: the step runs two paths side by side (the compiled core's and Python's), each
 environment on one of them, and their infos and observations meet here.
 
@@ -76,7 +93,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from env import native_core
+from env.editor import portfolio
 from env.pipeline_env import PipelineEnv
+from env.scenario_pool import PoolEntry, ScenarioPool
 from pipeline import engine
 from pipeline.candidates import Candidate
 from pipeline.evaluator import Evaluator, results_across
@@ -85,6 +104,10 @@ __all__ = ["PipelineVectorEnv", "check_room", "BYTES_PER_ENV"]
 
 #: The observation's entries in the order of ``PipelineEnv.observation_parts``.
 _PARTS = ("stages", "devices", "plan")
+#: Pool entries drawn ahead at most (while the compiled core steps on its side thread).
+_AHEAD = 8
+#: Reset options that name the episode's scenario (the pool does not replace it).
+_NAMES_SCENARIO = ("scenario", "problem", "profile", "evaluator")
 #: ``info["edit"]`` by ``EnvCore.edits`` code + 2 (-2 masked, -1 stop, else the action).
 _EDIT_NAMES = np.array(["masked", "stop", *native_core.EDIT_NAMES], dtype=object)
 #: Memory one environment may take, bytes: about 0.3 MiB measured after 30 steps of ``default``
@@ -127,7 +150,9 @@ class PipelineVectorEnv(VectorEnv):
     up the whole step; 2 pays on idle cores). ``pause_gc`` (default True): no cyclic garbage
     collection inside a step (see :attr:`pause_gc`). ``native``: step on the compiled environment
     core (None: where it is built; True: a ValueError where it is not; False: in Python; see the
-    module docstring).
+    module docstring). ``scenario_pool``: resets take their scenario from a pool of that many prepared
+    scenarios, each serving ``pool_reuse`` resets (:class:`env.scenario_pool.ScenarioPool`; 0, the default:
+    a fresh draw at every reset, see the module docstring).
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -135,7 +160,8 @@ class PipelineVectorEnv(VectorEnv):
     def __init__(self, num_envs: int = 1, *, autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
                  render_mode: str | None = None, max_episode_steps: int | None = None,
                  env_factory: Callable[[], PipelineEnv] | None = None, engine_threads: int = 1,
-                 pause_gc: bool = True, native: bool | None = None, **env_kwargs: Any) -> None:
+                 pause_gc: bool = True, native: bool | None = None, scenario_pool: int = 0, pool_reuse: int = 4,
+                 **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
         check_room(int(num_envs))
@@ -187,6 +213,11 @@ class PipelineVectorEnv(VectorEnv):
             raise ValueError("native=True needs the compiled engine with its environment core: run 'make engine' "
                              "(or pass native=None to step in Python without it)")
         self._can_native = [p and r for p, r in zip(self._plain_step, self._plain_reset)]
+        self._pool = self._make_pool(scenario_pool, pool_reuse)
+        self._pool_ok = [r and self._pool is not None and e.scenario == self._pool.config
+                         for r, e in zip(self._plain_reset, self.envs)]
+        self._held: list[list[Any] | None] = [None] * self.num_envs
+        """Each environment's pooled scenario and the resets it served (its ``repeat_scenario``)."""
         self._native = np.zeros(self.num_envs, dtype=bool)
         """Environments whose episode the compiled core steps (:mod:`env.native_core`; set at each reset)."""
         self._side_thread: ThreadPoolExecutor | None = None
@@ -217,6 +248,9 @@ class PipelineVectorEnv(VectorEnv):
             if len(seeds) != n:
                 raise ValueError(f"reset got {len(seeds)} seeds for num_envs={n}")
         options = dict(options) if options else {}
+        if self._pool is not None and any(s is not None for s in seeds):
+            self._pool.seed([s for s in seeds if s is not None])
+            self._held = [None] * n
         mask = options.pop("reset_mask", None)
         if mask is None:
             which = list(range(n))
@@ -299,6 +333,8 @@ class PipelineVectorEnv(VectorEnv):
             if stepped is None:
                 engine.env_step(core, np.asarray(acts, dtype=np.int64), native)
             else:
+                if self._pool is not None:  # the next scenarios, drawn while the core steps
+                    self._pool.prefetch(lambda: not stepped.done(), limit=_AHEAD, prepare=self._prepare)
                 stepped.result()
             self.batched_calls += 1
             rewards[native] = core.rewards[native]
@@ -368,6 +404,66 @@ class PipelineVectorEnv(VectorEnv):
             self._side_thread.shutdown(wait=True)
             self._side_thread = None
 
+    @property
+    def scenario_pool(self) -> ScenarioPool | None:
+        """The pool the resets take their scenarios from (None: a fresh draw at every reset)."""
+        return self._pool
+
+    def _make_pool(self, size: int, reuse: int) -> ScenarioPool | None:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise ValueError(f"scenario_pool must be a whole number >= 0 (0: no pool), got {size!r}")
+        if isinstance(reuse, bool) or not isinstance(reuse, (int, np.integer)) or reuse < 1:
+            raise ValueError(f"pool_reuse must be a whole number >= 1, got {reuse!r}")
+        return ScenarioPool(int(size), reuse=reuse, config=self.envs[0].scenario) if size else None
+
+    def _prepare(self, entry: PoolEntry) -> None:
+        """Build what the resets of a pool entry drawn ahead will need: the compiled core's table, the
+        portfolio (its starting plans are simulated with the step's resets, beside the core's step)."""
+        prep = entry.prep
+        if self._core is not None:
+            native_core.scenario_table(prep)
+        if prep.portfolio is None:
+            prep.portfolio = portfolio(entry.scenario, lambda placement: native_core.balanced_of(prep, placement))
+
+    def _pooled(self, i: int, seed: int | None, options: dict[str, Any] | None) -> PoolEntry | None:
+        """Environment ``i``'s pool entry for this reset (held for the environment's ``repeat_scenario``
+        resets, anew on a seed, as its own draw is), or None: no pool, or ``options`` name a scenario."""
+        if not self._pool_ok[i] or (options and any(options.get(k) is not None for k in _NAMES_SCENARIO)):
+            return None
+        held = self._held[i]
+        if seed is not None or held is None or held[1] >= self.envs[i].repeat_scenario:
+            held = self._held[i] = [self._pool.take(), 0]
+        held[1] += 1
+        return held[0]
+
+    def _start_key(self, i: int, seed: int | None, options: dict[str, Any] | None) -> tuple | None:
+        """What the compiled core's start of environment ``i`` depends on beside its scenario, or None
+        where a kept start cannot serve it (options; a seeded reset's random start). The draw of the
+        start's kind (``single_start_share``) is :meth:`PipelineEnv.reset_rounds`'s, made here."""
+        env = self.envs[i]
+        if options or self._core is None or not self._can_native[i]:
+            return None
+        single = False
+        if env.single_start_share:
+            if seed is not None:  # (the reset reseeds the generator the kind is drawn from)
+                return None
+            single = bool(env.np_random.random() < env.single_start_share)
+        return env.max_steps, env.step_cost, env.max_calls, env.allow_stop, single
+
+    def _load_kept(self, i: int, entry: PoolEntry, key: tuple | None) -> bool:
+        """Start environment ``i``'s episode in the compiled core from ``entry``'s kept start (one
+        ``EnvCore.load``, no Python reset: ``envs[i]`` keeps an earlier episode's state but for its
+        ``reference``); False where there is none."""
+        kept = entry.starts.get(key) if key is not None else None
+        if kept is None:
+            return False
+        args, reference = kept
+        self._core.load(i, *args)
+        self.envs[i].reference = reference
+        self._native[i] = True
+        self._obs[i] = (self._core.stages[i], self._core.devices[i], self._core.plan[i])
+        return True
+
     def _side(self) -> ThreadPoolExecutor:
         """The thread the compiled core steps on while the step's Python runs (``engine_threads`` > 1)."""
         if self._side_thread is None:
@@ -386,12 +482,25 @@ class PipelineVectorEnv(VectorEnv):
         t0, sims = time.perf_counter(), self._sim_seconds
         infos: dict[int, dict[str, Any] | tuple[bool, str]] = {}
         runs: list[tuple[int, Iterator[list[Candidate]]]] = []
+        keep: dict[int, tuple[PoolEntry, tuple]] = {}  # pooled resets whose start the entry is to keep
         for i in which:
             env, seed = self.envs[i], None if seeds is None else seeds[i]
+            opts = options
+            entry = None if self._pool is None else self._pooled(i, seed, options)
+            if entry is not None:
+                key = self._start_key(i, seed, options)
+                if seed is None and self._load_kept(i, entry, key):  # (a seeded reset seeds envs[i] too)
+                    infos[i] = (False, "start")
+                    continue
+                opts = {**(options or {}), "scenario": entry.scenario}
+                if key is not None:
+                    keep[i] = (entry, key)
+                    if env.single_start_share and seed is None:  # the kind _start_key drew
+                        opts["start"] = "single" if key[-1] else "portfolio"
             if batched and self._plain_reset[i]:
-                runs.append((i, env.reset_rounds(seed=seed, options=options)))
+                runs.append((i, env.reset_rounds(seed=seed, options=opts)))
             else:
-                o, infos[i] = env.reset(seed=seed, options=options)
+                o, infos[i] = env.reset(seed=seed, options=opts)
                 self._obs[i] = tuple(o[k] for k in _PARTS)
                 self._unload(i)
         first = list(with_batch or ())
@@ -407,7 +516,11 @@ class PipelineVectorEnv(VectorEnv):
         core = self._core
         for i in which:
             if i not in infos:
-                if core is not None and self._can_native[i] and native_core.load(core, i, self.envs[i]):
+                args = native_core.load(core, i, self.envs[i]) if core is not None and self._can_native[i] else None
+                if args is not None:
+                    if i in keep:
+                        entry, key = keep[i]
+                        entry.starts[key] = (args, float(self.envs[i].reference))
                     self._native[i] = True
                     self._obs[i] = (core.stages[i], core.devices[i], core.plan[i])
                 else:
