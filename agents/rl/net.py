@@ -62,33 +62,76 @@ class EntityEncoder(BaseFeaturesExtractor):
         self.global_head = nn.Linear(hidden, _N_GLOBAL)
 
     @staticmethod
-    def _pool(h: th.Tensor, present: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        count = present.sum(1).clamp(min=1.0)
-        mean = (h * present).sum(1) / count
-        top = (h - (1.0 - present) * 1e4).max(1).values
-        return mean, th.where(count > 0.5, top, th.zeros_like(top))
+    def _pool(h: th.Tensor, count: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Mean and max over the present rows of ``h`` (``count`` of them per sample). ``h`` is a
+        ReLU's output with padding rows 0: no row is below 0, so the plain sum and max over all
+        rows are the masked ones (a row tied at 0 with padding has no gradient through its ReLU
+        either way; ``amax`` shares a tie's gradient among equal rows, which for the weights is
+        the same). Every observation has stage and device rows."""
+        return h.sum(1) / count, h.amax(1)
 
     def forward(self, obs: dict[str, th.Tensor]) -> th.Tensor:
         st, dv, g = obs["stages"], obs["devices"], obs["plan"]
-        # Padding rows carry nothing: work on the rows some sample of the batch uses.
+        # Padding rows carry nothing: work on the rows some sample of the batch uses, and run the
+        # token layers on the present rows only (a batch's samples differ in size: about a third of
+        # its rows up to the largest sample are present).
         n_s = max(2, int(st[..., 0].sum(1).max().item()))
         n_d = max(1, int(dv[..., 0].sum(1).max().item()))
         st, dv = st[:, :n_s], dv[:, :n_d]
-        ps, pd = st[..., :1], dv[..., :1]
-        hs = self.stage_in(st) * ps
-        hd = self.device_in(dv) * pd
-        ms, xs = self._pool(hs, ps)
-        md, xd = self._pool(hd, pd)
+        ps, pd = _Rows(st), _Rows(dv)
+        hs, hd = self.stage_in(ps.take(st)), self.device_in(pd.take(dv))
+        ms, xs = self._pool(ps.put(hs), ps.count)
+        md, xd = self._pool(pd.put(hd), pd.count)
         ctx = self.context(th.cat([ms, xs, md, xd, self.global_in(g)], dim=1))
-        ts = self.stage_out(th.cat([hs, ctx[:, None].expand(-1, hs.shape[1], -1)], dim=2))
-        td = self.device_out(th.cat([hd, ctx[:, None].expand(-1, hd.shape[1], -1)], dim=2))
-        pair = nn.functional.pad(self.boundary_head(th.cat([ts[:, :-1], ts[:, 1:]], dim=2)),
-                                 (0, 0, 0, MAX_STAGES - n_s))
+        ts = _refined(self.stage_out[0], hs, ps, ctx)
+        td = _refined(self.device_out[0], hd, pd, ctx)
+        pair = nn.functional.pad(_pairs(self.boundary_head, ts), (0, 0, 0, MAX_STAGES - n_s))
         dev = nn.functional.pad(self.device_head(td), (0, 0, 0, MAX_DEVICES - n_d))
         glob = self.global_head(ctx)
         logits = th.cat([glob[:, :1], pair[..., 0], pair[..., 1], glob[:, 1:1 + _G_MID], dev[..., 0], dev[..., 1],
                          glob[:, 1 + _G_MID:]], dim=1)
         return th.cat([ctx, logits], dim=1)
+
+
+class _Rows:
+    """The present rows of a ``(B, N, F)`` batch of tokens (column 0 is ``present``): the token
+    layers run on them alone (``(P, F)``), :meth:`put` puts their outputs back in the batch's layout."""
+
+    def __init__(self, x: th.Tensor) -> None:
+        present = x[..., 0] > 0.5
+        self.shape = present.shape
+        self.index = present.reshape(-1).nonzero().squeeze(1)
+        """Each present row's position in the flattened ``(B x N)`` rows (row-major)."""
+        self.sample = self.index // self.shape[1]
+        """Each present row's sample."""
+        self.count = present.sum(1, keepdim=True).clamp(min=1)
+
+    def take(self, x: th.Tensor) -> th.Tensor:
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+
+    def put(self, rows: th.Tensor, fill: th.Tensor | None = None) -> th.Tensor:
+        """``(B, N, H)``: ``rows`` at their places, the padding rows 0 or ``fill`` (one row per sample)."""
+        b, n = self.shape
+        base = rows.new_zeros(b * n, rows.shape[-1]) if fill is None else fill.repeat_interleave(n, dim=0)
+        return base.index_copy(0, self.index, rows).view(b, n, -1)
+
+
+def _refined(layer: nn.Linear, tokens: th.Tensor, rows: _Rows, ctx: th.Tensor) -> th.Tensor:
+    """``relu(layer(cat([token, context])))`` of every row (``tokens``: the present rows, ``(P, H)``),
+    in the batch's layout: the context's half of the weights applied once per sample, not once per
+    row (the same weights and result without the concatenation), and a padding row (token 0) is
+    ``relu`` of the context's half alone."""
+    h = tokens.shape[-1]
+    per_sample = nn.functional.linear(ctx, layer.weight[:, h:], layer.bias)
+    out = nn.functional.linear(tokens, layer.weight[:, :h]) + per_sample.index_select(0, rows.sample)
+    return th.relu(rows.put(out, per_sample))
+
+
+def _pairs(layer: nn.Linear, tokens: th.Tensor) -> th.Tensor:
+    """``layer(cat([tokens[:, :-1], tokens[:, 1:]], -1))`` (each pair of neighbours) without the concatenation."""
+    h = tokens.shape[-1]
+    return (nn.functional.linear(tokens[:, :-1], layer.weight[:, :h], layer.bias)
+            + nn.functional.linear(tokens[:, 1:], layer.weight[:, h:]))
 
 
 class _Slice(nn.Module):
