@@ -26,10 +26,17 @@ speed can give.
 
   python -m experiments.benchmarks.vector_env_speed [--seconds 5] [--repeats 3] [--sizes 1,16,64,256]
       [--two-threads 16,256] [--python-sizes ''] [--cases default,small-fresh] [--ppo-timesteps 8192]
-      [--ppo-envs 256] [--no-ppo] [--json]
+      [--ppo-envs 256] [--no-ppo] [--pool] [--pool-size 0] [--pool-reuse 4] [--json]
 
 The vector rows step on the compiled environment core where it is built (``env.native_core``);
 ``--python-sizes`` adds rows of the same vector env stepped in Python (``native=False``).
+``--pool`` adds, beside every vector row, the same vector env with a scenario pool
+(:mod:`env.scenario_pool`: ``scenario_pool=--pool-size``, the row's environment count by default,
+``pool_reuse=--pool-reuse``): its resets take a prepared scenario from the pool, so a scenario is
+drawn, priced and its starting plans simulated once per ``--pool-reuse`` resets instead of at every
+one; each reset's scenario keeps today's distribution, but up to ``--pool-reuse`` episodes share one
+(the ``default`` case is then no longer "a fresh scenario at every reset"). Cases whose
+environments fix their scenario (``small``, ``small-fresh``) do not use the pool.
 """
 
 from __future__ import annotations
@@ -58,16 +65,19 @@ def _random_allowed(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 0,
-                   engine_threads: int = 1, native: bool | None = None) -> dict[str, float]:
+                   engine_threads: int = 1, native: bool | None = None, pool: int = 0,
+                   pool_reuse: int = 4) -> dict[str, float]:
     """Env-steps/s of ``n_envs`` environments of ``case`` in one PipelineVectorEnv, the shares of
     its step time in batched simulations and in autoresets, and the engine's: its share of the wall
     time, its microseconds per env-step and the env-steps/s it alone would allow (the ceiling of
     any speed-up outside the engine, on the engine's threads). ``native``: PipelineVectorEnv's
-    (None: the compiled environment core where it is built; False: the Python path)."""
+    (None: the compiled environment core where it is built; False: the Python path). ``pool``,
+    ``pool_reuse``: its ``scenario_pool`` and ``pool_reuse`` (0: a fresh scenario at every reset)."""
     from env.vector_env import PipelineVectorEnv
     from pipeline import engine
 
-    vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads, native=native)
+    vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads, native=native,
+                            scenario_pool=pool, pool_reuse=pool_reuse)
     vec.reset(seed=seed)
     rng = np.random.default_rng(seed)
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
@@ -122,13 +132,15 @@ def ppo_today(*, timesteps: int, seed: int = 0) -> dict[str, float]:
 
 def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float]:
     """Steps/s of MaskablePPO (today's hyperparameters and network) on ``n_envs`` batched
-    environments, with the time split between collecting rollouts and PPO's updates."""
+    environments as :func:`agents.rl.train.train` runs it (with its batched bootstrap of
+    truncated episodes), with the time split between collecting rollouts and PPO's
+    updates."""
     import torch as th
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import VecMonitor
 
     from agents.rl.net import EntityPolicy
-    from agents.rl.train import PPOConfig, minibatch_size
+    from agents.rl.train import PPOConfig, batched_bootstrap, minibatch_size
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
 
@@ -145,7 +157,7 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
                         policy_kwargs={"hidden": c.hidden})
     clock = _Clock()
     t0 = time.perf_counter()
-    model.learn(total_timesteps=timesteps, callback=clock)
+    model.learn(total_timesteps=timesteps, callback=[clock, batched_bootstrap()])
     seconds = time.perf_counter() - t0
     vec.close()
     learner = max(seconds - clock.collect, 1e-9)
@@ -170,10 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-sizes", default="",
                         help="sizes also run on the vector env's Python path (native=False; '' for none)")
     parser.add_argument("--no-ppo", action="store_true", help="environment rows only")
+    parser.add_argument("--pool", action="store_true",
+                        help="also run every vector row with a scenario pool (env.scenario_pool): a reset takes a "
+                             "prepared scenario instead of drawing and pricing a new one, so scenarios are drawn "
+                             "--pool-reuse times less often; each reset's scenario keeps today's distribution, but "
+                             "up to --pool-reuse episodes share one")
+    parser.add_argument("--pool-size", type=int, default=0, help="scenarios in the pool (0: the row's environments)")
+    parser.add_argument("--pool-reuse", type=int, default=4, help="resets each pooled scenario serves")
     parser.add_argument("--json", action="store_true", help="one JSON row per figure")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
         parser.error("--repeats must be >= 1 and --seconds > 0")
+    if args.pool_size < 0 or args.pool_reuse < 1:
+        parser.error("--pool-size must be >= 0 and --pool-reuse >= 1")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     args.two_threads = [int(x) for x in args.two_threads.split(",") if x.strip()]
     python_sizes = [int(x) for x in args.python_sizes.split(",") if x.strip()]
@@ -183,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         configs += [(case, "single", 1), (case, "subproc", 2)] + [(case, "vector", n) for n in sizes]
         configs += [(case, "vector-2t", n) for n in args.two_threads]
         configs += [(case, "vector-py", n) for n in python_sizes]
+        if args.pool:  # each pooled row right after its fresh one
+            configs = [x for c, kind, n in configs
+                       for x in ([(c, kind, n)] + ([(c, f"{kind}-pool", n)] if c == case and "vector" in kind
+                                                   else []))]
     if not args.no_ppo:
         configs += [("ppo", "today", 8)] + [("ppo", "vector", int(n)) for n in args.ppo_envs.split(",") if n.strip()]
     runs: dict[tuple[str, str, int], list[dict[str, float]]] = {k: [] for k in configs}
@@ -191,10 +216,12 @@ def main(argv: list[str] | None = None) -> int:
             if case == "ppo":
                 res = (ppo_today(timesteps=args.ppo_timesteps, seed=rep) if kind == "today"
                        else ppo_vector(n_envs=n, timesteps=args.ppo_timesteps, seed=rep))
-            elif kind in ("vector", "vector-2t", "vector-py"):
+            elif kind.startswith("vector"):
                 res = measure_vector(case, n_envs=n, seconds=args.seconds, seed=rep,
-                                     engine_threads=2 if kind == "vector-2t" else 1,
-                                     native=False if kind == "vector-py" else None)
+                                     engine_threads=2 if "-2t" in kind else 1,
+                                     native=False if "-py" in kind else None,
+                                     pool=(args.pool_size or n) if kind.endswith("-pool") else 0,
+                                     pool_reuse=args.pool_reuse)
             else:
                 res = {"steps_per_s": measure_single(case, n_envs=n, seconds=args.seconds, seed=rep)}
             runs[(case, kind, n)].append(res)
@@ -211,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         what = {"single": "single env", "subproc": "SubprocVecEnv", "vector": "vector env",
                 "vector-2t": "vector env, 2 engine threads", "vector-py": "vector env, Python path",
+                "vector-pool": "vector env, pooled", "vector-2t-pool": "vector env, 2 threads, pooled",
+                "vector-py-pool": "vector env, Python path, pooled",
                 "today": "rl.train.train (8 SubprocVecEnv)"}[row["kind"]]
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):

@@ -218,7 +218,8 @@ def quality_line(row: dict | None) -> str:
         ("eval/quality_vs_tuner", "throughput / tuner's (geo-mean)"),
         ("eval/min_quality_vs_tuner", "worst scenario"),
         ("eval/gain_over_start", "speedup over the starting plan"),
-        ("eval/zero_shot_quality", "zero-shot")) if isinstance(row.get(key), (int, float))]
+        ("eval/zero_shot_quality", "zero-shot"),
+        ("eval/fits", "share of plans that fit where the tuner's does")) if isinstance(row.get(key), (int, float))]
     return f"held-out quality at {row.get('timesteps', '?')} steps: " + (", ".join(parts) or "no figures")
 
 
@@ -251,7 +252,7 @@ def learning_curve(eval_log: Path, png: Path) -> Path | None:
     rows = [r for r in rows if not r.get("phase")] or rows
     x = [r["timesteps"] for r in rows]
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.2))
-    ax[0].plot(x, [r["eval/gain_over_start"] for r in rows], marker="o")
+    ax[0].plot(x, [r.get("eval/gain_over_start", float("nan")) for r in rows], marker="o")
     ax[0].set_title("held-out: speedup over the starting plan")
     for key, label in (("eval/quality_vs_tuner", "rl (<= 40 calls)"), ("eval/zero_shot_quality", "zero-shot (<= 5)"),
                        ("eval/min_quality_vs_tuner", "rl, worst scenario")):
@@ -261,7 +262,9 @@ def learning_curve(eval_log: Path, png: Path) -> Path | None:
             for a, key in ((ax[0], "eval/gain_over_start"), (ax[1], "eval/quality_vs_tuner")):
                 a.axhline(marks[phase].get(key, float("nan")), color="grey", ls=style, lw=0.8,
                           label=f"{phase} (rl)" if a is ax[1] else None)
-    ax[1].set_title("held-out: throughput / tuner's (geo-mean)")
+    fits = rows[-1].get("eval/fits")
+    ax[1].set_title("held-out: throughput / tuner's (geo-mean" + (f", {fits:.0%} of plans fit)" if fits is not None
+                                                                  else ")"))
     ax[1].legend(fontsize=7)
     ax[2].plot(x, [r.get("train/steps_per_s", float("nan")) for r in rows], marker="o", color="C2")
     ax[2].set_title("training environment steps/s")

@@ -176,3 +176,49 @@ def test_the_batched_vector_env_trains_through_the_sb3_adapter(tmp_path: Path) -
     summary = train(config)
     assert summary["timesteps"] >= 64 and not summary["interrupted"]
     assert Path(summary["policy"]).is_file()
+
+
+def test_batched_bootstrap_gives_sb3s_own_rewards() -> None:
+    """The truncated episodes' bootstrapped rewards, one batched pass per step, are those of SB3's
+    per-environment loop (same seeds: the same rollout), and that loop then adds nothing."""
+    import torch as th
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    from agents.rl.net import EntityPolicy
+    from agents.rl.train import batched_bootstrap
+    from agents.vec_adapter import make_vec_env
+    from env.scenarios import ScenarioConfig
+
+    small = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
+    th.set_num_threads(1)
+
+    def rollout(callbacks: list) -> tuple[np.ndarray, np.ndarray]:
+        vec = VecMonitor(make_vec_env(8, scenario=small, max_steps=3, allow_stop=False))
+        vec.seed(0)
+        model = MaskablePPO(EntityPolicy, vec, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu",
+                            policy_kwargs={"hidden": 16})
+        model.learn(64, callback=callbacks)
+        buf = model.rollout_buffer
+        vec.close()
+        return buf.rewards.copy(), buf.episode_starts.copy()
+
+    boot = batched_bootstrap()
+    ours, starts = rollout([boot])
+    sb3, sb3_starts = rollout([])
+    assert boot.bootstrapped >= 8  # episodes of 3 edits end by their time limit
+    np.testing.assert_array_equal(starts, sb3_starts)
+    np.testing.assert_allclose(ours, sb3, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_counts_plans_that_do_not_fit_apart_from_the_quality() -> None:
+    """A scenario where the tuner's plan fits and no start does is a share of plans that fit below 1,
+    not a floor priced into the geometric mean (which read 0.24 for a policy at 0.96 elsewhere)."""
+    cramped = Scenario(uniform_profile(8, params=10**11), ideal_cluster(2, memory_gb=1.0), 4)
+    tuner = tuner_times([SCENARIO], calls=20) + [1.0]  # a finite time where nothing of the policy's fits
+    metrics = evaluate_policy_on(None, [SCENARIO, cramped], max_calls=10, max_steps=3, tuner=tuner)
+    assert metrics["eval/fits"] == 0.5
+    assert metrics["eval/zero_shot_fits"] == 0.5
+    alone = evaluate_policy_on(None, [SCENARIO], max_calls=10, max_steps=3, tuner=tuner[:1])
+    assert metrics["eval/quality_vs_tuner"] == alone["eval/quality_vs_tuner"]
+    assert metrics["eval/gain_over_start"] == alone["eval/gain_over_start"]
