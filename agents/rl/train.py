@@ -19,6 +19,7 @@ bit-identical to an uninterrupted one from the checkpoint on (the policy before 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -77,6 +78,9 @@ class PPOConfig:
     policy cannot learn to give up; the searchers read this from the policy's metadata)."""
     torch_threads: int = 1
     """Torch threads of the learner (more threads only contend with the environment processes)."""
+    engine_threads: int = 2
+    """Threads of the compiled engine that steps the batched environments (``--vec batched``; at most
+    the machine's cores): the learner's torch thread waits while they step. 1: on the training thread."""
     out: str = "runs/train"
     """Output folder: checkpoints/, eval.jsonl, policy.pth/json, learning_curve.png."""
     eval_every: int = 5_000
@@ -431,9 +435,9 @@ def check_config(config: PPOConfig) -> None:
     if not 0 <= config.seed <= MAX_SEED:
         raise ConfigError(f"must be a whole number from 0 to {MAX_SEED} (environment i is seeded 1000 x seed + i), "
                           f"got {config.seed}", field="--seed")
-    for name in ("timesteps", "n_envs", "hidden", "repeat_scenario", "torch_threads", "eval_scenarios",
-                 "eval_tuner_calls", "checkpoint_every", "max_steps", "max_calls", "n_steps", "batch_size",
-                 "n_epochs", "imitation_epochs"):
+    for name in ("timesteps", "n_envs", "hidden", "repeat_scenario", "torch_threads", "engine_threads",
+                 "eval_scenarios", "eval_tuner_calls", "checkpoint_every", "max_steps", "max_calls", "n_steps",
+                 "batch_size", "n_epochs", "imitation_epochs"):
         if getattr(config, name) is not None and getattr(config, name) < 1:
             flag = "--envs" if name == "n_envs" else "--" + name.replace("_", "-")
             raise ConfigError(f"must be >= 1, got {getattr(config, name)}", field=flag)
@@ -498,7 +502,8 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
 
         vec = make_vec_env(config.n_envs, max_steps=config.max_steps, max_calls=config.max_calls,
                            scenario=TRAIN_SCENARIO, repeat_scenario=config.repeat_scenario,
-                           single_start_share=config.single_start_share, allow_stop=config.allow_stop)
+                           single_start_share=config.single_start_share, allow_stop=config.allow_stop,
+                           engine_threads=min(config.engine_threads, os.cpu_count() or 1))
     else:
         fns = [_make_env(config, i) if env_fn is None else (lambda i=i: env_fn(i)) for i in range(config.n_envs)]
         vec = _subproc_vec_env(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)

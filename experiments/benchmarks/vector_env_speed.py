@@ -148,7 +148,7 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     th.set_num_threads(max(1, c.torch_threads))
     vec = VecMonitor(make_vec_env(n_envs, max_steps=c.max_steps, max_calls=c.max_calls, scenario=TRAIN_SCENARIO,
                                   repeat_scenario=c.repeat_scenario, single_start_share=c.single_start_share,
-                                  allow_stop=c.allow_stop))
+                                  allow_stop=c.allow_stop, engine_threads=c.engine_threads))
     vec.seed(seed)
     n_steps = max(1, c.n_steps * c.n_envs // n_envs)
     model = MaskablePPO(EntityPolicy, vec, seed=seed, device="cpu", n_steps=n_steps,
