@@ -22,11 +22,13 @@ MaskablePPO on the vector env through :mod:`agents.vec_adapter` with ``--ppo-env
 in one process and ``n_steps`` cut so that every update has as many samples (1,024) as today's:
 the same number of gradient steps per sample. Steps/s is ``timesteps / seconds of learn()``.
 The vector row's learner share (PPO's updates, no environment) bounds what any environment
-speed can give.
+speed can give. The ``today`` row runs this checkout's code (its faster network included);
+``--today-checkout DIR`` runs it with another checkout's code instead (a worktree of the commit
+to compare with, its engine built there), alternating with this checkout's rows.
 
   python -m experiments.benchmarks.vector_env_speed [--seconds 5] [--repeats 3] [--sizes 1,16,64,256]
       [--two-threads 16,256] [--python-sizes ''] [--cases default,small-fresh] [--ppo-timesteps 8192]
-      [--ppo-envs 256] [--no-ppo] [--pool] [--pool-size 0] [--pool-reuse 4] [--json]
+      [--ppo-envs 256] [--no-ppo] [--pool] [--pool-size 0] [--pool-reuse 4] [--today-checkout DIR] [--json]
 
 The vector rows step on the compiled environment core where it is built (``env.native_core``);
 ``--python-sizes`` adds rows of the same vector env stepped in Python (``native=False``).
@@ -43,9 +45,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -130,6 +136,21 @@ def ppo_today(*, timesteps: int, seed: int = 0) -> dict[str, float]:
     return {"steps_per_s": res["timesteps"] / res["seconds"], "seconds": res["seconds"]}
 
 
+def ppo_today_at(checkout: str, *, timesteps: int, seed: int = 0, timeout_s: float = 1800.0) -> dict[str, float]:
+    """:func:`ppo_today` as another checkout's code runs it (say a worktree of an older commit, its
+    engine built there): a subprocess with that checkout first on the path, so that this run's
+    PPO rows are compared with the code that trained before them, not with today's code on 8
+    processes."""
+    code = ("import json; from experiments.benchmarks.vector_env_speed import ppo_today; "
+            f"print(json.dumps(ppo_today(timesteps={int(timesteps)}, seed={int(seed)})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, env={**os.environ, "PYTHONPATH": checkout},
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"ppo_today in {checkout} failed: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float]:
     """Steps/s of MaskablePPO (today's hyperparameters and network) on ``n_envs`` batched
     environments as :func:`agents.rl.train.train` runs it (with its batched bootstrap of
@@ -189,12 +210,19 @@ def main(argv: list[str] | None = None) -> int:
                              "up to --pool-reuse episodes share one")
     parser.add_argument("--pool-size", type=int, default=0, help="scenarios in the pool (0: the row's environments)")
     parser.add_argument("--pool-reuse", type=int, default=4, help="resets each pooled scenario serves")
+    parser.add_argument("--today-checkout", default=None, metavar="DIR",
+                        help="run the PPO 'today' row with another checkout's code (e.g. a git worktree of an "
+                             "older commit with its engine built: make engine there), alternating with this "
+                             "checkout's rows; default: this checkout's code on 8 SubprocVecEnv")
     parser.add_argument("--json", action="store_true", help="one JSON row per figure")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
         parser.error("--repeats must be >= 1 and --seconds > 0")
     if args.pool_size < 0 or args.pool_reuse < 1:
         parser.error("--pool-size must be >= 0 and --pool-reuse >= 1")
+    if args.today_checkout and not (Path(args.today_checkout) / "experiments/benchmarks/vector_env_speed.py").is_file():
+        parser.error(f"--today-checkout {args.today_checkout}: not a checkout of this toolkit (no "
+                     "experiments/benchmarks/vector_env_speed.py there); make one with git worktree add DIR COMMIT")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     args.two_threads = [int(x) for x in args.two_threads.split(",") if x.strip()]
     python_sizes = [int(x) for x in args.python_sizes.split(",") if x.strip()]
@@ -214,8 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeats):
         for case, kind, n in configs:
             if case == "ppo":
-                res = (ppo_today(timesteps=args.ppo_timesteps, seed=rep) if kind == "today"
-                       else ppo_vector(n_envs=n, timesteps=args.ppo_timesteps, seed=rep))
+                if kind == "today" and args.today_checkout:
+                    res = ppo_today_at(args.today_checkout, timesteps=args.ppo_timesteps, seed=rep)
+                elif kind == "today":
+                    res = ppo_today(timesteps=args.ppo_timesteps, seed=rep)
+                else:
+                    res = ppo_vector(n_envs=n, timesteps=args.ppo_timesteps, seed=rep)
             elif kind.startswith("vector"):
                 res = measure_vector(case, n_envs=n, seconds=args.seconds, seed=rep,
                                      engine_threads=2 if "-2t" in kind else 1,
@@ -240,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                 "vector-2t": "vector env, 2 engine threads", "vector-py": "vector env, Python path",
                 "vector-pool": "vector env, pooled", "vector-2t-pool": "vector env, 2 threads, pooled",
                 "vector-py-pool": "vector env, Python path, pooled",
-                "today": "rl.train.train (8 SubprocVecEnv)"}[row["kind"]]
+                "today": "rl.train.train (8 SubprocVecEnv)" + (" at --today-checkout" if args.today_checkout
+                                                                 else "")}[row["kind"]]
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):
             extra = (f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time; "
