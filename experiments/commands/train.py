@@ -168,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     config = dataclass_from_args(PPOConfig, args, network=network,
                                  progress_bar=args.progress_bar and sys.stderr.isatty())
     check_config(config)
+    import_training_stack(config.algo)
     output_folder(args.out)
     command = "python -m experiments train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     try:
@@ -199,6 +200,24 @@ def run(args: argparse.Namespace) -> int:
     if not summary["interrupted"]:
         return 0
     return 128 + summary["signal"] if summary.get("signal") else 130
+
+
+def import_training_stack(algo: str) -> None:
+    """Import what training runs on (torch, SB3, the algorithm, our RL modules) before the output
+    folder appears. Startup is mostly imports, and a Ctrl-C that lands inside one can be lost
+    (CPython reports a KeyboardInterrupt raised in an import lock's callback as "Exception ignored"
+    and goes on); once the folder exists, a Ctrl-C stops the run (tests/experiments/test_interrupt.py
+    interrupts right after the folder appears)."""
+    import importlib
+
+    import stable_baselines3.common.vec_env  # noqa: F401
+    import torch  # noqa: F401
+
+    from agents.rl.policy import ALGOS
+
+    importlib.import_module(ALGOS[algo][0])
+    for module in ("agents.vec_adapter", "agents.rl.net", "agents.rl.starts", "agents.rl.imitation"):
+        importlib.import_module(module)
 
 
 def last_evaluation(eval_log: Path) -> dict | None:
