@@ -371,6 +371,11 @@ class PipelineEnv(gym.Env):
             return None
         return ev, t
 
+    def draw_single_start(self) -> bool:
+        """Whether the next episode starts from one plan (``single_start_share`` of them, zero-shot
+        practice): one draw of the environment's generator where the share is above 0, none else."""
+        return self.single_start_share > 0 and bool(self.np_random.random() < self.single_start_share)
+
     def reset_rounds(self, *, seed: int | None = None, options: dict[str, Any] | None = None
                      ) -> Iterator[list[Candidate]]:
         """:meth:`reset` without its observation and info, in rounds: it yields the starting plans each
@@ -398,7 +403,7 @@ class PipelineEnv(gym.Env):
                                  prefix=prep.prefix)
         self.editor.allow_stop = self.allow_stop
         start = options.get("start")
-        if start is None and self.single_start_share > 0 and self.np_random.random() < self.single_start_share:
+        if start is None and self.draw_single_start():
             start = "single"
         if start == "single":
             start = zero_shot_starts(scenario, evaluator)

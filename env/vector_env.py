@@ -439,7 +439,7 @@ class PipelineVectorEnv(VectorEnv):
     def _start_key(self, i: int, seed: int | None, options: dict[str, Any] | None) -> tuple | None:
         """What the compiled core's start of environment ``i`` depends on beside its scenario, or None
         where a kept start cannot serve it (options; a seeded reset's random start). The draw of the
-        start's kind (``single_start_share``) is :meth:`PipelineEnv.reset_rounds`'s, made here."""
+        start's kind is :meth:`PipelineEnv.draw_single_start`, drawn here instead of in the reset."""
         env = self.envs[i]
         if options or self._core is None or not self._can_native[i]:
             return None
@@ -447,7 +447,7 @@ class PipelineVectorEnv(VectorEnv):
         if env.single_start_share:
             if seed is not None:  # (the reset reseeds the generator the kind is drawn from)
                 return None
-            single = bool(env.np_random.random() < env.single_start_share)
+            single = env.draw_single_start()
         return env.max_steps, env.step_cost, env.max_calls, env.allow_stop, single
 
     def _load_kept(self, i: int, entry: PoolEntry, key: tuple | None) -> bool:
