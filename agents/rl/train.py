@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from agents.rl.policy import ALGOS, save_policy
+from agents.rl.threads import learner_threads_callback
 from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_scenario
 from env.vector_env import check_room
 from pipeline.errors import ConfigError
@@ -76,8 +77,11 @@ class PPOConfig:
     allow_stop: bool = False
     """Whether the policy may stop an episode early (off: every episode spends its budget, so the
     policy cannot learn to give up; the searchers read this from the policy's metadata)."""
-    torch_threads: int = 1
-    """Torch threads of the learner (more threads only contend with the environment processes)."""
+    torch_threads: int | None = None
+    """Torch threads of PPO's updates. None: chosen by timing the updates on 1 and on the machine's
+    cores (at most 2), the faster kept and the other retried now and then (:mod:`agents.rl.threads`:
+    a second thread speeds an idle machine's updates ~30% and halves them beside a busy process);
+    rollouts then run on one. A number fixes the count for both."""
     engine_threads: int = 2
     """Threads of the compiled engine that steps the batched environments (``--vec batched``; at most
     the machine's cores): the learner's torch thread waits while they step. 1: on the training thread."""
@@ -492,7 +496,7 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
     check_config(config)
-    th.set_num_threads(max(1, config.torch_threads))
+    th.set_num_threads(max(1, config.torch_threads or 1))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     module, cls_name = ALGOS[config.algo]
@@ -554,11 +558,14 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
     for s in old:
         signal.signal(s, on_signal)
     callback = _callbacks(config, tracker, out, stop)
+    threads = learner_threads_callback() if config.torch_threads is None else None
+    # the bootstrap last (its docstring)
+    callbacks = ([threads] if threads is not None else []) + [callback, batched_bootstrap()]
     t0 = time.perf_counter()
     remaining = max(0, config.timesteps - model.num_timesteps)
     try:
         if remaining:
-            model.learn(total_timesteps=remaining, callback=[callback, batched_bootstrap()],
+            model.learn(total_timesteps=remaining, callback=callbacks,
                         reset_num_timesteps=ckpt is None,
                         progress_bar=config.progress_bar)
         else:  # resumed at its total already: nothing to learn, still save the policy
@@ -583,6 +590,8 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
         callback.evaluate()
     meta = {"config": asdict(config), "command": command, "seed": config.seed, "train_seconds": round(seconds, 1),
             "interrupted": interrupted, "imitation": imitation, "ranker": ranker}
+    if threads is not None:  # how many updates ran on each thread count
+        meta["learner_threads"] = {str(k): v for k, v in threads.chooser.counts.items()}
     policy_path = save_policy(model, out / "policy.pth", algo=config.algo, extra=meta)
     return {"timesteps": int(model.num_timesteps), "seconds": seconds, "checkpoint": str(ckpt_path),
             "policy": str(policy_path), "interrupted": interrupted, "signal": stop["signal"],

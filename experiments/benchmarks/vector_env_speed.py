@@ -161,12 +161,13 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from stable_baselines3.common.vec_env import VecMonitor
 
     from agents.rl.net import EntityPolicy
+    from agents.rl.threads import learner_threads_callback
     from agents.rl.train import PPOConfig, batched_bootstrap, minibatch_size
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
 
     c = PPOConfig()
-    th.set_num_threads(max(1, c.torch_threads))
+    th.set_num_threads(max(1, c.torch_threads or 1))
     vec = VecMonitor(make_vec_env(n_envs, max_steps=c.max_steps, max_calls=c.max_calls, scenario=TRAIN_SCENARIO,
                                   repeat_scenario=c.repeat_scenario, single_start_share=c.single_start_share,
                                   allow_stop=c.allow_stop, engine_threads=c.engine_threads))
@@ -178,7 +179,8 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
                         policy_kwargs={"hidden": c.hidden})
     clock = _Clock()
     t0 = time.perf_counter()
-    model.learn(total_timesteps=timesteps, callback=[clock, batched_bootstrap()])
+    threads = [learner_threads_callback()] if c.torch_threads is None else []
+    model.learn(total_timesteps=timesteps, callback=[*threads, clock, batched_bootstrap()])
     seconds = time.perf_counter() - t0
     vec.close()
     learner = max(seconds - clock.collect, 1e-9)
