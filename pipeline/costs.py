@@ -883,13 +883,45 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
 
 #: ``(sizes, layer, seq_len, microbatch_size, tp, options, gpu, ...)`` -> ``(LayerCost, unique_params)``
 #: of :func:`profile_from_architecture`: an architecture repeats a few layer specs many times, and
-#: the environments' scenarios repeat sizes across draws. Cleared when full.
+#: the environments' scenarios repeat sizes across draws. The least recently used entry goes when full.
 _UNIT_COSTS: dict[tuple, tuple[LayerCost, int]] = {}
-_UNIT_COSTS_MAX = 8192
+_UNIT_COSTS_MAX = 16384
 _NOT_SIZES = ("name", "layers", "extra")
 #: Fields a block (its mixer and FFN: ``_block``) never reads: blocks of the same sizes cost the
 #: same under any vocabulary.
 _NOT_BLOCK = (*_NOT_SIZES, "vocab_size", "tie_word_embeddings")
+#: The only fields the embedding (``_embedding``) and an LM head or its shard (``_head``) read: they
+#: cost the same under any block sizes (a vision tower's projector is keyed by ``has_vision``).
+_EMBED_HEAD_FIELDS = ("hidden_size", "vocab_size", "tie_word_embeddings", "vision_hidden_size", "vision_tokens")
+#: The fields a block reads, by its mixer and by its FFN (beside ``hidden_size`` and, with a vision
+#: tower, ``vision_tokens``): a MoE block costs the same under any dense MLP width, an attention
+#: block under any vocabulary or expert count. ``tests/pipeline/test_costs.py`` records what each
+#: kind reads and fails on a field missing here.
+_MIXER_FIELDS: dict[str, tuple[str, ...]] = {
+    "attention": ("attn_head_dim", "attn_output_gate", "num_attention_heads", "num_key_value_heads"),
+    "sliding_attention": ("attn_head_dim", "attn_output_gate", "num_attention_heads", "num_key_value_heads"),
+    "mla": ("kv_lora_rank", "num_attention_heads", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim"),
+    "mamba": ("mamba_chunk_size", "mamba_conv_kernel", "mamba_head_dim", "mamba_n_groups", "mamba_num_heads",
+              "mamba_version", "ssm_state_size"),
+    "linear_attention": ("linear_chunk_size", "linear_conv_kernel", "linear_key_head_dim", "linear_num_key_heads",
+                         "linear_num_value_heads", "linear_value_head_dim"),
+    "none": (),
+}
+_FFN_FIELDS: dict[str, tuple[str, ...]] = {
+    "mlp": ("gated_mlp", "intermediate_size"),
+    "moe": ("gated_mlp", "moe_intermediate_size", "num_experts", "num_experts_per_tok", "num_shared_experts",
+            "shared_expert_intermediate_size"),
+    "none": (),
+}
+
+
+def _block_fields(spec: LayerSpec) -> tuple[str, ...] | None:
+    """What a block of ``spec``'s mixer and FFN reads (None: a kind not listed above)."""
+    mixer, ffn = _MIXER_FIELDS.get(spec.mixer), _FFN_FIELDS.get(spec.ffn)
+    if mixer is None or ffn is None:
+        return None
+    return ("hidden_size", "vision_tokens", *mixer, *ffn)
 
 
 def _sizes(arch: Architecture, skip: tuple[str, ...]) -> tuple:
@@ -898,6 +930,12 @@ def _sizes(arch: Architecture, skip: tuple[str, ...]) -> tuple:
     equal arithmetic)."""
     values = tuple(getattr(arch, f) for f in arch.__dataclass_fields__ if f not in skip)
     return values + tuple(map(type, values))
+
+
+def _fields(arch: Architecture, names: tuple[str, ...]) -> tuple:
+    """``names``' values of ``arch`` with their types (as :func:`_sizes`)."""
+    values = tuple(getattr(arch, f) for f in names)
+    return names + values + tuple(map(type, values))
 
 
 def _renamed(cost: LayerCost, name: str) -> LayerCost:
@@ -919,6 +957,7 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
     degrees = (any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp, options, spec)
     context = (_sizes(arch, _NOT_SIZES), *degrees)
     blocks = (_sizes(arch, _NOT_BLOCK), *degrees)
+    ends = (_fields(arch, _EMBED_HEAD_FIELDS), *degrees)
     found: dict[tuple, tuple[LayerCost, int]] = {}
     out = []
     for index, layer in enumerate(arch.layers):
@@ -926,15 +965,20 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
                names[index] if layer.shards > 1 else None)
         hit = found.get(key)
         if hit is None:
-            full = (blocks if layer.kind == "block" else context, key)
-            hit = _UNIT_COSTS.get(full)
+            if layer.kind == "block":
+                fields = _block_fields(layer)
+                sizes = blocks if fields is None else (_fields(arch, fields), *degrees)
+            else:
+                sizes = ends if layer.kind in ("embedding", "head") else context
+            full = (sizes, key)
+            hit = _UNIT_COSTS.pop(full, None)
             if hit is None:
                 work = layer_work(arch, index, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
                                   options=options, name=names[index])
                 hit = (layer_cost(work, spec), work.unique_params)
-                if len(_UNIT_COSTS) >= _UNIT_COSTS_MAX:
-                    _UNIT_COSTS.clear()
-                _UNIT_COSTS[full] = hit
+                if len(_UNIT_COSTS) >= _UNIT_COSTS_MAX:  # the least recently used goes
+                    del _UNIT_COSTS[next(iter(_UNIT_COSTS))]
+            _UNIT_COSTS[full] = hit  # (re)inserted last: dicts keep insertion order
             found[key] = hit
         cost, unique = hit
         out.append((_renamed(cost, names[index]), unique))

@@ -324,6 +324,76 @@ def test_repeated_layers_are_priced_once_and_exactly_as_alone(kw: dict) -> None:
         profile_from_architecture(base, seq_len=128, microbatch_size=True)
 
 
+def test_ends_shared_across_models_of_other_block_sizes_and_a_full_cache_price_exactly(monkeypatch) -> None:
+    """The embedding and the head are keyed by their own sizes only, so models that differ in
+    everything else (families, MLP widths, experts, windows, KV heads) share them; a cache that
+    evicts its least recently used entries still prices every layer as alone."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    import pipeline.costs as costs
+    from env.scenarios import MODEL_FAMILIES, sample_architecture
+
+    rng = np.random.default_rng(7)
+    archs = [replace(sample_architecture(rng, blocks=6, families=MODEL_FAMILIES), hidden_size=1024, vocab_size=32000)
+             for _ in range(24)]
+    archs += [replace(a, num_attention_heads=8, num_key_value_heads=8) for a in archs[:4]]
+    archs += [replace(a, tie_word_embeddings=not a.tie_word_embeddings) for a in archs[:4]]
+    # a vision tower's projector sits in the embedding: other tower sizes or token counts, other costs
+    archs += [ALL_KINDS, replace(ALL_KINDS, vision_tokens=32), replace(ALL_KINDS, vision_hidden_size=64)]
+    for size in (costs._UNIT_COSTS_MAX, 5):
+        monkeypatch.setattr(costs, "_UNIT_COSTS_MAX", size)
+        costs._UNIT_COSTS.clear()
+        for arch in archs + archs[::-1]:
+            profile = profile_from_architecture(arch, seq_len=256, gpu="a100")
+            assert [(c.to_dict(), c.extra) for c in profile.layers] == _uncached(arch, seq_len=256, gpu="a100")
+        assert len(costs._UNIT_COSTS) <= size
+
+
+class _ReadRecorder:
+    """An architecture that records which attributes the cost model reads (and whether any is a method,
+    whose own reads it could not see)."""
+
+    def __init__(self, real: Architecture) -> None:
+        object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name: str):
+        value = getattr(self._real, name)
+        self.read.add(name + ("()" if callable(value) else ""))
+        return value
+
+
+def test_the_cache_keys_name_every_field_a_layer_reads() -> None:
+    """Each layer kind reads no field of the architecture beyond what its cache key holds
+    (``layers`` and ``name`` only label it), over every kind of layer and sampled models: a field
+    read but not keyed would let two models share a cost they do not have."""
+    import numpy as np
+
+    import pipeline.costs as costs
+    from env.scenarios import MODEL_FAMILIES, sample_architecture
+
+    rng = np.random.default_rng(3)
+    archs = [ALL_KINDS, load_zoo_architecture("tiny-hybrid")]
+    archs += [sample_architecture(rng, blocks=8, families=MODEL_FAMILIES) for _ in range(60)]
+    checked = set()
+    for arch in archs:
+        for index, layer in enumerate(arch.layers):
+            rec = _ReadRecorder(arch)
+            costs.layer_work(rec, index, seq_len=128, name="x")  # type: ignore[arg-type]
+            read = rec.read - {"layers", "name"}
+            if layer.kind == "block":
+                keyed = set(costs._block_fields(layer) or ())
+            elif layer.kind in ("embedding", "head"):
+                keyed = set(costs._EMBED_HEAD_FIELDS)
+            else:
+                continue  # MTP and vision layers are keyed by every size
+            assert read <= keyed, f"{layer} reads {sorted(read - keyed)} beyond its cache key"
+            checked.add((layer.kind, layer.mixer, layer.ffn))
+    assert len(checked) >= 14
+
+
 def test_sequence_length_default_and_errors() -> None:
     arch = load_zoo_architecture("tiny-hybrid")
     assert profile_from_architecture(arch).seq_len == 128
