@@ -27,7 +27,7 @@ speed can give. The ``today`` row runs this checkout's code (its faster network 
 to compare with, its engine built there), alternating with this checkout's rows.
 
   python -m experiments.benchmarks.vector_env_speed [--seconds 5] [--repeats 3] [--sizes 1,16,64,256]
-      [--two-threads 16,256] [--python-sizes ''] [--cases default,small-fresh] [--ppo-timesteps 8192]
+      [--two-threads 16,256] [--python-sizes ''] [--cases default,small-fresh] [--ppo-timesteps 40960]
       [--ppo-envs 256] [--no-ppo] [--pool] [--pool-size 0] [--pool-reuse 4] [--today-checkout DIR] [--json]
 
 The vector rows step on the compiled environment core where it is built (``env.native_core``);
@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (medians)")
     parser.add_argument("--sizes", default="1,16,64,256", help="environments of the vector env rows")
     parser.add_argument("--cases", default="default,small-fresh", help="env_speed cases, comma-separated")
-    parser.add_argument("--ppo-timesteps", type=int, default=8192, help="timesteps of each PPO run")
+    parser.add_argument("--ppo-timesteps", type=int, default=40960,
+                        help="timesteps of each PPO run (40 updates of 1,024 samples: start-up and the "
+                             "learner threads' first tries are a small share)")
     parser.add_argument("--ppo-envs", default="256", help="environments of the vector env PPO rows")
     parser.add_argument("--two-threads", default="16,256",
                         help="sizes also run with the native batch on 2 threads (engine_threads=2; '' for none)")
