@@ -64,7 +64,6 @@ from pipeline.arch import Architecture
 from pipeline.bounds import lower_bound
 from pipeline.candidates import Scenario
 from pipeline.errors import AdaptisError, ConfigError
-from pipeline.job_runtimes import job_runtime
 from pipeline.megatron import megatron_chunk_counts
 from pipeline.parallelism import (
     AC_MODES,
@@ -392,7 +391,7 @@ def candidate_degrees(cfg: JobConfig) -> list[Parallelism]:
 
 
 def _training(cfg: JobConfig, par: Parallelism) -> TrainingConfig:
-    return par.training(TrainingConfig(runtime=job_runtime(cfg.runtime, cfg.gpu)))
+    return par.training(TrainingConfig(runtime=cfg.runtime))  # H100-class scale: Runtime.compute_scale_for
 
 
 def _titan(cfg: JobConfig) -> bool:

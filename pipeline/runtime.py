@@ -30,10 +30,12 @@ FILE --fit``); docs/fidelity.md lists them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.errors import PlanError
 
-__all__ = ["Runtime", "RUNTIMES", "IDEAL", "MEGATRON_ADAM_BYTES_PER_PARAM", "runtime_named"]
+__all__ = ["Runtime", "RUNTIMES", "IDEAL", "MEGATRON_ADAM_BYTES_PER_PARAM", "MEGATRON_H100_COMPUTE_SCALE",
+           "H100_CLASS", "runtime_named"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,18 @@ class Runtime:
     devices after the last action (:func:`pipeline.simulator.tied_gradient_seconds`)."""
     fitted_on: str = ""
     """Where the values come from (empty: nothing fitted)."""
+    analytic_compute_scales: tuple[tuple[str, float], ...] = ()
+    """``compute_scale`` by GPU preset for profiles the cost model priced (``extra["source"] ==
+    "analytic"``): where the codebase was fitted against the preset's roofline on that GPU rather
+    than against profiled kernels (Megatron on H100-class GPUs). Other GPUs and profiled times keep
+    ``compute_scale`` (:meth:`compute_scale_for`)."""
+
+    def compute_scale_for(self, profile: Any) -> float:
+        """The compute scale of ``profile``'s times on this runtime (see ``analytic_compute_scales``)."""
+        extra = getattr(profile, "extra", None) or {}
+        if self.analytic_compute_scales and extra.get("source") == "analytic":
+            return dict(self.analytic_compute_scales).get(str(extra.get("gpu", "")), self.compute_scale)
+        return self.compute_scale
 
 
 #: Megatron-LM's mixed-precision Adam (megatron-core 0.16.1 ``Float16OptimizerWithFloat16Params``, no
@@ -91,10 +105,24 @@ MEGATRON_ADAM_BYTES_PER_PARAM = 34.0
 #: fitted on our list-scheduled orders before 6 Dec the values were 1.04 / 0.1 ms / 0.2.
 #: ``p2p_hold_share`` acts on ``zb`` / ``zb-sync`` only (Megatron's blocking p2p holds the whole
 #: transfer); without it (0.0, compute scale 1.03) ZB-V ranked above ZB-2p in Table 6's three groups.
+#:
+#: On H100-class GPUs an analytic profile is priced at :data:`MEGATRON_H100_COMPUTE_SCALE` instead:
+#: the whole-job model fitted across Megatron-Core's own H100 weak-scaling runs
+#: (``python -m experiments.benchmarks.published ../shared/data/published/megatron_core_h100_readme.json
+#: --fit``, ``SOURCES["h100"]`` in experiments.benchmarks.published_job: 9 rows, median 1.3%) needs
+#: compute 1.15 times the H100 preset's roofline. The same number prices every Megatron-family runtime
+#: (megatron, zb, zb-sync) there, in the pipeline search and the job search alike; profiled times and
+#: other GPUs keep the A100 fit (the A100 preset itself is fitted to the authors' profiled times).
+MEGATRON_H100_COMPUTE_SCALE = 1.15
+#: GPUs that take it: the H100 source's GPUs (experiments.benchmarks.published_job ``source_of``; B200
+#: until measured).
+H100_CLASS = ("h100", "h200", "h800", "b200")
 _A100_FIT = dict(compute_scale=1.05, action_overhead_s=0.0, step_s=0.0, p2p_hold_share=0.2,
-                 optimizer_bytes_per_param=MEGATRON_ADAM_BYTES_PER_PARAM, sums_tied_gradients=True)
+                 optimizer_bytes_per_param=MEGATRON_ADAM_BYTES_PER_PARAM, sums_tied_gradients=True,
+                 analytic_compute_scales=tuple((gpu, MEGATRON_H100_COMPUTE_SCALE) for gpu in H100_CLASS))
 _A100_SOURCE = ("Zero Bubble (Qi et al. 2024) Tables 4, 6, 7, 10-12, A100, authors' profiled stage times; "
-                "benchmarks.published --all --fit")
+                "benchmarks.published --all --fit; analytic profiles on H100-class GPUs: Megatron-Core's "
+                "H100 table (megatron_core_h100_readme.json --fit)")
 
 def _torchtitan_fit() -> dict:
     """torchtitan on H100 (:data:`pipeline.torchtitan_model.TITAN_FITS`): its fitted bf16 matmul

@@ -273,7 +273,7 @@ def predict_job(row: dict[str, Any], *, source: JobSource | None = None,
                               options=runtime_cost_options("megatron", flash_attention=flash, dropout=dropout))
         cluster = job_cluster(par, gpu=source.gpu)
         runtime = replace(RUNTIMES["megatron"], name=source.name, compute_scale=source.compute_scale,
-                          step_s=source.step_s, fitted_on=source.fitted_on)
+                          step_s=source.step_s, fitted_on=source.fitted_on, analytic_compute_scales=())
         training = TrainingConfig(runtime=runtime)
         plan = megatron_job_plan(profile, cluster, par, training=training, chunks=[chunks])
         est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=source.gpu, seq_len=s)

@@ -160,3 +160,39 @@ def test_a_tied_heads_gradient_is_summed_with_the_embeddings_device_on_megatron(
     untied = ModelProfile("untied", tuple(layers[:-1]) + (replace(layers[-1], extra={}),))
     assert stage_costs(untied, cluster, part, placement=sequential_placement(4), training=megatron).post_step == \
         pytest.approx(together.post_step)
+
+
+def test_megatron_family_prices_analytic_h100_class_profiles_at_the_h100_fit_and_profiled_times_at_the_a100_fit():
+    """One number per codebase and GPU: the Megatron-family runtimes price a cost-model profile of an
+    H100-class GPU at the whole-job model's fit on Megatron-Core's H100 rows, in the pipeline search
+    and the job search alike; profiled times and other GPUs keep the A100 fit."""
+    from experiments.benchmarks.published_job import SOURCES, source_of
+    from pipeline.costs import profile_from_architecture
+    from pipeline.runtime import H100_CLASS, MEGATRON_H100_COMPUTE_SCALE
+    from pipeline.zoo import load_zoo_architecture
+
+    assert SOURCES["h100"].compute_scale == MEGATRON_H100_COMPUTE_SCALE  # one number, fitted once
+    arch = load_zoo_architecture("tiny-hybrid")
+    for name in ("megatron", "zb", "zb-sync"):
+        rt = RUNTIMES[name]
+        for gpu in H100_CLASS:
+            assert source_of({"gpu_type": gpu.upper()}).compute_scale == MEGATRON_H100_COMPUTE_SCALE
+            assert rt.compute_scale_for(profile_from_architecture(arch, gpu=gpu)) == MEGATRON_H100_COMPUTE_SCALE
+        assert rt.compute_scale_for(profile_from_architecture(arch, gpu="a100")) == rt.compute_scale == 1.05
+        layers = tuple(LayerCost(f"l{i}", "block", 1.0, 1.0, 1.0, 1, 1, 1) for i in range(4))
+        profiled = ModelProfile("measured", layers, extra={"gpu": "h100"})
+        assert rt.compute_scale_for(profiled) == rt.compute_scale
+    assert RUNTIMES["pytorch"].compute_scale_for(profile_from_architecture(arch, gpu="h100")) == 1.0
+
+
+def test_an_h100_megatron_plan_is_simulated_slower_than_the_a100_fit_would_price_it():
+    from pipeline.costs import profile_from_architecture
+    from pipeline.zoo import load_zoo_architecture
+
+    profile = profile_from_architecture(load_zoo_architecture("tiny-hybrid"), gpu="h100")
+    cluster = Cluster(devices=2)
+    plan = build_plan("1f1b", profile, cluster, microbatches=4)
+    fitted = simulate(plan, profile, cluster, training=TrainingConfig(runtime="megatron")).iteration_time
+    a100 = replace(RUNTIMES["megatron"], analytic_compute_scales=())
+    plain = simulate(plan, profile, cluster, training=TrainingConfig(runtime=a100)).iteration_time
+    assert fitted > plain
