@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,8 +35,8 @@ from env.scenarios import HELDOUT_SCENARIO, TRAIN_SCENARIO, sample_scenario
 from env.vector_env import check_room
 from pipeline.errors import ConfigError
 
-__all__ = ["PPOConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "train",
-           "evaluate_policy_on", "latest_checkpoint", "tuner_times", "batched_bootstrap"]
+__all__ = ["PPOConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "fit_rollout",
+           "train", "evaluate_policy_on", "latest_checkpoint", "tuner_times", "batched_bootstrap"]
 
 
 #: The largest seed: environment i is seeded 1000 x seed + i, and NumPy's seeds end at 2**32 - 1.
@@ -100,7 +100,8 @@ class PPOConfig:
     max_calls: int = 40
     """Simulator calls per episode (portfolio included), as the RL searcher spends."""
     n_steps: int = 128
-    """PPO rollout length per environment."""
+    """PPO rollout length per environment (cut, and said, where one rollout would be longer than
+    ``--timesteps``: PPO trains whole rollouts)."""
     batch_size: int | None = None
     """PPO minibatch size, at most ``n_steps`` x ``n_envs`` (a whole rollout); None: 256, or the whole
     rollout where that is smaller (only a size given by hand is refused for exceeding it)."""
@@ -354,6 +355,21 @@ def _callbacks(config: PPOConfig, tracker: Any, out: Path, stop: dict[str, bool]
 DEFAULT_BATCH_SIZE = 256
 
 
+def fit_rollout(config: PPOConfig) -> PPOConfig:
+    """``config`` with ``n_steps`` cut so that one rollout (``n_steps`` x ``n_envs``) is no longer than
+    ``timesteps``, and a line saying so: SB3 collects and trains whole rollouts, so ``--timesteps 8
+    --envs 4096`` trained 524,288 steps. At least 2 samples a rollout (PPO normalises over them)."""
+    rollout = config.n_steps * config.n_envs
+    if config.timesteps >= rollout:
+        return config
+    n_steps = max(-(-config.timesteps // config.n_envs), 2 if config.n_envs == 1 else 1)
+    if n_steps >= config.n_steps:
+        return config
+    print(f"--timesteps {config.timesteps} is less than one rollout of --n-steps {config.n_steps} x --envs "
+          f"{config.n_envs} = {rollout} steps, which PPO would train in full: --n-steps cut to {n_steps}")
+    return replace(config, n_steps=n_steps)
+
+
 def minibatch_size(config: PPOConfig) -> int:
     """The minibatch PPO trains on: ``--batch-size`` as given, else 256 capped at one rollout (one less
     while the epoch's last minibatch would hold a single sample, e.g. 255 for a rollout of 257)."""
@@ -495,6 +511,7 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
     import torch as th
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
+    config = fit_rollout(config)
     check_config(config)
     th.set_num_threads(max(1, config.torch_threads or 1))
     out = Path(config.out)

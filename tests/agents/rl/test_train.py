@@ -222,3 +222,19 @@ def test_evaluation_counts_plans_that_do_not_fit_apart_from_the_quality() -> Non
     alone = evaluate_policy_on(None, [SCENARIO], max_calls=10, max_steps=3, tuner=tuner[:1])
     assert metrics["eval/quality_vs_tuner"] == alone["eval/quality_vs_tuner"]
     assert metrics["eval/gain_over_start"] == alone["eval/gain_over_start"]
+
+
+def test_fewer_timesteps_than_one_rollout_cut_the_rollout_and_say_so(tmp_path: Path, capsys) -> None:
+    """SB3 trains whole rollouts: ``--timesteps 8 --envs 4096`` trained 524,288 steps."""
+    from agents.rl.train import fit_rollout
+
+    assert fit_rollout(PPOConfig(timesteps=8, n_envs=4096)).n_steps == 1
+    assert "--n-steps cut to 1" in capsys.readouterr().out
+    assert fit_rollout(PPOConfig(timesteps=100, n_envs=8)).n_steps == 13
+    assert fit_rollout(PPOConfig(timesteps=1, n_envs=1)).n_steps == 2  # PPO needs 2 samples
+    assert fit_rollout(PPOConfig(timesteps=4096, n_envs=8)).n_steps == 128  # a rollout fits: unchanged
+    capsys.readouterr()
+    result = train(_tiny(tmp_path, timesteps=8, n_steps=128, batch_size=None, n_envs=4, checkpoint_every=8),
+                   env_fn=_fixed_env)
+    assert result["timesteps"] == 8
+    assert "--n-steps cut to 2" in capsys.readouterr().out
