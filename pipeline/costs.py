@@ -956,9 +956,6 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
     tower, an MTP layer's mixer, a head shard's name (which its unit fields repeat)."""
     names = _layer_names(arch)
     degrees = (any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp, options, spec)
-    context = (_sizes(arch, _NOT_SIZES), *degrees)
-    blocks = (_sizes(arch, _NOT_BLOCK), *degrees)
-    ends = (_fields(arch, _EMBED_HEAD_FIELDS), *degrees)
     found: dict[tuple, tuple[LayerCost, int]] = {}
     out = []
     for index, layer in enumerate(arch.layers):
@@ -968,9 +965,11 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
         if hit is None:
             if layer.kind == "block":
                 fields = _block_fields(layer)
-                sizes = blocks if fields is None else (_fields(arch, fields), *degrees)
+                sizes = (_sizes(arch, _NOT_BLOCK) if fields is None else _fields(arch, fields), *degrees)
+            elif layer.kind in ("embedding", "head"):
+                sizes = (_fields(arch, _EMBED_HEAD_FIELDS), *degrees)
             else:
-                sizes = ends if layer.kind in ("embedding", "head") else context
+                sizes = (_sizes(arch, _NOT_SIZES), *degrees)
             full = (sizes, key)
             hit = _UNIT_COSTS.pop(full, None)
             if hit is None:
