@@ -160,9 +160,10 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import VecMonitor
 
+    from agents.rl.bootstrap import batched_bootstrap
     from agents.rl.net import EntityPolicy
     from agents.rl.threads import learner_threads_callback
-    from agents.rl.train import PPOConfig, batched_bootstrap, minibatch_size
+    from agents.rl.train import PPOConfig, minibatch_size
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
 

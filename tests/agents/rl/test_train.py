@@ -178,39 +178,6 @@ def test_the_batched_vector_env_trains_through_the_sb3_adapter(tmp_path: Path) -
     assert Path(summary["policy"]).is_file()
 
 
-def test_batched_bootstrap_gives_sb3s_own_rewards() -> None:
-    """The truncated episodes' bootstrapped rewards, one batched pass per step, are those of SB3's
-    per-environment loop (same seeds: the same rollout), and that loop then adds nothing."""
-    import torch as th
-    from sb3_contrib import MaskablePPO
-    from stable_baselines3.common.vec_env import VecMonitor
-
-    from agents.rl.net import EntityPolicy
-    from agents.rl.train import batched_bootstrap
-    from agents.vec_adapter import make_vec_env
-    from env.scenarios import ScenarioConfig
-
-    small = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
-    th.set_num_threads(1)
-
-    def rollout(callbacks: list) -> tuple[np.ndarray, np.ndarray]:
-        vec = VecMonitor(make_vec_env(8, scenario=small, max_steps=3, allow_stop=False))
-        vec.seed(0)
-        model = MaskablePPO(EntityPolicy, vec, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu",
-                            policy_kwargs={"hidden": 16})
-        model.learn(64, callback=callbacks)
-        buf = model.rollout_buffer
-        vec.close()
-        return buf.rewards.copy(), buf.episode_starts.copy()
-
-    boot = batched_bootstrap()
-    ours, starts = rollout([boot])
-    sb3, sb3_starts = rollout([])
-    assert boot.bootstrapped >= 8  # episodes of 3 edits end by their time limit
-    np.testing.assert_array_equal(starts, sb3_starts)
-    np.testing.assert_allclose(ours, sb3, rtol=1e-5, atol=1e-6)
-
-
 def test_evaluation_counts_plans_that_do_not_fit_apart_from_the_quality() -> None:
     """A scenario where the tuner's plan fits and no start does is a share of plans that fit below 1,
     not a floor priced into the geometric mean (which read 0.24 for a policy at 0.96 elsewhere)."""
