@@ -103,6 +103,11 @@ def row_problem(row: dict[str, Any]) -> str | None:
     unit = row["measured"].get("throughput_unit")
     if row["measured"].get("throughput") is not None and unit not in UNITS[:2] and not is_tflops_unit(unit):
         return f"row field 'measured.throughput_unit': unknown unit {unit!r}; use one of {', '.join(UNITS)}"
+    memory_unit = row["measured"].get("peak_memory_unit")
+    if row["measured"].get("peak_memory_gb") is not None and memory_unit is not None and \
+            str(memory_unit).lower() not in ("gb", "gib"):
+        return (f"row field 'measured.peak_memory_unit': unknown unit {memory_unit!r}; use GB (1e9 bytes) or "
+                "GiB (2**30 bytes), or leave it out for GB")
     return None
 
 

@@ -235,6 +235,8 @@ def test_a_pipeline_longer_than_a_node_sends_across_it_over_the_nic() -> None:
     ({"gpus": 6}, "'parallel'"),
     ({"gpu_type": "Z9000"}, "'gpu_type'"),
     ({"measured": {"throughput": 1.0, "throughput_unit": "furlongs"}}, "'measured.throughput_unit'"),
+    ({"measured": {"throughput": 11.8, "throughput_unit": "samples/s/GPU", "peak_memory_gb": 30,
+                   "peak_memory_unit": "MB"}}, "'measured.peak_memory_unit'"),
     ({"parallel": {"tp": 1, "pp": "four", "dp": 1}}, "'parallel.pp'"),
     ({"model": None}, "'model'"),
     ({"model": {"name": "m", "layers": 14, "hidden": "big"}}, "'model.hidden'"),
