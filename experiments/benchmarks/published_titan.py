@@ -111,6 +111,10 @@ def _job(row: dict[str, Any], notes: list[str]) -> TitanJob:
     gpus = _int(row, "gpus", "row")
     tp, pp, cp = (_int({**{"tp": 1, "pp": 1, "cp": 1}, **{k: v for k, v in par.items() if v is not None}}, k,
                        "parallel") for k in ("tp", "pp", "cp"))
+    kind = str(par.get("dp_kind") or "FSDP")
+    if kind.upper() != "FSDP":
+        raise ValueError(f"parallel.dp_kind: {kind!r} is not priced (replicas' gradient all-reduce is not modelled); "
+                         "only FSDP, dp = data_parallel_shard_degree")
     dp = par.get("dp")
     if dp is None:
         dp = gpus // (tp * pp * cp)

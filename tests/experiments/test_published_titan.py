@@ -43,6 +43,7 @@ def test_assumptions_are_stated() -> None:
     (lambda r: r["measured"].update(throughput_unit="samples/s"), "throughput_unit"),
     (lambda r: r["model"].update(layers=None), "model.layers"),
     (lambda r: r["training_flags"].update(activation_checkpoint="sometimes"), "activation"),
+    (lambda r: r["parallel"].update(dp_kind="HSDP"), "parallel.dp_kind"),  # replication is not priced
 ])
 def test_bad_rows_are_refused_naming_the_field(edit, field) -> None:
     row = copy.deepcopy(rows()[0])
