@@ -198,7 +198,10 @@ def _pipeline_plan(schedule: str, times: StageTimes, row: dict[str, Any], runtim
     """The row's pipeline: one profile stage per chunk, each a share of the stage's times."""
     P, M = int(row["parallel"]["pp"]), int(row["batch"]["num_microbatches"])
     layers = int(row["model"]["layers"])
-    v = math.ceil(layers / P) if schedule == "interleaved" else (2 if schedule in V_SCHEDULES else 1)
+    stated = row["parallel"].get("vpp")  # a number where the row gives one; else the ZB paper's per-layer chunks
+    numeric = isinstance(stated, int) and not isinstance(stated, bool) and stated > 1
+    chunks = stated if numeric else math.ceil(layers / P)
+    v = chunks if schedule == "interleaved" else (2 if schedule in V_SCHEDULES else 1)
     S = P * v
     cluster = _row_cluster(row, times, P, nic_efficiency)
     out_bytes = int(cluster.extra.get("out_bytes", 1))

@@ -97,6 +97,18 @@ def row_problem(row: dict[str, Any]) -> str | None:
         if product != gpus:
             return (f"row field 'parallel': tp*pp*dp*cp = {product} but 'gpus' = {gpus}; make the degrees "
                     "multiply to the GPUs")
+    layers, pp, vpp = model.get("layers"), par.get("pp"), par.get("vpp")
+    if isinstance(layers, int) and isinstance(pp, int):
+        if pp > layers + 2:
+            return (f"row field 'parallel.pp': {pp} pipeline stages but the model has {layers} layers (and an "
+                    "embedding and a head); give pp at most layers + 2")
+        if isinstance(vpp, int) and not isinstance(vpp, bool) and vpp * pp > layers + 2:
+            return (f"row field 'parallel.vpp': {vpp} chunks on each of {pp} stages but the model has {layers} "
+                    "layers; give pp x vpp at most layers + 2")
+    for key, value in (row.get("profiled_inputs") or {}).items():
+        if key in ("T_F", "T_B", "T_W", "T_comm") and (isinstance(value, bool) or not isinstance(value, int | float)
+                                                         or value < 0 or (value == 0 and key != "T_comm")):
+            return f"row field 'profiled_inputs.{key}' must be a positive number of milliseconds, got {value!r}"
     if row.get("gpu_type") and gpu_preset_of(row) is None:
         return (f"row field 'gpu_type': unknown GPU {row['gpu_type']!r}; name one of {', '.join(gpu_names())} "
                 "in it")

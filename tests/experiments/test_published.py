@@ -237,6 +237,10 @@ def test_a_pipeline_longer_than_a_node_sends_across_it_over_the_nic() -> None:
     ({"measured": {"throughput": 1.0, "throughput_unit": "furlongs"}}, "'measured.throughput_unit'"),
     ({"measured": {"throughput": 11.8, "throughput_unit": "samples/s/GPU", "peak_memory_gb": 30,
                    "peak_memory_unit": "MB"}}, "'measured.peak_memory_unit'"),
+    ({"profiled_inputs": {"T_F": -1.0, "T_B": 1.0, "T_W": 0.5, "T_comm": 0.1}}, "'profiled_inputs.T_F'"),
+    ({"profiled_inputs": {"T_F": 1.0, "T_B": "slow", "T_W": 0.5, "T_comm": 0.1}}, "'profiled_inputs.T_B'"),
+    ({"parallel": {"tp": 1, "pp": 16, "dp": 1, "cp": 1}, "gpus": 16}, "'parallel.pp'"),  # 8 layers
+    ({"schedule": "1F1B-I", "parallel": {"tp": 1, "pp": 4, "dp": 1, "cp": 1, "vpp": 4}}, "'parallel.vpp'"),
     ({"parallel": {"tp": 1, "pp": "four", "dp": 1}}, "'parallel.pp'"),
     ({"model": None}, "'model'"),
     ({"model": {"name": "m", "layers": 14, "hidden": "big"}}, "'model.hidden'"),
@@ -246,6 +250,16 @@ def test_a_pipeline_longer_than_a_node_sends_across_it_over_the_nic() -> None:
 def test_a_contradictory_or_malformed_row_gets_one_line_naming_the_field(change: dict, field: str) -> None:
     pred = published.predict_row({**_row(), **change}, [])
     assert pred.predicted is None and field in pred.reason and "\n" not in pred.reason
+
+
+def test_an_interleaved_row_that_states_its_chunk_count_runs_that_many() -> None:
+    """1F1B-I runs each layer as a chunk (the Zero Bubble paper's rule) unless the row gives ``vpp``."""
+    row = {**_row(), "model": {"name": "m", "layers": 16}, "schedule": "1F1B-I"}
+    per_layer = published.predict_row(row, [])
+    two = published.predict_row({**row, "parallel": {**row["parallel"], "vpp": 2}}, [])
+    described = published.predict_row({**row, "parallel": {**row["parallel"], "vpp": "per-layer chunks"}}, [])
+    assert per_layer.predicted is not None and two.predicted is not None
+    assert described.predicted == per_layer.predicted != two.predicted
 
 
 def test_zb_v_is_predicted_and_beats_1f1b_on_the_same_stage_times() -> None:
