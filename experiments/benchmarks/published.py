@@ -279,14 +279,11 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
     if kind is None:
         return replace(out, reason=f"unknown schedule {row.get('schedule')!r}; known: 1F1B, 1F1B-I, ZB-1p, "
                        "ZB-2p, ZB-V, ZB-H1, ZB-H2, V-Half, V-Min, V-ZB, GPipe, DualPipeV")
-    for key in ("pp",):
-        if not par.get(key):
-            return replace(out, reason=f"row field 'parallel.{key}' is not published")
-    for key in ("micro_batch_size", "num_microbatches"):
-        if not batch.get(key):
-            return replace(out, reason=f"row field 'batch.{key}' is not published")
-    if not row["model"].get("layers"):
-        return replace(out, reason="row field 'model.layers' is not published")
+    for name, value in (("parallel.pp", par.get("pp")), ("batch.micro_batch_size", batch.get("micro_batch_size")),
+                        ("batch.num_microbatches", batch.get("num_microbatches")),
+                        ("model.layers", row["model"].get("layers"))):
+        if not value:
+            return replace(out, reason=f"row field {name!r} is not published")
     times = stage_times(row, rows)
     if isinstance(times, str):
         # no profiled times anywhere in the source: the cost model's, from the row's dimensions
