@@ -106,6 +106,7 @@ def _build_table(prep: Any) -> Any | None:
     z = prep.scenario
     p, cl, training = z.profile, z.cluster, z.training
     runtime = runtime_named(training.runtime)
+    compute = runtime.compute_scale_for(p)
     unit = p.seconds_per_unit
     layers = p.layers
     P, L = z.devices, p.num_layers
@@ -137,7 +138,7 @@ def _build_table(prep: Any) -> Any | None:
         "workspace": workspace, "defers": bool(training.first_stage_defers_backward),
         "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
         "param_bytes": training.param_bytes, "unit": unit, "post": 0.0,
-        "speeds": [sp / runtime.compute_scale_for(p) for sp in cl.speeds],
+        "speeds": [sp / compute for sp in cl.speeds],
         "cluster_speeds": [float(s) for s in cl.speeds],
         "latency": lat, "bandwidth": bw, "limits": list(cl.memory_limits_bytes),
         "prefix": prep.prefix.tolist(), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),

@@ -99,7 +99,8 @@ def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, p
     ``optimizer_shards``: the data-parallel ranks a sharded optimizer spreads each device's
     optimizer step over (``TrainingConfig.data_parallel`` under ZeRO >= 1; 1 otherwise)."""
     rt = runtime_named(runtime)
-    speeds = [sp / rt.compute_scale_for(profile) for sp in cluster.speeds]
+    compute = rt.compute_scale_for(profile)
+    speeds = [sp / compute for sp in cluster.speeds]
     fastest = max(speeds)
     M = microbatches
     over = profile.action_overhead + rt.action_overhead_s / profile.seconds_per_unit

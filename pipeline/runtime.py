@@ -81,9 +81,14 @@ class Runtime:
 
     def compute_scale_for(self, profile: Any) -> float:
         """The compute scale of ``profile``'s times on this runtime (see ``analytic_compute_scales``)."""
+        if not self.analytic_compute_scales:
+            return self.compute_scale
         extra = getattr(profile, "extra", None) or {}
-        if self.analytic_compute_scales and extra.get("source") == "analytic":
-            return dict(self.analytic_compute_scales).get(str(extra.get("gpu", "")), self.compute_scale)
+        if extra.get("source") == "analytic":
+            gpu = extra.get("gpu")
+            for name, scale in self.analytic_compute_scales:
+                if name == gpu:
+                    return scale
         return self.compute_scale
 
 

@@ -184,7 +184,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
     over = profile.action_overhead + runtime.action_overhead_s / unit
     measured_b = col.b_full is not None
     fused: list[float] = []
-    speeds = [sp / runtime.compute_scale_for(profile) for sp in cluster.speeds]  # a slower runtime: slower devices
+    compute = runtime.compute_scale_for(profile)
+    speeds = [sp / compute for sp in cluster.speeds]  # a slower runtime is a slower device
     f, i, w, act, keep, comm = [], [], [], [], [], []
     static = [0.0] * cluster.devices
     scale = training.activation_scale
