@@ -312,15 +312,15 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
 def _mfu_row(row: dict[str, Any], out: Prediction, meas: dict[str, Any]) -> Prediction:
     """A row that publishes its MFU (and peak memory) instead of a throughput, such as a table of
     one model at several vocabulary sizes: the whole-job model's MFU in Megatron's FLOP formula, and its
-    peak memory where the row gives one (in GB of 1e9 bytes unless its ``peak_memory_unit`` is GiB). Its
-    source's fitted compute scale applies; FlashAttention unless the row says otherwise (the cost
-    model's default: such a table is not the 2021 TFLOP/s runs, whose codebase had none)."""
-    got = predict_job(row, default_flash=True)
-    memory = meas.get("peak_memory_gb")
-    in_gib = str(meas.get("peak_memory_unit") or "").lower() == "gib"  # else the row's "GB": 1e9 bytes
+    peak memory where the row gives one, in its ``peak_memory_unit`` (GB: 1e9 bytes), else in its source's
+    (Megatron's "GB" is GiB). Its source's fitted compute scale applies; FlashAttention unless the row says
+    otherwise (the cost model's default: such a table is not the 2021 TFLOP/s runs, whose codebase had none)."""
+    got, source, memory = predict_job(row, default_flash=True), source_of(row), meas.get("peak_memory_gb")
+    unit = {"gib": 2.0**30, "gb": 1e9}.get(str(meas.get("peak_memory_unit") or "").lower())
+    unit = unit or (source.memory_unit_bytes if source is not None else 1e9)
     predicted = None
     if memory and got.peak_memory_gib is not None:
-        predicted = got.peak_memory_gib if in_gib else got.peak_memory_gib * 2**30 / 1e9
+        predicted = got.peak_memory_gib * 2**30 / unit
     return replace(out, unit="MFU", measured=mfu_fraction(float(meas["mfu"])), predicted=got.mfu,
                    reason=got.reason, stage_times="whole-job model", memory_measured_gb=memory,
                    memory_predicted_gb=predicted)

@@ -63,6 +63,16 @@ class JobSource:
     parameter counts (1.7B = 12*L*h^2 + 2*V*h) say untied."""
     default_microbatch_size: int
     """Where the row does not say (Megatron-Core's table)."""
+    bytes_per_param: float
+    """Static bytes per parameter before ZeRO sharding (:attr:`pipeline.spec.TrainingConfig.bytes_per_param`):
+    16 with fp16 mixed precision (Megatron-LM keeps fp16 gradients unless bf16), 18 with bf16 (an fp32
+    ``main_grad``); each with fp32 master weights and Adam's two moments."""
+    dropout: bool
+    """Megatron-LM's default ``--hidden-dropout 0.1``: the two dropout masks per layer are kept for backward
+    (a row's ``training_flags`` override it)."""
+    memory_unit_bytes: float
+    """What a row's "GB" of peak memory is where the row names no unit: Megatron-LM reports memory as
+    ``torch.cuda.max_memory_allocated() / 2**20`` "MB", so a Megatron-based paper's "GB" is GiB."""
     compute_scale: float
     """Fitted across the source's rows (``--fit``): F/I/W times over the preset's roofline."""
     step_s: float
@@ -73,12 +83,12 @@ class JobSource:
 SOURCES = {
     "a100": JobSource("megatron-lm-2021-a100", "a100", flash_attention=False, sequence_parallel=False,
                       tp_comm_overlap=False, zero_stage=0, tied_embeddings=True, default_microbatch_size=1,
-                      compute_scale=1.10, step_s=0.0,
+                      bytes_per_param=16.0, dropout=True, memory_unit_bytes=2.0**30, compute_scale=1.10, step_s=0.0,
                       fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit; refitted with "
                                 "the A100 preset by benchmarks.stage_times --fit, 6 Dec 2026: were 1.08, 0.1 s)"),
     "h100": JobSource("megatron-core-r0.8-h100", "h100", flash_attention=True, sequence_parallel=True,
                       tp_comm_overlap=True, zero_stage=1, tied_embeddings=False, default_microbatch_size=1,
-                      compute_scale=1.15, step_s=0.0,
+                      bytes_per_param=18.0, dropout=True, memory_unit_bytes=2.0**30, compute_scale=1.15, step_s=0.0,
                       fitted_on="megatron_core_h100_readme.json weak-scaling table, 9 rows (published --fit)"),
 }
 
@@ -220,7 +230,8 @@ def _flag_bool(value: object) -> bool | None:
 def row_cost_facts(row: dict[str, Any], source: JobSource, *,
                    default_flash: bool | None = None) -> tuple[bool, bool, list[str]]:
     """(FlashAttention, dropout masks kept, assumptions) of ``row``: what its ``training_flags`` state,
-    else ``default_flash`` (None: its source's codebase fact) and no dropout, each default said in the list."""
+    else ``default_flash`` (None: its source's codebase fact) and the codebase's dropout, each default said
+    in the list."""
     flags = row.get("training_flags") or {}
     notes: list[str] = []
     flash = next((v for k in FLASH_FLAGS if k in flags for v in [_flag_bool(flags[k])] if v is not None), None)
@@ -232,8 +243,9 @@ def row_cost_facts(row: dict[str, Any], source: JobSource, *,
         notes.append(f"flash_attention={flash} ({source.name}'s codebase)")
     dropout = next((v for k in DROPOUT_FLAGS if k in flags for v in [_flag_bool(flags[k])] if v is not None), None)
     if dropout is None:
-        dropout = False
-        notes.append("dropout masks not kept (the row states no dropout)")
+        dropout = source.dropout
+        notes.append(f"dropout masks {'kept' if dropout else 'not kept'} ({source.name}'s default; the row "
+                     "states no dropout)")
     return flash, dropout, notes
 
 
@@ -274,7 +286,7 @@ def predict_job(row: dict[str, Any], *, source: JobSource | None = None,
         cluster = job_cluster(par, gpu=source.gpu)
         runtime = replace(RUNTIMES["megatron"], name=source.name, compute_scale=source.compute_scale,
                           step_s=source.step_s, fitted_on=source.fitted_on, analytic_compute_scales=())
-        training = TrainingConfig(runtime=runtime)
+        training = TrainingConfig(runtime=runtime, bytes_per_param=source.bytes_per_param)
         plan = megatron_job_plan(profile, cluster, par, training=training, chunks=[chunks])
         est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=source.gpu, seq_len=s)
     except AdaptisError as exc:
