@@ -28,13 +28,19 @@ from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import runtime_cost_options
 from pipeline.errors import AdaptisError
 from pipeline.hardware import get_gpu
+from pipeline.megatron import megatron_partition
 from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_profile, megatron_job_plan
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
+from pipeline.v_greedy import v_greedy_plan
 
 __all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "is_tflops_unit", "source_of", "predict_job_row",
            "infer_job_degrees", "fit_job_source", "megatron_flops", "gated_mlp", "JobRowPrediction", "predict_job",
            "row_cost_facts", "mfu_fraction"]
+
+#: Schedules of the Zero Bubble fork a whole-job row may name besides Megatron's: its V orders
+#: (:mod:`pipeline.v_greedy`), on the ``zb`` runtime at the row's source's compute scale.
+V_FORK_SCHEDULES = ("v-half", "v-min")
 
 #: Throughput units the whole-job model predicts (any unit naming TFLOP/s per GPU is taken as one).
 TFLOPS_UNITS = ("achieved TFLOP/s per GPU", "TFLOP/s per GPU")
@@ -67,6 +73,9 @@ class JobSource:
     """Static bytes per parameter before ZeRO sharding (:attr:`pipeline.spec.TrainingConfig.bytes_per_param`):
     16 with fp16 mixed precision (Megatron-LM keeps fp16 gradients unless bf16), 18 with bf16 (an fp32
     ``main_grad``); each with fp32 master weights and Adam's two moments."""
+    main_grad_bytes: int
+    """Bytes per element of the gradient buffer the embedding's dense gradient is added into each micro-batch
+    (:attr:`pipeline.costs.CostOptions.main_grad_bytes`): 2 with fp16, 4 with bf16 (fp32 ``main_grad``)."""
     dropout: bool
     """Megatron-LM's default ``--hidden-dropout 0.1``: the two dropout masks per layer are kept for backward
     (a row's ``training_flags`` override it)."""
@@ -83,12 +92,14 @@ class JobSource:
 SOURCES = {
     "a100": JobSource("megatron-lm-2021-a100", "a100", flash_attention=False, sequence_parallel=False,
                       tp_comm_overlap=False, zero_stage=0, tied_embeddings=True, default_microbatch_size=1,
-                      bytes_per_param=16.0, dropout=True, memory_unit_bytes=2.0**30, compute_scale=1.10, step_s=0.0,
+                      bytes_per_param=16.0, main_grad_bytes=2, dropout=True, memory_unit_bytes=2.0**30,
+                      compute_scale=1.10, step_s=0.0,
                       fitted_on="megatron_narayanan2021.json Table 1, 10 rows (published --fit; refitted with "
                                 "the A100 preset by benchmarks.stage_times --fit, 6 Dec 2026: were 1.08, 0.1 s)"),
     "h100": JobSource("megatron-core-r0.8-h100", "h100", flash_attention=True, sequence_parallel=True,
                       tp_comm_overlap=True, zero_stage=1, tied_embeddings=False, default_microbatch_size=1,
-                      bytes_per_param=18.0, dropout=True, memory_unit_bytes=2.0**30, compute_scale=1.15, step_s=0.0,
+                      bytes_per_param=18.0, main_grad_bytes=4, dropout=True, memory_unit_bytes=2.0**30,
+                      compute_scale=1.15, step_s=0.0,
                       fitted_on="megatron_core_h100_readme.json weak-scaling table, 9 rows (published --fit)"),
 }
 
@@ -164,6 +175,8 @@ def _degrees(row: dict[str, Any], source: JobSource) -> tuple[Parallelism, int] 
             return "interleaved 1F1B without its chunk count (vpp or num_layers_per_virtual_pipeline_stage)"
     elif schedule == "1F1B" or schedule.startswith("1F1B family"):
         chunks = 1  # Megatron's default without --num-layers-per-virtual-pipeline-stage
+    elif schedule.lower() in V_FORK_SCHEDULES:
+        chunks = 2  # the Zero Bubble fork's V: two chunks per device
     else:
         return f"unknown schedule {schedule!r}"
     mbs = int(batch.get("micro_batch_size") or source.default_microbatch_size)
@@ -282,12 +295,19 @@ def predict_job(row: dict[str, Any], *, source: JobSource | None = None,
     try:
         arch = _gpt(model, tied=source.tied_embeddings)
         profile = job_profile(arch, par, gpu=source.gpu, seq_len=s,
-                              options=runtime_cost_options("megatron", flash_attention=flash, dropout=dropout))
+                              options=runtime_cost_options("megatron", flash_attention=flash, dropout=dropout,
+                                                           main_grad_bytes=source.main_grad_bytes))
         cluster = job_cluster(par, gpu=source.gpu)
-        runtime = replace(RUNTIMES["megatron"], name=source.name, compute_scale=source.compute_scale,
-                          step_s=source.step_s, fitted_on=source.fitted_on, analytic_compute_scales=())
+        v_shape = str(row.get("schedule") or "").lower() in V_FORK_SCHEDULES  # run by the fork's runtime
+        runtime = replace(RUNTIMES["zb" if v_shape else "megatron"], name=source.name,
+                          compute_scale=source.compute_scale, step_s=source.step_s, fitted_on=source.fitted_on,
+                          analytic_compute_scales=())
         training = TrainingConfig(runtime=runtime, bytes_per_param=source.bytes_per_param)
-        plan = megatron_job_plan(profile, cluster, par, training=training, chunks=[chunks])
+        if v_shape:  # blocks evenly over the 2p chunks, the embedding on the first, the head on the last
+            plan = v_greedy_plan(str(row["schedule"]).lower(), par.pp, par.microbatches,
+                                 partition=megatron_partition(profile, 2 * par.pp))
+        else:
+            plan = megatron_job_plan(profile, cluster, par, training=training, chunks=[chunks])
         est = estimate_job(profile, cluster, plan, par=par, training=training, gpu=source.gpu, seq_len=s)
     except AdaptisError as exc:
         return JobRowPrediction(reason=str(exc), assumptions=tuple(notes))

@@ -80,12 +80,33 @@ def test_dropout_masks_follow_the_codebase_unless_the_row_says() -> None:
     assert a.peak_memory_gib > b.peak_memory_gib and a.mfu == pytest.approx(b.mfu)
 
 
+def _table(name: str) -> list[dict[str, Any]]:
+    path = Path(__file__).parents[2] / "experiments" / "data" / "published" / name
+    return json.loads(path.read_text())["rows"]
+
+
+def test_a_v_half_row_runs_the_forks_v_with_both_vocabulary_layers_on_the_first_device() -> None:
+    """Yeung et al.'s V-Half baselines on 16 GPUs (our transcription; the file's 24- and 32-GPU rows take seconds
+    each for the fork's order): every row predicted, its peak memory within 5% median, every pair in order;
+    MFU reads low (a median 10.4% over the file; docs/cost-model.md says why), kept from growing."""
+    rows = [r for r in _table("vocab_parallelism_yeung2024_vhalf.json") if r["parallel"]["pp"] == 16]
+    preds = [predict_row(r, rows) for r in rows]
+    assert all(p.reason is None for p in preds) and len(preds) == 8
+    mfu = sorted(p.predicted / p.measured - 1 for p in preds)
+    memory = sorted(abs(p.memory_predicted_gb / p.memory_measured_gb - 1) for p in preds)
+    assert statistics.median(memory) <= 0.05 and -0.13 <= statistics.median(mfu) < 0
+    summary = summarize(preds)
+    assert summary["pairs_ranked_as_measured"] == summary["pairs"] == 28
+    wrong = copy.deepcopy(rows[0])
+    wrong["schedule"] = "V-Shape"
+    assert "unknown schedule 'V-Shape'" in predict_row(wrong, [wrong]).reason
+
+
 def test_the_vocabulary_parallelism_table_within_its_targets() -> None:
     """Yeung et al.'s 1F1B baseline rows (8-32 A100s, vocabulary 32k-256k; our transcription, checked after the
     facts were set, not fitted): MFU median within 8%, peak memory within 5%, every pair in a group in order."""
 
-    path = Path(__file__).parents[2] / "experiments" / "data" / "published" / "vocab_parallelism_yeung2024.json"
-    rows = json.loads(path.read_text())["rows"]
+    rows = _table("vocab_parallelism_yeung2024.json")
     preds = [predict_row(r, rows) for r in rows]
     assert all(p.reason is None for p in preds) and len(preds) == 24
     mfu = sorted(abs(p.predicted / p.measured - 1) for p in preds)
