@@ -470,6 +470,10 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
     check_config(config)
     th.set_num_threads(max(1, config.torch_threads or 1))
     out = Path(config.out)
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None and not config.resume:  # an earlier run's checkpoints: never overwritten silently
+        raise ConfigError(f"{out} holds an earlier run's checkpoint ({ckpt.name}): pass --resume to continue it, "
+                          "or choose another --out (or delete that folder) to start over", field="--out")
     out.mkdir(parents=True, exist_ok=True)
     module, cls_name = ALGOS[config.algo]
     algo_cls = getattr(importlib.import_module(module), cls_name)
@@ -485,7 +489,6 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
         vec = _subproc_vec_env(fns) if config.vec == "subproc" and config.n_envs > 1 else DummyVecEnv(fns)
     vec = VecMonitor(vec)
     vec.seed(config.seed)
-    ckpt = latest_checkpoint(out) if config.resume else None
     if ckpt is not None:
         try:
             model = algo_cls.load(str(ckpt), env=vec, device="cpu")

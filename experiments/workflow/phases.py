@@ -15,6 +15,7 @@ No module here prints to stdout: progress goes to the ``log`` callable (stderr i
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -176,6 +177,7 @@ def train_policy(*, timesteps: int, seed: int, out: Path, tracker: Any, log: Log
                        batch_size=min(64, n_steps), eval_every=max(n_steps, timesteps // 2), eval_scenarios=2,
                        checkpoint_every=timesteps, progress_bar=False)
     log(f"training an RL policy for {timesteps} steps -> {out}")
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the run's own folder: a re-run replaces it, as its plans
     summary = train(config, tracker=tracker, logger=make_sb3_logger(tracker, formats=()),
                     command=f"python -m experiments run --train-policy {timesteps}")
     tracker.summary({f"train/{k}": v for k, v in summary.items() if isinstance(v, int | float | bool)})

@@ -133,8 +133,11 @@ def test_settings_reach_the_model_and_a_resume_continues_to_the_total(tmp_path: 
     assert again["timesteps"] == 96 and latest_checkpoint(out).name == "model_96.zip"
     assert MaskablePPO.load(str(latest_checkpoint(out)), device="cpu").num_timesteps == 96
 
-    train(dataclasses.replace(config, timesteps=32), env_fn=_fixed_env)  # no --resume: a fresh run
-    assert not (out / "eval.jsonl").exists()  # the old run's evaluation log is not mixed in
+    # no --resume into a folder with checkpoints: refused (a fresh run there would mix two runs' checkpoints,
+    # and a later --resume would pick the old run's last one), nothing touched
+    with pytest.raises(ConfigError, match=r"field '--out': .*model_96.zip.*pass --resume"):
+        train(dataclasses.replace(config, timesteps=32), env_fn=_fixed_env)
+    assert (out / "eval.jsonl").exists() and latest_checkpoint(out).name == "model_96.zip"
 
 
 def test_evaluation_never_reports_the_plan_worse_than_its_start() -> None:

@@ -138,3 +138,20 @@ def test_a_machine_that_changed_speed_between_the_jobs_is_named_beyond_ten_perce
     assert slower is not None and slower.startswith("the machine ran 26% slower in this replay")
     faster = drift_note(0.85)
     assert faster is not None and faster.startswith("the machine ran 15% faster")
+
+
+def test_a_rerun_of_the_runs_policy_training_replaces_its_folder(tmp_path: Path, offline_wandb: Path) -> None:
+    """`run --train-policy N --out DIR` twice: the second trains afresh into DIR/policy (the run's own folder, as
+    its plans are), where `train --out` without --resume would refuse an earlier run's checkpoints."""
+    from agents.rl.train import latest_checkpoint
+    from experiments.tracking import start_run
+    from experiments.workflow.phases import train_policy
+
+    out = tmp_path / "policy"
+    for _ in range(2):
+        tracker = start_run(command="train", config={}, mode="disabled")
+        try:
+            assert Path(train_policy(timesteps=32, seed=0, out=out, tracker=tracker, log=lambda _: None)).exists()
+        finally:
+            tracker.finish()
+    assert latest_checkpoint(out).name == "model_32.zip"
