@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 
 import pytest
 
+from experiments.benchmarks.published import predict_row, summarize
 from experiments.benchmarks.published_titan import _score, main, pairs_ranked, predict_torchtitan_row
 from experiments.cli import main as cli
 from tests.conftest import ROOT
@@ -107,3 +109,16 @@ def test_the_commands_take_runtime_torchtitan(command, tmp_path, capsys) -> None
                 "--runtime", "torchtitan", "--out", str(tmp_path), "--json"]) == 0
     assert cli(["simulate", "--profile", PROFILE, "--cluster", CLUSTER, "--plan", str(tmp_path / "plan.json"),
                 "--runtime", "torchtitan", "--json"]) == 0
+
+
+def test_torchtitans_pipelined_405b_runs_from_the_row_alone() -> None:
+    """torchtitan's Tables 5-6 (our transcription; checked, not fitted): median within 10%, the 1F1B / interleaved
+    order right, every pair of the group in order."""
+    rows = json.loads((ROOT / "experiments/data/published/torchtitan_llama3_405b_pp.json").read_text())["rows"]
+    preds = {p.id: p for p in (predict_row(r, rows) for r in rows)}
+    assert all(p.reason is None for p in preds.values()) and len(preds) == 6
+    errors = [abs(p.predicted / p.measured - 1) for p in preds.values()]
+    assert statistics.median(errors) <= 0.10
+    assert preds["tt_table5_405B_Interleaved_1F1B"].predicted > preds["tt_table5_405B_1F1B"].predicted
+    summary = summarize(list(preds.values()))
+    assert summary["pairs_ranked_as_measured"] == summary["pairs"] == 15
