@@ -122,4 +122,3 @@ def test_an_mfu_row_without_its_sequence_length_names_the_field() -> None:
     row["model"]["seq_len"] = None
     p = predict_row(row, [row])
     assert p.predicted is None and "model.seq_len" in p.reason and "\n" not in p.reason
-
