@@ -119,6 +119,8 @@ def _build_table(prep: Any) -> Any | None:
                 bw[a * P + b] = cl.p2p_gbps * 1e9 if same else cl.inter_node_gbps * 1e9
     workspace = ([float(x.extra.get("workspace_bytes", 0)) for x in layers]
                  if any("workspace_bytes" in x.extra for x in layers) else None)
+    w_workspace = ([float(x.extra.get("w_workspace_bytes", 0)) for x in layers]
+                   if any("w_workspace_bytes" in x.extra for x in layers) else None)
     families, balanced = [], {}
     for kind, chunks in PLACEMENT_FAMILIES:
         placement = make_placement(kind, P, chunks)
@@ -135,7 +137,7 @@ def _build_table(prep: Any) -> Any | None:
     table = {
         "P": P, "M": z.microbatches, "f": [x.f for x in layers], "b": [x.b for x in layers],
         "w": [x.w for x in layers], "act": exact[0], "keep": exact[1], "params": exact[2], "out": exact[3],
-        "workspace": workspace, "defers": bool(training.first_stage_defers_backward),
+        "workspace": workspace, "w_workspace": w_workspace, "defers": bool(training.first_stage_defers_backward),
         "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
         "param_bytes": training.param_bytes, "unit": unit, "post": 0.0,
         "speeds": [sp / compute for sp in cl.speeds],

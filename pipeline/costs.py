@@ -242,7 +242,10 @@ class LayerWork:
     from I until W (``stage_backward_input``'s ``param_groups[...]["grads"]``)."""
     workspace_bytes: float = 0.0
     """Peak bytes a pass allocates above what the layer holds after it and frees before the next
-    (the head's bf16 logits and fp32 copies, the embedding's dense gradient)."""
+    (the head's bf16 logits and fp32 copies in F)."""
+    w_workspace_bytes: float = 0.0
+    """Bytes the weight pass allocates for a moment once its stage's backward has freed what it frees
+    (the embedding's dense gradient, the last gradient a backward computes)."""
     loss_bytes: float = 0.0
     """Of ``act_bytes``, what lies above every weight operation (the loss side of a head), which
     even PyTorch's I frees."""
@@ -651,7 +654,7 @@ def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None
     # the dense bf16 gradient zeroed, then added into the main-grad buffer (read both, write it)
     dense = V * h / bld.tp
     bld.work.w.ops.append(Op("vector", dense, (2 * BF16 + 2 * bld.opt.main_grad_bytes) * dense))
-    bld.work.workspace_bytes = max(bld.work.workspace_bytes, BF16 * dense)
+    bld.work.w_workspace_bytes = max(bld.work.w_workspace_bytes, BF16 * dense)
     bld.vector("w", INT64 * T + 3 * BF16 * T * h, 1.0 * T * h)  # scatter-add of the rows
     bld.save(INT64 * T, for_w=True, shard=False)  # token ids
     bld.all_reduce("f", BF16 * T * h)
@@ -863,6 +866,8 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
         extra["unique_params"] = work.unique_params
     if work.workspace_bytes:
         extra["workspace_bytes"] = int(round(work.workspace_bytes))
+    if work.w_workspace_bytes:
+        extra["w_workspace_bytes"] = int(round(work.w_workspace_bytes))
     extra.update(work.unit)
     act = int(round(work.act_bytes))
     graph = int(round(work.act_bytes - work.loss_bytes + work.w_grad_bytes))

@@ -13,7 +13,9 @@ Rules (the contract every other part relies on):
   ``b + w``.
 * Memory of a device = static (parameters of every stage it holds x ``TrainingConfig.param_bytes``,
   plus the largest ``workspace_bytes`` of its layers: a pass's short-lived buffers, such as the
-  head's logits, counted as if always present) + activations. ``F`` adds the stage's
+  head's logits, counted as if always present; a weight pass's ``w_workspace_bytes``, such as the
+  embedding's dense gradient, counts only beyond the ``min(act, keep)`` its stage's backward has
+  freed by then) + activations. ``F`` adds the stage's
   ``act_bytes``; ``I`` leaves what ``W`` needs and ``W`` frees it; ``B`` frees all. What ``I``
   leaves follows the runtime: PyTorch's (``TrainingConfig.input_backward_keeps_graph``, on by default)
   keeps the autograd graph and the
@@ -84,6 +86,9 @@ class _Columns:
     workspace: list[float] | None = None
     """Per layer the bytes a pass allocates above what it holds (``LayerCost.extra["workspace_bytes"]``,
     the analytic head's logits), or ``None`` where no layer gives any."""
+    w_workspace: list[float] | None = None
+    """Per layer the bytes its weight pass allocates once the stage's backward has freed what it frees
+    (``LayerCost.extra["w_workspace_bytes"]``, the embedding's dense gradient), or ``None``."""
     spans: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
     """``(a, b)`` -> the sums of the columns over layers ``[a, b)`` (:meth:`span`), one stage's."""
     stages: dict[tuple[int, int], tuple] = field(default_factory=dict, compare=False)
@@ -131,7 +136,9 @@ def _columns(profile: ModelProfile) -> _Columns:
                           [float(x.extra["b_first"]) for x in layers] if all("b_first" in x.extra for x in layers)
                           else None,
                           [float(x.extra.get("workspace_bytes", 0)) for x in layers]
-                          if any("workspace_bytes" in x.extra for x in layers) else None)
+                          if any("workspace_bytes" in x.extra for x in layers) else None,
+                          [float(x.extra.get("w_workspace_bytes", 0)) for x in layers]
+                          if any("w_workspace_bytes" in x.extra for x in layers) else None)
         object.__setattr__(profile, "_columns", cached)  # a cache, not a field: replace() drops it
     return cached
 
@@ -239,6 +246,8 @@ def stage_costs(profile: ModelProfile, cluster: Cluster, partition: Sequence[tup
             transient[d] = max(transient[d], full)
         if col.workspace is not None:  # a pass's short-lived buffers, on top of whatever is held then
             transient[d] = max(transient[d], max(col.workspace[a:b], default=0.0))
+        if col.w_workspace is not None:  # at the end of a backward that freed at least min(act, keep) of it
+            transient[d] = max(transient[d], max(col.w_workspace[a:b], default=0.0) - min(act_s, keep_s))
         if col.groups is None:
             static[d] += static_s
         else:

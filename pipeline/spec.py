@@ -57,7 +57,7 @@ W_RETAINED_FRACTION = 0.25
 KNOWN_LAYER_EXTRAS = frozenset({"b_full", "shared_group", "grad_sync_bytes", "unique_params", "flops_f", "flops_b",
                                 "flops_w", "bytes_f", "bytes_b", "bytes_w", "block", "part", "shard", "shards",
                                 "mem_retained_bytes", "mem_peak_bytes", "b_first",
-                                "workspace_bytes"})
+                                "workspace_bytes", "w_workspace_bytes"})
 
 
 class ProfileWarning(UserWarning):

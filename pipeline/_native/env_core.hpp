@@ -106,8 +106,8 @@ bool key_less(const Res& a, const Res& b) {  // objective_key(a) < objective_key
 // What an environment's episodes need of one scenario (built once per scenario object in Python).
 struct EnvScenario {
   int P = 0, M = 0, L = 0;
-  std::vector<double> lf, lb, lw, lact, lkeep, lparams, lout, lws;  // per layer (lkeep: w_graph or w_retained)
-  bool has_ws = false, defers = true;
+  std::vector<double> lf, lb, lw, lact, lkeep, lparams, lout, lws, lwws;  // per layer (lkeep: w_graph or w_retained)
+  bool has_ws = false, has_wws = false, defers = true;
   double over = 0.0, scale = 1.0, param_bytes = 0.0, unit = 1.0, post = 0.0;
   std::vector<double> speeds;        // per device, for stage costs (speed / compute_scale)
   std::vector<double> cspeeds;       // per device, the cluster's (stage times)
@@ -177,6 +177,14 @@ ECosts env_stage_costs(const EnvScenario& z, const Cand& c) {
         for (int x = a + 1; x < b; ++x) m = py_max(m, z.lws[x]);
       }
       transient[d] = py_max(transient[d], m);
+    }
+    if (z.has_wws) {  // simulator.stage_costs: beyond the min(act, keep) the stage's backward has freed
+      double m = 0.0;
+      if (b > a) {
+        m = z.lwws[a];
+        for (int x = a + 1; x < b; ++x) m = py_max(m, z.lwws[x]);
+      }
+      transient[d] = py_max(transient[d], m - py_min(act_s, keep_s));
     }
     stat[d] += z.param_bytes * spar;
     if (s < S - 1) {
@@ -672,6 +680,8 @@ std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
   z->lout = vec_of<double>(d, "out");
   z->has_ws = !d["workspace"].is_none();
   if (z->has_ws) z->lws = vec_of<double>(d, "workspace");
+  z->has_wws = !d["w_workspace"].is_none();
+  if (z->has_wws) z->lwws = vec_of<double>(d, "w_workspace");
   z->defers = d["defers"].cast<bool>();
   z->over = d["over"].cast<double>();
   z->scale = d["scale"].cast<double>();
@@ -695,7 +705,7 @@ std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
   if (P < 1 || P > EC_MAX_DEVICES || z->M < 1 || L < 1)
     throw std::invalid_argument("scenario table: 1..32 devices, >= 1 micro-batch and >= 1 layer");
   if (z->lb.size() != l || z->lw.size() != l || z->lact.size() != l || z->lkeep.size() != l ||
-      z->lparams.size() != l || z->lout.size() != l || (z->has_ws && z->lws.size() != l) || z->cost.size() != l ||
+      z->lparams.size() != l || z->lout.size() != l || (z->has_ws && z->lws.size() != l) || (z->has_wws && z->lwws.size() != l) || z->cost.size() != l ||
       z->prefix.size() != l + 1 || z->act_prefix.size() != l + 1)
     throw std::invalid_argument("scenario table: per-layer columns of different lengths");
   if (z->speeds.size() != p || z->cspeeds.size() != p || z->limits.size() != p || z->node.size() != p ||

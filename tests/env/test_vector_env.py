@@ -296,7 +296,10 @@ def test_a_seeded_rollout_is_pinned() -> None:
     hardware.py, simulator.py, spec.py) still gives the figures recorded before (28bca794fadea08b).
     Re-recorded on 6 Dec 2026 for the A100 preset's fit (matmul efficiency 0.8, element-wise traffic
     2; docs/cost-model.md): two of the four environments draw A100 scenarios; with the old preset
-    patched back the env gives f5f8217c075d59c4 as before."""
+    patched back the env gives f5f8217c075d59c4 as before. Re-recorded later on 6 Dec for the embedding's
+    dense gradient counted beyond what its stage's backward has freed (``w_workspace_bytes``): only the
+    memory features of the observations moved (digest 3ef9f51c9c72442e before); returns, episodes, calls
+    and times are the same."""
     import hashlib
 
     vec = PipelineVectorEnv(4)
@@ -316,7 +319,7 @@ def test_a_seeded_rollout_is_pinned() -> None:
         returns += rewards
         episodes += terms | truncs
     vec.close()
-    assert digest.hexdigest()[:16] == "3ef9f51c9c72442e"
+    assert digest.hexdigest()[:16] == "76fa6c7c234c1788"
     assert returns == pytest.approx([-0.036310701, -0.100811335, -0.103314741, -0.106123069], abs=1e-9)
     assert episodes.tolist() == [2, 2, 2, 2] and infos["sim_calls"].tolist() == [19, 21, 19, 19]
     assert infos["best_iteration_time"] == pytest.approx(

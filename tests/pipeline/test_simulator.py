@@ -297,3 +297,21 @@ def test_stage_costs_are_the_same_with_the_range_sums_warm() -> None:
                     kw = {"placement": placement, "recompute": recompute, "training": training}
                     hot = stage_costs(warm, cluster, partition_from_sizes(sizes), **kw)
                     assert hot == stage_costs(replace(profile), cluster, partition_from_sizes(sizes), **kw)
+
+
+def test_a_weight_pass_workspace_counts_beyond_what_its_backward_freed() -> None:
+    """The embedding's dense gradient (``w_workspace_bytes``) comes last in its stage's backward, after the stage
+    has freed at least ``min(act, keep)``: only what exceeds that raises the device's static memory; a pass
+    workspace (``workspace_bytes``, the head's logits in F) counts whole, as before."""
+    def profile(extra: dict) -> ModelProfile:
+        emb = LayerCost("emb", "embedding", 1, 1, 1, 10, 0, 0, extra=extra)
+        return ModelProfile("p", (emb, LayerCost("l", "attention+mlp", 1, 1, 1, 10, 1000, 0)))
+
+    def static(extra: dict) -> tuple[float, ...]:
+        costs = stage_costs(profile(extra), ideal_cluster(1), ((0, 2),), placement=(0,),
+                            training=TrainingConfig(bytes_per_param=1))
+        return costs.static_bytes
+
+    # params 20 bytes; the stage's backward frees its 1000 bytes of activations first
+    assert static({"w_workspace_bytes": 600}) == (20.0,) and static({"w_workspace_bytes": 1500}) == (520.0,)
+    assert static({"workspace_bytes": 600}) == (620.0,)
