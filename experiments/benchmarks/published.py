@@ -19,7 +19,10 @@ per-stage F/B/W and transfer times). Each row goes to the model of the codebase 
 
 A row is refused only for what it leaves out, and the reason names it; a row whose fields
 contradict each other (degrees that do not multiply to its GPUs, a GPU or unit we do not know) is
-refused with the field named.
+refused with the field named. A whole-job row that leaves its schedule open (Megatron's "1F1B
+family" on a pipeline without its ``vpp``) gets no point but the range of the schedules it could
+have run (:func:`~experiments.benchmarks.published_job.interleaving_range`), each printed, with how
+far the measurement lies outside it (``"span"`` in ``--json``; the summary counts these rows apart).
 
 Schedules: ``1F1B`` and ``1F1B-I`` (every layer its own chunk: ceil(layers / p) chunks per device)
 run Megatron-LM's orders on the ``megatron`` runtime; ``ZB-1p`` / ``ZB-2p`` are the best
@@ -68,6 +71,7 @@ from tqdm import tqdm
 from experiments.benchmarks.published_job import (
     fit_job_source,
     infer_job_degrees,
+    interleaving_range,
     is_tflops_unit,
     mfu_fraction,
     predict_job,
@@ -75,6 +79,7 @@ from experiments.benchmarks.published_job import (
     source_of,
 )
 from experiments.benchmarks.published_memory import ZB_MEMORY, MemoryModel, fit_memory, memory_pairs, row_peak_memory
+from experiments.benchmarks.published_report import fmt, print_rows, range_distance, summary_line
 from experiments.benchmarks.published_rows import (
     SAMPLES_PER_GPU,
     UNITS,
@@ -127,6 +132,9 @@ class Prediction:
     source's GB for pipeline rows (:mod:`experiments.benchmarks.published_memory`)."""
     memory_notes: str | None = None
     """What the memory prediction assumed that the row leaves out, or why there is none."""
+    span: tuple[float, float] | None = None
+    """Where the source leaves the schedule open (Megatron-Core's interleaving): the lowest and highest
+    prediction over the schedules it could have run (``predicted`` None, ``reason`` lists them)."""
     plan: Plan | None = field(default=None, repr=False, compare=False)
     """A pipeline row's simulated plan (its memory is walked along its order); not printed."""
 
@@ -140,6 +148,8 @@ class Prediction:
             out.update(memory_measured_gb=self.memory_measured_gb, memory_predicted_gb=self.memory_predicted_gb)
         if self.memory_notes:
             out["memory_notes"] = self.memory_notes
+        if self.span is not None:
+            out["span"] = list(self.span)
         return out
 
 
@@ -263,6 +273,9 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         job_row = infer_job_degrees(row, rows) if infer_degrees else None
         predicted, reason = predict_job_row(job_row or row)
         out = replace(out, schedule=f"{job_row['schedule']} (inferred)") if job_row else out
+        choices = interleaving_range(job_row or row) if predicted is not None else []
+        if len(choices) > 1:  # the source leaves open a schedule Megatron could run several ways
+            return _ranged(out, choices)
         return replace(out, predicted=predicted, reason=reason)
     if is_titan_row(row):
         titan = predict_torchtitan_row(row)
@@ -307,6 +320,17 @@ def predict_row(row: dict[str, Any], rows: Sequence[dict[str, Any]], *,
         peak, notes = row_peak_memory(plan, row, rows, model=memory)
         out = replace(out, memory_measured_gb=meas["peak_memory_gb"], memory_predicted_gb=peak, memory_notes=notes)
     return out
+
+
+def _ranged(out: Prediction, choices: list[tuple[int, float]]) -> Prediction:
+    """A row whose interleaving is not published: no point prediction, the range over ``choices``."""
+    low, high = min(t for _, t in choices), max(t for _, t in choices)
+    gap = None if out.measured is None else range_distance(out.measured, (low, high))
+    where = "" if gap is None else "; the measurement inside it" if gap == 0 else \
+        f"; range error {100 * gap:+.1f}% (the measurement {'below' if gap > 0 else 'above'} it)"
+    text = ", ".join(f"vpp {v}: {t:.1f}" for v, t in choices)
+    return replace(out, span=(low, high), reason=f"interleaving not published (no vpp): Megatron-Core could run "
+                   f"{text} (vpp 1 = 1F1B, its default){where}")
 
 
 def _mfu_row(row: dict[str, Any], out: Prediction, meas: dict[str, Any]) -> Prediction:
@@ -382,7 +406,10 @@ def summarize(preds: Sequence[Prediction]) -> dict[str, Any]:
     memory_ranked, memory_pair_count = memory_pairs(peaks)
     with_throughput = sum(p.measured is not None for p in preds)
     analytic = [abs(p.analytic / p.measured - 1) for p in done if p.analytic is not None]
-    return {"summary": True, "rows": len(preds), "with_throughput": with_throughput, "predicted": len(done),
+    outside = [abs(range_distance(p.measured, p.span)) for p in preds if p.span is not None and p.measured]
+    return {"summary": True, "ranged": len(outside), "ranged_inside": sum(d == 0 for d in outside),
+            "range_max_distance": max(outside) if outside else None,
+            "rows": len(preds), "with_throughput": with_throughput, "predicted": len(done),
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
             "analytic_rows": len(analytic),
@@ -494,41 +521,6 @@ def _donors(rows: Sequence[dict[str, Any]], others: Sequence[Sequence[dict[str, 
     return [*rows, *extra]
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _print_rows(preds: Sequence[Prediction]) -> None:
-    print(f"{'id':36} {'schedule':10} {'measured':>9} {'predicted':>9} {'error':>7} {'analytic':>9} "
-          f"{'error':>7}  stage times")
-    for p in preds:
-        if p.predicted is None:
-            print(f"{p.id:36} {str(p.schedule or '-')[:10]:10} {p.measured!s:>9} {'-':>9}  {p.reason}")
-            continue
-        analytic = (f"{p.analytic:9.3f} {100 * (p.analytic / p.measured - 1):+6.1f}%" if p.analytic is not None
-                    else f"{'-':>9} {'-':>7}")
-        memory = (f"; memory {p.memory_measured_gb} GB, predicted {p.memory_predicted_gb:.1f} "
-                  f"({100 * (p.memory_predicted_gb / p.memory_measured_gb - 1):+.1f}%{'; ' if p.memory_notes else ''}"
-                  f"{p.memory_notes or ''})" if p.memory_measured_gb and p.memory_predicted_gb is not None else "")
-        print(f"{p.id:36} {p.schedule[:10]:10} {p.measured:9.3f} {p.predicted:9.3f} "
-              f"{100 * (p.predicted / p.measured - 1):+6.1f}% {analytic}  {p.stage_times or 'whole-job model'}{memory}")
-
-
-def _summary_line(summary: dict[str, Any]) -> str:
-    return (f"{summary['predicted']} of {summary['with_throughput']} rows with a throughput predicted "
-            f"({summary['rows']} rows); median |error| {_fmt(summary['median_abs_error'])}, max "
-            f"{_fmt(summary['max_abs_error'])}; pairs ranked as measured {summary['pairs_ranked_as_measured']} "
-            f"of {summary['pairs']}; groups {summary['groups_ranked_as_measured']} of {summary['groups']}"
-            + (f" (not: {', '.join(summary['groups_misranked'])})" if summary["groups_misranked"] else "")
-            + (f"; analytic stage times on {summary['analytic_rows']} rows: median |error| "
-               f"{_fmt(summary['analytic_median_abs_error'])}, max {_fmt(summary['analytic_max_abs_error'])}"
-               if summary.get("analytic_rows") else "")
-            + (f"; peak memory of {summary['memory_rows']} rows: median |error| "
-               f"{_fmt(summary['memory_median_abs_error'])}, max {_fmt(summary['memory_max_abs_error'])}, "
-               f"pairs ranked {summary['memory_pairs_ranked_as_measured']} of {summary['memory_pairs']}"
-               if summary["memory_rows"] else ""))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", type=Path, nargs="?", help="a published table (shared/data/published/*.json)")
@@ -584,14 +576,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.all:
                 print(json.dumps(summary))
         elif args.all:
-            print(f"{path.name:40} {_summary_line(summary)}")
+            print(f"{path.name:40} {summary_line(summary)}")
         else:
-            _print_rows(preds)
-            print(f"\n{_summary_line(summary)}; ratio to 1F1B median |error| "
-                  f"{_fmt(summary['median_ratio_to_1f1b_error'])}")
+            print_rows(preds)
+            print(f"\n{summary_line(summary)}; ratio to 1F1B median |error| "
+                  f"{fmt(summary['median_ratio_to_1f1b_error'])}")
     if args.all:
         total = summarize(everything)
-        total_text = f"\n{'all files':40} {_summary_line(total)}"
+        total_text = f"\n{'all files':40} {summary_line(total)}"
         print(json.dumps({**total, "files": len(tables)}) if args.json else total_text)
     return 0
 

@@ -36,7 +36,7 @@ from pipeline.v_greedy import v_greedy_plan
 
 __all__ = ["JobSource", "SOURCES", "TFLOPS_UNITS", "is_tflops_unit", "source_of", "predict_job_row",
            "infer_job_degrees", "fit_job_source", "megatron_flops", "gated_mlp", "JobRowPrediction", "predict_job",
-           "row_cost_facts", "mfu_fraction"]
+           "row_cost_facts", "mfu_fraction", "unstated_interleaving", "interleaving_range"]
 
 #: Schedules of the Zero Bubble fork a whole-job row may name besides Megatron's: its V orders
 #: (:mod:`pipeline.v_greedy`), on the ``zb`` runtime at the row's source's compute scale.
@@ -324,6 +324,36 @@ def predict_job_row(row: dict[str, Any], *, source: JobSource | None = None) -> 
     return got.tflops_per_gpu, got.reason
 
 
+def unstated_interleaving(row: dict[str, Any]) -> bool:
+    """Whether ``row`` ran Megatron's 1F1B family on a pipeline without saying how it interleaved
+    (schedule "1F1B family ...", pp > 1, neither ``vpp`` nor ``num_layers_per_virtual_pipeline_stage``)."""
+    par = row.get("parallel") or {}
+    per_chunk = (row.get("training_flags") or {}).get("num_layers_per_virtual_pipeline_stage")
+    return (str(row.get("schedule") or "").startswith("1F1B family") and int(par.get("pp") or 1) > 1
+            and not par.get("vpp") and not per_chunk)
+
+
+def interleaving_range(row: dict[str, Any], *, source: JobSource | None = None) -> list[tuple[int, float]]:
+    """``(vpp, predicted TFLOP/s per GPU)`` for each chunk count Megatron-Core could have run ``row`` with
+    where the row leaves its interleaving unstated (:func:`unstated_interleaving`): 1 (its default,
+    1F1B) and every ``vpp`` that splits each pipeline stage's layers evenly (Megatron-Core's
+    ``num_layers_per_virtual_pipeline_stage`` must divide them) and that Megatron's interleaved
+    schedule accepts (:func:`pipeline.megatron.megatron_chunk_counts`). Empty where the row states it."""
+    if not unstated_interleaving(row):
+        return []
+    layers, pp = int(row["model"]["layers"]), int(row["parallel"]["pp"])
+    out = []
+    for vpp in range(1, layers // pp + 1):
+        if vpp > 1 and (layers % pp or (layers // pp) % vpp):
+            continue
+        trial = row if vpp == 1 else {**row, "schedule": "interleaved 1F1B",
+                                      "parallel": {**row["parallel"], "vpp": vpp}}
+        got = predict_job(trial, source=source)
+        if got.tflops_per_gpu is not None:
+            out.append((vpp, got.tflops_per_gpu))
+    return out
+
+
 def mfu_fraction(value: float) -> float:
     """A published MFU as a fraction (rows give 0.17 or 17 for 17%)."""
     return value / 100.0 if value > 1.0 else value
@@ -331,7 +361,9 @@ def mfu_fraction(value: float) -> float:
 
 def fit_job_source(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
     """Grid search of (compute_scale, step_s) shared by every row of one source: the least median
-    absolute error, then the least maximum. Returns the values and {median, max}."""
+    absolute error, then the least maximum. Returns the values and {median, max}. A row that leaves
+    its interleaving open is read at Megatron's default (1F1B), as when the values were fitted
+    (docs/whole-job.md says what its range would choose instead)."""
     usable = [r for r in rows if source_of(r) is not None and (r.get("measured") or {}).get("throughput")
               and is_tflops_unit(r["measured"].get("throughput_unit"))]
     if not usable:
