@@ -107,6 +107,11 @@ class ScenarioPool:
             n += 1
         return n
 
+    @property
+    def ahead(self) -> int:
+        """Entries drawn ahead (:meth:`prefetch`) and not taken yet."""
+        return len(self._ahead)
+
     def _pick(self) -> int:
         return int(self._picks.integers(self.size))
 

@@ -67,8 +67,11 @@ up to ``pool_reuse`` episodes share one: correlated episodes. On the compiled co
 start is kept after its first reset and later resets of it are one ``EnvCore.load`` with no Python
 reset (``envs[i]`` then keeps an earlier episode's state: read the episode from the infos); with
 ``engine_threads`` > 1 the pool's next draws are made while the core steps on its side thread (the
-same draws in the same order, :meth:`ScenarioPool.prefetch`). Both paths use the pool alike (the
-same episodes, step for step); ``reset(seed=...)`` empties and reseeds it, so seeded runs repeat.
+same draws in the same order, :meth:`ScenarioPool.prefetch`), in every step while fewer than one per
+environment (at most 256) wait, so a wave of episodes that end together finds most of its scenarios
+drawn and prepared; ``pool_reuse=1`` keeps a fresh scenario at every reset and still draws ahead.
+Both paths use the pool alike (the same episodes, step for step); ``reset(seed=...)`` empties and
+reseeds it, so seeded runs repeat.
 Environments whose ``reset`` is their own, whose ``ScenarioConfig`` is not the first environment's,
 and resets whose options name a scenario, reset as without a pool; an environment's
 ``repeat_scenario`` keeps its pooled scenario that many resets.
@@ -83,6 +86,7 @@ costs, the scenario draw, cost model and DP splits at reset) runs one environmen
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -104,8 +108,12 @@ __all__ = ["PipelineVectorEnv", "check_room", "BYTES_PER_ENV"]
 
 #: The observation's entries in the order of ``PipelineEnv.observation_parts``.
 _PARTS = ("stages", "devices", "plan")
-#: Pool entries drawn ahead at most (while the compiled core steps on its side thread).
-_AHEAD = 8
+#: Pool entries drawn ahead at most (while the compiled core steps on its side thread): one per
+#: environment up to this many (a wave of episodes ending together finds its scenarios drawn).
+_AHEAD = 256
+#: The interpreter's thread switch interval while the pool draws beside the core's step (Python's 5 ms
+#: default would keep the core's thread waiting that long for the GIL to start and to end its step).
+_SWITCH_S = 1e-4
 #: Reset options that name the episode's scenario (the pool does not replace it).
 _NAMES_SCENARIO = ("scenario", "problem", "profile", "evaluator")
 #: ``info["edit"]`` by ``EnvCore.edits`` code + 2 (-2 masked, -1 stop, else the action).
@@ -214,6 +222,7 @@ class PipelineVectorEnv(VectorEnv):
                              "(or pass native=None to step in Python without it)")
         self._can_native = [p and r for p, r in zip(self._plain_step, self._plain_reset)]
         self._pool = self._make_pool(scenario_pool, pool_reuse)
+        self._ahead_limit = min(self.num_envs, _AHEAD)
         self._pool_ok = [r and self._pool is not None and e.scenario == self._pool.config
                          for r, e in zip(self._plain_reset, self.envs)]
         self._held: list[list[Any] | None] = [None] * self.num_envs
@@ -305,7 +314,8 @@ class PipelineVectorEnv(VectorEnv):
         native = self._native & ~self._autoreset if next_step else self._native.copy()
         stepping = self._requests(acts, skip=(self._autoreset | native) if next_step else native)
         core, stepped = self._core, None
-        if native.any() and self.engine_threads > 1 and (ending or stepping):
+        ahead = self._pool is not None and self._pool.ahead < self._ahead_limit  # the pool has room to draw ahead
+        if native.any() and self.engine_threads > 1 and (ending or stepping or ahead):
             # the core's step (no GIL) beside the autoresets' and the other environments' Python
             t1 = time.perf_counter()
             stepped = self._side().submit(engine.env_step, core, np.asarray(acts, dtype=np.int64), native,
@@ -334,7 +344,13 @@ class PipelineVectorEnv(VectorEnv):
                 engine.env_step(core, np.asarray(acts, dtype=np.int64), native)
             else:
                 if self._pool is not None:  # the next scenarios, drawn while the core steps
-                    self._pool.prefetch(lambda: not stepped.done(), limit=_AHEAD, prepare=self._prepare)
+                    switch = sys.getswitchinterval()
+                    sys.setswitchinterval(_SWITCH_S)
+                    try:
+                        self._pool.prefetch(lambda: not stepped.done(), limit=self._ahead_limit,
+                                            prepare=self._prepare)
+                    finally:
+                        sys.setswitchinterval(switch)
                 stepped.result()
             self.batched_calls += 1
             rewards[native] = core.rewards[native]

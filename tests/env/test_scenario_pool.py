@@ -175,3 +175,22 @@ def test_sb3_adapter_steps_a_pooled_vector_env() -> None:
         dones += int(done.sum())
     assert dones >= 4 and vec.vector_env.scenario_pool.draws >= 1
     vec.close()
+
+
+def test_a_two_thread_vector_env_draws_ahead_while_its_core_steps_and_restores_the_switch_interval() -> None:
+    import sys
+
+    switch = sys.getswitchinterval()
+    vec = PipelineVectorEnv(8, scenario=SMALL, max_steps=50, scenario_pool=8, pool_reuse=1, engine_threads=2,
+                            allow_stop=False)
+    vec.reset(seed=1)
+    rng = np.random.default_rng(0)
+    drawn = []
+    for _ in range(6):  # no episode ends (50 steps each, no stop): the core steps on its thread, the pool draws
+        masks = vec.action_masks()
+        vec.step(np.array([rng.choice(np.flatnonzero(m)) for m in masks]))
+        drawn.append(vec.scenario_pool.ahead)
+        assert sys.getswitchinterval() == switch
+    assert drawn[-1] > 0 and max(drawn) <= 8  # at most one scenario ahead per environment
+    assert drawn == sorted(drawn)
+    vec.close()
