@@ -345,12 +345,14 @@ class PipelineVectorEnv(VectorEnv):
             else:
                 if self._pool is not None:  # the next scenarios, drawn while the core steps
                     switch = sys.getswitchinterval()
-                    sys.setswitchinterval(_SWITCH_S)
+                    if switch > _SWITCH_S:  # (another vector env's step may have lowered it: left to that one)
+                        sys.setswitchinterval(_SWITCH_S)
                     try:
                         self._pool.prefetch(lambda: not stepped.done(), limit=self._ahead_limit,
                                             prepare=self._prepare)
                     finally:
-                        sys.setswitchinterval(switch)
+                        if switch > _SWITCH_S:
+                            sys.setswitchinterval(switch)
                 stepped.result()
             self.batched_calls += 1
             rewards[native] = core.rewards[native]
