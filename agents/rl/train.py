@@ -511,8 +511,11 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
                          batch_size=minibatch_size(config), n_epochs=config.n_epochs,
                          learning_rate=config.learning_rate,
                          gamma=config.gamma, ent_coef=config.ent_coef, verbose=0, policy_kwargs=policy_kwargs)
-    if logger is not None:
-        model.set_logger(logger)
+    if logger is None:
+        from experiments.tracking.sb3 import silent_sb3_logger
+
+        logger = silent_sb3_logger()  # (else SB3 leaves an empty folder in the temp folder at every learn)
+    model.set_logger(logger)
     ranker = None
     if config.ranker_scenarios > 0 and not (out / "starts.pt").is_file():
         from agents.rl.starts import train_ranker

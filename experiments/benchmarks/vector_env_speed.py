@@ -166,6 +166,7 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from agents.rl.train import PPOConfig, minibatch_size
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
+    from experiments.tracking.sb3 import silent_sb3_logger
 
     c = PPOConfig()
     th.set_num_threads(max(1, c.torch_threads or 1))
@@ -178,6 +179,7 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
                         batch_size=min(minibatch_size(c), n_steps * n_envs), n_epochs=c.n_epochs,
                         learning_rate=c.learning_rate, gamma=c.gamma, ent_coef=c.ent_coef, verbose=0,
                         policy_kwargs={"hidden": c.hidden})
+    model.set_logger(silent_sb3_logger())
     clock = _Clock()
     t0 = time.perf_counter()
     threads = [learner_threads_callback()] if c.torch_threads is None else []

@@ -13,6 +13,7 @@ from env.editor import N_ACTIONS
 from env.pipeline_env import PipelineEnv
 from env.scenarios import ScenarioConfig
 from env.vector_env import PipelineVectorEnv
+from experiments.tracking.sb3 import silent_sb3_logger
 
 SMALL = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
 
@@ -261,6 +262,7 @@ def test_maskable_ppo_trains_on_it():
     model = MaskablePPO(EntityPolicy, vec, n_steps=32, batch_size=128, n_epochs=1, seed=0, device="cpu",
                         policy_kwargs={"hidden": 16})
     before = [p.detach().clone() for p in model.policy.parameters()]
+    model.set_logger(silent_sb3_logger())
     model.learn(256)
     assert model.num_timesteps == 256
     assert len(model.ep_info_buffer) >= 8  # episodes of 6 edits ended and were counted

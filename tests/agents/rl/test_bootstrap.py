@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.tracking.sb3 import silent_sb3_logger
+
 
 def test_batched_bootstrap_gives_sb3s_own_rewards() -> None:
     """The truncated episodes' bootstrapped rewards, one batched pass per step, are those of SB3's
@@ -25,6 +27,7 @@ def test_batched_bootstrap_gives_sb3s_own_rewards() -> None:
         vec.seed(0)
         model = MaskablePPO(EntityPolicy, vec, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu",
                             policy_kwargs={"hidden": 16})
+        model.set_logger(silent_sb3_logger())
         model.learn(64, callback=callbacks)
         buf = model.rollout_buffer
         vec.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.rl.threads import ThreadChooser, learner_threads_callback
+from experiments.tracking.sb3 import silent_sb3_logger
 
 
 def run(chooser: ThreadChooser, seconds_of: dict[int, float], updates: int) -> list[int]:
@@ -56,6 +57,7 @@ def test_the_callback_runs_updates_on_the_chosen_count_and_rollouts_on_one():
     cb = learner_threads_callback(most=2)
     vec = make_vec_env(4, max_steps=4, max_calls=8, scenario=TRAIN_SCENARIO)
     model = MaskablePPO("MultiInputPolicy", vec, n_steps=8, batch_size=16, n_epochs=1, seed=0, device="cpu")
+    model.set_logger(silent_sb3_logger())
     original_train = model.train
 
     def train_spy():
