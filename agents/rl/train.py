@@ -37,7 +37,7 @@ from env.vector_env import check_room
 from pipeline.errors import ConfigError
 
 __all__ = ["PPOConfig", "TRAIN_SCENARIO", "HELDOUT_SCENARIO", "MAX_SEED", "MAX_WIDTH", "check_config", "fit_rollout",
-           "train", "evaluate_policy_on", "latest_checkpoint", "tuner_times"]
+           "train", "evaluate_policy_on", "latest_checkpoint", "tuner_times", "silent_sb3_logger"]
 
 
 #: The largest seed: environment i is seeded 1000 x seed + i, and NumPy's seeds end at 2**32 - 1.
@@ -452,6 +452,14 @@ def check_config(config: PPOConfig) -> None:
                           field="--network")
 
 
+def silent_sb3_logger() -> Any:
+    """An SB3 ``Logger`` that writes nothing. Without a logger of its own, every ``learn()`` makes SB3
+    configure one whose folder is a new empty ``SB3-<date>`` directory in the system's temp folder."""
+    from stable_baselines3.common.logger import Logger
+
+    return Logger(folder=None, output_formats=[])
+
+
 def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command: str = "",
           env_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Train (or resume) a policy; returns a summary (timesteps, seconds, paths).
@@ -511,11 +519,7 @@ def train(config: PPOConfig, *, tracker: Any = None, logger: Any = None, command
                          batch_size=minibatch_size(config), n_epochs=config.n_epochs,
                          learning_rate=config.learning_rate,
                          gamma=config.gamma, ent_coef=config.ent_coef, verbose=0, policy_kwargs=policy_kwargs)
-    if logger is None:
-        from experiments.tracking.sb3 import silent_sb3_logger
-
-        logger = silent_sb3_logger()  # (else SB3 leaves an empty folder in the temp folder at every learn)
-    model.set_logger(logger)
+    model.set_logger(logger if logger is not None else silent_sb3_logger())
     ranker = None
     if config.ranker_scenarios > 0 and not (out / "starts.pt").is_file():
         from agents.rl.starts import train_ranker

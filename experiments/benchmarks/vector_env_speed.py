@@ -163,10 +163,9 @@ def ppo_vector(*, n_envs: int, timesteps: int, seed: int = 0) -> dict[str, float
     from agents.rl.bootstrap import batched_bootstrap
     from agents.rl.net import EntityPolicy
     from agents.rl.threads import learner_threads_callback
-    from agents.rl.train import PPOConfig, minibatch_size
+    from agents.rl.train import PPOConfig, minibatch_size, silent_sb3_logger
     from agents.vec_adapter import make_vec_env
     from env.scenarios import TRAIN_SCENARIO
-    from experiments.tracking.sb3 import silent_sb3_logger
 
     c = PPOConfig()
     th.set_num_threads(max(1, c.torch_threads or 1))

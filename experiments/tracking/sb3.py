@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from experiments.tracking import Tracker
 
-__all__ = ["make_sb3_logger", "sb3_logger_output", "silent_sb3_logger"]  # and WandbKVWriter, built on first access
+__all__ = ["make_sb3_logger", "sb3_logger_output"]  # and WandbKVWriter, built on first access
 
 _WRITER_CLASS: type | None = None
 
@@ -114,10 +114,3 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-
-def silent_sb3_logger() -> Logger:
-    """An SB3 ``Logger`` that writes nothing. Without a logger of its own, every ``learn()`` makes SB3
-    configure one whose folder is a new empty ``SB3-<date>`` directory in the system's temp folder."""
-    from stable_baselines3.common.logger import Logger
-
-    return Logger(folder=None, output_formats=[])

@@ -9,11 +9,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import env as env_pkg
 import pipeline.evaluator as evaluator
+from agents.rl.train import silent_sb3_logger
 from env.editor import N_ACTIONS
 from env.pipeline_env import PipelineEnv
 from env.scenarios import ScenarioConfig
 from env.vector_env import PipelineVectorEnv
-from experiments.tracking.sb3 import silent_sb3_logger
 
 SMALL = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.tracking.sb3 import silent_sb3_logger
+from agents.rl.train import silent_sb3_logger
 
 
 def test_batched_bootstrap_gives_sb3s_own_rewards() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.rl.threads import ThreadChooser, learner_threads_callback
-from experiments.tracking.sb3 import silent_sb3_logger
+from agents.rl.train import silent_sb3_logger
 
 
 def run(chooser: ThreadChooser, seconds_of: dict[int, float], updates: int) -> list[int]:

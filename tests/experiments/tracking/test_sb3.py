@@ -54,23 +54,3 @@ def test_import_does_not_load_sb3_or_torch() -> None:
                          check=True).stdout
     assert out.strip() == "[]"
 
-
-def test_learning_with_the_silent_logger_leaves_no_folder_in_the_temp_folder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tempfile
-
-    from sb3_contrib import MaskablePPO
-
-    from env.pipeline_env import PipelineEnv
-    from env.scenarios import ScenarioConfig
-    from experiments.tracking.sb3 import silent_sb3_logger
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.delenv("SB3_LOGDIR", raising=False)
-    env = PipelineEnv(scenario=ScenarioConfig(max_devices=4, max_blocks=8), max_steps=4)
-    model = MaskablePPO("MultiInputPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu")
-    model.set_logger(silent_sb3_logger())
-    model.learn(8)
-    assert not list(tmp_path.glob("SB3-*"))
-    MaskablePPO("MultiInputPolicy", env, n_steps=8, batch_size=8, n_epochs=1, seed=0, device="cpu").learn(8)
-    assert list(tmp_path.glob("SB3-*"))  # SB3's own logger makes one: what the silent logger avoids
