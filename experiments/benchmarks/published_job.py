@@ -28,7 +28,7 @@ from pipeline.arch import Architecture, LayerSpec
 from pipeline.costs import runtime_cost_options
 from pipeline.errors import AdaptisError
 from pipeline.hardware import get_gpu
-from pipeline.megatron import megatron_partition
+from pipeline.megatron import MAX_MEGATRON_CHUNKS, megatron_partition
 from pipeline.parallelism import Parallelism, estimate_job, job_cluster, job_profile, megatron_job_plan
 from pipeline.runtime import RUNTIMES
 from pipeline.spec import TrainingConfig
@@ -343,7 +343,7 @@ def interleaving_range(row: dict[str, Any], *, source: JobSource | None = None) 
         return []
     layers, pp = int(row["model"]["layers"]), int(row["parallel"]["pp"])
     out = []
-    for vpp in range(1, layers // pp + 1):
+    for vpp in range(1, min(layers // pp, MAX_MEGATRON_CHUNKS) + 1):  # (Megatron interleaves at most 8 ways)
         if vpp > 1 and (layers % pp or (layers // pp) % vpp):
             continue
         trial = row if vpp == 1 else {**row, "schedule": "interleaved 1F1B",

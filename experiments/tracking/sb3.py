@@ -113,4 +113,3 @@ def __getattr__(name: str) -> Any:
         return _writer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-

@@ -53,4 +53,3 @@ def test_import_does_not_load_sb3_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          check=True).stdout
     assert out.strip() == "[]"
-
