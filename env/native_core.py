@@ -23,14 +23,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from env.editor import ACTIONS, MAX_DEVICES, MAX_STAGES, PLACEMENT_FAMILIES, presets_of
 from pipeline import engine
 from pipeline.candidates import Candidate, Scenario, make_placement
 from pipeline.runtime import runtime_named
 from pipeline.simulator import Result
 
-__all__ = ["unsupported", "scenario_table", "balanced_of", "candidate_tuple", "candidate_of", "load_args", "load",
-           "evaluate", "EDIT_NAMES", "edit_name"]
+__all__ = ["unsupported", "scenario_table", "table_fields", "balanced_of", "candidate_tuple", "candidate_of",
+           "load_args", "load", "evaluate", "EDIT_NAMES", "edit_name"]
 
 #: Edit names by code: an action index, -1 for stop, -2 for a masked action (``EnvCore.edits``).
 EDIT_NAMES: tuple[str, ...] = tuple(str(a) for a in ACTIONS)
@@ -98,11 +100,15 @@ def scenario_table(prep: Any) -> Any | None:
     built once and kept on it; None where :func:`unsupported`."""
     hit = prep.native_table
     if hit is None:
-        hit = prep.native_table = (_build_table(prep) if unsupported(prep.scenario) is None else None) or False
+        fields = table_fields(prep) if unsupported(prep.scenario) is None else None
+        hit = prep.native_table = (engine.env_scenario(fields) if fields is not None else None) or False
     return hit or None
 
 
-def _build_table(prep: Any) -> Any | None:
+def table_fields(prep: Any) -> dict[str, Any] | None:
+    """What the core's table of a preparation's scenario is built from (plain numbers and lists: it
+    pickles, so another process may build it, :mod:`env.reset_worker`), or None where the scenario's
+    costs are not exact in floats. The scenario must be one the core ports (:func:`unsupported`)."""
     z = prep.scenario
     p, cl, training = z.profile, z.cluster, z.training
     runtime = runtime_named(training.runtime)
@@ -110,13 +116,12 @@ def _build_table(prep: Any) -> Any | None:
     unit = p.seconds_per_unit
     layers = p.layers
     P, L = z.devices, p.num_layers
-    lat, bw = [0.0] * (P * P), [1.0] * (P * P)
-    for a in range(P):
-        for b in range(P):
-            if a != b:
-                same = cl.same_node(a, b)
-                lat[a * P + b] = cl.latency_us * 1e-6 if same else cl.inter_node_latency_us * 1e-6
-                bw[a * P + b] = cl.p2p_gbps * 1e9 if same else cl.inter_node_gbps * 1e9
+    node = np.arange(P) // cl.gpus_per_node if cl.gpus_per_node is not None else np.zeros(P, dtype=np.int64)
+    same = node[:, None] == node[None, :]  # (Cluster.same_node of every pair)
+    lat = np.where(same, cl.latency_us * 1e-6, cl.inter_node_latency_us * 1e-6)
+    bw = np.where(same, cl.p2p_gbps * 1e9, cl.inter_node_gbps * 1e9)
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(bw, 1.0)
     workspace = ([float(x.extra.get("workspace_bytes", 0)) for x in layers]
                  if any("workspace_bytes" in x.extra for x in layers) else None)
     w_workspace = ([float(x.extra.get("w_workspace_bytes", 0)) for x in layers]
@@ -142,7 +147,7 @@ def _build_table(prep: Any) -> Any | None:
         "param_bytes": training.param_bytes, "unit": unit, "post": 0.0,
         "speeds": [sp / compute for sp in cl.speeds],
         "cluster_speeds": [float(s) for s in cl.speeds],
-        "latency": lat, "bandwidth": bw, "limits": list(cl.memory_limits_bytes),
+        "latency": lat.ravel().tolist(), "bandwidth": bw.ravel().tolist(), "limits": list(cl.memory_limits_bytes),
         "prefix": prep.prefix.tolist(), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),
         "node": prep.node.tolist(), "bound": float(prep.bound), "consts": [float(c) for c in prep.consts],
         "devices": prep.devices.ravel().tolist(), "families": families,
@@ -151,7 +156,7 @@ def _build_table(prep: Any) -> Any | None:
     }
     if not all(isinstance(x, float) for x in table["f"] + table["b"] + table["w"]):
         table.update({k: [float(x) for x in table[k]] for k in ("f", "b", "w")})
-    return engine.env_scenario(table)
+    return table
 
 
 def candidate_tuple(c: Candidate) -> tuple | None:

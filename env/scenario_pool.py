@@ -24,33 +24,52 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from env.pipeline_env import prep_of
-from env.scenarios import ScenarioConfig, sample_scenario
+from env.reset_worker import ResetFeeder, StartSpec, redraw
+from env.scenarios import ScenarioConfig
+from pipeline import engine
 from pipeline.candidates import Scenario
 
 __all__ = ["ScenarioPool", "PoolEntry"]
 
+#: Seconds :meth:`ScenarioPool.prefetch` waits at a time for the reset worker's next packet.
+_WAIT_S = 5e-4
 
-@dataclass
+
 class PoolEntry:
     """One drawn scenario of the pool and what its resets reuse."""
 
-    scenario: Scenario
-    prep: Any
-    """The scenario's preparation (``env.pipeline_env._Prep``), held here so that it outlives the
-    episodes that use it (``_PREPS`` keeps preparations weakly): its portfolio, the compiled
-    core's table and, where the results are shared, the starting plans' results."""
-    uses: int = 0
-    """Resets it served."""
-    starts: dict[tuple, tuple] = field(default_factory=dict)
-    """The compiled core's start of this scenario's episodes (``env.native_core.load_args`` and the
-    reference time), by the episode settings it depends on: kept by the vector env after a first
-    reset, so that the next ones are one ``EnvCore.load``."""
+    def __init__(self, scenario: Scenario | None, prep: Any = None, *, uses: int = 0,
+                 starts: dict[tuple, tuple] | None = None, redraw: Callable[[], Scenario] | None = None) -> None:
+        if scenario is None and redraw is None:
+            raise ValueError("a pool entry needs its scenario or a way to redraw it")
+        self._scenario, self._prep, self._redraw = scenario, prep, redraw
+        self.uses = uses
+        """Resets it served."""
+        self.starts: dict[tuple, tuple] = starts if starts is not None else {}
+        """The compiled core's start of this scenario's episodes (``env.native_core.load_args`` and the
+        reference time), by the episode settings it depends on: kept by the vector env after a first
+        reset (or sent by the reset worker), so that the next ones are one ``EnvCore.load``."""
+
+    @property
+    def scenario(self) -> Scenario:
+        """The scenario (an entry the reset worker prepared redraws it here on first use)."""
+        if self._scenario is None:
+            self._scenario = self._redraw()
+        return self._scenario
+
+    @property
+    def prep(self) -> Any:
+        """The scenario's preparation (``env.pipeline_env._Prep``), held here so that it outlives the
+        episodes that use it (``_PREPS`` keeps preparations weakly): its portfolio, the compiled
+        core's table and, where the results are shared, the starting plans' results."""
+        if self._prep is None:
+            self._prep = prep_of(self.scenario)
+        return self._prep
 
 
 class ScenarioPool:
@@ -65,7 +84,8 @@ class ScenarioPool:
     """
 
     def __init__(self, size: int, *, reuse: int = 4, config: ScenarioConfig | None = None,
-                 seed: int | list[int] | None = None) -> None:
+                 seed: int | list[int] | None = None, worker: StartSpec | None = None, workers: int = 1,
+                 worker_ahead: int = 256) -> None:
         for name, value in (("size", size), ("reuse", reuse)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"scenario pool {name} must be a whole number >= 1, got {value!r}")
@@ -74,13 +94,22 @@ class ScenarioPool:
         self.config = config or ScenarioConfig()
         self.draws = 0
         """Scenarios drawn since the last :meth:`seed` (each one :func:`sample_scenario`)."""
+        self.worker = worker
+        """The episode settings a reset worker prepares starts for (:mod:`env.reset_worker`; None: the
+        draws are made in this process)."""
+        self.workers = int(workers)
+        """Reset worker processes (with ``worker``)."""
+        self._worker_ahead = int(worker_ahead)
+        self._feeder: ResetFeeder | None = None
         self.seed(seed)
 
     def seed(self, seed: int | list[int] | None = None) -> None:
         """Empty the pool and reseed its slot picks and its draws from ``seed`` (None: fresh entropy)."""
         picks, draws = np.random.SeedSequence(seed).spawn(2)
         self._picks = np.random.default_rng(picks)
-        self._draws = np.random.default_rng(draws)
+        self._draws_seed = draws
+        if self._feeder is not None:
+            self._feeder.reseed(draws)
         self._entries: list[PoolEntry | None] = [None] * self.size
         self._ahead: deque[PoolEntry] = deque()
         self.draws = 0
@@ -100,6 +129,12 @@ class ScenarioPool:
         than ``limit`` wait; returns how many it drew."""
         n = 0
         while len(self._ahead) < limit and more():
+            if self.worker is not None:  # what the worker sent meanwhile (waiting releases the GIL)
+                entry = self._received(timeout_s=_WAIT_S)
+                if entry is not None:
+                    self._ahead.append(entry)
+                    n += 1
+                continue
             entry = self._new_entry()
             if prepare is not None:
                 prepare(entry)
@@ -119,9 +154,35 @@ class ScenarioPool:
         return self._ahead.popleft() if self._ahead else self._new_entry()
 
     def _new_entry(self) -> PoolEntry:
-        scenario = sample_scenario(self._draws, self.config)
+        if self.worker is not None:
+            entry = self._received(timeout_s=None)
+            assert entry is not None
+            return entry
+        scenario = redraw(self.config, self._draws_seed, self.draws)
         self.draws += 1
         return PoolEntry(scenario, prep_of(scenario))
+
+    def _received(self, *, timeout_s: float | None) -> PoolEntry | None:
+        """The worker's next prepared scenario as an entry (its starts loadable: the core's table
+        built here), or None where ``timeout_s`` passed first (None: the feeder's own, then it raises)."""
+        if self._feeder is None:
+            self._feeder = ResetFeeder(self.config, self.worker, self._draws_seed, workers=self.workers,
+                                       ahead=self._worker_ahead)
+        packet = self._feeder.next(timeout_s=timeout_s)
+        if packet is None:
+            return None
+        self.draws += 1
+        starts = {}
+        for key, (fields, rest, reference) in packet.starts.items():
+            starts[key] = ((engine.env_scenario(fields), *rest), reference)
+        config, seed, index = self.config, self._draws_seed, packet.index
+        return PoolEntry(None, starts=starts, redraw=lambda: redraw(config, seed, index))
+
+    def close(self) -> None:
+        """Stop the reset worker, if one runs (a later draw starts another)."""
+        if self._feeder is not None:
+            self._feeder.close()
+            self._feeder = None
 
     def scenarios(self) -> list[Scenario]:
         """The scenarios the pool holds now (empty slots left out)."""

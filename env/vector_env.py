@@ -99,6 +99,7 @@ from gymnasium.vector.utils import batch_space
 from env import native_core
 from env.editor import portfolio
 from env.pipeline_env import PipelineEnv
+from env.reset_worker import StartSpec
 from env.scenario_pool import PoolEntry, ScenarioPool
 from pipeline import engine
 from pipeline.candidates import Candidate
@@ -114,6 +115,8 @@ _AHEAD = 256
 #: The interpreter's thread switch interval while the pool draws beside the core's step (Python's 5 ms
 #: default would keep the core's thread waiting that long for the GIL to start and to end its step).
 _SWITCH_S = 1e-4
+#: Reset worker processes at most (``pool_workers``).
+_WORKERS = 8
 #: Reset options that name the episode's scenario (the pool does not replace it).
 _NAMES_SCENARIO = ("scenario", "problem", "profile", "evaluator")
 #: ``info["edit"]`` by ``EnvCore.edits`` code + 2 (-2 masked, -1 stop, else the action).
@@ -169,7 +172,7 @@ class PipelineVectorEnv(VectorEnv):
                  render_mode: str | None = None, max_episode_steps: int | None = None,
                  env_factory: Callable[[], PipelineEnv] | None = None, engine_threads: int = 1,
                  pause_gc: bool = True, native: bool | None = None, scenario_pool: int = 0, pool_reuse: int = 4,
-                 **env_kwargs: Any) -> None:
+                 pool_workers: int = 0, **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
         check_room(int(num_envs))
@@ -221,7 +224,7 @@ class PipelineVectorEnv(VectorEnv):
             raise ValueError("native=True needs the compiled engine with its environment core: run 'make engine' "
                              "(or pass native=None to step in Python without it)")
         self._can_native = [p and r for p, r in zip(self._plain_step, self._plain_reset)]
-        self._pool = self._make_pool(scenario_pool, pool_reuse)
+        self._pool = self._make_pool(scenario_pool, pool_reuse, pool_workers)
         self._ahead_limit = min(self.num_envs, _AHEAD)
         self._pool_ok = [r and self._pool is not None and e.scenario == self._pool.config
                          for r, e in zip(self._plain_reset, self.envs)]
@@ -418,6 +421,8 @@ class PipelineVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+        if self._pool is not None:
+            self._pool.close()
         if self._side_thread is not None:
             self._side_thread.shutdown(wait=True)
             self._side_thread = None
@@ -427,12 +432,37 @@ class PipelineVectorEnv(VectorEnv):
         """The pool the resets take their scenarios from (None: a fresh draw at every reset)."""
         return self._pool
 
-    def _make_pool(self, size: int, reuse: int) -> ScenarioPool | None:
+    def _make_pool(self, size: int, reuse: int, workers: int) -> ScenarioPool | None:
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
             raise ValueError(f"scenario_pool must be a whole number >= 0 (0: no pool), got {size!r}")
         if isinstance(reuse, bool) or not isinstance(reuse, (int, np.integer)) or reuse < 1:
             raise ValueError(f"pool_reuse must be a whole number >= 1, got {reuse!r}")
-        return ScenarioPool(int(size), reuse=reuse, config=self.envs[0].scenario) if size else None
+        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or not 0 <= workers <= _WORKERS:
+            raise ValueError(f"pool_workers must be a whole number in [0, {_WORKERS}] (0: resets in this process), "
+                             f"got {workers!r}")
+        if workers and not size:
+            raise ValueError("pool_workers prepare the scenario pool's draws: pass scenario_pool > 0 too")
+        spec = self._worker_spec() if workers else None
+        return ScenarioPool(int(size), reuse=reuse, config=self.envs[0].scenario, worker=spec, workers=max(1, workers),
+                            worker_ahead=min(self.num_envs, _AHEAD)) if size else None
+
+    def _worker_spec(self) -> StartSpec:
+        """The episode settings the reset worker prepares (every environment's: they must agree)."""
+        if self._core is None:
+            raise ValueError("pool_workers prepare starts for the compiled core: build it ('make engine') or "
+                             "pass pool_workers=0")
+        if any(type(e) is not PipelineEnv for e in self.envs):
+            raise ValueError("pool_workers need plain PipelineEnv environments (a subclass may reset its own "
+                             "way): pass pool_workers=0")
+        e = self.envs[0]
+        settings = [(x.max_steps, x.step_cost, x.max_calls, x.allow_stop, x.share_results, x.single_start_share,
+                     x.scenario) for x in self.envs]
+        if any(s != settings[0] for s in settings):
+            raise ValueError("pool_workers need environments of one setting (max_steps, step_cost, max_calls, "
+                             "allow_stop, share_results, single_start_share, scenario): pass pool_workers=0")
+        share = e.single_start_share
+        singles = tuple(s for s, on in ((False, share < 1.0), (True, share > 0.0)) if on)
+        return StartSpec(e.max_steps, e.step_cost, e.max_calls, e.allow_stop, e.share_results, singles)
 
     def _prepare(self, entry: PoolEntry) -> None:
         """Build what the resets of a pool entry drawn ahead will need: the compiled core's table, the

@@ -28,7 +28,8 @@ to compare with, its engine built there), alternating with this checkout's rows.
 
   python -m experiments.benchmarks.vector_env_speed [--seconds 5] [--repeats 3] [--sizes 1,16,64,256]
       [--two-threads 16,256] [--python-sizes ''] [--cases default,small-fresh] [--ppo-timesteps 40960]
-      [--ppo-envs 256] [--no-ppo] [--pool] [--pool-size 0] [--pool-reuse 4] [--today-checkout DIR] [--json]
+      [--ppo-envs 256] [--no-ppo] [--pool] [--pool-size 0] [--pool-reuse 4] [--pool-workers 0]
+      [--today-checkout DIR] [--json]
 
 The vector rows step on the compiled environment core where it is built (``env.native_core``);
 ``--python-sizes`` adds rows of the same vector env stepped in Python (``native=False``).
@@ -38,7 +39,11 @@ The vector rows step on the compiled environment core where it is built (``env.n
 drawn, priced and its starting plans simulated once per ``--pool-reuse`` resets instead of at every
 one; each reset's scenario keeps today's distribution, but up to ``--pool-reuse`` episodes share one
 (the ``default`` case is then no longer "a fresh scenario at every reset"). Cases whose
-environments fix their scenario (``small``, ``small-fresh``) do not use the pool.
+environments fix their scenario (``small``, ``small-fresh``) do not use the pool. With
+``--pool-reuse 1`` every reset still gets a fresh scenario (the ``default`` case as it is);
+``--pool-workers N`` has N processes draw and prepare the pooled rows' scenarios and starting plans
+ahead (:mod:`env.reset_worker`; the same episodes, step for step); a row's steps per CPU second
+then counts the workers' CPU time too.
 """
 
 from __future__ import annotations
@@ -70,23 +75,32 @@ def _random_allowed(masks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return r.argmax(axis=1)
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended child processes (the reset workers once closed)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 0,
                    engine_threads: int = 1, native: bool | None = None, pool: int = 0,
-                   pool_reuse: int = 4) -> dict[str, float]:
+                   pool_reuse: int = 4, pool_workers: int = 0) -> dict[str, float]:
     """Env-steps/s of ``n_envs`` environments of ``case`` in one PipelineVectorEnv, the shares of
     its step time in batched simulations and in autoresets, and the engine's: its share of the wall
     time, its microseconds per env-step and the env-steps/s it alone would allow (the ceiling of
     any speed-up outside the engine, on the engine's threads). ``native``: PipelineVectorEnv's
     (None: the compiled environment core where it is built; False: the Python path). ``pool``,
-    ``pool_reuse``: its ``scenario_pool`` and ``pool_reuse`` (0: a fresh scenario at every reset)."""
+    ``pool_reuse``, ``pool_workers``: its ``scenario_pool``, ``pool_reuse`` (0: a fresh scenario at every
+    reset) and reset workers (their CPU time counts in ``cpu_steps_per_s``)."""
     from env.vector_env import PipelineVectorEnv
     from pipeline import engine
 
     vec = PipelineVectorEnv(n_envs, env_factory=env_factory(case), engine_threads=engine_threads, native=native,
-                            scenario_pool=pool, pool_reuse=pool_reuse)
+                            scenario_pool=pool, pool_reuse=pool_reuse, pool_workers=pool_workers)
     vec.reset(seed=seed)
     rng = np.random.default_rng(seed)
-    n, t0, c0 = 0, time.perf_counter(), time.process_time()
+    n, t0, c0, k0 = 0, time.perf_counter(), time.process_time(), _children_cpu()
     with engine.clocked() as clock:
         while time.perf_counter() - t0 < seconds or n == 0:
             vec.step(_random_allowed(vec.action_masks(), rng))
@@ -94,6 +108,7 @@ def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tm = vec.timings
     vec.close()
+    cpu += _children_cpu() - k0  # the reset workers', joined by close (their warm-up included)
     return {"steps_per_s": n / wall, "cpu_steps_per_s": n / max(cpu, 1e-9), "prefetch_share": tm["prefetch"] / wall,
             "reset_share": tm["resets"] / wall, "engine_share": clock.seconds / wall,
             "engine_us_per_step": 1e6 * clock.seconds / n, "engine_jobs_per_step": clock.jobs / n,
@@ -216,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                              "up to --pool-reuse episodes share one")
     parser.add_argument("--pool-size", type=int, default=0, help="scenarios in the pool (0: the row's environments)")
     parser.add_argument("--pool-reuse", type=int, default=4, help="resets each pooled scenario serves")
+    parser.add_argument("--pool-workers", type=int, default=0,
+                        help="reset worker processes of the pooled rows (env.reset_worker: the draws, their cost "
+                             "model and starting plans prepared in other processes; 0: in the stepping process)")
     parser.add_argument("--today-checkout", default=None, metavar="DIR",
                         help="run the PPO 'today' row with another checkout's code (e.g. a git worktree of an "
                              "older commit with its engine built: make engine there), alternating with this "
@@ -224,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
         parser.error("--repeats must be >= 1 and --seconds > 0")
-    if args.pool_size < 0 or args.pool_reuse < 1:
-        parser.error("--pool-size must be >= 0 and --pool-reuse >= 1")
+    if args.pool_size < 0 or args.pool_reuse < 1 or not 0 <= args.pool_workers <= 8:
+        parser.error("--pool-size must be >= 0, --pool-reuse >= 1 and --pool-workers in [0, 8]")
     if args.today_checkout and not (Path(args.today_checkout) / "experiments/benchmarks/vector_env_speed.py").is_file():
         parser.error(f"--today-checkout {args.today_checkout}: not a checkout of this toolkit (no "
                      "experiments/benchmarks/vector_env_speed.py there); make one with git worktree add DIR COMMIT")
@@ -259,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                                      engine_threads=2 if "-2t" in kind else 1,
                                      native=False if "-py" in kind else None,
                                      pool=(args.pool_size or n) if kind.endswith("-pool") else 0,
-                                     pool_reuse=args.pool_reuse)
+                                     pool_reuse=args.pool_reuse,
+                                     pool_workers=0 if "-py" in kind or not kind.endswith("-pool")
+                                     else args.pool_workers)
             else:
                 res = {"steps_per_s": measure_single(case, n_envs=n, seconds=args.seconds, seed=rep)}
             runs[(case, kind, n)].append(res)
@@ -270,13 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"case": case, "kind": kind, "n_envs": n, **{k: round(v, 3) for k, v in med.items()},
                      "runs": [round(r["steps_per_s"], 1) for r in results],
                      "ratio": round(med["steps_per_s"] / base["steps_per_s"], 2)})
+    workers = f", {args.pool_workers} reset worker{'s' * (args.pool_workers > 1)}" if args.pool_workers else ""
     for row in rows:
         if args.json:
             print(json.dumps(row))
             continue
         what = {"single": "single env", "subproc": "SubprocVecEnv", "vector": "vector env",
                 "vector-2t": "vector env, 2 engine threads", "vector-py": "vector env, Python path",
-                "vector-pool": "vector env, pooled", "vector-2t-pool": "vector env, 2 threads, pooled",
+                "vector-pool": f"vector env, pooled{workers}",
+                "vector-2t-pool": f"vector env, 2 threads, pooled{workers}",
                 "vector-py-pool": "vector env, Python path, pooled",
                 "today": "rl.train.train (8 SubprocVecEnv)" + (" at --today-checkout" if args.today_checkout
                                                                  else "")}[row["kind"]]

@@ -1,0 +1,253 @@
+"""A scenario pool's draws and their episodes' starts, prepared in another process (issue 45).
+
+On the compiled core a step of the batched environment costs about 25 µs of engine time an
+environment, but a reset about 1.2 ms of Python on the main thread: the scenario draw and its cost
+model, the preparation (lower bound, feature constants, the core's table), the portfolio and its
+starting plans' simulations. Episodes end every ~25 steps, so the resets, not the engine, set the
+speed. A :class:`ResetFeeder` runs that work in one worker process, ahead of the resets, and sends
+for each scenario what starting an episode of it needs: the fields of the core's table
+(:func:`env.native_core.table_fields`) and the rest of ``EnvCore.load``'s arguments, for each
+episode setting the vector env asks for (:class:`StartSpec`). The main process then builds the
+table (one compiled call) and loads the episode: about 0.1 ms.
+
+**The same draws, the same episodes.** The worker draws with the generator the pool would draw
+with (:class:`env.scenario_pool.ScenarioPool` hands it the same seed), one scenario after another
+in the pool's order, and prepares each with the code the vector env runs in-process
+(:meth:`PipelineEnv.reset_rounds`, :func:`env.native_core.evaluate` for the starting plans,
+:func:`env.native_core.load_args`). Each packet carries the generator's state before its draw,
+so the main process redraws the very scenario where it needs the object (a seeded reset, a
+setting the worker did not prepare). ``tests/env/test_reset_worker.py`` checks that a vector env
+with and without the worker gives identical observations, rewards, flags and masks.
+
+**Nothing hangs, nothing leaks.** The worker runs at most ``ahead`` packets ahead (a bounded
+queue: it idles while the learner trains), checks its parent every wait, and stops on
+:meth:`ResetFeeder.close` or when the feeder is collected; the main process waits ``timeout_s``
+at most for a packet and raises with the worker's traceback where it failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from env.scenarios import ScenarioConfig, sample_scenario
+from pipeline import engine
+from pipeline.candidates import Scenario
+
+__all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", "redraw"]
+
+#: Seconds between the worker's checks for commands (a reseed, stop) and for its parent.
+_POLL_S = 0.05
+#: The environment each setting's starts are prepared with (reset for every scenario: a reset
+#: keeps nothing of the one before that its start depends on).
+_ENVS: dict[StartSpec, Any] = {}
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """The episode settings the worker prepares starts for: the vector env's environments' own
+    (``PipelineEnv``'s arguments of the same names), one start per value of ``singles`` (False: the
+    portfolio's start, True: the zero-shot start of ``single_start_share``). The keys of the starts
+    are the vector env's ``_start_key``: ``(max_steps, step_cost, max_calls, allow_stop, single)``."""
+
+    max_steps: int
+    step_cost: float
+    max_calls: int | None
+    allow_stop: bool
+    share_results: bool
+    singles: tuple[bool, ...] = (False,)
+
+    def key(self, single: bool) -> tuple:
+        return self.max_steps, self.step_cost, self.max_calls, self.allow_stop, single
+
+
+@dataclass(frozen=True)
+class Packet:
+    """One scenario prepared by a worker: its draw's index and, by start key, ``(table fields, the
+    rest of EnvCore.load's arguments, the reference time)``."""
+
+    generation: int
+    index: int
+    starts: dict[tuple, tuple[dict[str, Any], tuple, float]]
+
+
+def draw_rng(seed: np.random.SeedSequence, index: int) -> np.random.Generator:
+    """The generator of a pool's draw ``index``: the ``index``-th child of ``seed`` (what
+    ``seed.spawn`` would give), so any process can make any draw of the pool's sequence."""
+    return np.random.default_rng(np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, index),
+                                                        pool_size=seed.pool_size))
+
+
+def redraw(config: ScenarioConfig, seed: np.random.SeedSequence, index: int) -> Scenario:
+    """Draw ``index`` of a pool whose draws are seeded by ``seed`` (a packet's scenario, here)."""
+    return sample_scenario(draw_rng(seed, index), config)
+
+
+def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[dict[str, Any], tuple, float]]:
+    """The starts of ``scenario``'s episodes for each setting of ``spec``, as a vector env on the compiled
+    core would load them (its reset's rounds, the starting plans on the engine); none where the core
+    does not port the scenario or the start."""
+    from env import native_core
+    from env.pipeline_env import PipelineEnv, prep_of
+    from pipeline.evaluator import results_across
+
+    prep = prep_of(scenario)
+    if native_core.unsupported(scenario) is not None:
+        return {}
+    fields = native_core.table_fields(prep)
+    if fields is None:
+        return {}
+    if prep.native_table is None:
+        prep.native_table = engine.env_scenario(fields)
+    out = {}
+    for single in spec.singles:
+        env = _ENVS.get(spec)
+        if env is None:
+            env = _ENVS[spec] = PipelineEnv(max_steps=spec.max_steps, step_cost=spec.step_cost,
+                                            max_calls=spec.max_calls, share_results=spec.share_results,
+                                            allow_stop=spec.allow_stop)
+        for hint in env.reset_rounds(options={"scenario": scenario, "start": "single" if single else "portfolio"}):
+            ev = env.editor.ev
+            natives = []
+            for t in hint:  # as PipelineVectorEnv._advance: up to the first plan the scenario's memo holds
+                if ev.known(t):
+                    continue
+                if ev.remembers(t):
+                    break
+                natives.append((ev, t, prep))
+            rest = native_core.evaluate(natives, threads=1)
+            if rest:
+                results_across(rest, threads=1)
+        args = native_core.load_args(env)
+        if args is not None:
+            out[spec.key(single)] = (fields, args[1:], float(env.reference))
+    return out
+
+
+def _serve(config: ScenarioConfig, spec: StartSpec, seed: np.random.SeedSequence, first: int, stride: int,
+           out: Any, commands: Any, parent: int) -> None:
+    """A worker's loop: prepare draws ``first``, ``first + stride``, ... and send them; reseed or stop on
+    command; stop when the parent is gone."""
+    generation, index = 0, first
+    try:
+        while True:
+            packet = Packet(generation, index, prepared_starts(redraw(config, seed, index), spec))
+            index += stride
+            while True:
+                try:
+                    out.put(packet, timeout=_POLL_S)
+                    break
+                except queue.Full:
+                    pass
+                finally:
+                    command = _command(commands)
+                if command is not None or os.getppid() != parent:
+                    break
+            while command is not None:  # (a reseed drops the packet in hand; the latest command wins)
+                if command[0] == "stop":
+                    return
+                generation, seed, index = command[1], command[2], first
+                command = _command(commands)
+            if os.getppid() != parent:
+                return
+    except BaseException:  # the main process raises it at its next wait
+        with contextlib.suppress(queue.Full):
+            out.put(("error", traceback.format_exc()), timeout=30.0)
+
+
+def _command(commands: Any) -> tuple | None:
+    try:
+        return commands.get_nowait()
+    except queue.Empty:
+        return None
+
+
+def _stop(processes: list[Any], commands: list[Any]) -> None:
+    for process, queue_ in zip(processes, commands):
+        if process.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                queue_.put(("stop",))
+    for process in processes:
+        process.join(timeout=5.0)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5.0)
+
+
+class ResetFeeder:
+    """``workers`` processes that prepare the draws of ``config``'s scenarios seeded by ``seed`` (a
+    pool's, :func:`draw_rng`) and their starts for ``spec``, each at most ``ahead`` ahead (see the
+    module docstring); :meth:`next` returns them in the draws' order."""
+
+    def __init__(self, config: ScenarioConfig, spec: StartSpec, seed: np.random.SeedSequence, *,
+                 workers: int = 1, ahead: int = 256, timeout_s: float = 120.0) -> None:
+        for name, value in (("workers", workers), ("ahead", ahead)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.config, self.spec, self.timeout_s = config, spec, float(timeout_s)
+        self.generation = 0
+        self.index = 0
+        """The next draw :meth:`next` returns."""
+        ctx = mp.get_context("spawn")  # (fork would copy the engine's threads' locks mid-use)
+        per = max(1, -(-ahead // workers))
+        self._out = [ctx.Queue(maxsize=per) for _ in range(workers)]
+        self._commands = [ctx.Queue() for _ in range(workers)]
+        self._processes = [ctx.Process(target=_serve, args=(config, spec, seed, j, workers, self._out[j],
+                                                            self._commands[j], os.getpid()),
+                                       daemon=True, name=f"adaptis-reset-worker-{j}") for j in range(workers)]
+        for process in self._processes:
+            process.start()
+        self._finalizer = weakref.finalize(self, _stop, self._processes, self._commands)
+
+    def reseed(self, seed: np.random.SeedSequence) -> None:
+        """Restart the draws from ``seed``: packets drawn before are dropped as they arrive."""
+        self.generation += 1
+        self.index = 0
+        for commands in self._commands:
+            commands.put(("seed", self.generation, seed))
+
+    def next(self, *, timeout_s: float | None = None) -> Packet | None:
+        """The next draw's packet; waits ``timeout_s`` (default: the feeder's, then raises) or, given a
+        ``timeout_s``, returns None when none came in that time."""
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        j = self.index % len(self._processes)
+        process = self._processes[j]
+        while True:
+            try:
+                got = self._out[j].get(timeout=wait)
+            except queue.Empty:
+                if timeout_s is not None and process.is_alive():
+                    return None
+                if not process.is_alive():
+                    raise RuntimeError(
+                        f"a reset worker stopped (exit code {process.exitcode}); its error is printed above. "
+                        "A script that starts it needs the 'if __name__ == \"__main__\":' guard (the worker is "
+                        "spawned and imports the script, as SB3's SubprocVecEnv does); or pass pool_workers=0 "
+                        "to reset in this process") from None
+                raise RuntimeError(f"a reset worker sent nothing in {wait:g} s (is the machine overloaded?); pass "
+                                   "pool_workers=0 to reset in this process") from None
+            if isinstance(got, tuple):
+                raise RuntimeError(f"a reset worker failed:\n{got[1]}")
+            if got.generation == self.generation:
+                assert got.index == self.index, (got.index, self.index)
+                self.index += 1
+                return got
+
+    @property
+    def alive(self) -> bool:
+        """Whether every worker runs."""
+        return all(p.is_alive() for p in self._processes)
+
+    def close(self) -> None:
+        """Stop the workers (waits a few seconds, then terminates them)."""
+        self._finalizer()

@@ -1,0 +1,139 @@
+"""Reset workers (env.reset_worker): the pool's draws prepared in other processes, the same episodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from env.pipeline_env import PipelineEnv
+from env.reset_worker import ResetFeeder, StartSpec, draw_rng, prepared_starts, redraw
+from env.scenarios import ScenarioConfig
+from env.vector_env import PipelineVectorEnv
+
+SMALL = ScenarioConfig(max_devices=4, max_blocks=12, microbatch_factors=(1, 2))
+
+
+def _rollout(workers: int, *, seed: int = 3, n: int = 12, steps: int = 30, threads: int = 1, **kw) -> list[tuple]:
+    """Every step's masks, observations, rewards, flags and info columns; episodes of 4 steps, a fresh
+    pooled scenario at each reset."""
+    vec = PipelineVectorEnv(n, scenario=SMALL, max_steps=4, scenario_pool=n, pool_reuse=1, pool_workers=workers,
+                            engine_threads=threads, **kw)
+    obs, _ = vec.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    out = [tuple(obs.values())]
+    for _ in range(steps):
+        masks = vec.action_masks()
+        obs, rewards, terms, truncs, infos = vec.step(np.array([rng.choice(np.flatnonzero(m)) for m in masks]))
+        out.append((masks, *obs.values(), rewards, terms, truncs, infos["sim_calls"], infos["reference_time"],
+                    infos["iteration_time"], infos["best_iteration_time"]))
+    vec.close()
+    return out
+
+
+def _same(a: list[tuple], b: list[tuple]) -> None:
+    assert len(a) == len(b)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert len(x) == len(y)
+        for u, v in zip(x, y):
+            assert np.array_equal(u, v), f"step {k} differs"
+
+
+def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
+    """Trajectories are identical with 0, 1 and 2 workers, and with workers no reset runs in this
+    process after the first (every start is loaded from a worker's packet)."""
+    here = _rollout(0)
+    calls = []
+    rounds = PipelineEnv.reset_rounds
+
+    def counted(self, **kw):
+        calls.append(1)
+        return rounds(self, **kw)
+
+    monkeypatch.setattr(PipelineEnv, "reset_rounds", counted)
+    _same(here, _rollout(1))
+    assert len(calls) == 12  # the seeded first reset of each environment, none of the ~90 autoresets
+    _same(here, _rollout(2, threads=2))
+
+
+def test_a_reseeded_worker_repeats_its_draws() -> None:
+    vec = PipelineVectorEnv(6, scenario=SMALL, max_steps=2, scenario_pool=6, pool_reuse=1, pool_workers=1)
+    runs = []
+    for _ in range(2):
+        vec.reset(seed=11)
+        rng = np.random.default_rng(0)
+        seen = []
+        for _ in range(8):
+            masks = vec.action_masks()
+            obs, rewards, *_ = vec.step(np.array([rng.choice(np.flatnonzero(m)) for m in masks]))
+            seen.append((obs["stages"].copy(), rewards.copy()))
+        runs.append(seen)
+    vec.close()
+    for (oa, ra), (ob, rb) in zip(*runs):
+        assert np.array_equal(oa, ob) and np.array_equal(ra, rb)
+
+
+def test_packets_hold_the_starts_a_reset_here_would_load() -> None:
+    """A packet's scenario is the pool's draw of its index, and its start what this process prepares."""
+    spec = StartSpec(max_steps=4, step_cost=0.002, max_calls=None, allow_stop=True, share_results=True,
+                     singles=(False, True))
+    seed = np.random.SeedSequence(5)
+    feeder = ResetFeeder(SMALL, spec, seed, workers=2, ahead=4)
+    try:
+        for index in range(4):
+            packet = feeder.next()
+            assert packet.index == index
+            here = prepared_starts(redraw(SMALL, seed, index), spec)
+            assert packet.starts.keys() == here.keys() == {spec.key(False), spec.key(True)}
+            for key, (fields, rest, reference) in packet.starts.items():
+                assert fields == here[key][0] and rest == here[key][1] and reference == here[key][2]
+    finally:
+        feeder.close()
+    assert not feeder.alive
+
+
+def test_draw_rng_is_the_seeds_spawned_child() -> None:
+    seed = np.random.SeedSequence(7)
+    children = np.random.SeedSequence(7).spawn(3)
+    for k, child in enumerate(children):
+        assert draw_rng(seed, k).random() == np.random.default_rng(child).random()
+
+
+def test_a_failing_worker_is_reported_with_its_traceback() -> None:
+    spec = StartSpec(max_steps="many", step_cost=0.002, max_calls=None, allow_stop=True, share_results=True)
+    feeder = ResetFeeder(SMALL, spec, np.random.SeedSequence(0), timeout_s=60)
+    with pytest.raises(RuntimeError, match="(?s)reset worker failed.*many"):
+        feeder.next()
+    feeder.close()
+
+
+def test_close_stops_the_workers() -> None:
+    vec = PipelineVectorEnv(4, scenario=SMALL, max_steps=1, scenario_pool=4, pool_reuse=1, pool_workers=2)
+    vec.reset(seed=0)
+    vec.step(np.zeros(4, dtype=np.int64))
+    vec.step(np.zeros(4, dtype=np.int64))  # the autoresets take the workers' packets
+    feeder = vec.scenario_pool._feeder
+    assert feeder is not None and feeder.alive
+    vec.close()
+    assert not feeder.alive
+
+
+@pytest.mark.parametrize("bad, field", [(-1, "pool_workers"), (9, "pool_workers"), (True, "pool_workers"),
+                                        (1.5, "pool_workers")])
+def test_bad_pool_workers(bad, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        PipelineVectorEnv(2, scenario=SMALL, scenario_pool=2, pool_workers=bad)
+
+
+def test_pool_workers_need_a_pool_the_core_and_plain_environments() -> None:
+    with pytest.raises(ValueError, match="scenario_pool > 0"):
+        PipelineVectorEnv(2, scenario=SMALL, pool_workers=1)
+    with pytest.raises(ValueError, match="compiled core"):
+        PipelineVectorEnv(2, scenario=SMALL, scenario_pool=2, pool_workers=1, native=False)
+
+    class Own(PipelineEnv):
+        pass
+
+    with pytest.raises(ValueError, match="plain PipelineEnv"):
+        PipelineVectorEnv(2, env_factory=Own, scenario_pool=2, pool_workers=1)
+    with pytest.raises(ValueError, match="ahead"):
+        ResetFeeder(SMALL, StartSpec(4, 0.002, None, True, True), np.random.SeedSequence(0), ahead=0)
