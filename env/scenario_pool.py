@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from env.pipeline_env import prep_of
-from env.reset_worker import ResetFeeder, StartSpec, redraw
+from env.reset_worker import ResetFeeder, StartSpec, redraw, unpacked
 from env.scenarios import ScenarioConfig
 from pipeline import engine
 from pipeline.candidates import Scenario
@@ -174,7 +174,7 @@ class ScenarioPool:
         self.draws += 1
         starts = {}
         for key, (fields, rest, reference) in packet.starts.items():
-            starts[key] = ((engine.env_scenario(fields), *rest), reference)
+            starts[key] = ((engine.env_scenario(unpacked(fields)), *rest), reference)
         config, seed, index = self.config, self._draws_seed, packet.index
         return PoolEntry(None, starts=starts, redraw=lambda: redraw(config, seed, index))
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from env.pipeline_env import PipelineEnv
-from env.reset_worker import ResetFeeder, StartSpec, draw_rng, prepared_starts, redraw
+from env.reset_worker import ResetFeeder, StartSpec, draw_rng, prepared_starts, redraw, unpacked
 from env.scenarios import ScenarioConfig
 from env.vector_env import PipelineVectorEnv
 
@@ -85,7 +85,8 @@ def test_packets_hold_the_starts_a_reset_here_would_load() -> None:
             here = prepared_starts(redraw(SMALL, seed, index), spec)
             assert packet.starts.keys() == here.keys() == {spec.key(False), spec.key(True)}
             for key, (fields, rest, reference) in packet.starts.items():
-                assert fields == here[key][0] and rest == here[key][1] and reference == here[key][2]
+                assert unpacked(fields) == here[key][0] and rest == here[key][1] and reference == here[key][2]
+                assert any(isinstance(v, np.ndarray) for v in fields.values())  # (packed: the long lists)
     finally:
         feeder.close()
     assert not feeder.alive
