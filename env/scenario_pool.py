@@ -9,15 +9,22 @@ entries, each a drawn scenario with its preparation; a reset takes one and pays 
 on the episode (its editor and, where the results are shared, the starting plans' results
 adopted from the scenario's memo, not simulated again).
 
-Why the scenario of a reset is distributed as today's: the pool has two generators spawned from
-one seed, one that picks slots (``integers(size)`` per reset, whatever the scenarios are) and one
-that draws the scenarios, in turn, with :func:`~env.scenarios.sample_scenario` and the
-environments' :class:`~env.scenarios.ScenarioConfig`. A slot's entry serves ``reuse`` resets; the
+Why the scenario of a reset is distributed as today's: the pool spawns two seeds from one, one
+for a generator that picks slots (``integers(size)`` per reset, whatever the scenarios are) and one
+whose k-th child seeds the k-th draw (:func:`env.reset_worker.draw_rng`), made in turn with
+:func:`~env.scenarios.sample_scenario` and the environments' :class:`~env.scenarios.ScenarioConfig`.
+A slot's entry serves ``reuse`` resets; the
 reset that picks a slot whose entry has served them draws its successor. Which draw serves the
 n-th reset is therefore a function of the slot picks alone, and every draw is a draw of
 :func:`sample_scenario`: each reset's scenario has today's distribution (``tests/env/test_scenario_pool.py``
 checks it over seeds). What it costs: episodes are correlated, up to ``reuse`` of them share a scenario
 (as ``repeat_scenario`` has one environment repeat its own), and those live at once may share one.
+
+**Reset workers** (``worker``, a :class:`env.reset_worker.StartSpec`, and ``workers``): the draws
+are made, priced, prepared and their starts simulated in that many other processes, ahead, draw k
+by worker ``k % workers``; an entry then arrives with its starts ready to load and its scenario is
+redrawn here only where something asks for it (the same draw: each has its own seed). The entries
+are the same, in the same order, as this process would make (``tests/env/test_reset_worker.py``).
 """
 
 from __future__ import annotations
@@ -75,12 +82,14 @@ class PoolEntry:
 class ScenarioPool:
     """``size`` prepared scenarios of ``config``, each serving ``reuse`` resets (see the module docstring).
 
-    :meth:`take` gives the entry of one reset; :meth:`seed` restarts the pool (emptied, both
-    generators reseeded) so that a seeded reset is reproducible. Entries are drawn when a reset
-    first needs them: a vector step's new draws are prepared, and their starting plans simulated,
-    together with its other resets in one native batch. :meth:`prefetch` draws the next ones ahead,
-    in the same order (the vector env does while its compiled core steps on a side thread), so
-    when they are drawn changes nothing.
+    :meth:`take` gives the entry of one reset; :meth:`seed` restarts the pool (emptied, slot picks
+    and draws reseeded, the reset workers too) so that a seeded reset is reproducible. Entries are
+    drawn when a reset first needs them: a vector step's new draws are prepared, and their starting
+    plans simulated, together with its other resets in one native batch. :meth:`prefetch` draws the
+    next ones ahead, in the same order (the vector env does while its compiled core steps on a side
+    thread), so when they are drawn changes nothing. With ``worker`` (the episode settings to
+    prepare starts for), ``workers`` processes make the draws instead (:mod:`env.reset_worker`, each
+    at most ``worker_ahead / workers`` ahead); :meth:`close` stops them.
     """
 
     def __init__(self, size: int, *, reuse: int = 4, config: ScenarioConfig | None = None,

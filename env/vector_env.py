@@ -71,7 +71,12 @@ same draws in the same order, :meth:`ScenarioPool.prefetch`), in every step whil
 environment (at most 256) wait, so a wave of episodes that end together finds most of its scenarios
 drawn and prepared; ``pool_reuse=1`` keeps a fresh scenario at every reset and still draws ahead.
 Both paths use the pool alike (the same episodes, step for step); ``reset(seed=...)`` empties and
-reseeds it, so seeded runs repeat.
+reseeds it, so seeded runs repeat. With ``pool_workers=N`` (0, the default: none) N processes make
+the pool's draws ahead (:mod:`env.reset_worker`: the draw, its cost model, preparation and starting
+plans' simulations, about 1.2 ms a scenario), and an autoreset here is the table's build and one
+``EnvCore.load`` (about 0.1 ms): the same episodes, step for step, as without them. It needs the
+compiled core and plain ``PipelineEnv`` environments of one setting; a script that uses it needs
+the ``if __name__ == "__main__":`` guard (the workers are spawned); ``close()`` stops them.
 Environments whose ``reset`` is their own, whose ``ScenarioConfig`` is not the first environment's,
 and resets whose options name a scenario, reset as without a pool; an environment's
 ``repeat_scenario`` keeps its pooled scenario that many resets.
@@ -163,7 +168,8 @@ class PipelineVectorEnv(VectorEnv):
     core (None: where it is built; True: a ValueError where it is not; False: in Python; see the
     module docstring). ``scenario_pool``: resets take their scenario from a pool of that many prepared
     scenarios, each serving ``pool_reuse`` resets (:class:`env.scenario_pool.ScenarioPool`; 0, the default:
-    a fresh draw at every reset, see the module docstring).
+    a fresh draw at every reset, see the module docstring); ``pool_workers``: processes that make the
+    pool's draws and their starts ahead (:mod:`env.reset_worker`; 0, the default: this process does).
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
