@@ -31,6 +31,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import time
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ __all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", 
 
 #: Seconds between the worker's checks for commands (a reseed, stop) and for its parent.
 _POLL_S = 0.05
+#: Seconds between the stepping process's checks that the worker it waits on runs.
+_ALIVE_S = 1.0
 #: The environment each setting's starts are prepared with (reset for every scenario: a reset
 #: keeps nothing of the one before that its start depends on).
 _ENVS: dict[StartSpec, Any] = {}
@@ -235,18 +238,22 @@ class ResetFeeder:
         wait = self.timeout_s if timeout_s is None else timeout_s
         j = self.index % len(self._processes)
         process = self._processes[j]
+        deadline = time.monotonic() + wait
         while True:
-            try:
-                got = self._out[j].get(timeout=wait)
+            left = deadline - time.monotonic()
+            try:  # (in slices: a worker that died is told within a second, not after the whole wait)
+                got = self._out[j].get(timeout=max(0.0, min(_ALIVE_S, left)))
             except queue.Empty:
-                if timeout_s is not None and process.is_alive():
-                    return None
                 if not process.is_alive():
                     raise RuntimeError(
                         f"a reset worker stopped (exit code {process.exitcode}); its error is printed above. "
                         "A script that starts it needs the 'if __name__ == \"__main__\":' guard (the worker is "
                         "spawned and imports the script, as SB3's SubprocVecEnv does); or pass pool_workers=0 "
                         "to reset in this process") from None
+                if left > _ALIVE_S:
+                    continue
+                if timeout_s is not None:
+                    return None
                 raise RuntimeError(f"a reset worker sent nothing in {wait:g} s (is the machine overloaded?); pass "
                                    "pool_workers=0 to reset in this process") from None
             if isinstance(got, tuple):

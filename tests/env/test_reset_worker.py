@@ -107,6 +107,21 @@ def test_a_failing_worker_is_reported_with_its_traceback() -> None:
     feeder.close()
 
 
+def test_a_worker_killed_midway_is_reported_within_seconds() -> None:
+    import time
+
+    feeder = ResetFeeder(SMALL, StartSpec(4, 0.002, None, True, True), np.random.SeedSequence(0), ahead=2,
+                         timeout_s=600)
+    feeder.next()
+    feeder._processes[0].kill()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="stopped"):
+        for _ in range(4):  # (what it sent before it died comes first)
+            feeder.next()
+    assert time.monotonic() - t0 < 30  # not the 600 s wait
+    feeder.close()
+
+
 def test_close_stops_the_workers() -> None:
     vec = PipelineVectorEnv(4, scenario=SMALL, max_steps=1, scenario_pool=4, pool_reuse=1, pool_workers=2)
     vec.reset(seed=0)
