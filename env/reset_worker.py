@@ -169,10 +169,12 @@ def _serve(config: ScenarioConfig, spec: StartSpec, seed: np.random.SeedSequence
                     break
             while command is not None:  # (a reseed drops the packet in hand; the latest command wins)
                 if command[0] == "stop":
+                    out.cancel_join_thread()  # (exit without flushing packets no one will read)
                     return
                 generation, seed, index = command[1], command[2], first
                 command = _command(commands)
             if os.getppid() != parent:
+                out.cancel_join_thread()
                 return
     except BaseException:  # the main process raises it at its next wait
         with contextlib.suppress(queue.Full):

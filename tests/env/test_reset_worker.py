@@ -122,6 +122,18 @@ def test_a_worker_killed_midway_is_reported_within_seconds() -> None:
     feeder.close()
 
 
+def test_close_is_quick_with_a_full_queue() -> None:
+    """A worker whose packets fill the pipe exits at once on close (it does not wait to flush them)."""
+    import time
+
+    feeder = ResetFeeder(SMALL, StartSpec(4, 0.002, None, True, True), np.random.SeedSequence(0), ahead=128)
+    feeder.next()
+    time.sleep(1.5)  # (128 packets of ~3 KB: more than a pipe holds)
+    t0 = time.monotonic()
+    feeder.close()
+    assert not feeder.alive and time.monotonic() - t0 < 3.0  # (it was 5 s: the join's timeout, then terminate)
+
+
 def test_close_stops_the_workers() -> None:
     vec = PipelineVectorEnv(4, scenario=SMALL, max_steps=1, scenario_pool=4, pool_reuse=1, pool_workers=2)
     vec.reset(seed=0)
