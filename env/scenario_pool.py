@@ -13,12 +13,12 @@ Why the scenario of a reset is distributed as today's: the pool spawns two seeds
 for a generator that picks slots (``integers(size)`` per reset, whatever the scenarios are) and one
 whose k-th child seeds the k-th draw (:func:`env.reset_worker.draw_rng`), made in turn with
 :func:`~env.scenarios.sample_scenario` and the environments' :class:`~env.scenarios.ScenarioConfig`.
-A slot's entry serves ``reuse`` resets; the
-reset that picks a slot whose entry has served them draws its successor. Which draw serves the
-n-th reset is therefore a function of the slot picks alone, and every draw is a draw of
-:func:`sample_scenario`: each reset's scenario has today's distribution (``tests/env/test_scenario_pool.py``
-checks it over seeds). What it costs: episodes are correlated, up to ``reuse`` of them share a scenario
-(as ``repeat_scenario`` has one environment repeat its own), and those live at once may share one.
+A slot's entry serves ``reuse`` resets; the reset that picks a slot whose entry has served them
+draws its successor. Which draw serves the n-th reset is therefore a function of the slot picks
+alone, and every draw is a draw of :func:`sample_scenario`: each reset's scenario has today's
+distribution (``tests/env/test_scenario_pool.py`` checks it over seeds). What it costs: episodes are
+correlated, up to ``reuse`` of them share a scenario (as ``repeat_scenario`` has one environment
+repeat its own), and those live at once may share one.
 
 **Reset workers** (``worker``, a :class:`env.reset_worker.StartSpec`, and ``workers``): the draws
 are made, priced, prepared and their starts simulated in that many other processes, ahead, draw k
@@ -95,7 +95,7 @@ class ScenarioPool:
     def __init__(self, size: int, *, reuse: int = 4, config: ScenarioConfig | None = None,
                  seed: int | list[int] | None = None, worker: StartSpec | None = None, workers: int = 1,
                  worker_ahead: int = 256) -> None:
-        for name, value in (("size", size), ("reuse", reuse)):
+        for name, value in (("size", size), ("reuse", reuse), ("workers", workers), ("worker_ahead", worker_ahead)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"scenario pool {name} must be a whole number >= 1, got {value!r}")
         self.size = int(size)
