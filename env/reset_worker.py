@@ -39,9 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from env import native_core
+from env.pipeline_env import PipelineEnv, prep_of
 from env.scenarios import ScenarioConfig, sample_scenario
 from pipeline import engine
 from pipeline.candidates import Scenario
+from pipeline.evaluator import results_across
 
 __all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", "redraw", "packed", "unpacked"]
 
@@ -51,7 +54,7 @@ _POLL_S = 0.05
 _ALIVE_S = 1.0
 #: The environment each setting's starts are prepared with (reset for every scenario: a reset
 #: keeps nothing of the one before that its start depends on).
-_ENVS: dict[StartSpec, Any] = {}
+_ENVS: dict[Any, PipelineEnv] = {}
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,6 @@ def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[di
     """The starts of ``scenario``'s episodes for each setting of ``spec``, as a vector env on the compiled
     core would load them (its reset's rounds, the starting plans on the engine); none where the core
     does not port the scenario or the start."""
-    from env import native_core
-    from env.pipeline_env import PipelineEnv, prep_of
-    from pipeline.evaluator import results_across
-
     prep = prep_of(scenario)
     if native_core.unsupported(scenario) is not None:
         return {}
@@ -110,13 +109,12 @@ def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[di
         return {}
     if prep.native_table is None:
         prep.native_table = engine.env_scenario(fields)
+    env = _ENVS.get(spec)
+    if env is None:
+        env = _ENVS[spec] = PipelineEnv(max_steps=spec.max_steps, step_cost=spec.step_cost, max_calls=spec.max_calls,
+                                        share_results=spec.share_results, allow_stop=spec.allow_stop)
     out = {}
     for single in spec.singles:
-        env = _ENVS.get(spec)
-        if env is None:
-            env = _ENVS[spec] = PipelineEnv(max_steps=spec.max_steps, step_cost=spec.step_cost,
-                                            max_calls=spec.max_calls, share_results=spec.share_results,
-                                            allow_stop=spec.allow_stop)
         for hint in env.reset_rounds(options={"scenario": scenario, "start": "single" if single else "portfolio"}):
             ev = env.editor.ev
             natives = []
