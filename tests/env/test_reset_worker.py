@@ -165,3 +165,30 @@ def test_pool_workers_need_a_pool_the_core_and_plain_environments() -> None:
         PipelineVectorEnv(2, env_factory=Own, scenario_pool=2, pool_workers=1)
     with pytest.raises(ValueError, match="ahead"):
         ResetFeeder(SMALL, StartSpec(4, 0.002, None, True, True), np.random.SeedSequence(0), ahead=0)
+
+
+def test_make_vec_and_the_sb3_adapter_take_pool_workers() -> None:
+    import gymnasium as gym
+
+    import env
+    from agents.vec_adapter import make_vec_env
+
+    vec = gym.make_vec(env.ENV_ID, num_envs=3, vectorization_mode="vector_entry_point", scenario=SMALL, max_steps=2,
+                       scenario_pool=3, pool_reuse=1, pool_workers=1)
+    vec.reset(seed=0)
+    for _ in range(4):
+        vec.step(np.array([np.flatnonzero(m)[0] for m in vec.action_masks()]))
+    assert vec.scenario_pool.draws > 3  # (autoresets took the worker's draws)
+    vec.close()
+    sb3 = make_vec_env(3, scenario=SMALL, max_steps=2, scenario_pool=3, pool_reuse=1, pool_workers=1)
+    sb3.seed(0)
+    sb3.reset()
+    dones = 0
+    for _ in range(4):
+        masks = np.stack(sb3.env_method("action_masks"))
+        _, _, done, infos = sb3.step(np.array([np.flatnonzero(m)[0] for m in masks]))
+        assert all("terminal_observation" in info for info, d in zip(infos, done) if d)
+        dones += int(done.sum())
+    assert dones >= 3
+    sb3.close()
+    assert sb3.vector_env.scenario_pool._feeder is None  # (closed with it)
