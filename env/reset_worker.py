@@ -214,6 +214,9 @@ class ResetFeeder:
         self.generation = 0
         self.index = 0
         """The next draw :meth:`next` returns."""
+        self._skipped: set[int] = set()
+        self.made_here = 0
+        """Draws :meth:`skip` left to the caller (the seeded resets' own)."""
         ctx = mp.get_context("spawn")  # (fork would copy the engine's threads' locks mid-use)
         per = max(1, -(-ahead // workers))
         self._out = [ctx.Queue(maxsize=per) for _ in range(workers)]
@@ -229,6 +232,7 @@ class ResetFeeder:
         """Restart the draws from ``seed``: packets drawn before are dropped as they arrive."""
         self.generation += 1
         self.index = 0
+        self._skipped.clear()
         for commands in self._commands:
             commands.put(("seed", self.generation, seed))
 
@@ -258,10 +262,22 @@ class ResetFeeder:
                                    "pool_workers=0 to reset in this process") from None
             if isinstance(got, tuple):
                 raise RuntimeError(f"a reset worker failed:\n{got[1]}")
-            if got.generation == self.generation:
-                assert got.index == self.index, (got.index, self.index)
-                self.index += 1
-                return got
+            if got.generation != self.generation:
+                continue
+            if got.index in self._skipped:  # (a draw the caller made itself)
+                self._skipped.discard(got.index)
+                continue
+            assert got.index == self.index, (got.index, self.index)
+            self.index += 1
+            return got
+
+    def skip(self) -> int:
+        """Take the next draw without waiting for its packet (the caller makes it; the packet is dropped
+        when it comes); returns its index."""
+        self._skipped.add(self.index)
+        self.made_here += 1
+        self.index += 1
+        return self.index - 1
 
     @property
     def alive(self) -> bool:

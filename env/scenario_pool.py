@@ -123,12 +123,14 @@ class ScenarioPool:
         self._ahead: deque[PoolEntry] = deque()
         self.draws = 0
 
-    def take(self) -> PoolEntry:
-        """The entry of one reset: a uniformly picked slot's, drawn anew when it served ``reuse`` resets."""
+    def take(self, *, started: bool = True) -> PoolEntry:
+        """The entry of one reset: a uniformly picked slot's, drawn anew when it served ``reuse`` resets.
+        ``started=False``: the reset makes its start itself (a seeded one), so a new draw is made here
+        at once instead of waiting for a reset worker's packet (dropped when it comes)."""
         j = self._pick()
         entry = self._entries[j]
         if entry is None or entry.uses >= self.reuse:
-            entry = self._entries[j] = self._draw()
+            entry = self._entries[j] = self._draw(started)
         entry.uses += 1
         return entry
 
@@ -159,8 +161,17 @@ class ScenarioPool:
     def _pick(self) -> int:
         return int(self._picks.integers(self.size))
 
-    def _draw(self) -> PoolEntry:
-        return self._ahead.popleft() if self._ahead else self._new_entry()
+    def _draw(self, started: bool = True) -> PoolEntry:
+        if self._ahead:
+            return self._ahead.popleft()
+        if self.worker is not None and not started:
+            if self._feeder is None:
+                self._start_feeder()
+            index = self._feeder.skip()
+            self.draws += 1
+            scenario = redraw(self.config, self._draws_seed, index)
+            return PoolEntry(scenario, prep_of(scenario))
+        return self._new_entry()
 
     def _new_entry(self) -> PoolEntry:
         if self.worker is not None:
@@ -175,8 +186,7 @@ class ScenarioPool:
         """The worker's next prepared scenario as an entry (its starts loadable: the core's table
         built here), or None where ``timeout_s`` passed first (None: the feeder's own, then it raises)."""
         if self._feeder is None:
-            self._feeder = ResetFeeder(self.config, self.worker, self._draws_seed, workers=self.workers,
-                                       ahead=self._worker_ahead)
+            self._start_feeder()
         packet = self._feeder.next(timeout_s=timeout_s)
         if packet is None:
             return None
@@ -186,6 +196,10 @@ class ScenarioPool:
             starts[key] = ((engine.env_scenario(unpacked(fields)), *rest), reference)
         config, seed, index = self.config, self._draws_seed, packet.index
         return PoolEntry(None, starts=starts, redraw=lambda: redraw(config, seed, index))
+
+    def _start_feeder(self) -> None:
+        self._feeder = ResetFeeder(self.config, self.worker, self._draws_seed, workers=self.workers,
+                                   ahead=self._worker_ahead)
 
     def close(self) -> None:
         """Stop the reset worker, if one runs (a later draw starts another)."""

@@ -486,7 +486,7 @@ class PipelineVectorEnv(VectorEnv):
             return None
         held = self._held[i]
         if seed is not None or held is None or held[1] >= self.envs[i].repeat_scenario:
-            held = self._held[i] = [self._pool.take(), 0]
+            held = self._held[i] = [self._pool.take(started=seed is None), 0]
         held[1] += 1
         return held[0]
 

@@ -55,6 +55,19 @@ def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
     _same(here, _rollout(2, threads=2))
 
 
+def test_a_seeded_reset_draws_its_scenarios_here_without_waiting_for_the_workers() -> None:
+    """A seeded reset runs each environment's own reset (it seeds it), so it takes no packet: its draws are
+    made here at once and their packets dropped when they come; the autoresets after it take packets."""
+    vec = PipelineVectorEnv(6, scenario=SMALL, max_steps=1, scenario_pool=6, pool_reuse=1, pool_workers=1)
+    vec.reset(seed=4)
+    feeder = vec.scenario_pool._feeder
+    assert feeder.made_here == 6 and feeder.index == 6
+    vec.step(np.zeros(6, dtype=np.int64))
+    vec.step(np.zeros(6, dtype=np.int64))  # (the autoresets of the 1-step episodes)
+    assert feeder.made_here == 6 and feeder.index == 12
+    vec.close()
+
+
 def test_a_reseeded_worker_repeats_its_draws() -> None:
     vec = PipelineVectorEnv(6, scenario=SMALL, max_steps=2, scenario_pool=6, pool_reuse=1, pool_workers=1)
     runs = []

@@ -70,8 +70,8 @@ class _LengthBiasedPool(ScenarioPool):
     """A wrong pool: entries of small clusters serve one reset, the others ``reuse`` (a bias that
     depends on the scenario, as refreshing by episode length or cost would be)."""
 
-    def take(self) -> PoolEntry:
-        entry = super().take()
+    def take(self, **kw) -> PoolEntry:
+        entry = super().take(**kw)
         if entry.scenario.devices <= 2:
             entry.uses = self.reuse
         return entry
