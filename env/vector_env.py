@@ -76,7 +76,8 @@ the pool's draws ahead (:mod:`env.reset_worker`: the draw, its cost model, prepa
 plans' simulations, about 1.2 ms a scenario), and an autoreset here is the table's build and one
 ``EnvCore.load`` (about 0.1 ms): the same episodes, step for step, as without them. It needs the
 compiled core and plain ``PipelineEnv`` environments of one setting; a script that uses it needs
-the ``if __name__ == "__main__":`` guard (the workers are spawned); ``close()`` stops them.
+the ``if __name__ == "__main__":`` guard (the workers are spawned); ``close()`` stops them. A seeded
+reset resets every environment here (it seeds them) and draws its scenarios itself, at once.
 Environments whose ``reset`` is their own, whose ``ScenarioConfig`` is not the first environment's,
 and resets whose options name a scenario, reset as without a pool; an environment's
 ``repeat_scenario`` keeps its pooled scenario that many resets.
