@@ -37,7 +37,7 @@ from pipeline.simulator import Result, simulate
 from pipeline.spec import Cluster, ModelProfile
 
 __all__ = ["PipelineEnv", "OBS_VERSION", "GLOBAL_FEATURES", "STAGE_FEATURES", "DEVICE_FEATURES",
-           "observation_space", "megatron_time", "prep_of"]
+           "observation_space", "megatron_time", "prep_of", "round_to_simulate"]
 
 #: Version of the observation and action layout; saved with every policy and checked on load.
 OBS_VERSION = "pipeline-v1.0"
@@ -174,6 +174,20 @@ def prep_of(scenario: Scenario) -> _Prep:
     """The preparation of ``scenario`` its environments share, built on first use and kept while
     something holds it (an environment, a scenario pool: :mod:`env.scenario_pool`)."""
     return _prep_of(scenario)
+
+
+def round_to_simulate(evaluator: Evaluator, hint: list[Candidate]) -> list[Candidate]:
+    """What a batch simulates of one round of :meth:`PipelineEnv.reset_rounds` (``hint``): the plans
+    ``evaluator`` does not know yet, up to the first one the scenario's memo holds (the reset adopts
+    that one in turn, and the calls keep their order)."""
+    out = []
+    for t in hint:
+        if evaluator.known(t):
+            continue
+        if evaluator.remembers(t):
+            break
+        out.append(t)
+    return out
 
 
 class PipelineEnv(gym.Env):

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from env import native_core
-from env.pipeline_env import PipelineEnv, prep_of
+from env.pipeline_env import PipelineEnv, prep_of, round_to_simulate
 from env.scenarios import ScenarioConfig, sample_scenario
 from pipeline import engine
 from pipeline.candidates import Scenario
@@ -117,14 +117,7 @@ def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[di
     for single in spec.singles:
         for hint in env.reset_rounds(options={"scenario": scenario, "start": "single" if single else "portfolio"}):
             ev = env.editor.ev
-            natives = []
-            for t in hint:  # as PipelineVectorEnv._advance: up to the first plan the scenario's memo holds
-                if ev.known(t):
-                    continue
-                if ev.remembers(t):
-                    break
-                natives.append((ev, t, prep))
-            rest = native_core.evaluate(natives, threads=1)
+            rest = native_core.evaluate([(ev, t, prep) for t in round_to_simulate(ev, hint)], threads=1)
             if rest:
                 results_across(rest, threads=1)
         args = native_core.load_args(env)

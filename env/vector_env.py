@@ -104,7 +104,7 @@ from gymnasium.vector.utils import batch_space
 
 from env import native_core
 from env.editor import portfolio
-from env.pipeline_env import PipelineEnv
+from env.pipeline_env import PipelineEnv, round_to_simulate
 from env.reset_worker import StartSpec
 from env.scenario_pool import PoolEntry, ScenarioPool
 from pipeline import engine
@@ -594,9 +594,8 @@ class PipelineVectorEnv(VectorEnv):
     def _advance(self, runs: list[tuple[int, Iterator[list[Candidate]]]]
                  ) -> tuple[list[tuple[Evaluator, Candidate]], list[tuple[Evaluator, Candidate, Any]]]:
         """Run each reset to its next round of simulations (dropping those that finished) and
-        return what that round will simulate: the plans not known yet, up to the first one the
-        scenario's memo holds (the reset adopts it in turn, and the calls keep their order); those
-        of environments the compiled core may step apart, with their scenario's preparation."""
+        return what that round will simulate (:func:`env.pipeline_env.round_to_simulate`); those of
+        environments the compiled core may step apart, with their scenario's preparation."""
         requests: list[tuple[Evaluator, Candidate]] = []
         natives: list[tuple[Evaluator, Candidate, Any]] = []
         done = []
@@ -609,11 +608,7 @@ class PipelineVectorEnv(VectorEnv):
             env = self.envs[i]
             ev = env.editor.ev
             prep = env.episode_state()["prep"] if self._core is not None and self._can_native[i] else None
-            for t in hint:
-                if ev.known(t):
-                    continue
-                if ev.remembers(t):
-                    break
+            for t in round_to_simulate(ev, hint):
                 if prep is not None:
                     natives.append((ev, t, prep))
                 else:
