@@ -31,6 +31,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import time
 import traceback
 import weakref
@@ -142,6 +143,7 @@ def _serve(config: ScenarioConfig, spec: StartSpec, seed: np.random.SeedSequence
            out: Any, commands: Any, parent: int) -> None:
     """A worker's loop: prepare draws ``first``, ``first + stride``, ... and send them; reseed or stop on
     command; stop when the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the stepping process's to handle: it stops us)
     generation, index = 0, first
     try:
         while True:

@@ -318,4 +318,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:  # (the rows measured so far are not printed: medians need every run)
+        print("vector_env_speed: interrupted (Ctrl-C); nothing printed", file=sys.stderr)
+        raise SystemExit(130) from None

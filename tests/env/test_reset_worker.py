@@ -135,6 +135,20 @@ def test_a_worker_killed_midway_is_reported_within_seconds() -> None:
     feeder.close()
 
 
+def test_a_worker_leaves_ctrl_c_to_the_stepping_process() -> None:
+    """Ctrl-C reaches the whole process group; the worker ignores it (the stepping process stops it)."""
+    import os
+    import signal
+    import time
+
+    feeder = ResetFeeder(SMALL, StartSpec(4, 0.002, None, True, True), np.random.SeedSequence(0), ahead=2)
+    feeder.next()
+    os.kill(feeder._processes[0].pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert feeder.alive and feeder.next().index == 1
+    feeder.close()
+
+
 def test_close_is_quick_with_a_full_queue() -> None:
     """A worker whose packets fill the pipe exits at once on close (it does not wait to flush them)."""
     import time
