@@ -87,7 +87,7 @@ def balanced_of(prep: Any, placement: tuple[int, ...]) -> tuple[int, ...]:
     key = ("speeds", tuple([speeds[d] for d in placement]))
     hit = memo.get(key)
     if hit is None:
-        hit = engine.balanced_split(prep.prefix.tolist(), key[1])
+        hit = engine.balanced_split(prep.prefix_list, key[1])
         if hit is None:
             hit = prep.evaluator.balanced_sizes(placement)
         memo[key] = hit
@@ -105,10 +105,61 @@ def scenario_table(prep: Any) -> Any | None:
     return hit or None
 
 
+#: What :func:`table_fields` takes from the cluster's links alone, by ``(devices, gpus_per_node,
+#: latency_us, inter_node_latency_us, p2p_gbps, inter_node_gbps)``: the latency and bandwidth
+#: matrices, row-major (a few link settings recur across draws; emptied past 256 entries).
+_LINKS: dict[tuple, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+#: By device count: each placement family's placement and whether its kind fits the devices.
+_FAMILIES: dict[int, tuple[tuple[tuple[int, ...], int, bool], ...]] = {}
+#: By device count: :func:`presets_of` as the table takes them (floats; None: unlimited).
+_PRESET_FLOATS: dict[int, tuple[tuple[float, ...] | None, ...]] = {}
+
+
+def _links(cl: Any, P: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The latency (s) and bandwidth (B/s) of each pair of ``cl``'s first ``P`` devices, row-major
+    (0 and 1 on the diagonal), cached in :data:`_LINKS`."""
+    key = (P, cl.gpus_per_node, cl.latency_us, cl.inter_node_latency_us, cl.p2p_gbps, cl.inter_node_gbps)
+    hit = _LINKS.get(key)
+    if hit is None:
+        node = np.arange(P) // cl.gpus_per_node if cl.gpus_per_node is not None else np.zeros(P, dtype=np.int64)
+        same = node[:, None] == node[None, :]  # (Cluster.same_node of every pair)
+        lat = np.where(same, cl.latency_us * 1e-6, cl.inter_node_latency_us * 1e-6)
+        bw = np.where(same, cl.p2p_gbps * 1e9, cl.inter_node_gbps * 1e9)
+        np.fill_diagonal(lat, 0.0)
+        np.fill_diagonal(bw, 1.0)
+        if len(_LINKS) >= 256:
+            _LINKS.clear()
+        hit = _LINKS[key] = (tuple(lat.ravel().tolist()), tuple(bw.ravel().tolist()))
+    return hit
+
+
+def _families(P: int) -> tuple[tuple[tuple[int, ...], int, bool], ...]:
+    """``(placement, chunks, kind fits P devices)`` of each of :data:`PLACEMENT_FAMILIES` on ``P`` devices."""
+    hit = _FAMILIES.get(P)
+    if hit is None:
+        hit = tuple((make_placement(kind, P, chunks), chunks, chunks == 1 or P >= 2)
+                    for kind, chunks in PLACEMENT_FAMILIES)
+        if len(_FAMILIES) >= 256:
+            _FAMILIES.clear()
+        _FAMILIES[P] = hit
+    return hit
+
+
+def _preset_floats(P: int) -> tuple[tuple[float, ...] | None, ...]:
+    hit = _PRESET_FLOATS.get(P)
+    if hit is None:
+        hit = tuple(None if b is None else tuple([float(x) for x in b]) for b in presets_of(P))
+        if len(_PRESET_FLOATS) >= 256:
+            _PRESET_FLOATS.clear()
+        _PRESET_FLOATS[P] = hit
+    return hit
+
+
 def table_fields(prep: Any) -> dict[str, Any] | None:
     """What the core's table of a preparation's scenario is built from (plain numbers and lists: it
     pickles, so another process may build it, :mod:`env.reset_worker`), or None where the scenario's
-    costs are not exact in floats. The scenario must be one the core ports (:func:`unsupported`)."""
+    costs are not exact in floats. The scenario must be one the core ports (:func:`unsupported`).
+    Every list is the caller's own (what depends on the devices or links alone is cached as tuples)."""
     z = prep.scenario
     p, cl, training = z.profile, z.cluster, z.training
     runtime = runtime_named(training.runtime)
@@ -116,47 +167,43 @@ def table_fields(prep: Any) -> dict[str, Any] | None:
     unit = p.seconds_per_unit
     layers = p.layers
     P, L = z.devices, p.num_layers
-    node = np.arange(P) // cl.gpus_per_node if cl.gpus_per_node is not None else np.zeros(P, dtype=np.int64)
-    same = node[:, None] == node[None, :]  # (Cluster.same_node of every pair)
-    lat = np.where(same, cl.latency_us * 1e-6, cl.inter_node_latency_us * 1e-6)
-    bw = np.where(same, cl.p2p_gbps * 1e9, cl.inter_node_gbps * 1e9)
-    np.fill_diagonal(lat, 0.0)
-    np.fill_diagonal(bw, 1.0)
+    lat, bw = _links(cl, P)
     workspace = ([float(x.extra.get("workspace_bytes", 0)) for x in layers]
                  if any("workspace_bytes" in x.extra for x in layers) else None)
     w_workspace = ([float(x.extra.get("w_workspace_bytes", 0)) for x in layers]
                    if any("w_workspace_bytes" in x.extra for x in layers) else None)
     families, balanced = [], {}
-    for kind, chunks in PLACEMENT_FAMILIES:
-        placement = make_placement(kind, P, chunks)
-        kind_ok = chunks == 1 or P >= 2
-        applies = kind_ok and P * chunks <= min(L, MAX_STAGES)
+    stages = min(L, MAX_STAGES)
+    for placement, chunks, kind_ok in _families(P):
+        applies = kind_ok and P * chunks <= stages
         families.append((list(placement), applies, kind_ok))
         if applies:
             balanced[placement] = balanced_of(prep, placement)
-    exact = [[float(x.act_bytes) for x in layers], [float(x.w_graph if training.input_backward_keeps_graph
-                                                         else x.w_retained) for x in layers],
-             [float(x.params) for x in layers], [float(x.out_bytes) for x in layers]]
+    keep = ([float(x.w_graph) for x in layers] if training.input_backward_keeps_graph
+            else [float(x.w_retained) for x in layers])
+    exact = [[float(x.act_bytes) for x in layers], keep, [float(x.params) for x in layers],
+             [float(x.out_bytes) for x in layers]]
     if not _exact(exact):
         return None
-    table = {
-        "P": P, "M": z.microbatches, "f": [x.f for x in layers], "b": [x.b for x in layers],
-        "w": [x.w for x in layers], "act": exact[0], "keep": exact[1], "params": exact[2], "out": exact[3],
+    f, b, w = [x.f for x in layers], [x.b for x in layers], [x.w for x in layers]
+    if not all(issubclass(t, float) for t in {*map(type, f), *map(type, b), *map(type, w)}):
+        f, b, w = [float(x) for x in f], [float(x) for x in b], [float(x) for x in w]
+    speeds = cl.speeds
+    return {
+        "P": P, "M": z.microbatches, "f": f, "b": b,
+        "w": w, "act": exact[0], "keep": exact[1], "params": exact[2], "out": exact[3],
         "workspace": workspace, "w_workspace": w_workspace, "defers": bool(training.first_stage_defers_backward),
         "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
         "param_bytes": training.param_bytes, "unit": unit, "post": 0.0,
-        "speeds": [sp / compute for sp in cl.speeds],
-        "cluster_speeds": [float(s) for s in cl.speeds],
-        "latency": lat.ravel().tolist(), "bandwidth": bw.ravel().tolist(), "limits": list(cl.memory_limits_bytes),
-        "prefix": prep.prefix.tolist(), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),
+        "speeds": [sp / compute for sp in speeds],
+        "cluster_speeds": [float(s) for s in speeds],
+        "latency": list(lat), "bandwidth": list(bw), "limits": list(cl.memory_limits_bytes),
+        "prefix": list(prep.prefix_list), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),
         "node": prep.node.tolist(), "bound": float(prep.bound), "consts": [float(c) for c in prep.consts],
         "devices": prep.devices.ravel().tolist(), "families": families,
         "balanced": [(list(k), list(v)) for k, v in balanced.items()],
-        "presets": [None if b is None else [float(x) for x in b] for b in presets_of(P)],
+        "presets": [None if b is None else list(b) for b in _preset_floats(P)],
     }
-    if not all(isinstance(x, float) for x in table["f"] + table["b"] + table["w"]):
-        table.update({k: [float(x) for x in table[k]] for k in ("f", "b", "w")})
-    return table
 
 
 def candidate_tuple(c: Candidate) -> tuple | None:
@@ -199,11 +246,13 @@ def evaluate(requests: list[tuple[Any, Candidate, Any]], *, threads: int = 1) ->
         todo.append((ev, c, prep.scenario))
         pairs.append((table, t))
     if pairs:
+        last = None
         for (ev, c, z), (it, busy, peak) in zip(todo, engine.env_evaluate(pairs, threads=threads)):
-            p = z.profile
-            res = Result(True, None, it, busy, peak, z.cluster.memory_limits_bytes,
-                         z.microbatches * p.tokens_per_microbatch, p.seconds_per_unit, p.time_unit, [],
-                         devices=z.devices)
+            if z is not last:  # (the Result fields of the scenario, once per run of its requests)
+                last, p = z, z.profile
+                limits, devices = z.cluster.memory_limits_bytes, z.devices
+                tokens, unit, time_unit = z.microbatches * p.tokens_per_microbatch, p.seconds_per_unit, p.time_unit
+            res = Result(True, None, it, busy, peak, limits, tokens, unit, time_unit, [], devices=devices)
             ev.remember(c, ev.adopt(c, res))
     return rest
 

@@ -97,6 +97,8 @@ class _Prep:
         act = np.array([x.act_bytes for x in layers], dtype=np.float64)
         self.act_prefix = np.concatenate([[0.0], np.cumsum(act)])
         self.prefix = np.concatenate([[0.0], np.cumsum(self.cost)])
+        self.prefix_list: list[float] = self.prefix.tolist()
+        """:attr:`prefix` as a list (read only: DP splits take it)."""
         self.portfolio: list[Candidate] | None = None
         self.bound = lower_bound(scenario.profile, cl, scenario.microbatches, packing=False).value
         self.speeds = np.asarray(cl.speeds, dtype=np.float64)
@@ -105,16 +107,18 @@ class _Prep:
         self.node = np.arange(P) // gpn
         nodes = int(self.node[-1]) + 1
         total = max(float(self.cost.sum()), 1e-12)
-        comm = sum(cl.transfer_seconds(0, min(1, P - 1), x.out_bytes) for x in layers)
-        static = sum(x.params for x in layers) * scenario.training.bytes_per_param / P
+        send, a, b = cl.transfer_seconds, 0, min(1, P - 1)
+        comm = sum([send(a, b, x.out_bytes) for x in layers])
+        static = sum([x.params for x in layers]) * scenario.training.bytes_per_param / P
+        mean_limit, mean_speed = self.limits.mean(), self.speeds.mean()
         self.consts = (comm / scenario.profile.seconds_per_unit / total, float(self.cost[-1]) / total,
-                       static / float(self.limits.mean()), float(nodes > 1),
+                       static / float(mean_limit), float(nodes > 1),
                        float(self.speeds.max() / self.speeds.min() - 1.0))
         dev = np.zeros((MAX_DEVICES, _ND), np.float32)
         dev[:P, 0] = 1.0
-        dev[:P, 5] = self.speeds / self.speeds.mean()
+        dev[:P, 5] = self.speeds / mean_speed
         dev[:P, 9] = self.node / max(1, nodes - 1)
-        dev[:P, 10] = self.limits / self.limits.mean()
+        dev[:P, 10] = self.limits / mean_limit
         self.devices = dev
         self._placements: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
         self.obs_cache: dict[tuple[Candidate, float], tuple] = {}
