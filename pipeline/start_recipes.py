@@ -69,12 +69,26 @@ def preset_candidate(sizes: tuple[int, ...], placement: tuple[int, ...], preset:
     most ``devices`` W pending, as those schedules do; the others count W against the budget.
     ``device_order``: the devices in pipeline order (:func:`pipeline.candidates.slow_first`), the
     budgets given by position moved to the devices holding those positions."""
-    budgets = preset_budgets(preset, devices) if preset else None
+    budgets = _preset_budgets(preset, devices) if preset else None
     if budgets is not None and device_order is not None:
         budgets = by_position(budgets, device_order)
     counts_w = preset not in ("zb-h1", "zb-h2")
     return Candidate(sizes, placement, "list", budgets, cap_counts_w=counts_w,
                      max_pending_w=None if counts_w else devices)
+
+
+#: :func:`preset_budgets` by ``(preset, devices)`` (tuples: shared; emptied past 1024 entries).
+_PRESET_BUDGETS: dict[tuple[str, int], tuple[float, ...] | None] = {}
+
+
+def _preset_budgets(preset: str, devices: int) -> tuple[float, ...] | None:
+    key = (preset, devices)
+    if key in _PRESET_BUDGETS:
+        return _PRESET_BUDGETS[key]
+    if len(_PRESET_BUDGETS) >= 1024:
+        _PRESET_BUDGETS.clear()
+    hit = _PRESET_BUDGETS[key] = preset_budgets(preset, devices)
+    return hit
 
 
 def with_filled_budgets(c: Candidate, ev: Evaluator) -> Candidate:
