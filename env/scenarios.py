@@ -102,6 +102,25 @@ def _choice(rng: np.random.Generator, options: tuple | list):
     return options[int(rng.integers(len(options)))]
 
 
+@lru_cache(maxsize=256, typed=True)
+def _layer(kind: str, mixer: str = "attention", ffn: str = "mlp", window: int | None = None) -> LayerSpec:
+    """The :class:`LayerSpec` of these fields: one shared (frozen) object for each, as a draw repeats a
+    few layers many times (built once, and priced once per profile)."""
+    return LayerSpec(kind=kind, mixer=mixer, ffn=ffn, window=window)
+
+
+def _coins(rng: np.random.Generator, n: int, p: float) -> list[bool]:
+    """``[rng.random() < p for _ in range(n)]`` in one call (the same draws: ``random(n)`` takes the
+    generator's doubles one after another, as ``n`` calls do)."""
+    return (rng.random(n) < p).tolist()
+
+
+@lru_cache(maxsize=64, typed=True)
+def _log_bounds(lo: int, hi: int) -> tuple[float, float]:
+    """The bounds of the log-uniform device count (``np.log``, as drawn since the start)."""
+    return np.log(lo), np.log(hi + 0.999)
+
+
 def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tuple[str, ...] = MODEL_FAMILIES
                         ) -> Architecture:
     """A random heterogeneous architecture with ``blocks`` repeated layers plus embedding and head."""
@@ -114,8 +133,8 @@ def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tupl
     ffns = ["mlp"] * blocks
     if family == "sliding":
         window = int(_choice(rng, (512, 1024, 4096)))
-        specs = [LayerSpec(mixer="sliding_attention" if i % 2 == 0 else "attention", window=window)
-                 for i in range(blocks)]
+        pair = (_layer("block", "sliding_attention", "mlp", window), _layer("block", "attention", "mlp", window))
+        specs = [pair[i % 2] for i in range(blocks)]
     else:
         if family == "moe":
             dense = int(rng.integers(0, min(4, blocks) + 1))
@@ -127,7 +146,7 @@ def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tupl
         elif family == "hybrid-mamba":
             every = int(_choice(rng, (3, 4, 6, 8)))
             mixers = ["attention" if i % every == every - 1 else "mamba" for i in range(blocks)]
-            ffns = ["mlp" if rng.random() < 0.6 else "none" for _ in range(blocks)]
+            ffns = ["mlp" if coin else "none" for coin in _coins(rng, blocks, 0.6)]
             kw.update(mamba_num_heads=max(1, 2 * hidden // 64), mamba_head_dim=64)
         elif family == "linear-hybrid":
             mixers = ["attention" if i % 4 == 3 else "linear_attention" for i in range(blocks)]
@@ -135,11 +154,11 @@ def sample_architecture(rng: np.random.Generator, *, blocks: int, families: tupl
                 ffns = ["moe"] * blocks
                 kw.update(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=max(256, hidden // 2),
                           num_shared_experts=1)
-        specs = [LayerSpec(mixer=m, ffn=f) for m, f in zip(mixers, ffns)]
-    layers = [LayerSpec(kind="embedding"), *specs]
+        specs = [_layer("block", m, f) for m, f in zip(mixers, ffns)]
+    layers = [_layer("embedding"), *specs]
     if rng.random() < 0.15:
-        layers.append(LayerSpec(kind="mtp"))
-    layers.append(LayerSpec(kind="head"))
+        layers.append(_layer("mtp"))
+    layers.append(_layer("head"))
     return Architecture(name=f"synthetic-{family}-{blocks}", model_type="synthetic", hidden_size=hidden,
                         vocab_size=vocab, layers=tuple(layers), num_attention_heads=heads,
                         num_key_value_heads=max(1, heads // int(_choice(rng, (1, 4, 8)))), **kw)
@@ -163,7 +182,7 @@ def _zoo(name: str, gpu: str, seq_len: int) -> ModelProfile:
 def sample_scenario(rng: np.random.Generator, config: ScenarioConfig = ScenarioConfig()) -> Scenario:
     """One random scenario (see the module docstring); deterministic for a given generator state."""
     lo, hi = config.min_devices, config.max_devices
-    P = int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi + 0.999)))) - 0.4999))
+    P = int(round(float(np.exp(rng.uniform(*_log_bounds(lo, hi)))) - 0.4999))
     P = min(hi, max(lo, P))
     gpu = str(_choice(rng, config.gpus))
     seq_len = int(_choice(rng, config.seq_lens))
@@ -181,7 +200,7 @@ def sample_scenario(rng: np.random.Generator, config: ScenarioConfig = ScenarioC
     cluster = build_cluster(gpu, devices=P, gpus_per_node=_choice(rng, config.gpus_per_node))
     if config.mixed_speed_share and rng.random() < config.mixed_speed_share:
         slow = float(_choice(rng, (0.5, 0.65, 0.8)))
-        speeds = [slow if rng.random() < 0.5 else 1.0 for _ in range(P)]
+        speeds = [slow if coin else 1.0 for coin in _coins(rng, P, 0.5)]
         cluster = replace(cluster, device_list=tuple(Device(speed=s, memory_gb=cluster.memory_gb) for s in speeds))
     if rng.random() < config.tight_memory_share:
         need = memory_estimate_gb(profile, P)

@@ -43,6 +43,7 @@ plus a fixed per-kernel overhead and, with tensor parallelism, ring all-reduces 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -770,26 +771,29 @@ def _vision(bld: _Builder, arch: Architecture, *, batch: int, vision_tokens: int
 # ------------------------------------------------------------------------------------------ public API
 
 def _layer_names(arch: Architecture) -> list[str]:
-    names, counts = [], Counter()
+    names: list[str] = []
+    counts: dict[str, int] = {}  # layers of each kind named so far
     for layer in arch.layers:
+        kind = layer.kind
+        seen = counts.get(kind, 0)
         if layer.part is not None:  # a unit cut from block ``layer.block``
             names.append(f"layer{layer.block}.{layer.part}")
             counts["block"] = (layer.block or 0) + 1
             continue
-        if layer.kind == "head" and layer.shards > 1:
-            base = "head" if counts["head"] == 0 else f"head{counts['head']}"
+        if kind == "head" and layer.shards > 1:
+            base = "head" if seen == 0 else f"head{seen}"
             names.append(f"{base}.{layer.shard}")
-            counts["head"] += layer.shard == layer.shards - 1
+            counts["head"] = seen + (layer.shard == layer.shards - 1)
             continue
-        if layer.kind == "block":
-            names.append(f"layer{counts['block']}")
-        elif layer.kind == "embedding":
-            names.append("embed" if counts["embedding"] == 0 else f"embed{counts['embedding']}")
-        elif layer.kind == "head":
-            names.append("head" if counts["head"] == 0 else f"head{counts['head']}")
+        if kind == "block":
+            names.append(f"layer{seen}")
+        elif kind == "embedding":
+            names.append("embed" if seen == 0 else f"embed{seen}")
+        elif kind == "head":
+            names.append("head" if seen == 0 else f"head{seen}")
         else:
-            names.append(f"{layer.kind}{counts[layer.kind]}")
-        counts[layer.kind] += 1
+            names.append(f"{kind}{seen}")
+        counts[kind] = seen + 1
     return names
 
 
@@ -886,7 +890,7 @@ def layer_cost(work: LayerWork, gpu: str | GPUSpec = "h100") -> LayerCost:
     )
 
 
-#: ``(sizes, layer, seq_len, microbatch_size, tp, options, gpu, ...)`` -> ``(LayerCost, unique_params)``
+#: ``(degrees' number, sizes, (layer, ...))`` -> ``(LayerCost, unique_params)`` (see :func:`_unit_cost`)
 #: of :func:`profile_from_architecture`: an architecture repeats a few layer specs many times, and
 #: the environments' scenarios repeat sizes across draws. The least recently used entry goes when full
 #: (the default scenario generator's ~18k distinct layers fit: about 40 MiB).
@@ -947,47 +951,83 @@ def _fields(arch: Architecture, names: tuple[str, ...]) -> tuple:
 def _renamed(cost: LayerCost, name: str) -> LayerCost:
     """``replace(cost, name=name, extra=dict(cost.extra))`` without the constructor's cost."""
     out = object.__new__(LayerCost)
-    d = out.__dict__
-    d.update(cost.__dict__)
+    d = cost.__dict__.copy()
     d["name"] = name
-    d["extra"] = dict(cost.extra)
+    d["extra"] = cost.extra.copy()
+    object.__setattr__(out, "__dict__", d)
     return out
+
+
+#: The degrees of the profiles priced lately (``(has_vision, seq_len, microbatch_size, tp, options,
+#: gpu)``) -> the number standing for them in :data:`_UNIT_COSTS`' keys, so that a profile hashes
+#: and compares its GPU and options once, not once per distinct layer. Numbers are never reused:
+#: when full it is emptied, and the entries of the old numbers age out of the cache unread.
+_DEGREES: dict[tuple, int] = {}
+_DEGREES_MAX = 1024
+_DEGREE_NUMBERS = itertools.count()
+
+
+def _degrees_number(degrees: tuple) -> int:
+    """The number of ``degrees`` in :data:`_DEGREES` (a new one for degrees not seen lately)."""
+    number = _DEGREES.get(degrees)
+    if number is None:
+        if len(_DEGREES) >= _DEGREES_MAX:
+            _DEGREES.clear()
+        number = _DEGREES[degrees] = next(_DEGREE_NUMBERS)
+    return number
 
 
 def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_size: int, tp: int,
                 options: CostOptions) -> list[tuple[LayerCost, int]]:
     """``layer_cost(layer_work(...))`` of every layer and its unique parameters, each computed once
     per distinct input: the layer's spec, the sizes and degrees, whether the model has a vision
-    tower, an MTP layer's mixer, a head shard's name (which its unit fields repeat)."""
+    tower, an MTP layer's mixer, a head shard's name (which its unit fields repeat). A spec object
+    that recurs (``env.scenarios`` shares them) is looked up once."""
     names = _layer_names(arch)
-    degrees = (any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp, options, spec)
+    degrees = _degrees_number((any(layer.kind == "vision" for layer in arch.layers), seq_len, microbatch_size, tp,
+                               options, spec))
     found: dict[tuple, tuple[LayerCost, int]] = {}
+    by_object: dict[int, tuple[LayerCost, int]] = {}  # id of a whole-head or unsharded spec -> its unit
     out = []
     for index, layer in enumerate(arch.layers):
-        key = (layer, type(layer.window), _dominant_mixer(arch) if layer.kind == "mtp" else None,
-               names[index] if layer.shards > 1 else None)
-        hit = found.get(key)
+        hit = by_object.get(id(layer))  # the layers hold their specs: no id is reused meanwhile
         if hit is None:
-            if layer.kind == "block":
-                fields = _block_fields(layer)
-                sizes = (_sizes(arch, _NOT_BLOCK) if fields is None else _fields(arch, fields), *degrees)
-            elif layer.kind in ("embedding", "head"):
-                sizes = (_fields(arch, _EMBED_HEAD_FIELDS), *degrees)
-            else:
-                sizes = (_sizes(arch, _NOT_SIZES), *degrees)
-            full = (sizes, key)
-            hit = _UNIT_COSTS.pop(full, None)
+            key = (layer, type(layer.window), _dominant_mixer(arch) if layer.kind == "mtp" else None,
+                   names[index] if layer.shards > 1 else None)
+            hit = found.get(key)
             if hit is None:
-                work = layer_work(arch, index, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
-                                  options=options, name=names[index])
-                hit = (layer_cost(work, spec), work.unique_params)
-                if len(_UNIT_COSTS) >= _UNIT_COSTS_MAX:  # the least recently used goes
-                    del _UNIT_COSTS[next(iter(_UNIT_COSTS))]
-            _UNIT_COSTS[full] = hit  # (re)inserted last: dicts keep insertion order
-            found[key] = hit
+                hit = found[key] = _unit_cost(arch, index, key, degrees, name=names[index], spec=spec,
+                                              seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
+                                              options=options)
+            if layer.shards == 1:  # a head shard's key holds its name: the same spec is another unit
+                by_object[id(layer)] = hit
         cost, unique = hit
         out.append((_renamed(cost, names[index]), unique))
     return out
+
+
+def _unit_cost(arch: Architecture, index: int, key: tuple, degrees: int, *, name: str, spec: GPUSpec, seq_len: int,
+               microbatch_size: int, tp: int, options: CostOptions) -> tuple[LayerCost, int]:
+    """Layer ``index``'s ``(LayerCost, unique params)`` from :data:`_UNIT_COSTS` (``key``: its
+    key in :func:`_unit_costs`; ``degrees``: its degrees' number), priced on a miss."""
+    layer = arch.layers[index]
+    if layer.kind == "block":
+        fields = _block_fields(layer)
+        sizes = _sizes(arch, _NOT_BLOCK) if fields is None else _fields(arch, fields)
+    elif layer.kind in ("embedding", "head"):
+        sizes = _fields(arch, _EMBED_HEAD_FIELDS)
+    else:
+        sizes = _sizes(arch, _NOT_SIZES)
+    full = (degrees, sizes, key)
+    hit = _UNIT_COSTS.pop(full, None)
+    if hit is None:
+        work = layer_work(arch, index, seq_len=seq_len, microbatch_size=microbatch_size, tp=tp, options=options,
+                          name=name)
+        hit = (layer_cost(work, spec), work.unique_params)
+        if len(_UNIT_COSTS) >= _UNIT_COSTS_MAX:  # the least recently used goes
+            del _UNIT_COSTS[next(iter(_UNIT_COSTS))]
+    _UNIT_COSTS[full] = hit  # (re)inserted last: dicts keep insertion order
+    return hit
 
 
 def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100", seq_len: int | None = None,
