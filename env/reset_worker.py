@@ -5,10 +5,10 @@ environment, but a reset about 1.2 ms of Python on the main thread: the scenario
 model, the preparation (lower bound, feature constants, the core's table), the portfolio and its
 starting plans' simulations. Episodes end every ~25 steps, so the resets, not the engine, set the
 speed. A :class:`ResetFeeder` runs that work in one worker process, ahead of the resets, and sends
-for each scenario what starting an episode of it needs: the fields of the core's table
-(:func:`env.native_core.table_fields`) and the rest of ``EnvCore.load``'s arguments, for each
-episode setting the vector env asks for (:class:`StartSpec`). The main process then builds the
-table (one compiled call) and loads the episode: about 0.1 ms.
+for each scenario what starting an episode of it needs, for each episode setting the vector env
+asks for (:class:`StartSpec`): an ``EnvStart`` (:func:`pipeline.engine.env_start`: the core's table
+and the rest of ``EnvCore.load``'s arguments, parsed once), which pickles as a flat byte string.
+The main process unpickles it and loads the episode with a copy: about 30 us.
 
 **The same draws, the same episodes.** The worker draws with the generator the pool would draw
 with (:class:`env.scenario_pool.ScenarioPool` hands it the same seed), one scenario after another
@@ -47,7 +47,7 @@ from pipeline import engine
 from pipeline.candidates import Scenario
 from pipeline.evaluator import results_across
 
-__all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", "redraw", "packed", "unpacked"]
+__all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", "redraw"]
 
 #: Seconds between the worker's checks for commands (a reseed, stop) and for its parent.
 _POLL_S = 0.05
@@ -78,12 +78,12 @@ class StartSpec:
 
 @dataclass(frozen=True)
 class Packet:
-    """One scenario prepared by a worker: its draw's index and, by start key, ``(table fields
-    (:func:`packed`), the rest of EnvCore.load's arguments, the reference time)``."""
+    """One scenario prepared by a worker: its draw's index and, by start key, ``(EnvStart, the
+    reference time)`` (:func:`prepared_starts`)."""
 
     generation: int
     index: int
-    starts: dict[tuple, tuple[dict[str, Any], tuple, float]]
+    starts: dict[tuple, tuple[Any, float]]
 
 
 def draw_rng(seed: np.random.SeedSequence, index: int) -> np.random.Generator:
@@ -98,18 +98,13 @@ def redraw(config: ScenarioConfig, seed: np.random.SeedSequence, index: int) -> 
     return sample_scenario(draw_rng(seed, index), config)
 
 
-def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[dict[str, Any], tuple, float]]:
+def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[Any, float]]:
     """The starts of ``scenario``'s episodes for each setting of ``spec``, as a vector env on the compiled
-    core would load them (its reset's rounds, the starting plans on the engine); none where the core
-    does not port the scenario or the start."""
+    core would load them (its reset's rounds, the starting plans on the engine): by start key,
+    ``(EnvStart, reference time)``; none where the core does not port the scenario or the start."""
     prep = prep_of(scenario)
-    if native_core.unsupported(scenario) is not None:
+    if native_core.unsupported(scenario) is not None or native_core.scenario_table(prep) is None:
         return {}
-    fields = native_core.table_fields(prep)
-    if fields is None:
-        return {}
-    if prep.native_table is None:
-        prep.native_table = engine.env_scenario(fields)
     env = _ENVS.get(spec)
     if env is None:
         env = _ENVS[spec] = PipelineEnv(max_steps=spec.max_steps, step_cost=spec.step_cost, max_calls=spec.max_calls,
@@ -123,20 +118,8 @@ def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[di
                 results_across(rest, threads=1)
         args = native_core.load_args(env)
         if args is not None:
-            out[spec.key(single)] = (fields, args[1:], float(env.reference))
+            out[spec.key(single)] = (engine.env_start(*args), float(env.reference))
     return out
-
-
-def packed(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` with its long lists of floats as float64 arrays: a packet unpickles in a fraction of
-    the time (:func:`unpacked` gives the same floats back)."""
-    return {k: np.array(v, dtype=np.float64) if type(v) is list and len(v) > 16 and type(v[0]) is float else v
-            for k, v in fields.items()}
-
-
-def unpacked(fields: dict[str, Any]) -> dict[str, Any]:
-    """The table fields :func:`packed` packed (float64 holds every float exactly: the same values)."""
-    return {k: v.tolist() if type(v) is np.ndarray else v for k, v in fields.items()}
 
 
 def _serve(config: ScenarioConfig, spec: StartSpec, seed: np.random.SeedSequence, first: int, stride: int,
@@ -147,8 +130,7 @@ def _serve(config: ScenarioConfig, spec: StartSpec, seed: np.random.SeedSequence
     generation, index = 0, first
     try:
         while True:
-            starts = prepared_starts(redraw(config, seed, index), spec)
-            packet = Packet(generation, index, {k: (packed(f), rest, ref) for k, (f, rest, ref) in starts.items()})
+            packet = Packet(generation, index, prepared_starts(redraw(config, seed, index), spec))
             index += stride
             while True:
                 try:

@@ -36,9 +36,8 @@ from typing import Any
 import numpy as np
 
 from env.pipeline_env import prep_of
-from env.reset_worker import ResetFeeder, StartSpec, redraw, unpacked
+from env.reset_worker import ResetFeeder, StartSpec, redraw
 from env.scenarios import ScenarioConfig
-from pipeline import engine
 from pipeline.candidates import Scenario
 
 __all__ = ["ScenarioPool", "PoolEntry"]
@@ -58,9 +57,11 @@ class PoolEntry:
         self.uses = uses
         """Resets it served."""
         self.starts: dict[tuple, tuple] = starts if starts is not None else {}
-        """The compiled core's start of this scenario's episodes (``env.native_core.load_args`` and the
-        reference time), by the episode settings it depends on: kept by the vector env after a first
-        reset (or sent by the reset worker), so that the next ones are one ``EnvCore.load``."""
+        """The compiled core's start of this scenario's episodes and the reference time, by the episode
+        settings it depends on: ``EnvCore.load``'s arguments (``env.native_core.load_args``) kept by the
+        vector env after a first reset, or an ``EnvStart`` (:func:`pipeline.engine.env_start`: the
+        reset worker's, or those arguments parsed at their first reuse), so that the next ones are
+        one ``EnvCore.load_start``."""
 
     @property
     def scenario(self) -> Scenario:
@@ -183,19 +184,16 @@ class ScenarioPool:
         return PoolEntry(scenario, prep_of(scenario))
 
     def _received(self, *, timeout_s: float | None) -> PoolEntry | None:
-        """The worker's next prepared scenario as an entry (its starts loadable: the core's table
-        built here), or None where ``timeout_s`` passed first (None: the feeder's own, then it raises)."""
+        """The worker's next prepared scenario as an entry (its starts ``EnvStart`` objects, loadable
+        as they come), or None where ``timeout_s`` passed first (None: the feeder's own, then it raises)."""
         if self._feeder is None:
             self._start_feeder()
         packet = self._feeder.next(timeout_s=timeout_s)
         if packet is None:
             return None
         self.draws += 1
-        starts = {}
-        for key, (fields, rest, reference) in packet.starts.items():
-            starts[key] = ((engine.env_scenario(unpacked(fields)), *rest), reference)
         config, seed, index = self.config, self._draws_seed, packet.index
-        return PoolEntry(None, starts=starts, redraw=lambda: redraw(config, seed, index))
+        return PoolEntry(None, starts=dict(packet.starts), redraw=lambda: redraw(config, seed, index))
 
     def _start_feeder(self) -> None:
         self._feeder = ResetFeeder(self.config, self.worker, self._draws_seed, workers=self.workers,

@@ -512,8 +512,11 @@ class PipelineVectorEnv(VectorEnv):
         kept = entry.starts.get(key) if key is not None else None
         if kept is None:
             return False
-        args, reference = kept
-        self._core.load(i, *args)
+        start, reference = kept
+        if type(start) is tuple:  # load's arguments, kept by a first reset here: parsed once, for every reuse
+            start = engine.env_start(*start)
+            entry.starts[key] = (start, reference)
+        self._core.load_start(i, start)
         self.envs[i].reference = reference
         self._native[i] = True
         self._obs[i] = (self._core.stages[i], self._core.devices[i], self._core.plan[i])

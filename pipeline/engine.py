@@ -42,7 +42,7 @@ from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defec
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
            "python_reference", "compiled_build", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
            "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
-           "check_schedule", "pack_job", "env_core", "env_scenario", "env_step",
+           "check_schedule", "pack_job", "env_core", "env_scenario", "env_start", "env_step",
            "env_evaluate", "balanced_split"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
@@ -363,6 +363,17 @@ def env_scenario(table: dict[str, Any]) -> Any:
     if _native is None or not hasattr(_native, "EnvScenario"):
         raise RuntimeError("env_scenario needs the compiled engine with its environment core; run 'make engine'")
     return _native.EnvScenario(table)
+
+
+def env_start(table: Any, current: tuple, current_result: tuple, best: tuple, best_result: tuple, known: list,
+              params: dict[str, Any]) -> Any:
+    """An episode's start for :func:`env_core` (``EnvStart``): ``EnvCore.load``'s arguments after the slot
+    (:func:`env.native_core.load_args`), parsed and checked once. ``EnvCore.load_start`` loads it with a
+    copy; it pickles as bytes (``to_bytes`` / ``EnvStart.from_bytes``), so another process may make it
+    (:mod:`env.reset_worker`). Needs the compiled engine."""
+    if _native is None or not hasattr(_native, "EnvStart"):
+        raise RuntimeError("env_start needs the compiled engine with its environment core; run 'make engine'")
+    return _native.EnvStart(table, current, current_result, best, best_result, list(known), params)
 
 
 def env_evaluate(pairs: Sequence[tuple[Any, tuple]], *, threads: int = 1) -> list[tuple[float, tuple, tuple]]:

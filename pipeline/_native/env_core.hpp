@@ -660,6 +660,48 @@ Res res_from(const py::handle& obj, int P) {
   return r;
 }
 
+// The checks of a scenario table read from Python or from bytes (env_start.hpp); sets nodes.
+void check_scenario(EnvScenario& table) {
+  EnvScenario* z = &table;
+  const int P = z->P, L = z->L;
+  const size_t l = static_cast<size_t>(L), p = static_cast<size_t>(P);
+  if (P < 1 || P > EC_MAX_DEVICES || z->M < 1 || L < 1)
+    throw std::invalid_argument("scenario table: 1..32 devices, >= 1 micro-batch and >= 1 layer");
+  if (z->lb.size() != l || z->lw.size() != l || z->lact.size() != l || z->lkeep.size() != l ||
+      z->lparams.size() != l || z->lout.size() != l || (z->has_ws && z->lws.size() != l) || (z->has_wws && z->lwws.size() != l) || z->cost.size() != l ||
+      z->prefix.size() != l + 1 || z->act_prefix.size() != l + 1)
+    throw std::invalid_argument("scenario table: per-layer columns of different lengths");
+  if (z->speeds.size() != p || z->cspeeds.size() != p || z->limits.size() != p || z->node.size() != p ||
+      z->lat.size() != p * p || z->bw.size() != p * p || z->consts.size() != 5 ||
+      z->dev_template.size() != static_cast<size_t>(EC_MAX_DEVICES * EC_ND))
+    throw std::invalid_argument("scenario table: per-device columns of the wrong length");
+  for (const auto& kv : z->balanced) {
+    const auto& placement = kv.first;
+    if (placement.size() != kv.second.size()) throw std::invalid_argument("scenario table: a balanced split's length");
+    for (int x : placement)
+      if (x < 0 || x >= P) throw std::invalid_argument("scenario table: a placement names a device outside");
+    long long total = 0;
+    for (int x : kv.second) {
+      if (x < 1) throw std::invalid_argument("scenario table: a balanced split has an empty stage");
+      total += x;
+    }
+    if (total != L) throw std::invalid_argument("scenario table: a balanced split does not cover the layers");
+  }
+  for (int k = 0; k < N_FAMILIES; ++k) {
+    for (int x : z->fam_place[k])
+      if (x < 0 || x >= P) throw std::invalid_argument("scenario table: a family placement names a device outside");
+    if (z->fam_target[k] && z->balanced_of(z->fam_place[k]) == nullptr)
+      throw std::invalid_argument("scenario table: a family placement lacks its balanced split");
+  }
+  for (int k = 0; k < N_PRESETS; ++k)
+    if (z->preset_has[k] && z->presets[k].size() != p) throw std::invalid_argument("scenario table: preset length");
+  for (int x : z->node)
+    if (x < 0 || x >= P) throw std::invalid_argument("scenario table: a device's node is out of range");
+  int nodes = 1;
+  for (int x : z->node) nodes = std::max(nodes, x + 1);
+  z->nodes = nodes;
+}
+
 template <typename T>
 std::vector<T> vec_of(const py::dict& d, const char* name) {
   if (!d.contains(name)) throw std::invalid_argument(std::string("scenario table lacks '") + name + "'");
@@ -700,18 +742,6 @@ std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
   z->bound = d["bound"].cast<double>();
   z->consts = vec_of<double>(d, "consts");
   z->dev_template = vec_of<float>(d, "devices");
-  const int P = z->P, L = z->L;
-  const size_t l = static_cast<size_t>(L), p = static_cast<size_t>(P);
-  if (P < 1 || P > EC_MAX_DEVICES || z->M < 1 || L < 1)
-    throw std::invalid_argument("scenario table: 1..32 devices, >= 1 micro-batch and >= 1 layer");
-  if (z->lb.size() != l || z->lw.size() != l || z->lact.size() != l || z->lkeep.size() != l ||
-      z->lparams.size() != l || z->lout.size() != l || (z->has_ws && z->lws.size() != l) || (z->has_wws && z->lwws.size() != l) || z->cost.size() != l ||
-      z->prefix.size() != l + 1 || z->act_prefix.size() != l + 1)
-    throw std::invalid_argument("scenario table: per-layer columns of different lengths");
-  if (z->speeds.size() != p || z->cspeeds.size() != p || z->limits.size() != p || z->node.size() != p ||
-      z->lat.size() != p * p || z->bw.size() != p * p || z->consts.size() != 5 ||
-      z->dev_template.size() != static_cast<size_t>(EC_MAX_DEVICES * EC_ND))
-    throw std::invalid_argument("scenario table: per-device columns of the wrong length");
   const py::list fams = d["families"].cast<py::list>();
   if (fams.size() != N_FAMILIES) throw std::invalid_argument("scenario table: 7 families");
   for (const auto& f : fams) {  // (placement, applies, counts for family_of)
@@ -722,37 +752,19 @@ std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
   }
   for (const auto& kv : d["balanced"].cast<py::list>()) {
     const py::tuple t = kv.cast<py::tuple>();
-    auto placement = t[0].cast<std::vector<int>>();
-    auto sizes = t[1].cast<std::vector<int>>();
-    if (placement.size() != sizes.size()) throw std::invalid_argument("scenario table: a balanced split's length");
-    for (int x : placement)
-      if (x < 0 || x >= P) throw std::invalid_argument("scenario table: a placement names a device outside");
-    long long total = 0;
-    for (int x : sizes) {
-      if (x < 1) throw std::invalid_argument("scenario table: a balanced split has an empty stage");
-      total += x;
-    }
-    if (total != L) throw std::invalid_argument("scenario table: a balanced split does not cover the layers");
-    z->balanced.emplace_back(std::move(placement), std::move(sizes));
-  }
-  for (int k = 0; k < N_FAMILIES; ++k) {
-    for (int x : z->fam_place[k])
-      if (x < 0 || x >= P) throw std::invalid_argument("scenario table: a family placement names a device outside");
-    if (z->fam_target[k] && z->balanced_of(z->fam_place[k]) == nullptr)
-      throw std::invalid_argument("scenario table: a family placement lacks its balanced split");
+    z->balanced.emplace_back(t[0].cast<std::vector<int>>(), t[1].cast<std::vector<int>>());
   }
   const py::list presets = d["presets"].cast<py::list>();
   if (presets.size() != N_PRESETS) throw std::invalid_argument("scenario table: 5 presets");
   for (const auto& b : presets) {
     z->preset_has.push_back(!b.is_none());
     z->presets.push_back(b.is_none() ? std::vector<double>{} : b.cast<std::vector<double>>());
-    if (!b.is_none() && z->presets.back().size() != p) throw std::invalid_argument("scenario table: preset length");
   }
-  int nodes = 1;
-  for (int x : z->node) nodes = std::max(nodes, x + 1);
-  z->nodes = nodes;
+  check_scenario(*z);
   return z;
 }
+
+#include "env_start.hpp"
 
 class EnvCore {
  public:
@@ -791,30 +803,29 @@ class EnvCore {
 
   void load(int i, const std::shared_ptr<EnvScenario>& z, const py::handle& current, const py::handle& current_result,
             const py::handle& best, const py::handle& best_result, const py::list& known, const py::dict& p) {
+    slot(i);  // (its error before the arguments')
+    load_start(i, start_from(z, current, current_result, best, best_result, known, p));
+  }
+
+  // Start environment i's episode from a parsed start (EnvStart: env_start.hpp).
+  void load_start(int i, const EnvStart& s) {
     EnvSlot& e = slot(i);
-    if (!z) throw std::invalid_argument("load needs a scenario table");
     EnvSlot fresh;
-    fresh.z = z;
-    fresh.cur = cand_from(current);
-    fresh.best = cand_from(best);
-    check_cand(*z, fresh.cur);
-    check_cand(*z, fresh.best);
-    fresh.cur_r = res_from(current_result, z->P);
-    fresh.best_r = res_from(best_result, z->P);
-    for (const auto& k : known) {
-      Cand c = cand_from(k);
-      fresh.known.insert(c.key());
-    }
-    fresh.calls = p["calls"].cast<long long>();
-    fresh.max_calls = p["max_calls"].is_none() ? -1 : p["max_calls"].cast<long long>();
-    fresh.calls_cap = p["calls_cap"].cast<long long>();
-    fresh.calls_at_start = p["calls_at_start"].cast<long long>();
-    fresh.allow_stop = p["allow_stop"].cast<bool>();
-    fresh.max_steps = p["max_steps"].cast<int>();
-    fresh.step_cost = p["step_cost"].cast<double>();
-    fresh.reference = p["reference"].cast<double>();
-    fresh.start_time = p["start_time"].cast<double>();
-    if (fresh.max_steps < 1 || fresh.calls_cap < 1) throw std::invalid_argument("max_steps and calls_cap must be >= 1");
+    fresh.z = s.z;
+    fresh.cur = s.cur;
+    fresh.best = s.best;
+    fresh.cur_r = s.cur_r;
+    fresh.best_r = s.best_r;
+    fresh.known.insert(s.known.begin(), s.known.end());
+    fresh.calls = s.calls;
+    fresh.max_calls = s.max_calls;
+    fresh.calls_cap = s.calls_cap;
+    fresh.calls_at_start = s.calls_at_start;
+    fresh.allow_stop = s.allow_stop;
+    fresh.max_steps = s.max_steps;
+    fresh.step_cost = s.step_cost;
+    fresh.reference = s.reference;
+    fresh.start_time = s.start_time;
     fresh.version = e.version + 1;
     fresh.best_version = e.best_version + 1;
     compute_targets(fresh);
@@ -1040,9 +1051,22 @@ void bind_env_core(py::module_& mod) {
       })
       .def_readonly("devices", &EnvScenario::P)
       .def_readonly("layers", &EnvScenario::L);
+  py::class_<EnvStart>(mod, "EnvStart")
+      .def(py::init(&start_from), py::arg("table"), py::arg("current"), py::arg("current_result"), py::arg("best"),
+           py::arg("best_result"), py::arg("known"), py::arg("params"),
+           "An episode's start: EnvCore.load's arguments after the slot, parsed once (env_start.hpp).")
+      .def_static("from_bytes", [](const py::bytes& b) { return start_of_bytes(std::string(b)); },
+                  "The start to_bytes wrote (ValueError for other bytes).")
+      .def("to_bytes", [](const EnvStart& s) { return py::bytes(start_bytes(s)); })
+      .def_property_readonly("table", [](const EnvStart& s) { return s.z; })
+      .def_readonly("reference", &EnvStart::reference)
+      .def(py::pickle([](const EnvStart& s) { return py::bytes(start_bytes(s)); },
+                      [](const py::bytes& b) { return start_of_bytes(std::string(b)); }));
   py::class_<EnvCore>(mod, "EnvCore")
       .def(py::init<int, int>(), py::arg("num_envs"), py::arg("threads"))
       .def("load", &EnvCore::load, "Start environment i's episode from the Python reset's state.")
+      .def("load_start", &EnvCore::load_start, py::arg("i"), py::arg("start"),
+           "Start environment i's episode from an EnvStart (what load takes, parsed once).")
       .def("deactivate", &EnvCore::deactivate)
       .def("active", &EnvCore::active)
       .def("step", &EnvCore::step, py::arg("actions"), py::arg("which"), py::arg("threads") = 0,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from env.pipeline_env import PipelineEnv
-from env.reset_worker import ResetFeeder, StartSpec, draw_rng, prepared_starts, redraw, unpacked
+from env.reset_worker import ResetFeeder, StartSpec, draw_rng, prepared_starts, redraw
 from env.scenarios import ScenarioConfig
 from env.vector_env import PipelineVectorEnv
 
@@ -97,9 +97,8 @@ def test_packets_hold_the_starts_a_reset_here_would_load() -> None:
             assert packet.index == index
             here = prepared_starts(redraw(SMALL, seed, index), spec)
             assert packet.starts.keys() == here.keys() == {spec.key(False), spec.key(True)}
-            for key, (fields, rest, reference) in packet.starts.items():
-                assert unpacked(fields) == here[key][0] and rest == here[key][1] and reference == here[key][2]
-                assert any(isinstance(v, np.ndarray) for v in fields.values())  # (packed: the long lists)
+            for key, (start, reference) in packet.starts.items():  # (the same bytes: every float bit for bit)
+                assert start.to_bytes() == here[key][0].to_bytes() and reference == here[key][1]
     finally:
         feeder.close()
     assert not feeder.alive
