@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any
 
 import gymnasium as gym
@@ -95,10 +96,11 @@ class _Prep:
         P = scenario.devices
         self.cost = np.array([x.f + x.b + x.w for x in layers], dtype=np.float64)
         act = np.array([x.act_bytes for x in layers], dtype=np.float64)
-        self.act_prefix = np.concatenate([[0.0], np.cumsum(act)])
-        self.prefix = np.concatenate([[0.0], np.cumsum(self.cost)])
-        self.prefix_list: list[float] = self.prefix.tolist()
+        # Prefix sums from 0.0, added in order in float64 as np.cumsum adds them (the same floats).
+        self.prefix_list: list[float] = [0.0, *accumulate(self.cost.tolist())]
         """:attr:`prefix` as a list (read only: DP splits take it)."""
+        self.prefix = np.array(self.prefix_list)
+        self.act_prefix = np.array([0.0, *accumulate(act.tolist())])
         self.portfolio: list[Candidate] | None = None
         self.bound = lower_bound(scenario.profile, cl, scenario.microbatches, packing=False).value
         self.speeds = np.asarray(cl.speeds, dtype=np.float64)
@@ -122,8 +124,10 @@ class _Prep:
         self.devices = dev
         self._placements: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
         self.obs_cache: dict[tuple[Candidate, float], tuple] = {}
-        # env.native_core's: DP splits by the stages' speeds, the compiled core's table (None: not built, False: none)
-        self.native_balanced: dict[tuple, tuple[int, ...]] = {}
+        # env.native_core's: DP splits by placement and by the stages' speeds (the engine's split is the
+        # Python DP's: one memo with the evaluators', so a split either computes serves both), the
+        # compiled core's table (None: not built, False: none)
+        self.native_balanced: dict[tuple, tuple[int, ...]] = self.evaluator.balanced_memo
         self.native_table: Any = None
 
     def reference(self, kind: str) -> float:

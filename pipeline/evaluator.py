@@ -152,6 +152,13 @@ class Evaluator:
             self._balanced[placement] = hit
         return hit
 
+    @property
+    def balanced_memo(self) -> dict[tuple, tuple[int, ...]]:
+        """The splits :meth:`balanced_sizes` keeps (placement, or ``("speeds", its stages' speeds)``, ->
+        split; shared by :meth:`share_scenario_caches`): a caller with the same answer from elsewhere
+        (the compiled engine's DP, ``env.native_core.balanced_of``) keeps it here."""
+        return self._balanced
+
     def device_balanced_sizes(self, placement: tuple[int, ...], start: tuple[int, ...] | None = None
                               ) -> tuple[int, ...]:
         """:func:`pipeline.balance.device_balanced_sizes` of the scenario for ``placement`` from
