@@ -179,6 +179,16 @@ class Op:
     """An FP8 GEMM (:attr:`CostOptions.fp8_linear`): at :data:`FP8_PEAK_RATIO` times the matmul rate."""
 
 
+def _op(kind: str, flops: float, nbytes: float, *, tag: str = "", mn: float = 0.0, k: float = 0.0,
+        fp8: bool = False) -> Op:
+    """``Op(kind, flops, nbytes, ...)`` without the frozen constructor's cost (a layer builds dozens;
+    ``tests/pipeline/test_costs.py`` checks that both build the same)."""
+    op = object.__new__(Op)
+    object.__setattr__(op, "__dict__", {"kind": kind, "flops": flops, "bytes": nbytes, "tag": tag, "mn": mn, "k": k,
+                                        "fp8": fp8})
+    return op
+
+
 @dataclass
 class PassWork:
     """The kernels of one pass (F, I or W) of one layer."""
@@ -204,19 +214,22 @@ class PassWork:
 
     def seconds(self, gpu: GPUSpec) -> float:
         """Sum of per-kernel rooflines plus per-kernel overhead and TP communication."""
+        latency, link = gpu.nvlink_latency_us * 1e-6, gpu.nvlink_gbps * 1e9  # the GPU's figures, read once
+        matmul, vector, memory = gpu.matmul_flops_per_s, gpu.vector_flops_per_s, gpu.memory_bytes_per_s
+        overhead, traffic = gpu.kernel_overhead_us * 1e-6, gpu.elementwise_traffic
         total = 0.0
         for op in self.ops:
             if op.kind == "comm":
-                total += gpu.nvlink_latency_us * 1e-6 + op.bytes / (gpu.nvlink_gbps * 1e9)
+                total += latency + op.bytes / link
                 continue
             if op.kind == "matmul":
-                rate = gpu.matmul_flops_per_s * gpu.gemm_efficiency(op.mn, op.k)
+                rate = matmul * gpu.gemm_efficiency(op.mn, op.k)
                 if op.fp8:
                     rate *= FP8_PEAK_RATIO.get(gpu.name, 1.0)
             else:
-                rate = gpu.vector_flops_per_s
-            nbytes = op.bytes * gpu.elementwise_traffic if op.tag == ELEMENTWISE else op.bytes
-            total += max(op.flops / rate, nbytes / gpu.memory_bytes_per_s) + gpu.kernel_overhead_us * 1e-6
+                rate = vector
+            nbytes = op.bytes * traffic if op.tag == ELEMENTWISE else op.bytes
+            total += max(op.flops / rate, nbytes / memory) + overhead
         return total
 
 
@@ -308,7 +321,7 @@ class _Builder:
         # TP shards the wider side (column-parallel up-projections, row-parallel down-projections)
         a, b = (n_in, n_out / d) if n_out >= n_in else (n_in / d, n_out)
         for p, mn, k in ((self.work.f, t * b, a), (self.work.i, t * a, b), (self.work.w, a * b, t)):
-            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=k, fp8=fp8))
+            p.ops.append(_op("matmul", flops, nbytes, mn=mn, k=k, fp8=fp8))
         if fp8:
             self.fp8_quantize(t * n_in / d, t * n_out / d)
         self.params(n_in * n_out, shard=shard, shared=shared)
@@ -319,7 +332,7 @@ class _Builder:
         elements (per rank): F quantizes x, I dy, W both again in the transposed (128x1) tiling
         (DeepSeek-V3 section 3.3.1); weights are quantized once per step, not per micro-batch."""
         for p, n in ((self.work.f, x), (self.work.i, dy), (self.work.w, x + dy)):
-            p.ops.append(Op("vector", 3.0 * n, _FP8_QUANT_BYTES * n))
+            p.ops.append(_op("vector", 3.0 * n, _FP8_QUANT_BYTES * n))
 
     def params(self, n: int, *, shard: bool = True, shared: bool = False) -> None:
         if shard:
@@ -332,15 +345,15 @@ class _Builder:
     def core(self, flops: float, io_bytes: float, *, backward_factor: float, shard: bool = True) -> None:
         """A weight-free matmul-class core (attention, SSD, delta rule): all of its backward is I."""
         d = self._div(shard)
-        self.work.f.ops.append(Op("matmul", flops / d, io_bytes / d, tag="core"))
-        self.work.i.ops.append(Op("matmul", backward_factor * flops / d, 2.0 * io_bytes / d, tag="core"))
+        self.work.f.ops.append(_op("matmul", flops / d, io_bytes / d, tag="core"))
+        self.work.i.ops.append(_op("matmul", backward_factor * flops / d, 2.0 * io_bytes / d, tag="core"))
 
     def vector(self, passes: str, nbytes: float, flops: float = 0.0, *, shard: bool = True, tag: str = "") -> None:
         """An element-wise kernel in each pass named in ``passes`` (a subset of ``"fiw"``); ``tag``: the
         :attr:`Op.tag` (:data:`ELEMENTWISE` for a block's per-token element-wise kernels)."""
         d = self._div(shard)
         for name in passes:
-            getattr(self.work, name).ops.append(Op("vector", flops / d, nbytes / d, tag=tag))
+            getattr(self.work, name).ops.append(_op("vector", flops / d, nbytes / d, tag=tag))
 
     def norm(self, dim: int, *, tokens: int | None = None, shard: bool = False) -> None:
         """RMSNorm/LayerNorm: F reads x, writes y; I reads x and dy, writes dx (gamma's grad fused in)."""
@@ -379,7 +392,7 @@ class _Builder:
         """Ring all-reduce across tensor-parallel ranks: 2*(t-1)/t of the tensor per rank."""
         if self.tp > 1:
             for name in passes:
-                getattr(self.work, name).ops.append(Op("comm", 0.0, 2.0 * (self.tp - 1) / self.tp * nbytes))
+                getattr(self.work, name).ops.append(_op("comm", 0.0, 2.0 * (self.tp - 1) / self.tp * nbytes))
 
 
 # --------------------------------------------------------------------------------------------- mixers
@@ -597,7 +610,7 @@ def _moe(bld: _Builder, arch: Architecture) -> None:
         a, b = (n_in, n_out / d) if n_out >= n_in else (n_in / d, n_out)
         shapes = ((bld.work.f, routed * b, a), (bld.work.i, routed * a, b), (bld.work.w, held * a * b, routed / E))
         for p, mn, kk in shapes:
-            p.ops.append(Op("matmul", flops, nbytes, mn=mn, k=kk, fp8=bld.fp8))
+            p.ops.append(_op("matmul", flops, nbytes, mn=mn, k=kk, fp8=bld.fp8))
         if bld.fp8:
             bld.fp8_quantize(routed * n_in / d, routed * n_out / d)
         bld.params(held * n_in * n_out)
@@ -654,7 +667,7 @@ def _embedding(bld: _Builder, arch: Architecture, *, vision_tokens: int) -> None
     bld.vector("f", INT64 * T + 2 * BF16 * T * h, 1.0 * T * h)
     # the dense bf16 gradient zeroed, then added into the main-grad buffer (read both, write it)
     dense = V * h / bld.tp
-    bld.work.w.ops.append(Op("vector", dense, (2 * BF16 + 2 * bld.opt.main_grad_bytes) * dense))
+    bld.work.w.ops.append(_op("vector", dense, (2 * BF16 + 2 * bld.opt.main_grad_bytes) * dense))
     bld.work.w_workspace_bytes = max(bld.work.w_workspace_bytes, BF16 * dense)
     bld.vector("w", INT64 * T + 3 * BF16 * T * h, 1.0 * T * h)  # scatter-add of the rows
     bld.save(INT64 * T, for_w=True, shard=False)  # token ids
@@ -687,9 +700,9 @@ def _cross_entropy(bld: _Builder, T: int, V: int) -> None:
     cast = L != BF16
     f_bytes = [L, 2 * L, 2 * L, L, 2 * L] + ([BF16 + L] if cast else [])  # max, sub, exp, sum, div, cast
     for nbytes in f_bytes:
-        bld.work.f.ops.append(Op("vector", n, nbytes * n))
+        bld.work.f.ops.append(_op("vector", n, nbytes * n))
     for nbytes in [2 * L] + ([L + BF16] if cast else []):  # scale in place, cast back
-        bld.work.i.ops.append(Op("vector", n, nbytes * n))
+        bld.work.i.ops.append(_op("vector", n, nbytes * n))
     bld.save(L * n, loss=True, shard=False)
     bld.work.workspace_bytes = max(bld.work.workspace_bytes, (BF16 + L) * n if cast else BF16 * n)
 

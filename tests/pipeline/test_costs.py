@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -237,6 +238,16 @@ def test_roofline_takes_the_slower_of_compute_and_memory() -> None:
     assert both.seconds(gpu) == pytest.approx(compute.seconds(gpu) + memory.seconds(gpu))
 
 
+def test_the_fast_op_constructor_builds_what_op_builds() -> None:
+    """The builders' ``_op`` skips the frozen constructor: the same fields, in the same order, of the same types."""
+    from pipeline.costs import _op
+
+    for args, kw in ((("vector", 1.0, 2.0), {}), (("matmul", 3, 4.5), {"tag": "core", "mn": 6, "k": 7.0, "fp8": True})):
+        made, fast = Op(*args, **kw), _op(*args, **kw)
+        assert type(fast) is Op and fast == made
+        assert [(k, v, type(v)) for k, v in vars(fast).items()] == [(k, v, type(v)) for k, v in vars(made).items()]
+
+
 def test_faster_hardware_gives_faster_layers() -> None:
     arch = load_zoo_architecture("llama-control")
     times = {gpu: profile_from_architecture(arch, gpu=gpu, seq_len=2048).layers[1] for gpu in ("a100", "h100", "h200")}
@@ -322,6 +333,23 @@ def test_repeated_layers_are_priced_once_and_exactly_as_alone(kw: dict) -> None:
     assert renamed.layers == profile_from_architecture(base, seq_len=128, **kw).layers
     with pytest.raises(ConfigError, match="microbatch_size"):  # True == 1 as a key, not as a size
         profile_from_architecture(base, seq_len=128, microbatch_size=True)
+
+
+def test_layers_sharing_one_spec_object_price_as_distinct_ones() -> None:
+    """A spec object that recurs (``env.scenarios`` shares them; head shards included) prices as
+    equal specs that are distinct objects, each layer named and with its own ``extra``."""
+    import pipeline.costs as costs
+
+    block = LayerSpec(mixer="mla", ffn="moe")
+    shard = LayerSpec(kind="head", mixer="none", ffn="none", shard=1, shards=2)  # head.1, then head1.1
+    shared = ALL_KINDS.with_layers((EMBED, block, LayerSpec(), block, block, shard, shard))
+    distinct = shared.with_layers(tuple(replace(x) for x in shared.layers))
+    assert shared.layers[1] is shared.layers[3] and distinct.layers[1] is not distinct.layers[3]
+    for arch in (shared, distinct, shared):
+        costs._UNIT_COSTS.clear()
+        profile = profile_from_architecture(arch, seq_len=128)
+        assert [(c.to_dict(), c.extra) for c in profile.layers] == _uncached(distinct, seq_len=128)
+        assert len({id(c.extra) for c in profile.layers}) == profile.num_layers
 
 
 def test_ends_shared_across_models_of_other_block_sizes_and_a_full_cache_price_exactly(monkeypatch) -> None:
