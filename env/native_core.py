@@ -233,17 +233,21 @@ def evaluate(requests: list[tuple[Any, Candidate, Any]], *, threads: int = 1) ->
     todo: list[tuple[Any, Candidate, Scenario]] = []
     pairs: list[tuple[Any, tuple]] = []
     seen: set[tuple[int, Candidate]] = set()
+    last = None
     for ev, c, prep in requests:
         key = (id(ev), c)
         if key in seen or ev.known(c):
             continue
-        table = scenario_table(prep) if ev.scenario is prep.scenario else None
+        z = prep.scenario
+        if z is not last:  # (the scenario's sizes, once per run of its requests)
+            last, layers, devices = z, z.profile.num_layers, z.devices
+        table = scenario_table(prep) if ev.scenario is z else None
         t = candidate_tuple(c) if table is not None else None
-        if t is None or not _well_formed(c, prep.scenario):  # the reference's error result
+        if t is None or not _well_formed(c, layers, devices):  # the reference's error result
             rest.append((ev, c))
             continue
         seen.add(key)
-        todo.append((ev, c, prep.scenario))
+        todo.append((ev, c, z))
         pairs.append((table, t))
     if pairs:
         last = None
@@ -257,11 +261,12 @@ def evaluate(requests: list[tuple[Any, Candidate, Any]], *, threads: int = 1) ->
     return rest
 
 
-def _well_formed(c: Candidate, z: Scenario) -> bool:
+def _well_formed(c: Candidate, layers: int, devices: int) -> bool:
+    """Whether ``c`` is a plan of a scenario of ``layers`` layers on ``devices`` devices the core can hold."""
     sizes, placement = c.sizes, c.placement
-    return (0 < len(sizes) == len(placement) <= MAX_STAGES and sum(sizes) == z.profile.num_layers
-            and min(sizes) >= 1 and min(placement) >= 0 and max(placement) < z.devices
-            and (c.budgets is None or len(c.budgets) == z.devices))
+    return (0 < len(sizes) == len(placement) <= MAX_STAGES and sum(sizes) == layers
+            and min(sizes) >= 1 and min(placement) >= 0 and max(placement) < devices
+            and (c.budgets is None or len(c.budgets) == devices))
 
 
 def _result_tuple(r: Result) -> tuple:
