@@ -403,7 +403,7 @@ def test_the_cache_keys_name_every_field_a_layer_reads() -> None:
     from env.scenarios import MODEL_FAMILIES, sample_architecture
 
     rng = np.random.default_rng(3)
-    archs = [ALL_KINDS, load_zoo_architecture("tiny-hybrid")]
+    archs = [ALL_KINDS, replace(ALL_KINDS, mamba_version=1), load_zoo_architecture("tiny-hybrid")]
     archs += [sample_architecture(rng, blocks=8, families=MODEL_FAMILIES) for _ in range(60)]
     checked = set()
     for arch in archs:
