@@ -947,6 +947,17 @@ def _block_fields(spec: LayerSpec) -> tuple[str, ...] | None:
     return ("hidden_size", "vision_tokens", *mixer, *ffn)
 
 
+def _mtp_fields(mixer: str) -> tuple[str, ...] | None:
+    """What an MTP module (``_mtp``) whose block has ``mixer`` reads: its copies of the embedding and
+    head read ``hidden_size`` and ``vocab_size``; its block's FFN is a MoE or a dense MLP by
+    ``num_experts`` (None: a mixer not listed above)."""
+    fields = _MIXER_FIELDS.get(mixer)
+    if fields is None:
+        return None
+    return tuple(dict.fromkeys(("hidden_size", "vision_tokens", "vocab_size", *fields, *_FFN_FIELDS["mlp"],
+                                *_FFN_FIELDS["moe"])))
+
+
 def _sizes(arch: Architecture, skip: tuple[str, ...]) -> tuple:
     """Every field of ``arch`` but ``skip`` (a layer's work reads no more beside its own spec; the
     name only labels errors), with their types (``4096`` and ``4096.0`` are equal keys but not
@@ -1029,6 +1040,8 @@ def _unit_cost(arch: Architecture, index: int, key: tuple, degrees: int, *, name
         sizes = _sizes(arch, _NOT_BLOCK) if fields is None else _fields(arch, fields)
     elif layer.kind in ("embedding", "head"):
         sizes = _fields(arch, _EMBED_HEAD_FIELDS)
+    elif layer.kind == "mtp" and (fields := _mtp_fields(key[2])) is not None:  # key[2]: the block's mixer
+        sizes = _fields(arch, fields)
     else:
         sizes = _sizes(arch, _NOT_SIZES)
     full = (degrees, sizes, key)

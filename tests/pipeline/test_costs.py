@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.arch import Architecture, LayerSpec
+from pipeline.arch import MIXERS, Architecture, LayerSpec
 from pipeline.costs import (
     CostOptions,
     Op,
@@ -405,6 +405,10 @@ def test_the_cache_keys_name_every_field_a_layer_reads() -> None:
     rng = np.random.default_rng(3)
     archs = [ALL_KINDS, replace(ALL_KINDS, mamba_version=1), load_zoo_architecture("tiny-hybrid")]
     archs += [sample_architecture(rng, blocks=8, families=MODEL_FAMILIES) for _ in range(60)]
+    mtp = LayerSpec(kind="mtp", mixer="none", ffn="none")
+    archs += [replace(ALL_KINDS, layers=(EMBED, LayerSpec(mixer=mixer), mtp, HEAD), num_experts=experts,
+                      mamba_version=version)  # an MTP module's block of each mixer, dense and MoE
+              for mixer in MIXERS for experts in (0, 4) for version in (1, 2)]
     checked = set()
     for arch in archs:
         for index, layer in enumerate(arch.layers):
@@ -415,8 +419,10 @@ def test_the_cache_keys_name_every_field_a_layer_reads() -> None:
                 keyed = set(costs._block_fields(layer) or ())
             elif layer.kind in ("embedding", "head"):
                 keyed = set(costs._EMBED_HEAD_FIELDS)
+            elif layer.kind == "mtp":
+                keyed = set(costs._mtp_fields(costs._dominant_mixer(arch)) or ())
             else:
-                continue  # MTP and vision layers are keyed by every size
+                continue  # vision layers are keyed by every size
             assert read <= keyed, f"{layer} reads {sorted(read - keyed)} beyond its cache key"
             checked.add((layer.kind, layer.mixer, layer.ffn))
     assert len(checked) >= 14
