@@ -82,6 +82,8 @@ _PRESET_BUDGETS: dict[tuple[str, int], tuple[float, ...] | None] = {}
 
 
 def _preset_budgets(preset: str, devices: int) -> tuple[float, ...] | None:
+    if type(devices) is not int:  # (4.0 keys like 4: its own answer, or its error)
+        return preset_budgets(preset, devices)
     key = (preset, devices)
     if key in _PRESET_BUDGETS:
         return _PRESET_BUDGETS[key]

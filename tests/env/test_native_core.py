@@ -242,6 +242,49 @@ def test_balanced_split_is_the_python_dp():
             if z.devices * chunks > z.profile.num_layers:
                 continue
             placement = make_placement(kind, z.devices, chunks)
-            assert native_core.balanced_of(prep, placement) == balanced_sizes(z.profile, placement, z.cluster)
+            expected = balanced_sizes(z.profile, placement, z.cluster)
+            # (the engine itself: balanced_of may answer from the memo the evaluators share)
+            assert engine.balanced_split(prep.prefix.tolist(), [z.cluster.speeds[d] for d in placement]) == expected
+            assert native_core.balanced_of(prep, placement) == expected
             checked += 1
     assert checked > 400
+
+
+def test_one_split_memo_per_scenario(monkeypatch):
+    """balanced_of keeps its splits in the memo the scenario's evaluators share: a zero-shot start after
+    a portfolio start finds them there and runs no Python DP."""
+    import pipeline.evaluator
+
+    env = PipelineEnv()
+    env.reset(seed=3, options={"start": "portfolio"})
+    prep = env.episode_state()["prep"]
+    assert prep.native_balanced is prep.evaluator.balanced_memo
+    z = prep.scenario
+
+    def no_dp(*args, **kwargs):
+        raise AssertionError("the Python DP ran")
+
+    monkeypatch.setattr(pipeline.evaluator, "balanced_sizes", no_dp)
+    env.reset(options={"scenario": z, "start": "single"})
+    sizes = env.editor.current.sizes
+    assert sizes in {native_core.balanced_of(prep, p) for p in prep.native_balanced if p and p[0] != "speeds"}
+
+
+def test_table_fields_lists_are_the_callers_own():
+    """What table_fields caches (link matrices, families, presets) reaches each caller as its own lists."""
+    env = PipelineEnv(scenario=TRAIN_SCENARIO)
+    env.reset(seed=11)
+    prep = env.episode_state()["prep"]
+    first = native_core.table_fields(prep)
+    for placement, _, _ in first["families"]:
+        placement.clear()
+    for budgets in first["presets"]:
+        if budgets is not None:
+            budgets.clear()
+    for v in first.values():
+        if type(v) is list:
+            v.clear()
+    second = native_core.table_fields(prep)
+    assert second["latency"] and second["bandwidth"] and second["prefix"] and second["families"][0][0]
+    assert all(v is None or v for v in second["presets"])
+    assert second == native_core.table_fields(prep)

@@ -143,3 +143,15 @@ def test_the_searches_start_from_the_same_recipes() -> None:
         assert arm is not None and isinstance(arm.candidate, Candidate) and arm.candidate in seeds, name
     plan = NamedSearcher("zbv", balanced=True).search(scenario).plan
     assert plan is not None and plan.stage_sizes == named_schedule_plan(ev, "zbv", balanced=True).stage_sizes
+
+
+def test_preset_candidate_budgets_are_the_presets() -> None:
+    """preset_candidate's cached budgets are preset_budgets' (by preset and device count; a count that
+    is not an int gets its own answer, here range()'s error)."""
+    for devices in (1, 2, 3, 8, 2, 3):
+        for preset in (*SEED_PRESETS, "zb-h2", "v-half", "unlimited", None):
+            c = preset_candidate((1,) * devices, tuple(range(devices)), preset, devices=devices)
+            assert c.budgets == (preset_budgets(preset, devices) if preset else None)
+    preset_candidate((1, 1, 1, 1), (0, 1, 2, 3), "zb-h1", devices=4)
+    with pytest.raises(TypeError):
+        preset_candidate((1, 1, 1, 1), (0, 1, 2, 3), "zb-h1", devices=4.0)
