@@ -1002,8 +1002,8 @@ def _degrees_number(degrees: tuple) -> int:
 
 
 def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_size: int, tp: int,
-                options: CostOptions) -> list[tuple[LayerCost, int]]:
-    """``layer_cost(layer_work(...))`` of every layer and its unique parameters, each computed once
+                options: CostOptions) -> tuple[list[LayerCost], list[int]]:
+    """``layer_cost(layer_work(...))`` of every layer, and their unique parameters, each computed once
     per distinct input: the layer's spec, the sizes and degrees, whether the model has a vision
     tower, an MTP layer's mixer, a head shard's name (which its unit fields repeat). A spec object
     that recurs (``env.scenarios`` shares them) is looked up once."""
@@ -1012,22 +1012,21 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
                                options, spec))
     found: dict[tuple, tuple[LayerCost, int]] = {}
     by_object: dict[int, tuple[LayerCost, int]] = {}  # id of a whole-head or unsharded spec -> its unit
-    out = []
-    for index, layer in enumerate(arch.layers):
+    costs, uniques = [], []
+    for index, (layer, name) in enumerate(zip(arch.layers, names)):
         hit = by_object.get(id(layer))  # the layers hold their specs: no id is reused meanwhile
         if hit is None:
             key = (layer, type(layer.window), _dominant_mixer(arch) if layer.kind == "mtp" else None,
-                   names[index] if layer.shards > 1 else None)
+                   name if layer.shards > 1 else None)
             hit = found.get(key)
             if hit is None:
-                hit = found[key] = _unit_cost(arch, index, key, degrees, name=names[index], spec=spec,
-                                              seq_len=seq_len, microbatch_size=microbatch_size, tp=tp,
-                                              options=options)
+                hit = found[key] = _unit_cost(arch, index, key, degrees, name=name, spec=spec, seq_len=seq_len,
+                                              microbatch_size=microbatch_size, tp=tp, options=options)
             if layer.shards == 1:  # a head shard's key holds its name: the same spec is another unit
                 by_object[id(layer)] = hit
-        cost, unique = hit
-        out.append((_renamed(cost, names[index]), unique))
-    return out
+        costs.append(_renamed(hit[0], name))
+        uniques.append(hit[1])
+    return costs, uniques
 
 
 def _unit_cost(arch: Architecture, index: int, key: tuple, degrees: int, *, name: str, spec: GPUSpec, seq_len: int,
@@ -1064,8 +1063,8 @@ def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100"
     spec = get_gpu(gpu)
     s = seq_len if seq_len is not None else (arch.seq_len or DEFAULT_SEQ_LEN)
     _check_degrees(arch, seq_len=s, microbatch_size=microbatch_size, tp=tp)
-    mixers = {x.mixer for x in arch.layers if x.kind == "block"}
-    if tp > 1 and mixers & {"attention", "sliding_attention", "mla"} and arch.num_attention_heads % tp:
+    if tp > 1 and arch.num_attention_heads % tp and any(
+            x.kind == "block" and x.mixer in ("attention", "sliding_attention", "mla") for x in arch.layers):
         raise ConfigError(f"{arch.num_attention_heads} attention heads do not split {tp} ways; use a tp that divides "
                           f"{arch.num_attention_heads}", source=arch.name, field="tp")
     shards = max((x.shards for x in arch.layers if x.kind == "head"), default=1)
@@ -1073,15 +1072,15 @@ def profile_from_architecture(arch: Architecture, *, gpu: str | GPUSpec = "h100"
         raise ConfigError(f"{shards} head shards but only {s * microbatch_size} tokens per micro-batch (seq_len x "
                           "microbatch_size): each shard needs a token; use fewer --head-shards", source=arch.name,
                           field="head_shards")
-    units = _unit_costs(arch, spec=spec, seq_len=s, microbatch_size=microbatch_size, tp=tp,
-                        options=options or CostOptions())
+    costs, uniques = _unit_costs(arch, spec=spec, seq_len=s, microbatch_size=microbatch_size, tp=tp,
+                                 options=options or CostOptions())
     return ModelProfile(
         name=name or arch.name,
-        layers=tuple(cost for cost, _ in units),
+        layers=tuple(costs),
         time_unit="ms",
         seq_len=s,
         microbatch_size=microbatch_size,
         extra={"model_type": arch.model_type, "gpu": spec.name, "tp": tp, "source": "analytic",
-               "params_total": sum(unique for _, unique in units),
+               "params_total": sum(uniques),
                "granularity": arch.extra.get("granularity", "layer"), "head_shards": arch.extra.get("head_shards", 1)},
     )
