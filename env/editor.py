@@ -181,29 +181,29 @@ def score(result: Result, reference: float) -> float:
 def portfolio(scenario: Scenario, sizes_of=None) -> list[Candidate]:
     """Cheap starting candidates: a few placement families under schedule-budget presets,
     each with the DP-balanced split. The editor starts from the best of them."""
-    P = scenario.devices
     if sizes_of is None:
         sizes_of = Evaluator(scenario).balanced_sizes
-    return [preset_candidate(sizes_of(placement), placement, preset, devices=P)
-            for placement, preset in _portfolio_layouts(P, scenario.profile.num_layers)]
+    return [_with(pick, sizes=sizes_of(pick.placement))
+            for pick in _portfolio_picks(scenario.devices, scenario.profile.num_layers)]
 
 
 _PICKS = (("sequential", 1, "zb-h2"), ("v", 2, "zbv"), ("interleaved", 2, "zb-h2"), ("sequential", 1, "zb-h1"),
           ("v", 2, "v-half"), ("interleaved", 3, "zb-h1"), ("wave", 3, "zbv"), ("interleaved", 2, "zb-h1"),
           ("interleaved", 4, "zb-h1"), ("sequential", 1, "unlimited"))
-_LAYOUTS: dict[tuple[int, int], tuple[tuple[tuple[int, ...], str], ...]] = {}
+_PORTFOLIO: dict[tuple[int, int], tuple[Candidate, ...]] = {}
 
 
-def _portfolio_layouts(devices: int, layers: int) -> tuple[tuple[tuple[int, ...], str], ...]:
-    """The ``(placement, budget preset)`` of each of :func:`portfolio`'s picks that fits (cached)."""
+def _portfolio_picks(devices: int, layers: int) -> tuple[Candidate, ...]:
+    """:func:`portfolio`'s candidates that fit ``devices`` and ``layers``, but for their split (empty):
+    :func:`preset_candidate` of each pick, made once per ``(devices, stages)``."""
     key = (devices, min(layers, MAX_STAGES))
-    hit = _LAYOUTS.get(key)
+    hit = _PORTFOLIO.get(key)
     if hit is None:
-        hit = tuple((make_placement(kind, devices, chunks), preset) for kind, chunks, preset in _PICKS
-                    if devices * chunks <= key[1] and (chunks == 1 or devices >= 2))
-        if len(_LAYOUTS) >= 4096:
-            _LAYOUTS.clear()
-        _LAYOUTS[key] = hit
+        hit = tuple(preset_candidate((), make_placement(kind, devices, chunks), preset, devices=devices)
+                    for kind, chunks, preset in _PICKS if devices * chunks <= key[1] and (chunks == 1 or devices >= 2))
+        if len(_PORTFOLIO) >= 4096:
+            _PORTFOLIO.clear()
+        _PORTFOLIO[key] = hit
     return hit
 
 

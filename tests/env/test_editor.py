@@ -238,3 +238,25 @@ def test_the_fast_copies_do_not_carry_the_hash() -> None:
     moved = _with(c, sizes=(3, 2))
     assert hash(moved) == hash(Candidate((3, 2), (0, 1), budgets=(1.0, 2.0))) != hash(c)
     assert moved in {Candidate((3, 2), (0, 1), budgets=(1.0, 2.0))}
+
+
+def test_portfolio_is_its_picks_under_preset_candidate() -> None:
+    """portfolio's copies of its cached picks are the candidates preset_candidate makes of each pick that
+    fits, in order, with the DP-balanced split (one and many devices, few and many layers)."""
+    from pipeline.candidates import make_placement
+    from pipeline.start_recipes import preset_candidate
+
+    picks = (("sequential", 1, "zb-h2"), ("v", 2, "zbv"), ("interleaved", 2, "zb-h2"), ("sequential", 1, "zb-h1"),
+             ("v", 2, "v-half"), ("interleaved", 3, "zb-h1"), ("wave", 3, "zbv"), ("interleaved", 2, "zb-h1"),
+             ("interleaved", 4, "zb-h1"), ("sequential", 1, "unlimited"))
+    for devices, blocks in ((1, 4), (2, 3), (4, 6), (4, 14), (8, 30)):
+        scenario = Scenario(uniform_profile(blocks), ideal_cluster(devices), 8)
+        ev = Evaluator(scenario)
+        L = scenario.profile.num_layers
+        expected = [preset_candidate(ev.balanced_sizes(make_placement(kind, devices, chunks)),
+                                     make_placement(kind, devices, chunks), preset, devices=devices)
+                    for kind, chunks, preset in picks
+                    if devices * chunks <= min(L, MAX_STAGES) and (chunks == 1 or devices >= 2)]
+        for _ in range(2):  # (the second from the cache)
+            got = portfolio(scenario)
+            assert got == expected and [hash(c) for c in got] == [hash(c) for c in expected]
