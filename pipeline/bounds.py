@@ -14,6 +14,7 @@ Communication and memory limits only add time and are left out.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -116,11 +117,12 @@ def lower_bound(profile: ModelProfile, cluster: Cluster, microbatches: int, *, p
                           packing=base.packing + step if base.packing else 0.0)
     back, grad = _backward_costs(profile)
     layers = profile.layers
-    per_mb = [x.f + bk for x, bk in zip(layers, back)]
+    forward = [x.f for x in layers]
+    per_mb = [f + bk for f, bk in zip(forward, back)]
     work = M * sum(per_mb) / sum(speeds) + 3 * over * M
     heaviest = M * max(per_mb) / fastest + 3 * over * M
-    tail = min(bk - g for bk, g in zip(back, grad))
-    chain = (sum(x.f for x in layers) + sum(grad) + tail) / fastest + 3 * over
+    tail = min(map(operator.sub, back, grad))
+    chain = (sum(forward) + sum(grad) + tail) / fastest + 3 * over
     if not packing:
         return LowerBound(work=work, heaviest_layer=heaviest, chain=chain)
     critical, f_before, g_before = 0.0, 0.0, 0.0
