@@ -112,7 +112,7 @@ def _layer(kind: str, mixer: str = "attention", ffn: str = "mlp", window: int | 
 def _coins(rng: np.random.Generator, n: int, p: float) -> list[bool]:
     """``[rng.random() < p for _ in range(n)]`` in one call (the same draws: ``random(n)`` takes the
     generator's doubles one after another, as ``n`` calls do)."""
-    return (rng.random(n) < p).tolist()
+    return (rng.random(max(n, 0)) < p).tolist()
 
 
 @lru_cache(maxsize=64, typed=True)

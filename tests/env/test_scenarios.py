@@ -20,6 +20,7 @@ from env.scenarios import (
     zero_shot_starts,
     zoo_family,
 )
+from pipeline.arch import LayerSpec
 from pipeline.budgets import preset_budgets
 from pipeline.evaluator import Evaluator
 from pipeline.hardware import get_gpu
@@ -135,6 +136,23 @@ def test_each_family_has_its_layer_shapes(family: str) -> None:
             assert "mamba" in mixers and "attention" in mixers
         else:
             assert mixers.count("attention") == 3 and mixers.count("linear_attention") == 9
+
+
+def test_coins_draw_as_one_call_each_and_equal_layers_are_one_object() -> None:
+    """The draw's shortcuts keep its stream and values: ``_coins`` takes the generator's doubles as
+    one ``random()`` call each (between bounded integers, which buffer half a word), and the layers
+    of a drawn model are shared objects equal to those built one by one."""
+    from env.scenarios import _coins
+
+    one, many = np.random.default_rng(11), np.random.default_rng(11)
+    for n in (0, 1, 5, 32):
+        assert one.integers(7) == many.integers(7)
+        assert [one.random() < 0.6 for _ in range(n)] == _coins(many, n, 0.6)
+    assert one.random() == many.random()
+    arch = sample_architecture(np.random.default_rng(5), blocks=12, families=("hybrid-mamba",))
+    body = arch.layers[1:13]
+    assert all(x == LayerSpec(mixer=x.mixer, ffn=x.ffn) for x in body)
+    assert len({id(x) for x in body}) == len(set(body)) < len(body)
 
 
 def test_zoo_family_and_the_memory_estimate() -> None:
