@@ -21,6 +21,8 @@ scenario :func:`env.scenarios.sample_scenario` draws (:func:`unsupported` names 
 
 from __future__ import annotations
 
+import operator
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -155,6 +157,13 @@ def _preset_floats(P: int) -> tuple[tuple[float, ...] | None, ...]:
     return hit
 
 
+def _extra_column(extras: list[dict[str, Any]], key: str) -> list[float] | None:
+    """``float(extra.get(key, 0))`` of each layer's extras, or None where no layer has ``key``."""
+    if not any(map(operator.contains, extras, repeat(key))):
+        return None
+    return [float(e.get(key, 0)) for e in extras]
+
+
 def table_fields(prep: Any) -> dict[str, Any] | None:
     """What the core's table of a preparation's scenario is built from (plain numbers and lists: it
     pickles, so another process may build it, :mod:`env.reset_worker`), or None where the scenario's
@@ -168,10 +177,8 @@ def table_fields(prep: Any) -> dict[str, Any] | None:
     layers = p.layers
     P, L = z.devices, p.num_layers
     lat, bw = _links(cl, P)
-    workspace = ([float(x.extra.get("workspace_bytes", 0)) for x in layers]
-                 if any("workspace_bytes" in x.extra for x in layers) else None)
-    w_workspace = ([float(x.extra.get("w_workspace_bytes", 0)) for x in layers]
-                   if any("w_workspace_bytes" in x.extra for x in layers) else None)
+    extras = [x.extra for x in layers]
+    workspace, w_workspace = _extra_column(extras, "workspace_bytes"), _extra_column(extras, "w_workspace_bytes")
     families, balanced = [], {}
     stages = min(L, MAX_STAGES)
     for placement, chunks, kind_ok in _families(P):
