@@ -109,8 +109,9 @@ class _Prep:
         self.node = np.arange(P) // gpn
         nodes = int(self.node[-1]) + 1
         total = max(float(self.cost.sum()), 1e-12)
-        send, a, b = cl.transfer_seconds, 0, min(1, P - 1)
-        comm = sum([send(a, b, x.out_bytes) for x in layers])
+        out = [x.out_bytes for x in layers]
+        send = {n: cl.transfer_seconds(0, min(1, P - 1), n) for n in set(out)}  # (a model repeats its sizes)
+        comm = sum([send[n] for n in out])
         static = sum([x.params for x in layers]) * scenario.training.bytes_per_param / P
         mean_limit, mean_speed = self.limits.mean(), self.speeds.mean()
         self.consts = (comm / scenario.profile.seconds_per_unit / total, float(self.cost[-1]) / total,
