@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -982,6 +983,11 @@ def _renamed(cost: LayerCost, name: str) -> LayerCost:
     return out
 
 
+#: A layer spec's fields as one tuple: what its dataclass ``__eq__`` compares, hashed in C (the
+#: spec's own ``__hash__`` is Python code).
+_spec_fields = operator.attrgetter(*LayerSpec.__dataclass_fields__)
+
+
 #: The degrees of the profiles priced lately (``(has_vision, seq_len, microbatch_size, tp, options,
 #: gpu)``) -> the number standing for them in :data:`_UNIT_COSTS`' keys, so that a profile hashes
 #: and compares its GPU and options once, not once per distinct layer. Numbers are never reused:
@@ -1016,8 +1022,8 @@ def _unit_costs(arch: Architecture, *, spec: GPUSpec, seq_len: int, microbatch_s
     for index, (layer, name) in enumerate(zip(arch.layers, names)):
         hit = by_object.get(id(layer))  # the layers hold their specs: no id is reused meanwhile
         if hit is None:
-            key = (layer, type(layer.window), _dominant_mixer(arch) if layer.kind == "mtp" else None,
-                   name if layer.shards > 1 else None)
+            key = (type(layer), _spec_fields(layer), type(layer.window),
+                   _dominant_mixer(arch) if layer.kind == "mtp" else None, name if layer.shards > 1 else None)
             hit = found.get(key)
             if hit is None:
                 hit = found[key] = _unit_cost(arch, index, key, degrees, name=name, spec=spec, seq_len=seq_len,
@@ -1039,7 +1045,7 @@ def _unit_cost(arch: Architecture, index: int, key: tuple, degrees: int, *, name
         sizes = _sizes(arch, _NOT_BLOCK) if fields is None else _fields(arch, fields)
     elif layer.kind in ("embedding", "head"):
         sizes = _fields(arch, _EMBED_HEAD_FIELDS)
-    elif layer.kind == "mtp" and (fields := _mtp_fields(key[2])) is not None:  # key[2]: the block's mixer
+    elif layer.kind == "mtp" and (fields := _mtp_fields(key[3])) is not None:  # key[3]: the block's mixer
         sizes = _fields(arch, fields)
     else:
         sizes = _sizes(arch, _NOT_SIZES)
