@@ -379,6 +379,21 @@ def test_ends_shared_across_models_of_other_block_sizes_and_a_full_cache_price_e
         assert len(costs._UNIT_COSTS) <= size
 
 
+def test_degrees_numbers_are_never_reused(monkeypatch) -> None:
+    """A profile's degrees (GPU, options, sequence length, ...) stand for a number in the cache's
+    keys; when that table is emptied the old numbers are not given out again, so entries keyed by
+    them are never read for other degrees."""
+    import pipeline.costs as costs
+
+    monkeypatch.setattr(costs, "_DEGREES_MAX", 1)
+    arch = load_zoo_architecture("tiny-hybrid")
+    runs = [{"gpu": "a100", "seq_len": 128}, {"gpu": "h100", "seq_len": 128}, {"gpu": "a100", "seq_len": 256}]
+    for kw in runs + runs[::-1]:
+        profile = profile_from_architecture(arch, **kw)
+        assert [(c.to_dict(), c.extra) for c in profile.layers] == _uncached(arch, **kw)
+        assert len(costs._DEGREES) == 1
+
+
 class _ReadRecorder:
     """An architecture that records which attributes the cost model reads (and whether any is a method,
     whose own reads it could not see)."""
