@@ -53,6 +53,8 @@ __all__ = [
     "fit_memory",
     "preset_budgets",
     "portfolio",
+    "PORTFOLIO_PICKS",
+    "REPAIR_STARTS",
     "score",
 ]
 
@@ -187,9 +189,15 @@ def portfolio(scenario: Scenario, sizes_of=None) -> list[Candidate]:
             for pick in _portfolio_picks(scenario.devices, scenario.profile.num_layers)]
 
 
-_PICKS = (("sequential", 1, "zb-h2"), ("v", 2, "zbv"), ("interleaved", 2, "zb-h2"), ("sequential", 1, "zb-h1"),
-          ("v", 2, "v-half"), ("interleaved", 3, "zb-h1"), ("wave", 3, "zbv"), ("interleaved", 2, "zb-h1"),
-          ("interleaved", 4, "zb-h1"), ("sequential", 1, "unlimited"))
+#: How many of the fastest starting plans that overflow memory a start tries to fit
+#: (:attr:`PlanEditor.repair_starts`'s default).
+REPAIR_STARTS = 2
+#: The portfolio's starting plans, in the order the editor tries them: (placement kind, chunks per
+#: device, budget preset of :func:`preset_candidate`). The compiled portfolio start takes them from
+#: here (:func:`env.reset_worker.prepared_starts`).
+PORTFOLIO_PICKS = (("sequential", 1, "zb-h2"), ("v", 2, "zbv"), ("interleaved", 2, "zb-h2"),
+                   ("sequential", 1, "zb-h1"), ("v", 2, "v-half"), ("interleaved", 3, "zb-h1"), ("wave", 3, "zbv"),
+                   ("interleaved", 2, "zb-h1"), ("interleaved", 4, "zb-h1"), ("sequential", 1, "unlimited"))
 _PORTFOLIO: dict[tuple[int, int], tuple[Candidate, ...]] = {}
 
 
@@ -200,7 +208,8 @@ def _portfolio_picks(devices: int, layers: int) -> tuple[Candidate, ...]:
     hit = _PORTFOLIO.get(key)
     if hit is None:
         hit = tuple(preset_candidate((), make_placement(kind, devices, chunks), preset, devices=devices)
-                    for kind, chunks, preset in _PICKS if devices * chunks <= key[1] and (chunks == 1 or devices >= 2))
+                    for kind, chunks, preset in PORTFOLIO_PICKS
+                    if devices * chunks <= key[1] and (chunks == 1 or devices >= 2))
         if len(_PORTFOLIO) >= 4096:
             _PORTFOLIO.clear()
         _PORTFOLIO[key] = hit
@@ -261,7 +270,7 @@ class PlanEditor:
         self.ev = evaluator if evaluator is not None else Evaluator(scenario)
         self.max_calls = max_calls
         self.reference = reference
-        self.repair_starts = 2
+        self.repair_starts = REPAIR_STARTS
         """How many of the fastest starting plans that overflow memory get a :func:`fit_memory` try."""
         self.allow_stop = True
         """``False``: stop is masked while an edit is left (the episode runs to its step or call budget)."""

@@ -1,7 +1,7 @@
 """A scenario pool's draws and their episodes' starts, prepared in another process (issue 45).
 
 On the compiled core a step of the batched environment costs about 25 µs of engine time an
-environment, but a reset about 1.2 ms of Python on the main thread: the scenario draw and its cost
+environment, but a reset about 1 ms, mostly Python, on the main thread: the scenario draw and its cost
 model, the preparation (lower bound, feature constants, the core's table), the portfolio and its
 starting plans' simulations. Episodes end every ~25 steps, so the resets, not the engine, set the
 speed. A :class:`ResetFeeder` runs that work in one worker process, ahead of the resets, and sends
@@ -12,11 +12,13 @@ The main process unpickles it and loads the episode with a copy: about 30 us.
 
 **The same draws, the same episodes.** The worker draws with the generator the pool would draw
 with (:class:`env.scenario_pool.ScenarioPool` hands it the same seed), one scenario after another
-in the pool's order, and prepares each with the code the vector env runs in-process
-(:meth:`PipelineEnv.reset_rounds`, :func:`env.native_core.evaluate` for the starting plans,
-:func:`env.native_core.load_args`). Each packet carries the generator's state before its draw,
-so the main process redraws the very scenario where it needs the object (a seeded reset, a
-setting the worker did not prepare). ``tests/env/test_reset_worker.py`` checks that a vector env
+in the pool's order, and prepares each as the vector env would in-process: the portfolio's start
+in the compiled engine (:func:`pipeline.engine.env_portfolio_start`: the portfolio's plans
+simulated, the best kept, the fastest that overflow fitted; the same bytes as the Python reset's),
+other starts with the Python code (:meth:`PipelineEnv.reset_rounds`,
+:func:`env.native_core.evaluate` for the starting plans, :func:`env.native_core.load_args`). Each
+draw has its own seed (:func:`draw_rng`), so the main process redraws the very scenario where it
+needs the object (a seeded reset, a setting the worker did not prepare). ``tests/env/test_reset_worker.py`` checks that a vector env
 with and without the worker gives identical observations, rewards, flags and masks.
 
 **Nothing hangs, nothing leaks.** The worker runs at most ``ahead`` packets ahead (a bounded
@@ -41,11 +43,13 @@ from typing import Any
 import numpy as np
 
 from env import native_core
+from env.editor import BUDGET_PRESETS, PLACEMENT_FAMILIES, PORTFOLIO_PICKS, REPAIR_STARTS
 from env.pipeline_env import PipelineEnv, prep_of, round_to_simulate
 from env.scenarios import ScenarioConfig, sample_scenario
 from pipeline import engine
 from pipeline.candidates import Scenario
 from pipeline.evaluator import results_across
+from pipeline.start_recipes import preset_candidate
 
 __all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", "redraw"]
 
@@ -98,19 +102,46 @@ def redraw(config: ScenarioConfig, seed: np.random.SeedSequence, index: int) -> 
     return sample_scenario(draw_rng(seed, index), config)
 
 
-def prepared_starts(scenario: Scenario, spec: StartSpec) -> dict[tuple, tuple[Any, float]]:
+def _compiled_picks() -> tuple[tuple[int, int, bool], ...]:
+    """:data:`env.editor.PORTFOLIO_PICKS` as the compiled portfolio start takes them: the placement
+    family's and the budget preset's indices in the core's table, and whether
+    :func:`~pipeline.start_recipes.preset_candidate` counts W against that preset's budgets."""
+    return tuple((PLACEMENT_FAMILIES.index((kind, chunks)), BUDGET_PRESETS.index(preset),
+                  preset_candidate((1,), (0,), preset, devices=1).cap_counts_w)
+                 for kind, chunks, preset in PORTFOLIO_PICKS)
+
+
+_PICKS = _compiled_picks()
+
+
+def prepared_starts(scenario: Scenario, spec: StartSpec, *, compiled: bool = True) -> dict[tuple, tuple[Any, float]]:
     """The starts of ``scenario``'s episodes for each setting of ``spec``, as a vector env on the compiled
     core would load them (its reset's rounds, the starting plans on the engine): by start key,
-    ``(EnvStart, reference time)``; none where the core does not port the scenario or the start."""
+    ``(EnvStart, reference time)``; none where the core does not port the scenario or the start.
+    ``scenario`` must be a fresh draw (its preparation's results memo empty, as a reset finds it).
+    ``compiled``: the portfolio's start made in the compiled engine (:func:`engine.env_portfolio_start`,
+    the same bytes as the Python reset's: ``tests/env/test_env_start.py``); False: always in Python."""
     prep = prep_of(scenario)
-    if native_core.unsupported(scenario) is not None or native_core.scenario_table(prep) is None:
+    table = native_core.scenario_table(prep) if native_core.unsupported(scenario) is None else None
+    if table is None:
         return {}
+    out = {}
+    calls_ok = spec.max_calls is None or (type(spec.max_calls) is int and spec.max_calls >= 1)
+    if compiled and False in spec.singles and calls_ok:
+        start = engine.env_portfolio_start(table, _PICKS, repair_starts=REPAIR_STARTS, max_calls=spec.max_calls,
+                                           max_steps=spec.max_steps, step_cost=spec.step_cost,
+                                           allow_stop=spec.allow_stop, reference=prep.reference("bound"))
+        if start is not None:
+            out[spec.key(False)] = (start, float(start.reference))
+    if all(spec.key(single) in out for single in spec.singles):
+        return out
     env = _ENVS.get(spec)
     if env is None:
         env = _ENVS[spec] = PipelineEnv(max_steps=spec.max_steps, step_cost=spec.step_cost, max_calls=spec.max_calls,
                                         share_results=spec.share_results, allow_stop=spec.allow_stop)
-    out = {}
     for single in spec.singles:
+        if spec.key(single) in out:
+            continue
         for hint in env.reset_rounds(options={"scenario": scenario, "start": "single" if single else "portfolio"}):
             ev = env.editor.ev
             rest = native_core.evaluate([(ev, t, prep) for t in round_to_simulate(ev, hint)], threads=1)

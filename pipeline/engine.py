@@ -42,7 +42,7 @@ from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defec
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
            "python_reference", "compiled_build", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
            "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
-           "check_schedule", "pack_job", "env_core", "env_scenario", "env_start", "env_step",
+           "check_schedule", "pack_job", "env_core", "env_scenario", "env_start", "env_portfolio_start", "env_step",
            "env_evaluate", "balanced_split"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
@@ -374,6 +374,20 @@ def env_start(table: Any, current: tuple, current_result: tuple, best: tuple, be
     if _native is None or not hasattr(_native, "EnvStart"):
         raise RuntimeError("env_start needs the compiled engine with its environment core; run 'make engine'")
     return _native.EnvStart(table, current, current_result, best, best_result, list(known), params)
+
+
+def env_portfolio_start(table: Any, picks: Sequence[tuple[int, int, bool]], *, repair_starts: int,
+                        max_calls: int | None, max_steps: int, step_cost: float, allow_stop: bool,
+                        reference: float) -> Any | None:
+    """A fresh episode's start from the portfolio, in the compiled engine (an ``EnvStart``; see
+    :func:`env_start`): what ``PipelineEnv``'s reset with a new evaluator and
+    :meth:`env.editor.PlanEditor.starting` over :func:`env.editor.portfolio` leave, bit for bit.
+    ``picks``: ``(placement family index, budget preset index, W counted)`` of each portfolio plan.
+    None where no pick fits the scenario, or the build predates it."""
+    if _native is None or not hasattr(_native, "env_portfolio_start"):
+        return None
+    return _native.env_portfolio_start(table, list(picks), int(repair_starts), max_calls, int(max_steps),
+                                       float(step_cost), bool(allow_stop), float(reference))
 
 
 def env_evaluate(pairs: Sequence[tuple[Any, tuple]], *, threads: int = 1) -> list[tuple[float, tuple, tuple]]:

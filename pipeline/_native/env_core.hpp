@@ -1051,6 +1051,29 @@ void bind_env_core(py::module_& mod) {
       })
       .def_readonly("devices", &EnvScenario::P)
       .def_readonly("layers", &EnvScenario::L);
+  mod.def(
+      "env_portfolio_start",
+      [](const std::shared_ptr<EnvScenario>& z, const std::vector<std::tuple<int, int, bool>>& picks, int repair_starts,
+         py::object max_calls, int max_steps, double step_cost, bool allow_stop, double reference) -> py::object {
+        if (!z) throw std::invalid_argument("env_portfolio_start needs a scenario table");
+        long long calls = -1;
+        if (!max_calls.is_none()) {
+          calls = max_calls.cast<long long>();
+          if (calls < 1) throw std::invalid_argument("max_calls must be None or >= 1");
+        }
+        std::vector<PortfolioPick> ps;
+        for (const auto& [f, p, w] : picks) ps.push_back(PortfolioPick{f, p, w});
+        EnvStart out;
+        bool found;
+        {
+          py::gil_scoped_release nogil;
+          found = portfolio_start(z, ps, repair_starts, calls, max_steps, step_cost, allow_stop, reference, out);
+        }
+        return found ? py::cast(std::move(out)) : py::none();
+      },
+      py::arg("table"), py::arg("picks"), py::arg("repair_starts"), py::arg("max_calls"), py::arg("max_steps"),
+      py::arg("step_cost"), py::arg("allow_stop"), py::arg("reference"),
+      "A fresh episode's portfolio start (env_start.hpp's portfolio_start), or None where no pick fits.");
   py::class_<EnvStart>(mod, "EnvStart")
       .def(py::init(&start_from), py::arg("table"), py::arg("current"), py::arg("current_result"), py::arg("best"),
            py::arg("best_result"), py::arg("known"), py::arg("params"),

@@ -276,3 +276,106 @@ EnvStart start_of_bytes(const std::string& bytes) {
     throw std::invalid_argument("an episode start's max_steps, calls_cap or max_calls is out of range");
   return s;
 }
+
+// ------------------------------------------------------------------ the portfolio's start
+
+// One of the portfolio's starting plans (env/editor.py's PORTFOLIO_PICKS): a placement family, a
+// budget preset (both indices into the scenario table's), and whether W counts against the budget
+// (pipeline/start_recipes.py's preset_candidate: not under ZB-H1's and ZB-H2's, which keep at
+// most one W pending per device instead).
+struct PortfolioPick {
+  int family, preset;
+  bool counts_w;
+};
+
+// The start of a fresh episode of scenario z from the portfolio, as the Python reference makes it
+// (PipelineEnv.reset_rounds with a new evaluator, PlanEditor.starting over portfolio(), then
+// env/native_core.py's load_args): each pick that fits the scenario at its DP-balanced split,
+// evaluated in turn while calls are left (the first whatever is left); the best by objective_key;
+// the `repair_starts` fastest that overflow memory with their budgets cut to fit (fit_memory),
+// evaluated while calls are left, kept where strictly better. max_calls -1: none. False where no
+// pick fits (the reference raises; the caller runs it). The results are the compiled engine's own
+// (env_evaluate), so the start is the one EnvStart parses from the Python reset, bit for bit
+// (tests/env/test_env_start.py compares their bytes).
+bool portfolio_start(const std::shared_ptr<EnvScenario>& zp, const std::vector<PortfolioPick>& picks,
+                     int repair_starts, long long max_calls, int max_steps, double step_cost, bool allow_stop,
+                     double reference, EnvStart& out) {
+  const EnvScenario& z = *zp;
+  std::vector<Cand> cands;
+  for (const PortfolioPick& p : picks) {
+    if (p.family < 0 || p.family >= N_FAMILIES || p.preset < 0 || p.preset >= N_PRESETS)
+      throw std::invalid_argument("a portfolio pick names a family (0..6) and a preset (0..4)");
+    if (!z.fam_target[p.family]) continue;  // portfolio(): more stages than layers, or chunks on one device
+    Cand c;
+    c.placement = z.fam_place[p.family];
+    c.sizes = *z.balanced_of(c.placement);  // (check_scenario: a family that applies has its split)
+    c.has_b = z.preset_has[p.preset];
+    c.budgets = z.presets[p.preset];
+    c.count_w = p.counts_w;
+    c.mpw = p.counts_w ? -1 : z.P;
+    cands.push_back(std::move(c));
+  }
+  if (cands.empty()) return false;
+  // The episode's evaluator: a result per distinct candidate, numbered by the call that made it.
+  std::unordered_map<std::string, std::pair<Res, long long>> memo;
+  std::vector<std::string> order;
+  auto result = [&](const Cand& c) -> const std::pair<Res, long long>& {
+    std::string key = c.key();
+    auto hit = memo.find(key);
+    if (hit != memo.end()) return hit->second;
+    order.push_back(key);
+    const long long number = static_cast<long long>(order.size());
+    return memo.emplace(std::move(key), std::make_pair(env_evaluate(z, c), number)).first->second;
+  };
+  auto left = [&](long long calls) { return max_calls < 0 || calls < max_calls; };
+  long long calls = 0;
+  const Cand* best = nullptr;
+  Res best_r;
+  std::vector<std::pair<double, size_t>> over;  // (iteration time, index) of those that overflow memory
+  for (size_t k = 0; k < cands.size(); ++k) {
+    if (best != nullptr && !left(calls)) break;
+    const auto& [res, number] = result(cands[k]);
+    calls = std::max(calls, number);
+    if (res.valid && !res.feasible) over.emplace_back(res.t, k);
+    if (best == nullptr || key_less(res, best_r)) {
+      best = &cands[k];
+      best_r = res;
+    }
+  }
+  std::stable_sort(over.begin(), over.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (static_cast<int>(over.size()) > repair_starts) over.resize(static_cast<size_t>(std::max(0, repair_starts)));
+  std::vector<Cand> repairs;
+  for (const auto& [t, k] : over) {
+    Cand fixed;
+    if (fit_memory_of(z, cands[k], result(cands[k]).first, fixed)) repairs.push_back(std::move(fixed));
+  }
+  Cand chosen = *best;
+  for (const Cand& fixed : repairs) {
+    if (!left(calls)) continue;
+    const auto& [res, number] = result(fixed);
+    calls = std::max(calls, number);
+    if (key_less(res, best_r)) {
+      chosen = fixed;
+      best_r = res;
+    }
+  }
+  const long long evaluated = static_cast<long long>(order.size());
+  out = EnvStart{};
+  out.z = zp;
+  out.cur = chosen;
+  out.best = std::move(chosen);
+  out.cur_r = best_r;
+  out.best_r = std::move(best_r);
+  out.known = std::move(order);
+  out.calls = evaluated;
+  out.max_calls = max_calls;
+  out.calls_cap = std::max(1LL, (max_calls > 0 ? max_calls : static_cast<long long>(max_steps) + 10) - evaluated);
+  out.calls_at_start = evaluated;
+  out.allow_stop = allow_stop;
+  out.max_steps = max_steps;
+  out.step_cost = step_cost;
+  out.reference = reference;
+  out.start_time = out.cur_r.t;
+  if (out.max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
+  return true;
+}

@@ -1,6 +1,7 @@
 """An episode's start as the compiled core loads it from another process (``EnvStart``,
 pipeline/_native/env_start.hpp; :func:`pipeline.engine.env_start`): loading one is loading its
-arguments, it pickles bit for bit, and malformed bytes raise instead of crashing the core."""
+arguments, it pickles bit for bit, malformed bytes raise instead of crashing the core, and the
+compiled portfolio start is the Python reset's, byte for byte."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from env import native_core
 from env.pipeline_env import PipelineEnv
+from env.reset_worker import StartSpec, prepared_starts, redraw
 from env.scenarios import TRAIN_SCENARIO, ScenarioConfig
 from pipeline import engine
 
@@ -108,3 +110,36 @@ def test_bad_arguments_are_named() -> None:
         engine.env_start(None, *args[1:])
     with pytest.raises(ValueError, match="8-tuple"):
         engine.env_start(args[0], (1, 2), *args[2:])
+
+
+@pytest.mark.parametrize(("config", "spec", "draws"), [
+    (ScenarioConfig(), StartSpec(24, 0.002, None, True, True), 150),
+    (TRAIN_SCENARIO, StartSpec(24, 0.002, 40, False, True, (False, True)), 40),
+    (SMALL, StartSpec(30, 0.01, 2, True, False), 150),  # (call budgets that stop the portfolio early)
+    (SMALL, StartSpec(30, 0.01, 1, True, True), 100),
+])
+def test_the_compiled_portfolio_start_is_the_python_resets(config: ScenarioConfig, spec: StartSpec,
+                                                            draws: int) -> None:
+    """The reset worker's compiled portfolio start (pipeline.engine.env_portfolio_start) against the
+    Python reset it replaces (reset_rounds, the starting plans, load_args), on fresh draws: the same
+    bytes (every candidate, result, evaluated plan, counter and float), the same reference."""
+    seed = np.random.SeedSequence(21)
+    for index in range(draws):
+        python = prepared_starts(redraw(config, seed, index), spec, compiled=False)
+        compiled = prepared_starts(redraw(config, seed, index), spec)
+        assert python.keys() == compiled.keys() and python
+        for key, (start, reference) in python.items():
+            assert compiled[key][0].to_bytes() == start.to_bytes(), (index, key)
+            assert compiled[key][1] == reference
+
+
+def test_a_portfolio_start_checks_its_arguments() -> None:
+    table = engine.env_start(*_load_args({}, 0)).table
+    with pytest.raises(ValueError, match="max_calls"):
+        engine.env_portfolio_start(table, [(0, 0, False)], repair_starts=2, max_calls=0, max_steps=24,
+                                   step_cost=0.0, allow_stop=True, reference=1.0)
+    with pytest.raises(ValueError, match="family"):
+        engine.env_portfolio_start(table, [(7, 0, False)], repair_starts=2, max_calls=None, max_steps=24,
+                                   step_cost=0.0, allow_stop=True, reference=1.0)
+    assert engine.env_portfolio_start(table, [], repair_starts=2, max_calls=None, max_steps=24, step_cost=0.0,
+                                      allow_stop=True, reference=1.0) is None
