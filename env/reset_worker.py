@@ -18,8 +18,9 @@ simulated, the best kept, the fastest that overflow fitted; the same bytes as th
 other starts with the Python code (:meth:`PipelineEnv.reset_rounds`,
 :func:`env.native_core.evaluate` for the starting plans, :func:`env.native_core.load_args`). Each
 draw has its own seed (:func:`draw_rng`), so the main process redraws the very scenario where it
-needs the object (a seeded reset, a setting the worker did not prepare). ``tests/env/test_reset_worker.py`` checks that a vector env
-with and without the worker gives identical observations, rewards, flags and masks.
+needs the object (a seeded reset, a setting the worker did not prepare).
+``tests/env/test_reset_worker.py`` checks that a vector env with and without the worker gives
+identical observations, rewards, flags and masks.
 
 **Nothing hangs, nothing leaks.** The worker runs at most ``ahead`` packets ahead (a bounded
 queue: it idles while the learner trains), checks its parent every wait, and stops on
