@@ -52,7 +52,7 @@ from pipeline.candidates import Scenario
 from pipeline.evaluator import results_across
 from pipeline.start_recipes import preset_candidate
 
-__all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "draw_rng", "redraw"]
+__all__ = ["StartSpec", "ResetFeeder", "Packet", "prepared_starts", "portfolio_start", "draw_rng", "redraw"]
 
 #: Seconds between the worker's checks for commands (a reseed, stop) and for its parent.
 _POLL_S = 0.05
@@ -115,6 +115,23 @@ def _compiled_picks() -> tuple[tuple[int, int, bool], ...]:
 _PICKS = _compiled_picks()
 
 
+def portfolio_start(prep: Any, *, max_calls: int | None, max_steps: int, step_cost: float,
+                    allow_stop: bool) -> tuple[Any, float] | None:
+    """``(EnvStart, reference time)`` of a ``PipelineEnv`` reset from the portfolio of a preparation's
+    scenario with those settings (the reference its default, the lower bound), made in the compiled
+    engine (:func:`pipeline.engine.env_portfolio_start`: the Python reset's, bit for bit); None where
+    the core does not port the scenario, the call budget is not None or >= 1, or nothing fits."""
+    if max_calls is not None and (type(max_calls) is not int or max_calls < 1):
+        return None
+    table = native_core.scenario_table(prep) if native_core.unsupported(prep.scenario) is None else None
+    if table is None:
+        return None
+    start = engine.env_portfolio_start(table, _PICKS, repair_starts=REPAIR_STARTS, max_calls=max_calls,
+                                       max_steps=max_steps, step_cost=step_cost, allow_stop=allow_stop,
+                                       reference=prep.reference("bound"))
+    return None if start is None else (start, float(start.reference))
+
+
 def prepared_starts(scenario: Scenario, spec: StartSpec, *, compiled: bool = True) -> dict[tuple, tuple[Any, float]]:
     """The starts of ``scenario``'s episodes for each setting of ``spec``, as a vector env on the compiled
     core would load them (its reset's rounds, the starting plans on the engine): by start key,
@@ -127,13 +144,11 @@ def prepared_starts(scenario: Scenario, spec: StartSpec, *, compiled: bool = Tru
     if table is None:
         return {}
     out = {}
-    calls_ok = spec.max_calls is None or (type(spec.max_calls) is int and spec.max_calls >= 1)
-    if compiled and False in spec.singles and calls_ok:
-        start = engine.env_portfolio_start(table, _PICKS, repair_starts=REPAIR_STARTS, max_calls=spec.max_calls,
-                                           max_steps=spec.max_steps, step_cost=spec.step_cost,
-                                           allow_stop=spec.allow_stop, reference=prep.reference("bound"))
+    if compiled and False in spec.singles:
+        start = portfolio_start(prep, max_calls=spec.max_calls, max_steps=spec.max_steps, step_cost=spec.step_cost,
+                                allow_stop=spec.allow_stop)
         if start is not None:
-            out[spec.key(False)] = (start, float(start.reference))
+            out[spec.key(False)] = start
     if all(spec.key(single) in out for single in spec.singles):
         return out
     env = _ENVS.get(spec)

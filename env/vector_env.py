@@ -105,7 +105,7 @@ from gymnasium.vector.utils import batch_space
 from env import native_core
 from env.editor import portfolio
 from env.pipeline_env import PipelineEnv, round_to_simulate
-from env.reset_worker import StartSpec
+from env.reset_worker import StartSpec, portfolio_start
 from env.scenario_pool import PoolEntry, ScenarioPool
 from pipeline import engine
 from pipeline.candidates import Candidate
@@ -522,6 +522,18 @@ class PipelineVectorEnv(VectorEnv):
         self._obs[i] = (self._core.stages[i], self._core.devices[i], self._core.plan[i])
         return True
 
+    def _compiled_start(self, i: int, entry: PoolEntry, key: tuple) -> None:
+        """Keep on ``entry`` the portfolio start of environment ``i``'s settings ``key`` made in the compiled
+        engine (:func:`env.reset_worker.portfolio_start`, the Python reset's bit for bit), so that the
+        reset is one ``EnvCore.load_start``; nothing where it does not port (the Python reset runs)."""
+        env = self.envs[i]
+        if type(env) is not PipelineEnv:  # (a subclass may reset its own way)
+            return
+        start = portfolio_start(entry.prep, max_calls=env.max_calls, max_steps=env.max_steps,
+                                step_cost=env.step_cost, allow_stop=env.allow_stop)
+        if start is not None:
+            entry.starts[key] = start
+
     def _side(self) -> ThreadPoolExecutor:
         """The thread the compiled core steps on while the step's Python runs (``engine_threads`` > 1)."""
         if self._side_thread is None:
@@ -547,6 +559,8 @@ class PipelineVectorEnv(VectorEnv):
             entry = None if self._pool is None else self._pooled(i, seed, options)
             if entry is not None:
                 key = self._start_key(i, seed, options)
+                if seed is None and key is not None and not key[-1] and key not in entry.starts:
+                    self._compiled_start(i, entry, key)
                 if seed is None and self._load_kept(i, entry, key):  # (a seeded reset seeds envs[i] too)
                     infos[i] = (False, "start")
                     continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from env import vector_env
 from env.pipeline_env import PipelineEnv
 from env.reset_worker import ResetFeeder, StartSpec, draw_rng, prepared_starts, redraw
 from env.scenarios import ScenarioConfig
@@ -53,6 +54,24 @@ def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
     _same(here, _rollout(1))
     assert len(calls) == 12  # the seeded first reset of each environment, none of the ~90 autoresets
     _same(here, _rollout(2, threads=2))
+
+
+def test_compiled_starts_give_the_episodes_of_python_resets(monkeypatch) -> None:
+    """The in-process pool's autoresets start from the compiled portfolio start (no Python reset after
+    the seeded first one); with it switched off each runs the Python reset: the same trajectories."""
+    calls = []
+    rounds = PipelineEnv.reset_rounds
+
+    def counted(self, **kw):
+        calls.append(1)
+        return rounds(self, **kw)
+
+    monkeypatch.setattr(PipelineEnv, "reset_rounds", counted)
+    compiled = _rollout(0)
+    assert len(calls) == 12
+    monkeypatch.setattr(vector_env, "portfolio_start", lambda *a, **k: None)
+    _same(compiled, _rollout(0))
+    assert len(calls) > 12 + 60
 
 
 def test_a_seeded_reset_draws_its_scenarios_here_without_waiting_for_the_workers() -> None:
