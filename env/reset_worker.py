@@ -165,7 +165,7 @@ def prepared_starts(scenario: Scenario, spec: StartSpec, *, compiled: bool = Tru
                 results_across(rest, threads=1)
         args = native_core.load_args(env)
         if args is not None:
-            out[spec.key(single)] = (engine.env_start(*args), float(env.reference))
+            out[spec.key(single)] = (engine.env_start(args), float(env.reference))
     return out
 
 

@@ -514,7 +514,7 @@ class PipelineVectorEnv(VectorEnv):
             return False
         start, reference = kept
         if type(start) is tuple:  # load's arguments, kept by a first reset here: parsed once, for every reuse
-            start = engine.env_start(*start)
+            start = engine.env_start(start)
             entry.starts[key] = (start, reference)
         self._core.load_start(i, start)
         self.envs[i].reference = reference

@@ -365,14 +365,19 @@ def env_scenario(table: dict[str, Any]) -> Any:
     return _native.EnvScenario(table)
 
 
-def env_start(table: Any, current: tuple, current_result: tuple, best: tuple, best_result: tuple, known: list,
-              params: dict[str, Any]) -> Any:
+def env_start(load_args: tuple) -> Any:
     """An episode's start for :func:`env_core` (``EnvStart``): ``EnvCore.load``'s arguments after the slot
-    (:func:`env.native_core.load_args`), parsed and checked once. ``EnvCore.load_start`` loads it with a
+    (``(table, current, current_result, best, best_result, known, params)``,
+    :func:`env.native_core.load_args`), parsed and checked once. ``EnvCore.load_start`` loads it with a
     copy; it pickles as bytes (``to_bytes`` / ``EnvStart.from_bytes``), so another process may make it
     (:mod:`env.reset_worker`). Needs the compiled engine."""
     if _native is None or not hasattr(_native, "EnvStart"):
         raise RuntimeError("env_start needs the compiled engine with its environment core; run 'make engine'")
+    if not isinstance(load_args, tuple) or len(load_args) != 7:
+        got = f"a tuple of {len(load_args)}" if isinstance(load_args, tuple) else type(load_args).__name__
+        raise ValueError("env_start takes load_args' 7-tuple (table, current, current_result, best, best_result, "
+                         f"known, params), got {got}")
+    table, current, current_result, best, best_result, known, params = load_args
     return _native.EnvStart(table, current, current_result, best, best_result, list(known), params)
 
 

@@ -48,7 +48,7 @@ def test_a_start_loads_and_steps_as_its_arguments(kwargs: dict) -> None:
     rng = np.random.default_rng(3)
     for seed in range(8):
         args = _load_args(kwargs, seed)
-        start = pickle.loads(pickle.dumps(engine.env_start(*args)))
+        start = pickle.loads(pickle.dumps(engine.env_start(args)))
         core.load(0, *args)
         core.load_start(1, start)
         _same_slots(core, 0, 1)
@@ -63,7 +63,7 @@ def test_a_start_loads_and_steps_as_its_arguments(kwargs: dict) -> None:
 
 def test_bytes_round_trip_exactly() -> None:
     args = _load_args({"scenario": TRAIN_SCENARIO}, 11)
-    start = engine.env_start(*args)
+    start = engine.env_start(args)
     data = start.to_bytes()
     back = type(start).from_bytes(data)
     assert back.to_bytes() == data
@@ -74,7 +74,7 @@ def test_bytes_round_trip_exactly() -> None:
 def test_malformed_bytes_raise_value_errors() -> None:
     """Every truncation, bytes appended, another layout's magic, and random byte flips: a ValueError
     or (a flip of a value no check covers) a start the core loads; never a crash or a hang."""
-    start = engine.env_start(*_load_args({"scenario": SMALL}, 2))
+    start = engine.env_start(_load_args({"scenario": SMALL}, 2))
     data = start.to_bytes()
     cls = type(start)
     for cut in range(0, len(data), max(1, len(data) // 300)):
@@ -105,11 +105,15 @@ def test_malformed_bytes_raise_value_errors() -> None:
 def test_bad_arguments_are_named() -> None:
     args = list(_load_args({}, 0))
     with pytest.raises(ValueError, match="max_steps"):
-        engine.env_start(*args[:-1], {**args[-1], "max_steps": 0})
+        engine.env_start((*args[:-1], {**args[-1], "max_steps": 0}))
     with pytest.raises((ValueError, TypeError)):
-        engine.env_start(None, *args[1:])
+        engine.env_start((None, *args[1:]))
+    with pytest.raises(ValueError, match="7-tuple.*got a tuple of 6"):
+        engine.env_start(args[:-1])
+    with pytest.raises(ValueError, match="7-tuple.*got NoneType"):
+        engine.env_start(None)
     with pytest.raises(ValueError, match="8-tuple"):
-        engine.env_start(args[0], (1, 2), *args[2:])
+        engine.env_start((args[0], (1, 2), *args[2:]))
 
 
 @pytest.mark.parametrize(("config", "spec", "draws"), [
@@ -134,7 +138,7 @@ def test_the_compiled_portfolio_start_is_the_python_resets(config: ScenarioConfi
 
 
 def test_a_portfolio_start_checks_its_arguments() -> None:
-    table = engine.env_start(*_load_args({}, 0)).table
+    table = engine.env_start(_load_args({}, 0)).table
     with pytest.raises(ValueError, match="max_calls"):
         engine.env_portfolio_start(table, [(0, 0, False)], repair_starts=2, max_calls=0, max_steps=24,
                                    step_cost=0.0, allow_stop=True, reference=1.0)
