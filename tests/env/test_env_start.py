@@ -109,7 +109,7 @@ def test_bad_arguments_are_named() -> None:
     with pytest.raises((ValueError, TypeError)):
         engine.env_start((None, *args[1:]))
     with pytest.raises(ValueError, match="7-tuple.*got a tuple of 6"):
-        engine.env_start(args[:-1])
+        engine.env_start(tuple(args[:-1]))
     with pytest.raises(ValueError, match="7-tuple.*got NoneType"):
         engine.env_start(None)
     with pytest.raises(ValueError, match="8-tuple"):
