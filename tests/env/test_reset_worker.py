@@ -39,11 +39,9 @@ def _same(a: list[tuple], b: list[tuple]) -> None:
             assert np.array_equal(u, v), f"step {k} differs"
 
 
-def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
-    """Trajectories are identical with 0, 1 and 2 workers, and with workers no reset runs in this
-    process after the first (every start is loaded from a worker's packet)."""
-    here = _rollout(0)
-    calls = []
+def _count_python_resets(monkeypatch) -> list[int]:
+    """A list that grows by one at every Python reset (``PipelineEnv.reset_rounds``) from now on."""
+    calls: list[int] = []
     rounds = PipelineEnv.reset_rounds
 
     def counted(self, **kw):
@@ -51,6 +49,14 @@ def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
         return rounds(self, **kw)
 
     monkeypatch.setattr(PipelineEnv, "reset_rounds", counted)
+    return calls
+
+
+def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
+    """Trajectories are identical with 0, 1 and 2 workers, and with workers no reset runs in this
+    process after the first (every start is loaded from a worker's packet)."""
+    here = _rollout(0)
+    calls = _count_python_resets(monkeypatch)
     _same(here, _rollout(1))
     assert len(calls) == 12  # the seeded first reset of each environment, none of the ~90 autoresets
     _same(here, _rollout(2, threads=2))
@@ -59,14 +65,7 @@ def test_workers_give_the_episodes_of_the_in_process_pool(monkeypatch) -> None:
 def test_compiled_starts_give_the_episodes_of_python_resets(monkeypatch) -> None:
     """The in-process pool's autoresets start from the compiled portfolio start (no Python reset after
     the seeded first one); with it switched off each runs the Python reset: the same trajectories."""
-    calls = []
-    rounds = PipelineEnv.reset_rounds
-
-    def counted(self, **kw):
-        calls.append(1)
-        return rounds(self, **kw)
-
-    monkeypatch.setattr(PipelineEnv, "reset_rounds", counted)
+    calls = _count_python_resets(monkeypatch)
     compiled = _rollout(0)
     assert len(calls) == 12
     monkeypatch.setattr(vector_env, "portfolio_start", lambda *a, **k: None)
