@@ -136,7 +136,6 @@ def prepared_starts(scenario: Scenario, spec: StartSpec, *, compiled: bool = Tru
     """The starts of ``scenario``'s episodes for each setting of ``spec``, as a vector env on the compiled
     core would load them (its reset's rounds, the starting plans on the engine): by start key,
     ``(EnvStart, reference time)``; none where the core does not port the scenario or the start.
-    ``scenario`` must be a fresh draw (its preparation's results memo empty, as a reset finds it).
     ``compiled``: the portfolio's start made in the compiled engine (:func:`engine.env_portfolio_start`,
     the same bytes as the Python reset's: ``tests/env/test_env_start.py``); False: always in Python."""
     prep = prep_of(scenario)

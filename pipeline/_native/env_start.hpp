@@ -300,6 +300,7 @@ struct PortfolioPick {
 bool portfolio_start(const std::shared_ptr<EnvScenario>& zp, const std::vector<PortfolioPick>& picks,
                      int repair_starts, long long max_calls, int max_steps, double step_cost, bool allow_stop,
                      double reference, EnvStart& out) {
+  if (max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
   const EnvScenario& z = *zp;
   std::vector<Cand> cands;
   for (const PortfolioPick& p : picks) {
@@ -376,6 +377,5 @@ bool portfolio_start(const std::shared_ptr<EnvScenario>& zp, const std::vector<P
   out.step_cost = step_cost;
   out.reference = reference;
   out.start_time = out.cur_r.t;
-  if (out.max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
   return true;
 }
