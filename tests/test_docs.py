@@ -57,8 +57,8 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments (search|run)(?=\s|$)", "--budget 20"),
     # the job search: its tuner, and one micro-batch size (a third of the configurations: 35-60% less CPU)
     (r"-m experiments search\b.*--gpus\b", "--calls-per-config 30 --tune-top 2 --microbatch-sizes 1"),
-    (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 2 --max-seconds 10 "
-                                     "--calibration-plans 2 --candidates 2"),
+    (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 1 --max-seconds 10 "
+                                     "--calibration-plans 1 --candidates 1"),
     (r"-m (experiments replay|executor\.launch)(?=\s|$)", "--steps 2 --warmup 1"),
     (r"-m experiments profile(?=\s|$)", "--repeats 1 --warmup 0"),
     (r"-m experiments sweep(?=\s|$)", "--budget 20 --max-trials 4"),

@@ -25,8 +25,8 @@ def test_workflow_end_to_end_on_two_cpu_ranks(tmp_path: Path, offline_wandb: Pat
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     code = main(["run", "--model", "tiny-hybrid", "--devices", "2", "--seq-len", "64", "--microbatches", "6",
-                 "--budget", "100", "--profile-repeats", "2", "--steps", "2", "--warmup", "1",
-                 "--calibration-plans", "6", "--out", str(out), "--group", "wf-test", "--timeout", "240",
+                 "--budget", "40", "--profile-repeats", "1", "--steps", "2", "--warmup", "1",
+                 "--calibration-plans", "4", "--out", str(out), "--group", "wf-test", "--timeout", "240",
                  "--trace", str(tmp_path / "trace.json")])
     text = capsys.readouterr().out
     assert code == 0
