@@ -213,6 +213,44 @@ def table_fields(prep: Any) -> dict[str, Any] | None:
     }
 
 
+def direct_table(scenario: Scenario) -> Any | None:
+    """The core's table of ``scenario`` without a ``PipelineEnv`` preparation: its raw columns here, what
+    :func:`table_fields` reads off the preparation (prefix sums, lower bound, observation constants and
+    device rows, balanced splits) derived in the engine (:func:`pipeline.engine.env_scenario_derived`).
+    The same table as ``scenario_table(prep_of(scenario))``, its ``bound`` the preparation's
+    ``reference("bound")`` (``tests/env/test_env_table.py``). The scenario must be one the core ports
+    (:func:`unsupported`); None where the engine leaves the table to the Python reference (then build
+    it from the preparation)."""
+    p, cl, training = scenario.profile, scenario.cluster, scenario.training
+    runtime, ideal = runtime_named(training.runtime), runtime_named("ideal")
+    compute, bound_compute = runtime.compute_scale_for(p), ideal.compute_scale_for(p)
+    unit = p.seconds_per_unit
+    layers = p.layers
+    P = scenario.devices
+    lat, bw = _links(cl, P)
+    extras = [x.extra for x in layers]
+    out = [x.out_bytes for x in layers]
+    send = {n: cl.transfer_seconds(0, min(1, P - 1), n) for n in set(out)}  # (as _Prep's constants)
+    speeds = cl.speeds
+    return engine.env_scenario_derived({
+        "P": P, "M": scenario.microbatches, "f": [x.f for x in layers], "b": [x.b for x in layers],
+        "w": [x.w for x in layers], "act": [x.act_bytes for x in layers],
+        "keep": [x.w_graph if training.input_backward_keeps_graph else x.w_retained for x in layers],
+        "params": [x.params for x in layers], "out": out,
+        "workspace": _extra_column(extras, "workspace_bytes"),
+        "w_workspace": _extra_column(extras, "w_workspace_bytes"),
+        "defers": bool(training.first_stage_defers_backward),
+        "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
+        "param_bytes": training.param_bytes, "unit": unit, "speeds": [sp / compute for sp in speeds],
+        "cluster_speeds": speeds, "latency": lat, "bandwidth": bw, "limits": cl.memory_limits_bytes,
+        "cost": [float(x.f + x.b + x.w) for x in layers], "gpus_per_node": cl.gpus_per_node or P,
+        "comm": sum([send[n] for n in out]), "bytes_per_param": training.bytes_per_param,
+        "bound_speeds": [sp / bound_compute for sp in speeds],
+        "bound_over": p.action_overhead + ideal.action_overhead_s / unit,
+        "families": _families(P), "presets": _preset_floats(P),
+    })
+
+
 def candidate_tuple(c: Candidate) -> tuple | None:
     """``c`` as the core takes it, or None where the core does not port it (another order, recomputation)."""
     if c.order != "list" or c.recompute is not None:

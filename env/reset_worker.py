@@ -14,7 +14,9 @@ The main process unpickles it and loads the episode with a copy: about 30 us.
 with (:class:`env.scenario_pool.ScenarioPool` hands it the same seed), one scenario after another
 in the pool's order, and prepares each as the vector env would in-process: the portfolio's start
 in the compiled engine (:func:`pipeline.engine.env_portfolio_start`: the portfolio's plans
-simulated, the best kept, the fastest that overflow fitted; the same bytes as the Python reset's),
+simulated, the best kept, the fastest that overflow fitted; the same bytes as the Python reset's)
+from the table the engine derives from the scenario's columns (:func:`env.native_core.direct_table`:
+no ``PipelineEnv`` preparation; the same table),
 other starts with the Python code (:meth:`PipelineEnv.reset_rounds`,
 :func:`env.native_core.evaluate` for the starting plans, :func:`env.native_core.load_args`). Each
 draw has its own seed (:func:`draw_rng`), so the main process redraws the very scenario where it
@@ -121,14 +123,21 @@ def portfolio_start(prep: Any, *, max_calls: int | None, max_steps: int, step_co
     scenario with those settings (the reference its default, the lower bound), made in the compiled
     engine (:func:`pipeline.engine.env_portfolio_start`: the Python reset's, bit for bit); None where
     the core does not port the scenario, the call budget is not None or >= 1, or nothing fits."""
-    if max_calls is not None and (type(max_calls) is not int or max_calls < 1):
-        return None
     table = native_core.scenario_table(prep) if native_core.unsupported(prep.scenario) is None else None
     if table is None:
         return None
+    return _portfolio_start(table, prep.reference("bound"), max_calls=max_calls, max_steps=max_steps,
+                            step_cost=step_cost, allow_stop=allow_stop)
+
+
+def _portfolio_start(table: Any, bound: float, *, max_calls: int | None, max_steps: int, step_cost: float,
+                     allow_stop: bool) -> tuple[Any, float] | None:
+    """:func:`portfolio_start` of a scenario's table and lower bound."""
+    if max_calls is not None and (type(max_calls) is not int or max_calls < 1):
+        return None
     start = engine.env_portfolio_start(table, _PICKS, repair_starts=REPAIR_STARTS, max_calls=max_calls,
                                        max_steps=max_steps, step_cost=step_cost, allow_stop=allow_stop,
-                                       reference=prep.reference("bound"))
+                                       reference=bound)
     return None if start is None else (start, float(start.reference))
 
 
@@ -137,19 +146,31 @@ def prepared_starts(scenario: Scenario, spec: StartSpec, *, compiled: bool = Tru
     core would load them (its reset's rounds, the starting plans on the engine): by start key,
     ``(EnvStart, reference time)``; none where the core does not port the scenario or the start.
     ``compiled``: the portfolio's start made in the compiled engine (:func:`engine.env_portfolio_start`,
-    the same bytes as the Python reset's: ``tests/env/test_env_start.py``); False: always in Python."""
-    prep = prep_of(scenario)
-    table = native_core.scenario_table(prep) if native_core.unsupported(scenario) is None else None
-    if table is None:
+    the same bytes as the Python reset's: ``tests/env/test_env_start.py``) from the table the engine
+    derives from the scenario's columns (:func:`env.native_core.direct_table`: no preparation where
+    that start is all ``spec`` asks for); False: always in Python."""
+    if native_core.unsupported(scenario) is not None:
         return {}
     out = {}
+    prep = None
     if compiled and False in spec.singles:
-        start = portfolio_start(prep, max_calls=spec.max_calls, max_steps=spec.max_steps, step_cost=spec.step_cost,
-                                allow_stop=spec.allow_stop)
+        table = native_core.direct_table(scenario)
+        if table is not None:
+            bound = table.bound
+        else:  # (the table the Python reference builds, or none)
+            prep = prep_of(scenario)
+            table, bound = native_core.scenario_table(prep), prep.reference("bound")
+            if table is None:
+                return {}
+        start = _portfolio_start(table, bound, max_calls=spec.max_calls, max_steps=spec.max_steps,
+                                 step_cost=spec.step_cost, allow_stop=spec.allow_stop)
         if start is not None:
             out[spec.key(False)] = start
     if all(spec.key(single) in out for single in spec.singles):
         return out
+    prep = prep if prep is not None else prep_of(scenario)
+    if native_core.scenario_table(prep) is None:
+        return {}
     env = _ENVS.get(spec)
     if env is None:
         env = _ENVS[spec] = PipelineEnv(max_steps=spec.max_steps, step_cost=spec.step_cost, max_calls=spec.max_calls,

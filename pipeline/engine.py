@@ -42,7 +42,8 @@ from pipeline.plan import Action, Plan, Schedule, ScheduleDefect, schedule_defec
 __all__ = ["ENGINE_ENV", "ENGINE", "OP_CODES", "OP_NAMES", "SimRun", "Outcome", "ScheduleJob", "compiled",
            "python_reference", "compiled_build", "EngineClock", "clocked", "schedule_arrays", "actions_from_arrays",
            "simulate_schedule", "list_schedule", "schedule_and_simulate", "schedule_and_simulate_many",
-           "check_schedule", "pack_job", "env_core", "env_scenario", "env_start", "env_portfolio_start", "env_step",
+           "check_schedule", "pack_job", "env_core", "env_scenario", "env_scenario_derived",
+           "env_start", "env_portfolio_start", "env_step",
            "env_evaluate", "balanced_split"]
 
 ENGINE_ENV = "ADAPTIS_ENGINE"
@@ -363,6 +364,17 @@ def env_scenario(table: dict[str, Any]) -> Any:
     if _native is None or not hasattr(_native, "EnvScenario"):
         raise RuntimeError("env_scenario needs the compiled engine with its environment core; run 'make engine'")
     return _native.EnvScenario(table)
+
+
+def env_scenario_derived(columns: dict[str, Any]) -> Any | None:
+    """:func:`env_scenario`'s table derived in the engine from a scenario's raw columns
+    (:func:`env.native_core.direct_table` builds ``columns``): the same table as from
+    :func:`env.native_core.table_fields`, without a ``PipelineEnv`` preparation. None where the Python
+    reference builds it (sums not exact in doubles, a balanced split the engine leaves to it) or the
+    build predates it."""
+    if _native is None or not hasattr(_native, "env_scenario_derived"):
+        return None
+    return _native.env_scenario_derived(columns)
 
 
 def env_start(load_args: tuple) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "engine.cpp"
 #: Every file the build reads (engine.cpp includes the headers beside it).
-SOURCES = (SOURCE, HERE / "env_core.hpp", HERE / "env_start.hpp")
+SOURCES = (SOURCE, HERE / "env_core.hpp", HERE / "env_table.hpp", HERE / "env_start.hpp")
 #: -ffp-contract=off: no fused multiply-add, so every sum rounds exactly as in the Python reference.
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-ffp-contract=off"]
 

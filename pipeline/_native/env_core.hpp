@@ -764,6 +764,7 @@ std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
   return z;
 }
 
+#include "env_table.hpp"
 #include "env_start.hpp"
 
 class EnvCore {
@@ -1044,11 +1045,21 @@ void bind_env_core(py::module_& mod) {
       },
       py::arg("pairs"), py::arg("threads") = 1,
       "Evaluator.result's figures of candidates on their scenario tables: (iteration time, busy, peak memory).");
+  mod.def(
+      "env_scenario_derived",
+      [](const py::dict& d) -> py::object {
+        auto z = scenario_derived(d);
+        return z ? py::cast(z) : py::none();
+      },
+      py::arg("columns"),
+      "A scenario's table derived from its raw columns (env_table.hpp), or None where the Python reference "
+      "builds it.");
   py::class_<EnvScenario, std::shared_ptr<EnvScenario>>(mod, "EnvScenario")
       .def(py::init(&scenario_from), "A scenario's tables for EnvCore (built by env/native_core.py).")
       .def("has_balanced", [](const EnvScenario& z, const std::vector<int>& placement) {
         return z.balanced_of(placement) != nullptr;
       })
+      .def_readonly("bound", &EnvScenario::bound)
       .def_readonly("devices", &EnvScenario::P)
       .def_readonly("layers", &EnvScenario::L);
   mod.def(
