@@ -262,11 +262,23 @@ def candidate_tuple(c: Candidate) -> tuple | None:
             bool(c.cap_counts_w))
 
 
+#: :class:`Candidate`'s fields, in order: :func:`candidate_of` fills them without the frozen dataclass's
+#: ``__init__`` (a third of the cost; the vector env's info columns build one per changed plan).
+_CANDIDATE_FIELDS = ("sizes", "placement", "order", "budgets", "split_backward", "eager_w", "depth_first",
+                     "max_pending_w", "cap_counts_w", "recompute")
+if tuple(Candidate.__dataclass_fields__) != _CANDIDATE_FIELDS:
+    raise ImportError("env.native_core.candidate_of fills Candidate's fields by name: update _CANDIDATE_FIELDS "
+                      f"to {tuple(Candidate.__dataclass_fields__)}")
+
+
 def candidate_of(t: tuple) -> Candidate:
-    """The :class:`Candidate` of the core's 8-tuple (:meth:`EnvCore.candidate`)."""
+    """The :class:`Candidate` of the core's 8-tuple (:meth:`EnvCore.candidate`): equal, field for field, to
+    ``Candidate(sizes, placement, "list", budgets, ...)``."""
     sizes, placement, budgets, split, eager, depth, mpw, counts_w = t
-    return Candidate(sizes, placement, "list", budgets, split_backward=split, eager_w=eager, depth_first=depth,
-                     max_pending_w=mpw, cap_counts_w=counts_w)
+    c = object.__new__(Candidate)
+    c.__dict__.update(sizes=sizes, placement=placement, order="list", budgets=budgets, split_backward=split,
+                      eager_w=eager, depth_first=depth, max_pending_w=mpw, cap_counts_w=counts_w, recompute=None)
+    return c
 
 
 def evaluate(requests: list[tuple[Any, Candidate, Any]], *, threads: int = 1) -> list[tuple[Any, Candidate]]:

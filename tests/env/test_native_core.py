@@ -288,3 +288,21 @@ def test_table_fields_lists_are_the_callers_own():
     assert second["latency"] and second["bandwidth"] and second["prefix"] and second["families"][0][0]
     assert all(v is None or v for v in second["presets"])
     assert second == native_core.table_fields(prep)
+
+
+@pytest.mark.parametrize("t", [((4, 4), (0, 1), (1.0, 2.0), True, False, True, None, True),
+                               ((2, 3, 3), (0, 1, 0), None, False, True, False, 2, False)])
+def test_candidate_of_is_the_dataclasss_own(t):
+    """candidate_of fills Candidate's fields without its __init__: the same object, field for field,
+    hash, equality, description and pickle."""
+    import pickle
+
+    from pipeline.candidates import Candidate
+
+    sizes, placement, budgets, split, eager, depth, mpw, counts_w = t
+    made = Candidate(sizes, placement, "list", budgets, split_backward=split, eager_w=eager, depth_first=depth,
+                     max_pending_w=mpw, cap_counts_w=counts_w)
+    fast = native_core.candidate_of(t)
+    assert fast.__dict__ == made.__dict__ and list(fast.__dict__) == list(made.__dict__)
+    assert fast == made and hash(fast) == hash(made) and fast.describe() == made.describe()
+    assert pickle.loads(pickle.dumps(fast)) == made
