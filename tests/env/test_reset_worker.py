@@ -122,11 +122,16 @@ def test_packets_hold_the_starts_a_reset_here_would_load() -> None:
     assert not feeder.alive
 
 
-def test_draw_rng_is_the_seeds_spawned_child() -> None:
-    seed = np.random.SeedSequence(7)
-    children = np.random.SeedSequence(7).spawn(3)
-    for k, child in enumerate(children):
-        assert draw_rng(seed, k).random() == np.random.default_rng(child).random()
+@pytest.mark.parametrize("entropy", [7, list(range(256)), [2**70 + 5, 0, 2**32], None])
+def test_draw_rng_is_the_seeds_spawned_child(entropy) -> None:
+    """Whatever the seed's entropy (a vector env's pool takes one seed per environment), and for a seed
+    that is itself a child (the pool's draws are its second), twice (the second from kept words)."""
+    for seed in (np.random.SeedSequence(entropy), np.random.SeedSequence(entropy).spawn(2)[1]):
+        twin = np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size)
+        children = twin.spawn(40)
+        for _ in range(2):
+            for k in (0, 1, 39):
+                assert draw_rng(seed, k).bit_generator.state == np.random.default_rng(children[k]).bit_generator.state
 
 
 def test_a_failing_worker_is_reported_with_its_traceback() -> None:
