@@ -164,7 +164,8 @@ class PipelineVectorEnv(VectorEnv):
     (a subclass with a fixed scenario, say) per environment. ``engine_threads``: threads of the
     native batch and of the compiled core's steps (default 1: the engine keeps its helper threads from
     batch to batch, but on a machine whose cores are busy a second thread that waits for a core holds
-    up the whole step; 2 pays on idle cores). ``pause_gc`` (default True): no cyclic garbage
+    up the whole step; 2 pays on idle cores; with ``pool_workers`` the core's step runs on this thread
+    and the engine's, not beside the autoresets). ``pause_gc`` (default True): no cyclic garbage
     collection inside a step (see :attr:`pause_gc`). ``native``: step on the compiled environment
     core (None: where it is built; True: a ValueError where it is not; False: in Python; see the
     module docstring). ``scenario_pool``: resets take their scenario from a pool of that many prepared
@@ -325,7 +326,13 @@ class PipelineVectorEnv(VectorEnv):
         stepping = self._requests(acts, skip=(self._autoreset | native) if next_step else native)
         core, stepped = self._core, None
         ahead = self._pool is not None and self._pool.ahead < self._ahead_limit  # the pool has room to draw ahead
-        if native.any() and self.engine_threads > 1 and (ending or stepping or ahead):
+        beside = bool(ending or stepping or ahead)
+        if self._pool is not None and self._pool.worker is not None:
+            # A reset worker draws ahead and an autoreset here is a load: a side thread's hand-offs cost
+            # more than they overlap (256 environments on 2 cores: 22,200-24,300 env-steps/s against
+            # 25,200-30,000 stepping on the engine's threads here). Python-stepped environments still pay.
+            beside = bool(stepping)
+        if native.any() and self.engine_threads > 1 and beside:
             # the core's step (no GIL) beside the autoresets' and the other environments' Python
             t1 = time.perf_counter()
             stepped = self._side().submit(engine.env_step, core, np.asarray(acts, dtype=np.int64), native,
