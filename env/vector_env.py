@@ -512,10 +512,10 @@ class PipelineVectorEnv(VectorEnv):
             single = env.draw_single_start()
         return env.max_steps, env.step_cost, env.max_calls, env.allow_stop, single
 
-    def _load_kept(self, i: int, entry: PoolEntry, key: tuple | None) -> bool:
-        """Start environment ``i``'s episode in the compiled core from ``entry``'s kept start (one
-        ``EnvCore.load``, no Python reset: ``envs[i]`` keeps an earlier episode's state but for its
-        ``reference``); False where there is none."""
+    def _load_kept(self, i: int, entry: PoolEntry, key: tuple | None, loads: list[tuple[int, Any]]) -> bool:
+        """Start environment ``i``'s episode in the compiled core from ``entry``'s kept start (no Python
+        reset: ``envs[i]`` keeps an earlier episode's state but for its ``reference``), appended to
+        ``loads`` for one ``EnvCore.load_starts`` of the step's autoresets; False where there is none."""
         kept = entry.starts.get(key) if key is not None else None
         if kept is None:
             return False
@@ -523,7 +523,7 @@ class PipelineVectorEnv(VectorEnv):
         if type(start) is tuple:  # load's arguments, kept by a first reset here: parsed once, for every reuse
             start = engine.env_start(start)
             entry.starts[key] = (start, reference)
-        self._core.load_start(i, start)
+        loads.append((i, start))
         self.envs[i].reference = reference
         self._native[i] = True
         self._obs[i] = (self._core.stages[i], self._core.devices[i], self._core.plan[i])
@@ -560,6 +560,7 @@ class PipelineVectorEnv(VectorEnv):
         infos: dict[int, dict[str, Any] | tuple[bool, str]] = {}
         runs: list[tuple[int, Iterator[list[Candidate]]]] = []
         keep: dict[int, tuple[PoolEntry, tuple]] = {}  # pooled resets whose start the entry is to keep
+        loads: list[tuple[int, Any]] = []  # kept starts, loaded together (on the engine's threads)
         for i in which:
             env, seed = self.envs[i], None if seeds is None else seeds[i]
             opts = options
@@ -568,7 +569,7 @@ class PipelineVectorEnv(VectorEnv):
                 key = self._start_key(i, seed, options)
                 if seed is None and key is not None and not key[-1] and key not in entry.starts:
                     self._compiled_start(i, entry, key)
-                if seed is None and self._load_kept(i, entry, key):  # (a seeded reset seeds envs[i] too)
+                if seed is None and self._load_kept(i, entry, key, loads):  # (a seeded reset seeds envs[i] too)
                     infos[i] = (False, "start")
                     continue
                 opts = {**(options or {}), "scenario": entry.scenario}
@@ -582,6 +583,8 @@ class PipelineVectorEnv(VectorEnv):
                 o, infos[i] = env.reset(seed=seed, options=opts)
                 self._obs[i] = tuple(o[k] for k in _PARTS)
                 self._unload(i)
+        if loads:
+            self._core.load_starts([i for i, _ in loads], [s for _, s in loads], threads=self.engine_threads)
         first = list(with_batch or ())
         while runs or first:
             requests, natives = self._advance(runs)

@@ -837,6 +837,30 @@ class EnvCore {
     edits_.mutable_data()[i] = -1;
   }
 
+  // Start the episodes of environments `indices` (distinct) from `starts`, one each, on `threads`
+  // threads without the GIL: what load_start does for each, in any order (each writes its own rows).
+  void load_starts(const std::vector<int>& indices, const py::list& starts, int threads) {
+    if (indices.size() != starts.size())
+      throw std::invalid_argument("load_starts takes one start per environment index");
+    std::vector<const EnvStart*> ptrs;
+    std::vector<char> seen(n_, 0);
+    for (size_t k = 0; k < indices.size(); ++k) {
+      slot(indices[k]);  // (its range error)
+      if (seen[indices[k]]++) throw std::invalid_argument("load_starts: environment " + std::to_string(indices[k]) +
+                                                          " is named twice");
+      ptrs.push_back(&starts[k].cast<const EnvStart&>());
+    }
+    py::gil_scoped_release nogil;
+    std::atomic<size_t> next{0};
+    auto worker = [&]() {
+      for (size_t k = next++; k < ptrs.size(); k = next++) load_start(indices[k], *ptrs[k]);
+    };
+    const int width = threads >= 1 ? threads : threads_;
+    const int n = ptrs.size() >= 4 ? std::min<int>(width, static_cast<int>(ptrs.size())) : 1;
+    const std::function<void()> task = worker;
+    BatchPool::get().run(n - 1, task);
+  }
+
   void deactivate(int i) { slot(i).active = false; }
   bool active(int i) { return slot(i).active; }
 
@@ -1101,6 +1125,9 @@ void bind_env_core(py::module_& mod) {
       .def("load", &EnvCore::load, "Start environment i's episode from the Python reset's state.")
       .def("load_start", &EnvCore::load_start, py::arg("i"), py::arg("start"),
            "Start environment i's episode from an EnvStart (what load takes, parsed once).")
+      .def("load_starts", &EnvCore::load_starts, py::arg("indices"), py::arg("starts"), py::arg("threads") = 0,
+           "load_start of each (distinct) index from its start, on `threads` threads (0: the core's), without "
+           "the GIL.")
       .def("deactivate", &EnvCore::deactivate)
       .def("active", &EnvCore::active)
       .def("step", &EnvCore::step, py::arg("actions"), py::arg("which"), py::arg("threads") = 0,

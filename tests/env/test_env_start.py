@@ -61,6 +61,35 @@ def test_a_start_loads_and_steps_as_its_arguments(kwargs: dict) -> None:
                 break
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_loads_together_are_loads_one_by_one(threads: int) -> None:
+    """EnvCore.load_starts (the step's autoresets, on the engine's threads) leaves every row as
+    load_start one at a time does, then both step alike; repeated, missing or foreign indices raise."""
+    starts = [engine.env_start(_load_args({"scenario": SMALL}, seed)) for seed in range(10)]
+    one, together = engine.env_core(12), engine.env_core(12)
+    rows = [11, 0, 5, 3, 7, 1, 9, 2, 8, 6]
+    for i, s in zip(rows, starts):
+        one.load_start(i, s)
+    together.load_starts(rows, starts, threads=threads)
+    which = np.zeros(12, dtype=bool)
+    which[rows] = True
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        for name in _ARRAYS:
+            assert np.array_equal(getattr(one, name)[which], getattr(together, name)[which]), name
+        assert all(one.candidate(i, True) == together.candidate(i, True) for i in rows)
+        acts = np.array([int(rng.choice(np.flatnonzero(m))) if m.any() else 0 for m in one.masks], dtype=np.int64)
+        live = which & ~one.terminated & ~one.truncated
+        one.step(acts, live, 1)
+        together.step(acts, live, threads)
+    with pytest.raises(ValueError, match="named twice"):
+        together.load_starts([1, 1], starts[:2])
+    with pytest.raises(ValueError, match="one start per"):
+        together.load_starts([1, 2], starts[:1])
+    with pytest.raises((ValueError, IndexError)):
+        together.load_starts([12], starts[:1])
+
+
 def test_bytes_round_trip_exactly() -> None:
     args = _load_args({"scenario": TRAIN_SCENARIO}, 11)
     start = engine.env_start(args)
