@@ -708,35 +708,43 @@ std::vector<T> vec_of(const py::dict& d, const char* name) {
   return d[name].cast<std::vector<T>>();
 }
 
+// The columns and constants every scenario table reads from Python as they are (scenario_from's and
+// env_table.hpp's scenario_derived's).
+void read_columns(EnvScenario& z, const py::dict& d) {
+  z.P = d["P"].cast<int>();
+  z.M = d["M"].cast<int>();
+  const std::pair<std::vector<double>*, const char*> columns[] = {
+      {&z.lf, "f"}, {&z.lb, "b"}, {&z.lw, "w"}, {&z.lact, "act"}, {&z.lkeep, "keep"}, {&z.lparams, "params"},
+      {&z.lout, "out"}, {&z.speeds, "speeds"}, {&z.cspeeds, "cluster_speeds"}, {&z.lat, "latency"},
+      {&z.bw, "bandwidth"}, {&z.limits, "limits"}, {&z.cost, "cost"}};
+  for (const auto& [column, name] : columns) *column = vec_of<double>(d, name);
+  z.L = static_cast<int>(z.lf.size());
+  z.has_ws = !d["workspace"].is_none();
+  if (z.has_ws) z.lws = vec_of<double>(d, "workspace");
+  z.has_wws = !d["w_workspace"].is_none();
+  if (z.has_wws) z.lwws = vec_of<double>(d, "w_workspace");
+  z.defers = d["defers"].cast<bool>();
+  z.over = d["over"].cast<double>();
+  z.scale = d["scale"].cast<double>();
+  z.param_bytes = d["param_bytes"].cast<double>();
+  z.unit = d["unit"].cast<double>();
+}
+
+// The budget presets of a table (each a list per device, or None: unlimited).
+void read_presets(EnvScenario& z, const py::dict& d) {
+  const py::list presets = d["presets"].cast<py::list>();
+  if (presets.size() != N_PRESETS) throw std::invalid_argument("scenario table: 5 presets");
+  for (const auto& b : presets) {
+    z.preset_has.push_back(!b.is_none());
+    z.presets.push_back(b.is_none() ? std::vector<double>{} : b.cast<std::vector<double>>());
+  }
+}
+
 std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
   auto z = std::make_shared<EnvScenario>();
-  z->P = d["P"].cast<int>();
-  z->M = d["M"].cast<int>();
-  z->lf = vec_of<double>(d, "f");
-  z->L = static_cast<int>(z->lf.size());
-  z->lb = vec_of<double>(d, "b");
-  z->lw = vec_of<double>(d, "w");
-  z->lact = vec_of<double>(d, "act");
-  z->lkeep = vec_of<double>(d, "keep");
-  z->lparams = vec_of<double>(d, "params");
-  z->lout = vec_of<double>(d, "out");
-  z->has_ws = !d["workspace"].is_none();
-  if (z->has_ws) z->lws = vec_of<double>(d, "workspace");
-  z->has_wws = !d["w_workspace"].is_none();
-  if (z->has_wws) z->lwws = vec_of<double>(d, "w_workspace");
-  z->defers = d["defers"].cast<bool>();
-  z->over = d["over"].cast<double>();
-  z->scale = d["scale"].cast<double>();
-  z->param_bytes = d["param_bytes"].cast<double>();
-  z->unit = d["unit"].cast<double>();
+  read_columns(*z, d);
   z->post = d["post"].cast<double>();
-  z->speeds = vec_of<double>(d, "speeds");
-  z->cspeeds = vec_of<double>(d, "cluster_speeds");
-  z->lat = vec_of<double>(d, "latency");
-  z->bw = vec_of<double>(d, "bandwidth");
-  z->limits = vec_of<double>(d, "limits");
   z->prefix = vec_of<double>(d, "prefix");
-  z->cost = vec_of<double>(d, "cost");
   z->act_prefix = vec_of<double>(d, "act_prefix");
   z->node = vec_of<int>(d, "node");
   z->bound = d["bound"].cast<double>();
@@ -754,12 +762,7 @@ std::shared_ptr<EnvScenario> scenario_from(const py::dict& d) {
     const py::tuple t = kv.cast<py::tuple>();
     z->balanced.emplace_back(t[0].cast<std::vector<int>>(), t[1].cast<std::vector<int>>());
   }
-  const py::list presets = d["presets"].cast<py::list>();
-  if (presets.size() != N_PRESETS) throw std::invalid_argument("scenario table: 5 presets");
-  for (const auto& b : presets) {
-    z->preset_has.push_back(!b.is_none());
-    z->presets.push_back(b.is_none() ? std::vector<double>{} : b.cast<std::vector<double>>());
-  }
+  read_presets(*z, d);
   check_scenario(*z);
   return z;
 }

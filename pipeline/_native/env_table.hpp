@@ -49,39 +49,17 @@ double derived_bound(const EnvScenario& z, const std::vector<double>& speeds, do
 // the Python reference (balanced_split's own refusals).
 std::shared_ptr<EnvScenario> scenario_derived(const py::dict& d) {
   auto z = std::make_shared<EnvScenario>();
-  z->P = d["P"].cast<int>();
-  z->M = d["M"].cast<int>();
-  z->lf = vec_of<double>(d, "f");
-  z->L = static_cast<int>(z->lf.size());
-  z->lb = vec_of<double>(d, "b");
-  z->lw = vec_of<double>(d, "w");
-  z->lact = vec_of<double>(d, "act");
-  z->lkeep = vec_of<double>(d, "keep");
-  z->lparams = vec_of<double>(d, "params");
-  z->lout = vec_of<double>(d, "out");
+  read_columns(*z, d);
   if (!exact_column(z->lact) || !exact_column(z->lkeep) || !exact_column(z->lparams) || !exact_column(z->lout))
     return nullptr;
-  z->has_ws = !d["workspace"].is_none();
-  if (z->has_ws) z->lws = vec_of<double>(d, "workspace");
-  z->has_wws = !d["w_workspace"].is_none();
-  if (z->has_wws) z->lwws = vec_of<double>(d, "w_workspace");
-  z->defers = d["defers"].cast<bool>();
-  z->over = d["over"].cast<double>();
-  z->scale = d["scale"].cast<double>();
-  z->param_bytes = d["param_bytes"].cast<double>();
-  z->unit = d["unit"].cast<double>();
   z->post = 0.0;
-  z->speeds = vec_of<double>(d, "speeds");
-  z->cspeeds = vec_of<double>(d, "cluster_speeds");
-  z->lat = vec_of<double>(d, "latency");
-  z->bw = vec_of<double>(d, "bandwidth");
-  z->limits = vec_of<double>(d, "limits");
-  z->cost = vec_of<double>(d, "cost");
   const int P = z->P, L = z->L;
   const int gpn = d["gpus_per_node"].cast<int>();
-  if (P < 1 || P > EC_MAX_DEVICES || L < 1 || gpn < 1 || z->cost.size() != static_cast<size_t>(L) ||
-      z->cspeeds.size() != static_cast<size_t>(P) || z->limits.size() != static_cast<size_t>(P))
-    throw std::invalid_argument("scenario columns: 1..32 devices, one cost per layer, one speed and limit per device");
+  const size_t l = static_cast<size_t>(L), p = static_cast<size_t>(P);
+  if (P < 1 || P > EC_MAX_DEVICES || L < 1 || gpn < 1 || z->cost.size() != l || z->lb.size() != l ||
+      z->lw.size() != l || z->lact.size() != l || z->cspeeds.size() != p || z->limits.size() != p)
+    throw std::invalid_argument("scenario columns: 1..32 devices, one cost (f, b, w, act) per layer, one speed "
+                                "and limit per device");
   // _Prep's prefix sums (accumulate from 0.0), nodes, constants and device rows
   z->prefix.assign(1, 0.0);
   z->act_prefix.assign(1, 0.0);
@@ -137,12 +115,7 @@ std::shared_ptr<EnvScenario> scenario_derived(const py::dict& d) {
     z->fam_target.push_back(applies);
     z->fam_kind.push_back(kind_ok);
   }
-  const py::list presets = d["presets"].cast<py::list>();
-  if (presets.size() != N_PRESETS) throw std::invalid_argument("scenario columns: 5 presets");
-  for (const auto& b : presets) {
-    z->preset_has.push_back(!b.is_none());
-    z->presets.push_back(b.is_none() ? std::vector<double>{} : b.cast<std::vector<double>>());
-  }
+  read_presets(*z, d);
   check_scenario(*z);
   return z;
 }

@@ -82,8 +82,10 @@ def test_bad_columns_are_refused_with_the_field(monkeypatch: pytest.MonkeyPatch)
     real = engine.env_scenario_derived
     monkeypatch.setattr(engine, "env_scenario_derived", lambda columns: seen.update(columns) or real(columns))
     assert native_core.direct_table(scenario) is not None
-    with pytest.raises(ValueError, match="one cost per layer"):
+    with pytest.raises(ValueError, match="one cost"):
         real({**seen, "cost": [1.0]})
+    with pytest.raises(ValueError, match="one cost"):
+        real({**seen, "act": seen["act"][:-1]})
     with pytest.raises(ValueError, match="lacks 'f'"):
         real({k: v for k, v in seen.items() if k != "f"})
     with pytest.raises(ValueError, match="7 families"):
