@@ -170,15 +170,7 @@ def table_fields(prep: Any) -> dict[str, Any] | None:
     costs are not exact in floats. The scenario must be one the core ports (:func:`unsupported`).
     Every list is the caller's own (what depends on the devices or links alone is cached as tuples)."""
     z = prep.scenario
-    p, cl, training = z.profile, z.cluster, z.training
-    runtime = runtime_named(training.runtime)
-    compute = runtime.compute_scale_for(p)
-    unit = p.seconds_per_unit
-    layers = p.layers
-    P, L = z.devices, p.num_layers
-    lat, bw = _links(cl, P)
-    extras = [x.extra for x in layers]
-    workspace, w_workspace = _extra_column(extras, "workspace_bytes"), _extra_column(extras, "w_workspace_bytes")
+    P, L = z.devices, z.profile.num_layers
     families, balanced = [], {}
     stages = min(L, MAX_STAGES)
     for placement, chunks, kind_ok in _families(P):
@@ -186,6 +178,30 @@ def table_fields(prep: Any) -> dict[str, Any] | None:
         families.append((list(placement), applies, kind_ok))
         if applies:
             balanced[placement] = balanced_of(prep, placement)
+    columns = _columns(z)
+    if columns is None:
+        return None
+    return {
+        **columns, "post": 0.0,
+        "prefix": list(prep.prefix_list), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),
+        "node": prep.node.tolist(), "bound": float(prep.bound), "consts": [float(c) for c in prep.consts],
+        "devices": prep.devices.ravel().tolist(), "families": families,
+        "balanced": [(list(k), list(v)) for k, v in balanced.items()],
+        "presets": [None if b is None else list(b) for b in _preset_floats(P)],
+    }
+
+
+def _columns(z: Scenario) -> dict[str, Any] | None:
+    """What the core's table of scenario ``z`` takes as it is (per-layer and per-device columns, the
+    runtime's constants: plain floats, every list the caller's own), for :func:`table_fields` and
+    :func:`direct_table`; None where the byte and parameter columns' sums are not exact in floats."""
+    p, cl, training = z.profile, z.cluster, z.training
+    runtime = runtime_named(training.runtime)
+    compute = runtime.compute_scale_for(p)
+    unit = p.seconds_per_unit
+    layers = p.layers
+    lat, bw = _links(cl, z.devices)
+    extras = [x.extra for x in layers]
     keep = ([float(x.w_graph) for x in layers] if training.input_backward_keeps_graph
             else [float(x.w_retained) for x in layers])
     exact = [[float(x.act_bytes) for x in layers], keep, [float(x.params) for x in layers],
@@ -197,56 +213,40 @@ def table_fields(prep: Any) -> dict[str, Any] | None:
         f, b, w = [float(x) for x in f], [float(x) for x in b], [float(x) for x in w]
     speeds = cl.speeds
     return {
-        "P": P, "M": z.microbatches, "f": f, "b": b,
+        "P": z.devices, "M": z.microbatches, "f": f, "b": b,
         "w": w, "act": exact[0], "keep": exact[1], "params": exact[2], "out": exact[3],
-        "workspace": workspace, "w_workspace": w_workspace, "defers": bool(training.first_stage_defers_backward),
+        "workspace": _extra_column(extras, "workspace_bytes"),
+        "w_workspace": _extra_column(extras, "w_workspace_bytes"), "defers": bool(training.first_stage_defers_backward),
         "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
-        "param_bytes": training.param_bytes, "unit": unit, "post": 0.0,
+        "param_bytes": training.param_bytes, "unit": unit,
         "speeds": [sp / compute for sp in speeds],
         "cluster_speeds": [float(s) for s in speeds],
         "latency": list(lat), "bandwidth": list(bw), "limits": list(cl.memory_limits_bytes),
-        "prefix": list(prep.prefix_list), "cost": prep.cost.tolist(), "act_prefix": prep.act_prefix.tolist(),
-        "node": prep.node.tolist(), "bound": float(prep.bound), "consts": [float(c) for c in prep.consts],
-        "devices": prep.devices.ravel().tolist(), "families": families,
-        "balanced": [(list(k), list(v)) for k, v in balanced.items()],
-        "presets": [None if b is None else list(b) for b in _preset_floats(P)],
     }
 
 
 def direct_table(scenario: Scenario) -> Any | None:
-    """The core's table of ``scenario`` without a ``PipelineEnv`` preparation: its raw columns here, what
-    :func:`table_fields` reads off the preparation (prefix sums, lower bound, observation constants and
-    device rows, balanced splits) derived in the engine (:func:`pipeline.engine.env_scenario_derived`).
-    The same table as ``scenario_table(prep_of(scenario))``, its ``bound`` the preparation's
-    ``reference("bound")`` (``tests/env/test_env_table.py``). The scenario must be one the core ports
-    (:func:`unsupported`); None where the engine leaves the table to the Python reference (then build
-    it from the preparation)."""
+    """The core's table of ``scenario`` without a ``PipelineEnv`` preparation: its raw columns
+    (:func:`_columns`) here, what :func:`table_fields` reads off the preparation (prefix sums, lower
+    bound, observation constants and device rows, balanced splits) derived in the engine
+    (:func:`pipeline.engine.env_scenario_derived`). The same table as ``scenario_table(prep_of(scenario))``,
+    its ``bound`` the preparation's ``reference("bound")`` (``tests/env/test_env_table.py``). The scenario
+    must be one the core ports (:func:`unsupported`); None where the Python reference gives no table or
+    the engine leaves it to the reference (then build it from the preparation)."""
+    columns = _columns(scenario)
+    if columns is None:
+        return None
     p, cl, training = scenario.profile, scenario.cluster, scenario.training
-    runtime, ideal = runtime_named(training.runtime), runtime_named("ideal")
-    compute, bound_compute = runtime.compute_scale_for(p), ideal.compute_scale_for(p)
-    unit = p.seconds_per_unit
-    layers = p.layers
+    ideal = runtime_named("ideal")
+    bound_compute = ideal.compute_scale_for(p)
     P = scenario.devices
-    lat, bw = _links(cl, P)
-    extras = [x.extra for x in layers]
-    out = [x.out_bytes for x in layers]
+    out = [x.out_bytes for x in p.layers]
     send = {n: cl.transfer_seconds(0, min(1, P - 1), n) for n in set(out)}  # (as _Prep's constants)
-    speeds = cl.speeds
     return engine.env_scenario_derived({
-        "P": P, "M": scenario.microbatches, "f": [x.f for x in layers], "b": [x.b for x in layers],
-        "w": [x.w for x in layers], "act": [x.act_bytes for x in layers],
-        "keep": [x.w_graph if training.input_backward_keeps_graph else x.w_retained for x in layers],
-        "params": [x.params for x in layers], "out": out,
-        "workspace": _extra_column(extras, "workspace_bytes"),
-        "w_workspace": _extra_column(extras, "w_workspace_bytes"),
-        "defers": bool(training.first_stage_defers_backward),
-        "over": p.action_overhead + runtime.action_overhead_s / unit, "scale": training.activation_scale,
-        "param_bytes": training.param_bytes, "unit": unit, "speeds": [sp / compute for sp in speeds],
-        "cluster_speeds": speeds, "latency": lat, "bandwidth": bw, "limits": cl.memory_limits_bytes,
-        "cost": [float(x.f + x.b + x.w) for x in layers], "gpus_per_node": cl.gpus_per_node or P,
+        **columns, "cost": [float(x.f + x.b + x.w) for x in p.layers], "gpus_per_node": cl.gpus_per_node or P,
         "comm": sum([send[n] for n in out]), "bytes_per_param": training.bytes_per_param,
-        "bound_speeds": [sp / bound_compute for sp in speeds],
-        "bound_over": p.action_overhead + ideal.action_overhead_s / unit,
+        "bound_speeds": [sp / bound_compute for sp in cl.speeds],
+        "bound_over": p.action_overhead + ideal.action_overhead_s / p.seconds_per_unit,
         "families": _families(P), "presets": _preset_floats(P),
     })
 
