@@ -44,7 +44,8 @@ from typing import Any
 from pipeline.plan import Plan
 
 __all__ = ["MemoryModel", "ZB_MEMORY", "StageContent", "stage_contents", "peak_memory", "row_memory_inputs",
-           "ends_lighter", "row_peak_memory", "memory_pairs", "MEMORY_TIE", "FIT_GRID", "fit_memory"]
+           "ends_lighter", "row_peak_memory", "device_walks", "device_peaks", "memory_pairs", "MEMORY_TIE",
+           "FIT_GRID", "fit_memory"]
 
 GB = 1e9
 
@@ -151,18 +152,19 @@ def _stage_bytes(c: StageContent, d: RowDims, model: MemoryModel) -> tuple[float
     return params, keep, w_keep, fwd, bwd
 
 
-def peak_memory(plan: Plan, row: dict[str, Any], *, model: MemoryModel = ZB_MEMORY,
-                ends_lighter: bool = True) -> tuple[tuple[float, ...], tuple[str, ...]] | str:
-    """(peak of each device in the source's GB, the assumptions made) of ``plan`` for ``row``, or why
-    it cannot be priced."""
+def device_walks(plan: Plan, row: dict[str, Any], *, model: MemoryModel = ZB_MEMORY,
+                 ends_lighter: bool = True) -> tuple[tuple[tuple[float, float], ...], tuple[str, ...]] | str:
+    """(per device, its parameters and the most activation bytes it holds along its order; the
+    assumptions made) of ``plan`` for ``row``, or why it cannot be priced. What it reads of ``model``:
+    ``vocab``, ``transient_scores``, ``layer_sbh_bytes`` (the rest prices it: :func:`device_peaks`)."""
     dims = row_memory_inputs(row, model)
     if isinstance(dims, str):
         return dims
     contents = stage_contents(int(row["model"]["layers"]), plan.placement, ends_lighter=ends_lighter)
     per_stage = [_stage_bytes(c, dims, model) for c in contents]
-    peaks = []
+    walks = []
     for dev, actions in enumerate(plan.schedule):
-        static = sum(per_stage[s][0] for s in plan.stages_of(dev)) * model.bytes_per_param
+        params = sum(per_stage[s][0] for s in plan.stages_of(dev))
         held = top = 0.0
         for act in actions:
             _, keep, w_keep, fwd, bwd = per_stage[act.stage]
@@ -178,8 +180,26 @@ def peak_memory(plan: Plan, row: dict[str, Any], *, model: MemoryModel = ZB_MEMO
             elif act.op == "W":
                 held -= w_keep
             top = max(top, held)
-        peaks.append((static + top) / model.unit_bytes + model.overhead_gb * GB / model.unit_bytes)
-    return tuple(peaks), dims.notes
+        walks.append((params, top))
+    return tuple(walks), dims.notes
+
+
+def device_peaks(walks: Sequence[tuple[float, float]], model: MemoryModel) -> tuple[float, ...]:
+    """Each device's peak in the source's GB from its :func:`device_walks` entry: its static bytes
+    (``bytes_per_param`` a parameter) and its activations' top, plus ``overhead_gb``."""
+    return tuple((params * model.bytes_per_param + top) / model.unit_bytes + model.overhead_gb * GB / model.unit_bytes
+                 for params, top in walks)
+
+
+def peak_memory(plan: Plan, row: dict[str, Any], *, model: MemoryModel = ZB_MEMORY,
+                ends_lighter: bool = True) -> tuple[tuple[float, ...], tuple[str, ...]] | str:
+    """(peak of each device in the source's GB, the assumptions made) of ``plan`` for ``row``, or why
+    it cannot be priced."""
+    walked = device_walks(plan, row, model=model, ends_lighter=ends_lighter)
+    if isinstance(walked, str):
+        return walked
+    walks, notes = walked
+    return device_peaks(walks, model), notes
 
 
 def ends_lighter(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
@@ -229,20 +249,24 @@ def fit_memory(items: Sequence[tuple[dict[str, Any], Plan, str]],
     median, then max, |error| over every ``(row, plan, group)`` at once (``rows``: the rows' sources),
     and its figures."""
     best: tuple[tuple[int, float, float], MemoryModel, dict[str, Any]] | None = None
+    walked: dict[tuple[float, ...], list[tuple[str, float, Any]]] = {}  # each row walked once per walk's constants
     for point in itertools.product(*FIT_GRID):
         model = MemoryModel(*point)
-        got = [(group, float(row["measured"]["peak_memory_gb"]), row_peak_memory(plan, row, rows, model=model)[0])
-               for row, plan, group in items]
-        got = [(g, m, p) for g, m, p in got if p is not None]
+        walk_key = (model.vocab, model.transient_scores, model.layer_sbh_bytes)
+        if walk_key not in walked:
+            walked[walk_key] = [(group, float(row["measured"]["peak_memory_gb"]),
+                            device_walks(plan, row, model=model, ends_lighter=ends_lighter(row, rows)))
+                           for row, plan, group in items]
+        got = [(g, m, max(device_peaks(w[0], model))) for g, m, w in walked[walk_key] if not isinstance(w, str)]
         if not got:
             raise SystemExit("no pipeline rows with a peak memory to fit")
         errors = sorted(abs(p / m - 1) for _, m, p in got)
         ranked, pairs = memory_pairs(got)
         median = statistics.median(errors)
-        key = (pairs - ranked, median, errors[-1])
-        if best is None or key < best[0]:
-            best = (key, model, {"memory_rows": len(got), "memory_median_abs_error": median,
-                                 "memory_max_abs_error": errors[-1], "memory_pairs": pairs,
-                                 "memory_pairs_ranked_as_measured": ranked})
+        rank_key = (pairs - ranked, median, errors[-1])
+        if best is None or rank_key < best[0]:
+            best = (rank_key, model, {"memory_rows": len(got), "memory_median_abs_error": median,
+                                  "memory_max_abs_error": errors[-1], "memory_pairs": pairs,
+                                  "memory_pairs_ranked_as_measured": ranked})
     assert best is not None
     return best[1], best[2]
