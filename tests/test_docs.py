@@ -60,6 +60,7 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 1 --max-seconds 10 "
                                      "--calibration-plans 1 --candidates 1"),
     (r"-m (experiments replay|executor\.launch)(?=\s|$)", "--steps 2 --warmup 1"),
+    (r"-m experiments replay(?=\s|$)", "--profile-repeats 1"),  # the job's own profile: ~1.5 s less a replay
     (r"-m experiments profile(?=\s|$)", "--repeats 1 --warmup 0"),
     (r"-m experiments sweep(?=\s|$)", "--budget 20 --max-trials 4"),
     (r"-m experiments train(?=\s|$)", "--timesteps 64 --eval-every 0"),

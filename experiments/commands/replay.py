@@ -58,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=positive_int, default=None, help="processes (must equal the plan's devices)")
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps")
     parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
+    parser.add_argument("--profile-repeats", type=positive_int, default=7,
+                        help="timed repeats per layer of the job's profile (none with --profile and --cluster)")
     parser.add_argument("--check", action="store_true", help="compare loss/gradients/weights with one process")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     parser.add_argument("--timeout", type=positive_float, default=600.0, help="seconds for the whole job")
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                             head_shards=args.head_shards, seq_len=seq_len, microbatch_size=mbs,
                             steps=args.steps, warmup=args.warmup, check=args.check, threads=args.threads,
                             transfer_timeout=args.transfer_timeout, backend=args.backend)
-    result = run_job([plan], options, measure=measure, timeout=args.timeout)
+    result = run_job([plan], options, measure=measure, timeout=args.timeout,
+                     profile_repeats=args.profile_repeats)
     profile = given or ModelProfile.from_dict(result["profile"], source="measured profile")
     if args.cluster:
         cluster = Cluster.load(args.cluster)

@@ -98,7 +98,7 @@ def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     plan.save(tmp_path / "plan.json")
     code = main(["replay", "--plan", str(tmp_path / "plan.json"), "--model", "tiny-hybrid", "--seq-len", "32",
                  "--steps", "2", "--warmup", "1", "--check", "--json", "--out", str(tmp_path / "r"),
-                 "--timeout", "240", "--trace", str(tmp_path / "trace.json")])
+                 "--timeout", "240", "--trace", str(tmp_path / "trace.json"), "--profile-repeats", "2"])
     assert code == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["measured_iteration_time"] > 0 and row["predicted_iteration_time"] > 0
@@ -107,6 +107,7 @@ def test_replay_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     measured = json.loads((tmp_path / "r" / "measured_timeline.json").read_text())
     assert set(measured) >= {"time_unit", "devices", "events"} and measured["events"][0]["action"]
     calibrated = ModelProfile.load(tmp_path / "r" / "calibrated_profile.json")  # the measurements fed back
+    assert calibrated.extra["repeats"] == 2  # --profile-repeats: the job's profile timed each layer twice
     assert calibrated.extra["runtime_scales"]["F"] == pytest.approx(row["runtime_scales"]["F"], rel=1e-3)
     assert set(row["runtime_scales"]) == {"F", "I", "W", "W0", "F+", "I+", "W+", "W0+", "w_depth", "overhead",
                                           "transfer"}  # zbv: split backward; each with the time a layer adds
