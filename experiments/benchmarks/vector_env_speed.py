@@ -43,7 +43,8 @@ environments fix their scenario (``small``, ``small-fresh``) do not use the pool
 ``--pool-reuse 1`` every reset still gets a fresh scenario (the ``default`` case as it is);
 ``--pool-workers N`` has N processes draw and prepare the pooled rows' scenarios and starting plans
 ahead (:mod:`env.reset_worker`; the same episodes, step for step); a row's steps per CPU second
-then counts the workers' CPU time too.
+then counts the workers' CPU time too, and the row splits the CPU of an env-step between the
+stepping process and the workers (theirs with their warm-up: the first draws, a cold cost cache).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 
     any speed-up outside the engine, on the engine's threads). ``native``: PipelineVectorEnv's
     (None: the compiled environment core where it is built; False: the Python path). ``pool``,
     ``pool_reuse``, ``pool_workers``: its ``scenario_pool``, ``pool_reuse`` (0: a fresh scenario at every
-    reset) and reset workers (their CPU time counts in ``cpu_steps_per_s``)."""
+    reset) and reset workers (their CPU time counts in ``cpu_steps_per_s``; ``stepping_cpu_us_per_step`` and
+    ``worker_cpu_us_per_step`` split it: this process's threads, the workers' with their warm-up)."""
     from env.vector_env import PipelineVectorEnv
     from pipeline import engine
 
@@ -108,8 +110,10 @@ def measure_vector(case: str, *, n_envs: int, seconds: float = 5.0, seed: int = 
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tm = vec.timings
     vec.close()
-    cpu += _children_cpu() - k0  # the reset workers', joined by close (their warm-up included)
-    return {"steps_per_s": n / wall, "cpu_steps_per_s": n / max(cpu, 1e-9), "prefetch_share": tm["prefetch"] / wall,
+    workers = _children_cpu() - k0  # the reset workers', joined by close (their warm-up included)
+    return {"steps_per_s": n / wall, "cpu_steps_per_s": n / max(cpu + workers, 1e-9),
+            "stepping_cpu_us_per_step": 1e6 * cpu / n, "worker_cpu_us_per_step": 1e6 * workers / n,
+            "prefetch_share": tm["prefetch"] / wall,
             "reset_share": tm["resets"] / wall, "engine_share": clock.seconds / wall,
             "engine_us_per_step": 1e6 * clock.seconds / n, "engine_jobs_per_step": clock.jobs / n,
             "engine_bound_steps_per_s": n / max(clock.seconds, 1e-9)}
@@ -305,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         extra = ""
         if row["case"] != "ppo" and row["kind"].startswith("vector"):
             extra = (f"  (batched sims {row['prefetch_share']:.0%}, resets {row['reset_share']:.0%} of the time; "
-                     f"{row['cpu_steps_per_s']:.0f} steps per CPU second; engine {row['engine_share']:.0%}, "
+                     f"{row['cpu_steps_per_s']:.0f} steps per CPU second"
+                     + (f" (CPU a step: stepping {row['stepping_cpu_us_per_step']:.1f} us, workers "
+                        f"{row['worker_cpu_us_per_step']:.1f} us)" if row['worker_cpu_us_per_step'] else "")
+                     + f"; engine {row['engine_share']:.0%}, "
                      f"{row['engine_us_per_step']:.1f} us and {row['engine_jobs_per_step']:.2f} jobs a step: "
                      f"alone {row['engine_bound_steps_per_s']:.0f} steps/s)")
         if row["kind"] == "vector" and row["case"] == "ppo":

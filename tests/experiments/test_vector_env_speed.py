@@ -50,6 +50,10 @@ def test_a_pooled_row_with_a_reset_worker_steps_and_counts_the_workers_cpu() -> 
 
     got = measure_vector("default", n_envs=4, seconds=0.3, pool=4, pool_reuse=1, pool_workers=1)
     assert got["steps_per_s"] > 0 and got["engine_jobs_per_step"] > 0
+    # the CPU of a step split: this process's and the worker's (its start-up alone is ~0.1 s: > 0)
+    assert got["stepping_cpu_us_per_step"] > 0 and got["worker_cpu_us_per_step"] > 0
+    split = 1e6 / (got["stepping_cpu_us_per_step"] + got["worker_cpu_us_per_step"])
+    assert split == pytest.approx(got["cpu_steps_per_s"])
     before = _children_cpu()
     vec = PipelineVectorEnv(2, max_steps=1, scenario_pool=2, pool_reuse=1, pool_workers=1)
     vec.reset(seed=0)  # (the worker's draws: its start-up and two scenarios at least)
