@@ -57,8 +57,9 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments (search|run)(?=\s|$)", "--budget 20"),
     # the job search: its tuner, and one micro-batch size (a third of the configurations: 35-60% less CPU)
     (r"-m experiments search\b.*--gpus\b", "--calls-per-config 30 --tune-top 2 --microbatch-sizes 1"),
+    # (no calibration job: tests/experiments/workflow/test_run_workflow.py calibrates on 4 plans)
     (r"-m experiments run(?=\s|$)", "--steps 2 --warmup 1 --profile-repeats 1 --max-seconds 10 "
-                                     "--calibration-plans 1 --candidates 1"),
+                                     "--calibration-plans 0 --candidates 1"),
     (r"-m (experiments replay|executor\.launch)(?=\s|$)", "--steps 2 --warmup 1"),
     (r"-m experiments replay(?=\s|$)", "--profile-repeats 1"),  # the job's own profile: ~1.5 s less a replay
     (r"-m experiments profile(?=\s|$)", "--repeats 1 --warmup 0"),
@@ -68,7 +69,8 @@ APPEND: list[tuple[str, str]] = [
     (r"-m experiments\.benchmarks\.engine_speed(?=\s|$)", "--repeats 1 --no-tuner"),
     (r"-m experiments\.benchmarks\.search_speed(?=\s|$)", "--cases small --budgets 20"),
     (r"-m experiments\.benchmarks\.env_speed(?=\s|$)", "--seconds 0.2"),
-    (r"-m experiments\.benchmarks\.early_receives(?=\s|$)", "--rounds 1 --steps 2 --tuner-calls 20 --microbatches 4"),
+    (r"-m experiments\.benchmarks\.early_receives(?=\s|$)", "--rounds 1 --steps 2 --warmup 1 --tuner-calls 20 "
+                                                              "--microbatches 4"),
     (r"-m experiments\.benchmarks\.mixed_speeds(?=\s|$)", "--scenarios 4"),
 ]
 #: Commands that start a torchrun job (retried once: see the test).

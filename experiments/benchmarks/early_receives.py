@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from executor.replay import ReplayOptions, run_job
 from experiments.benchmarks.predicted_vs_measured import benchmark_plans
-from experiments.common import positive_int, print_table
+from experiments.common import non_negative_int, positive_int, print_table
 from experiments.workflow.report import timeline_busy
 from pipeline.calibration.fidelity import measured_cluster
 from pipeline.spec import ModelProfile
@@ -39,11 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", default="tiny-hybrid")
     p.add_argument("--microbatches", type=positive_int, default=8)
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per plan and replay")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps per plan and replay first")
     p.add_argument("--rounds", type=positive_int, default=2, help="replays of all plans under each lowering")
     p.add_argument("--tuner-calls", type=int, default=400, help="calls of the tuner whose plan joins the set")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    base = ReplayOptions(model=args.model, steps=args.steps, warmup=2)
+    base = ReplayOptions(model=args.model, steps=args.steps, warmup=args.warmup)
     first = run_job([], base, measure=True, profile_repeats=3)
     profile, cluster = ModelProfile.from_dict(first["profile"]), measured_cluster(2, first["p2p"])
     plans = benchmark_plans(profile, cluster, args.microbatches, tuner_calls=args.tuner_calls)
