@@ -249,14 +249,15 @@ def fit_memory(items: Sequence[tuple[dict[str, Any], Plan, str]],
     median, then max, |error| over every ``(row, plan, group)`` at once (``rows``: the rows' sources),
     and its figures."""
     best: tuple[tuple[int, float, float], MemoryModel, dict[str, Any]] | None = None
-    walked: dict[tuple[float, ...], list[tuple[str, float, Any]]] = {}  # each row walked once per walk's constants
+    lighter = [ends_lighter(row, rows) for row, _, _ in items]
+    walked: dict[tuple, list[tuple[str, float, Any]]] = {}  # each row walked once per walk's constants
     for point in itertools.product(*FIT_GRID):
         model = MemoryModel(*point)
         walk_key = (model.vocab, model.transient_scores, model.layer_sbh_bytes)
         if walk_key not in walked:
             walked[walk_key] = [(group, float(row["measured"]["peak_memory_gb"]),
-                            device_walks(plan, row, model=model, ends_lighter=ends_lighter(row, rows)))
-                           for row, plan, group in items]
+                                 device_walks(plan, row, model=model, ends_lighter=light))
+                                for (row, plan, group), light in zip(items, lighter)]
         got = [(g, m, max(device_peaks(w[0], model))) for g, m, w in walked[walk_key] if not isinstance(w, str)]
         if not got:
             raise SystemExit("no pipeline rows with a peak memory to fit")
@@ -266,7 +267,7 @@ def fit_memory(items: Sequence[tuple[dict[str, Any], Plan, str]],
         rank_key = (pairs - ranked, median, errors[-1])
         if best is None or rank_key < best[0]:
             best = (rank_key, model, {"memory_rows": len(got), "memory_median_abs_error": median,
-                                  "memory_max_abs_error": errors[-1], "memory_pairs": pairs,
-                                  "memory_pairs_ranked_as_measured": ranked})
+                                      "memory_max_abs_error": errors[-1], "memory_pairs": pairs,
+                                      "memory_pairs_ranked_as_measured": ranked})
     assert best is not None
     return best[1], best[2]
