@@ -365,6 +365,14 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun's: it ends when its launcher does
+        import signal
+
+        from executor.orphan_guard import die_with_parent
+
+        launcher = os.getppid()
+        if die_with_parent(signal.SIGKILL) and os.getppid() != launcher:
+            os._exit(1)  # the launcher died before the setting took
     args = build_parser().parse_args(argv)
     try:
         code = _worker(args)

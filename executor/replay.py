@@ -133,9 +133,15 @@ def run_torchrun(nproc: int, worker_args: Sequence[str], *, timeout: float = 600
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # The launcher's group only: its ranks run in sessions of their own and die with it
+        # (executor.launch sets their parent-death signal), closing the output pipe they share.
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, -signal.SIGKILL, out + f"\n[killed after {timeout:.0f} s]")
+        try:
+            out, _ = proc.communicate(timeout=60.0)
+        except subprocess.TimeoutExpired:  # a descendant still holds the pipe: stop reading it
+            proc.kill()
+            out = ""
+        return subprocess.CompletedProcess(proc.args, -signal.SIGKILL, f"{out or ''}\n[killed after {timeout:.0f} s]")
     except BaseException:
         # Ctrl-C or SIGTERM of the caller: torchrun runs in its own session and would not see
         # the terminal's SIGINT, so stop its whole process group before re-raising.

@@ -165,6 +165,38 @@ def test_a_replay_killed_outright_takes_its_job_with_it(tmp_path: Path) -> None:
     assert alive == [], f"the job outlived its parent: {[_cmdline(p)[:80] for p in alive]}"
 
 
+def test_a_job_past_its_timeout_takes_its_ranks_with_it(tmp_path: Path) -> None:
+    """run_torchrun's timeout kills the launcher's process group; torch's elastic agent starts the
+    ranks in sessions of their own, so before the ranks took the parent-death signal
+    (executor.launch) they ran on, orphaned, and the wait for the output they held never ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from executor.replay import ReplayOptions, run_torchrun
+
+    plan_path = tmp_path / "timeout-plan.json"
+    dict(named_plans(microbatches=4))["1f1b"].save(plan_path)
+    args = [*ReplayOptions(model="tiny-hybrid", seq_len=32, steps=100000, warmup=0).worker_args(),
+            "--plan", str(plan_path)]
+    seen: list[int] = []
+    pool = ThreadPoolExecutor(1)
+    try:
+        job = pool.submit(run_torchrun, 2, args, timeout=15.0)
+        while not job.done() and len(seen) < 2:  # the ranks ran before the timeout (else it proves nothing)
+            seen = [p for p in _pids_with(str(plan_path)) if "torch.distributed.run" not in _cmdline(p)]
+            time.sleep(0.2)
+        result = job.result(timeout=120)  # the hang guard: 15 s, then the kill and the output read
+        assert len(seen) >= 2, "the ranks did not start before the timeout"
+        assert result.returncode == -signal.SIGKILL and "[killed after 15 s]" in result.stdout
+        deadline = time.monotonic() + 5
+        while _pids_with(str(plan_path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _pids_with(str(plan_path)) == []
+    finally:
+        for pid in _pids_with(str(plan_path)):  # do not leave them to the rest of the run
+            os.kill(pid, signal.SIGKILL)
+        pool.shutdown(wait=False)
+
+
 def test_the_orphan_guard_refuses_a_bad_command_line_and_a_dead_parent() -> None:
     guard = [sys.executable, "-m", "executor.orphan_guard"]
     bad = subprocess.run([*guard, "not-a-pid", "true"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
