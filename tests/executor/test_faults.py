@@ -180,13 +180,13 @@ def test_a_job_past_its_timeout_takes_its_ranks_with_it(tmp_path: Path) -> None:
     seen: list[int] = []
     pool = ThreadPoolExecutor(1)
     try:
-        job = pool.submit(run_torchrun, 2, args, timeout=15.0)
+        job = pool.submit(run_torchrun, 2, args, timeout=10.0)
         while not job.done() and len(seen) < 2:  # the ranks ran before the timeout (else it proves nothing)
             seen = [p for p in _pids_with(str(plan_path)) if "torch.distributed.run" not in _cmdline(p)]
             time.sleep(0.2)
-        result = job.result(timeout=120)  # the hang guard: 15 s, then the kill and the output read
+        result = job.result(timeout=120)  # the hang guard: 10 s, then the kill and the output read
         assert len(seen) >= 2, "the ranks did not start before the timeout"
-        assert result.returncode == -signal.SIGKILL and "[killed after 15 s]" in result.stdout
+        assert result.returncode == -signal.SIGKILL and "[killed after 10 s]" in result.stdout
         deadline = time.monotonic() + 5
         while _pids_with(str(plan_path)) and time.monotonic() < deadline:
             time.sleep(0.2)
